@@ -1,0 +1,94 @@
+//! Backends: compile a [`Plan`] and run it on buffers.
+//!
+//! A backend never plans and never changes a graph; it is handed an
+//! optimized [`Plan`] and input buffers and returns output buffers.
+
+pub mod cpu;
+pub mod philox;
+
+use crate::ir::{DType, HostData, Plan, Shape};
+use crate::Result;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A realized tensor on some device.
+#[derive(Clone, Debug)]
+pub enum Buffer {
+    /// A CPU tensor (possibly a strided view of shared storage).
+    Cpu(cpu::CpuBuffer),
+}
+
+impl Buffer {
+    /// The logical shape.
+    pub fn shape(&self) -> &Shape {
+        match self {
+            Buffer::Cpu(b) => b.shape(),
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Buffer::Cpu(b) => b.dtype(),
+        }
+    }
+}
+
+/// The per-run values of a plan's random streams: stream `k` of the plan
+/// draws from counter-based generator (`seed`, `streams[k]`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RngArgs {
+    /// The context seed (the Philox key).
+    pub seed: u64,
+    /// The stream number of each plan stream (the high counter words).
+    pub streams: Vec<u64>,
+}
+
+/// Device counters, updated by the backend as it allocates and runs.
+#[derive(Debug, Default)]
+pub struct DeviceStats {
+    /// Nodes executed, all runs together.
+    pub nodes_executed: AtomicU64,
+    /// Bytes allocated, all allocations together.
+    pub bytes_allocated: AtomicU64,
+    /// Bytes allocated and not yet freed.
+    pub live_bytes: AtomicU64,
+    /// The most bytes live at once.
+    pub peak_bytes: AtomicU64,
+}
+
+impl DeviceStats {
+    /// Records an allocation of `bytes`.
+    pub fn allocated(&self, bytes: u64) {
+        self.bytes_allocated.fetch_add(bytes, Ordering::Relaxed);
+        let live = self.live_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak_bytes.fetch_max(live, Ordering::Relaxed);
+    }
+
+    /// Records that `bytes` were freed.
+    pub fn freed(&self, bytes: u64) {
+        self.live_bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
+/// A device that can hold buffers and run plans.
+pub trait Backend: Send + Sync {
+    /// A short name (`cpu`).
+    fn name(&self) -> &'static str;
+    /// Copies host data (row-major, `shape.numel()` elements) to the device.
+    fn upload(&self, data: HostData, shape: &Shape) -> Result<Buffer>;
+    /// Copies a buffer to the host, row-major.
+    fn download(&self, buffer: &Buffer) -> Result<HostData>;
+    /// Compiles a plan into something that can run many times.
+    fn compile(&self, plan: Arc<Plan>) -> Result<Arc<dyn Executable>>;
+    /// The device counters.
+    fn stats(&self) -> Arc<DeviceStats>;
+}
+
+/// A compiled plan.
+pub trait Executable: Send + Sync {
+    /// Runs the plan: `inputs[k]` binds `Op::Input(k)`; returns one buffer
+    /// per graph output, in order. Bad data found while running (an
+    /// out-of-range gather index) is an error, never a panic.
+    fn run(&self, inputs: &[Buffer], rng: &RngArgs) -> Result<Vec<Buffer>>;
+}

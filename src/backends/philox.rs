@@ -1,0 +1,1 @@
+//! Counter-based random numbers (placeholder for the CPU helper to fill).

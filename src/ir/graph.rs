@@ -1,0 +1,347 @@
+//! The graph: nodes with ordered operands, regions, outputs and a phase.
+
+use super::{infer, DType, Op, Shape};
+use petgraph::stable_graph::{NodeIndex, StableGraph};
+use petgraph::visit::EdgeRef;
+use petgraph::Direction;
+use std::collections::HashMap;
+use std::fmt;
+
+/// Identifies a node in one [`Graph`]. Ids are stable while other nodes
+/// are added and removed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(u32);
+
+impl NodeId {
+    /// The raw index (dense only right after printing or extraction).
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+    fn ix(self) -> NodeIndex<u32> {
+        NodeIndex::new(self.0 as usize)
+    }
+    fn from_ix(ix: NodeIndex<u32>) -> NodeId {
+        NodeId(ix.index() as u32)
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "%{}", self.0)
+    }
+}
+
+/// Identifies a region (a node of the region tree).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RegionId(pub u32);
+
+impl RegionId {
+    /// The root region, which every graph has; its path is empty.
+    pub const ROOT: RegionId = RegionId(0);
+}
+
+/// A region: a named child of another region. Regions name and group
+/// nodes (`encoder/layer1`); they do not change what a node computes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Region {
+    /// The last path component (empty for the root).
+    pub name: String,
+    /// The enclosing region (`None` for the root).
+    pub parent: Option<RegionId>,
+}
+
+/// How far through the pipeline a graph has come. It only moves forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Phase {
+    /// As recorded by the user API or parsed from text.
+    Recorded,
+    /// After the canonicalizing passes (view folding, constant folding,
+    /// CSE, DCE).
+    Canonical,
+}
+
+/// One node: what it computes and the type of its result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    /// The operation.
+    pub op: Op,
+    /// Shape of the result.
+    pub shape: Shape,
+    /// Dtype of the result.
+    pub dtype: DType,
+    /// The region the node belongs to.
+    pub region: RegionId,
+}
+
+/// A dataflow graph of tensor operations. Edges run from operand to user
+/// and carry the operand slot, so operand order is explicit.
+#[derive(Clone, Debug)]
+pub struct Graph {
+    g: StableGraph<Node, u32, petgraph::Directed, u32>,
+    regions: Vec<Region>,
+    outputs: Vec<NodeId>,
+    phase: Phase,
+}
+
+impl Default for Graph {
+    fn default() -> Self {
+        Graph::new()
+    }
+}
+
+impl Graph {
+    /// An empty graph with only the root region.
+    pub fn new() -> Graph {
+        Graph {
+            g: StableGraph::default(),
+            regions: vec![Region { name: String::new(), parent: None }],
+            outputs: Vec::new(),
+            phase: Phase::Recorded,
+        }
+    }
+
+    /// Adds a node after checking its operands and inferring its type.
+    /// Source ops take `declared` (shape and dtype), every other op ignores
+    /// it. The error is a message without location; callers add theirs.
+    pub fn add(
+        &mut self,
+        op: Op,
+        operands: &[NodeId],
+        declared: Option<(Shape, DType)>,
+        region: RegionId,
+    ) -> Result<NodeId, String> {
+        for &o in operands {
+            if !self.contains(o) {
+                return Err(format!("operand {o} does not exist"));
+            }
+        }
+        let types: Vec<(&Shape, DType)> =
+            operands.iter().map(|&o| (&self.node(o).shape, self.node(o).dtype)).collect();
+        let (shape, dtype) = match infer(&op, &types)? {
+            Some(t) => t,
+            None => declared.ok_or_else(|| format!("{} needs a declared shape and dtype", op.mnemonic()))?,
+        };
+        Ok(self.add_unchecked(Node { op, shape, dtype, region }, operands))
+    }
+
+    /// Adds a node as given, without checks (the parser and passes use this
+    /// and rely on [`super::verify`]).
+    pub fn add_unchecked(&mut self, node: Node, operands: &[NodeId]) -> NodeId {
+        let id = NodeId::from_ix(self.g.add_node(node));
+        for (slot, &o) in operands.iter().enumerate() {
+            self.g.add_edge(o.ix(), id.ix(), slot as u32);
+        }
+        id
+    }
+
+    /// True if the id names a live node.
+    pub fn contains(&self, id: NodeId) -> bool {
+        self.g.contains_node(id.ix())
+    }
+
+    /// The node. Panics on a removed id, which is a kiln bug, never user input.
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.g[id.ix()]
+    }
+
+    /// The node, mutably (changing the type is on the caller).
+    pub fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        &mut self.g[id.ix()]
+    }
+
+    /// The operands in slot order.
+    pub fn operands(&self, id: NodeId) -> Vec<NodeId> {
+        let mut ins: Vec<(u32, NodeId)> = self
+            .g
+            .edges_directed(id.ix(), Direction::Incoming)
+            .map(|e| (*e.weight(), NodeId::from_ix(e.source())))
+            .collect();
+        ins.sort_unstable();
+        ins.into_iter().map(|(_, n)| n).collect()
+    }
+
+    /// The distinct users of a node, sorted by id.
+    pub fn users(&self, id: NodeId) -> Vec<NodeId> {
+        let mut outs: Vec<NodeId> =
+            self.g.neighbors_directed(id.ix(), Direction::Outgoing).map(NodeId::from_ix).collect();
+        outs.sort_unstable();
+        outs.dedup();
+        outs
+    }
+
+    /// Replaces the operands of `id` (keeps the op; re-verify afterwards).
+    pub fn set_operands(&mut self, id: NodeId, operands: &[NodeId]) {
+        let old: Vec<_> = self.g.edges_directed(id.ix(), Direction::Incoming).map(|e| e.id()).collect();
+        for e in old {
+            self.g.remove_edge(e);
+        }
+        for (slot, &o) in operands.iter().enumerate() {
+            self.g.add_edge(o.ix(), id.ix(), slot as u32);
+        }
+    }
+
+    /// Makes every user of `old` (and the outputs) use `new` instead.
+    pub fn replace_all_uses(&mut self, old: NodeId, new: NodeId) {
+        if old == new {
+            return;
+        }
+        let uses: Vec<_> = self
+            .g
+            .edges_directed(old.ix(), Direction::Outgoing)
+            .map(|e| (e.id(), e.target(), *e.weight()))
+            .collect();
+        for (e, target, slot) in uses {
+            self.g.remove_edge(e);
+            self.g.add_edge(new.ix(), target, slot);
+        }
+        for o in &mut self.outputs {
+            if *o == old {
+                *o = new;
+            }
+        }
+    }
+
+    /// Removes a node and its edges.
+    pub fn remove(&mut self, id: NodeId) {
+        self.g.remove_node(id.ix());
+        self.outputs.retain(|&o| o != id);
+    }
+
+    /// Every live node id, ascending.
+    pub fn node_ids(&self) -> Vec<NodeId> {
+        self.g.node_indices().map(NodeId::from_ix).collect()
+    }
+
+    /// Number of live nodes.
+    pub fn len(&self) -> usize {
+        self.g.node_count()
+    }
+
+    /// True when the graph has no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.g.node_count() == 0
+    }
+
+    /// The values the graph computes for its caller, in order.
+    pub fn outputs(&self) -> &[NodeId] {
+        &self.outputs
+    }
+
+    /// Sets the outputs.
+    pub fn set_outputs(&mut self, outputs: Vec<NodeId>) {
+        self.outputs = outputs;
+    }
+
+    /// The phase.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// Moves the phase forward (never back: a request to go back is ignored).
+    pub fn advance_phase(&mut self, phase: Phase) {
+        self.phase = self.phase.max(phase);
+    }
+
+    /// The region tree, indexed by `RegionId`.
+    pub fn regions(&self) -> &[Region] {
+        &self.regions
+    }
+
+    /// The child of `parent` called `name`, created if missing.
+    pub fn region(&mut self, parent: RegionId, name: &str) -> RegionId {
+        if let Some(i) = self.regions.iter().position(|r| r.parent == Some(parent) && r.name == name) {
+            return RegionId(i as u32);
+        }
+        self.regions.push(Region { name: name.to_string(), parent: Some(parent) });
+        RegionId(self.regions.len() as u32 - 1)
+    }
+
+    /// The region with this `/`-separated path, created if missing
+    /// (`""` is the root).
+    pub fn region_path(&mut self, path: &str) -> RegionId {
+        path.split('/').filter(|p| !p.is_empty()).fold(RegionId::ROOT, |r, name| self.region(r, name))
+    }
+
+    /// The `/`-separated path of a region (`""` for the root).
+    pub fn region_name(&self, id: RegionId) -> String {
+        let mut parts = Vec::new();
+        let mut cur = Some(id);
+        while let Some(r) = cur {
+            let region = &self.regions[r.0 as usize];
+            if !region.name.is_empty() {
+                parts.push(region.name.as_str());
+            }
+            cur = region.parent;
+        }
+        parts.reverse();
+        parts.join("/")
+    }
+
+    /// The nodes the outputs depend on, operands before users. The order is
+    /// a function of the graph's structure alone (a depth-first walk from the
+    /// outputs in operand order), so two graphs that compute the same thing
+    /// the same way list their nodes identically whatever their ids.
+    pub fn topo_order(&self) -> Vec<NodeId> {
+        self.topo_order_from(&self.outputs)
+    }
+
+    /// [`Graph::topo_order`] from the given roots instead of the outputs.
+    pub fn topo_order_from(&self, roots: &[NodeId]) -> Vec<NodeId> {
+        let mut order = Vec::new();
+        let mut state: HashMap<NodeId, bool> = HashMap::new(); // false: open, true: done
+        for &root in roots {
+            if state.contains_key(&root) {
+                continue;
+            }
+            // Iterative DFS: (node, next operand slot to visit).
+            let mut stack: Vec<(NodeId, Vec<NodeId>, usize)> = vec![(root, self.operands(root), 0)];
+            state.insert(root, false);
+            while let Some((node, operands, next)) = stack.last_mut() {
+                if *next < operands.len() {
+                    let child = operands[*next];
+                    *next += 1;
+                    if !state.contains_key(&child) {
+                        state.insert(child, false);
+                        let child_operands = self.operands(child);
+                        stack.push((child, child_operands, 0));
+                    }
+                } else {
+                    let node = *node;
+                    state.insert(node, true);
+                    order.push(node);
+                    stack.pop();
+                }
+            }
+        }
+        order
+    }
+
+    /// True if some path leads from `from` to `to` (following operand to user).
+    pub fn reaches(&self, from: NodeId, to: NodeId) -> bool {
+        petgraph::algo::has_path_connecting(&self.g, from.ix(), to.ix(), None)
+    }
+
+    /// True if the graph has a cycle.
+    pub fn has_cycle(&self) -> bool {
+        petgraph::algo::is_cyclic_directed(&self.g)
+    }
+
+    /// A copy holding only the nodes the outputs need, renumbered densely
+    /// in [`Graph::topo_order`]. Printing and hashing work on this form.
+    pub fn compacted(&self) -> Graph {
+        let mut out = Graph {
+            g: StableGraph::default(),
+            regions: self.regions.clone(),
+            outputs: Vec::new(),
+            phase: self.phase,
+        };
+        let mut map = HashMap::new();
+        for id in self.topo_order() {
+            let operands: Vec<NodeId> = self.operands(id).iter().map(|o| map[o]).collect();
+            let new = out.add_unchecked(self.node(id).clone(), &operands);
+            map.insert(id, new);
+        }
+        out.outputs = self.outputs.iter().map(|o| map[o]).collect();
+        out
+    }
+}

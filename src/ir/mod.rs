@@ -1,0 +1,41 @@
+//! The IR: a dataflow graph of tensor operations.
+//!
+//! # What a graph means
+//!
+//! A [`Graph`] is a set of [`Node`]s. Each node applies an [`Op`] to its
+//! operands (other nodes, in slot order) and produces one tensor of the
+//! node's [`Shape`] and [`DType`]. Nodes are pure: a node's value depends
+//! only on its op and its operands' values, so any two nodes with equal op
+//! and operands are interchangeable, and a node nobody needs may be dropped.
+//! Random nodes are pure too: their values are a function of the run's seed
+//! and the node's stream (counter-based random numbers).
+//!
+//! Views (`reshape`, `permute`, `expand`, `slice`) are values like any
+//! other: a backend may implement them as a new layout over the same bytes,
+//! but no op ever writes through a view, so aliasing is never observable.
+//!
+//! Elementwise ops take operands of exactly their own shape; broadcasting
+//! is an explicit `expand`. The graph's outputs are the values its caller
+//! asked for. Regions ([`Region`]) form a tree that names and groups nodes;
+//! they never change what a node computes.
+//!
+//! # Invariants
+//!
+//! `ir` imports nothing from `passes`, `backends` or the user API. A graph
+//! that passed [`verify`] is acyclic, every operand count and type agrees
+//! with [`infer`], and every region and output exists.
+
+mod dtype;
+pub mod eval;
+mod graph;
+mod infer;
+mod op;
+mod plan;
+mod shape;
+
+pub use dtype::{DType, Element, HostData, Scalar};
+pub use graph::{Graph, Node, NodeId, Phase, Region, RegionId};
+pub use infer::{infer, mixed, window_out};
+pub use op::{BinaryOp, BufferId, CompareOp, Distribution, Op, PoolKind, ReduceOp, UnaryOp};
+pub use plan::Plan;
+pub use shape::Shape;

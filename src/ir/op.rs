@@ -1,0 +1,305 @@
+//! The operations a node can perform.
+//!
+//! Elementwise operations (`Unary`, `Binary`, `Compare`, `Where`) take
+//! operands of exactly the node's shape: broadcasting is always an explicit
+//! `Expand`, so backends and passes never re-derive broadcast rules. The
+//! user API inserts those expands.
+
+use super::{DType, Scalar, Shape};
+
+/// Identifies a realized buffer owned by a `Context`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BufferId(pub u64);
+
+/// Elementwise functions of one operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum UnaryOp {
+    Neg,
+    Abs,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Recip,
+    Sin,
+    Cos,
+    Tanh,
+    Sigmoid,
+    Relu,
+    /// The exact (erf) form, PyTorch's default.
+    Gelu,
+    Silu,
+}
+
+/// Elementwise functions of two operands of one dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    /// NaN-propagating, as `torch.maximum`.
+    Maximum,
+    /// NaN-propagating, as `torch.minimum`.
+    Minimum,
+}
+
+/// Elementwise comparisons; the result is `bool`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum CompareOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+/// Reductions over a set of dimensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Sum, in the input dtype (integers wrap).
+    Sum,
+    /// Arithmetic mean; float dtypes only.
+    Mean,
+    /// Maximum; NaN wins.
+    Max,
+    /// Minimum; NaN wins.
+    Min,
+    /// Index (`i64`) of the first maximum along exactly one dimension.
+    ArgMax,
+}
+
+/// The distribution of a `Random` node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Distribution {
+    /// Uniform on `[0, 1)`.
+    Uniform,
+    /// Standard normal.
+    Normal,
+}
+
+/// The kind of a pooling window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PoolKind {
+    /// Maximum over the window; padding never wins.
+    Max,
+    /// Mean over the window, padding counted as zeros (`count_include_pad`).
+    Avg,
+}
+
+/// One operation. Source ops (`Input`, `Buffer`, `Full`, `Arange`,
+/// `Random`) take their shape and dtype from the node; every other op's
+/// shape and dtype follow from its operands ([`super::infer`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// Input slot `k` of a compiled graph: a realized buffer, bound per run.
+    Input(u32),
+    /// A realized buffer, as it appears in a context's recording graph.
+    /// Extraction turns these into `Input`s, so plans never contain one.
+    Buffer(BufferId),
+    /// Every element equal to the value.
+    Full(Scalar),
+    /// `start, start + step, ...`, as many as the (1-D) node shape holds.
+    Arange {
+        /// First value.
+        start: Scalar,
+        /// Increment.
+        step: Scalar,
+    },
+    /// Counter-based random numbers. `stream` selects the random stream: in
+    /// a context graph it is the context's per-node counter, in a compiled
+    /// graph the index into the run's stream table (so one compiled plan
+    /// serves every iteration of a loop).
+    Random {
+        /// The distribution.
+        dist: Distribution,
+        /// The stream (see above).
+        stream: u64,
+    },
+    /// Same elements, new shape (row-major order). Copies only when the
+    /// operand's layout cannot be re-viewed.
+    Reshape(Shape),
+    /// Reorders dimensions: output dim `i` is operand dim `perm[i]`.
+    Permute(Vec<usize>),
+    /// Numpy broadcast to the shape (dims of size 1 repeat, new leading dims).
+    Expand(Shape),
+    /// Elements `start, start + step, ...` of dimension `dim`; the count is
+    /// the node's size along `dim`.
+    Slice {
+        /// The sliced dimension.
+        dim: usize,
+        /// First index.
+        start: usize,
+        /// Step between kept indices (>= 1).
+        step: usize,
+        /// Number of kept indices.
+        len: usize,
+    },
+    /// `f(x)` elementwise.
+    Unary(UnaryOp),
+    /// `f(a, b)` elementwise.
+    Binary(BinaryOp),
+    /// `a ? b` elementwise, to `bool`.
+    Compare(CompareOp),
+    /// `cond ? a : b` elementwise; operands `cond` (bool), `a`, `b`.
+    Where,
+    /// Converts to the dtype (floats round to nearest, float to int
+    /// truncates and saturates, integers wrap, non-zero is `true`).
+    Cast(DType),
+    /// Reduces the dimensions (sorted, distinct); kept as size 1 if `keepdim`.
+    Reduce {
+        /// Which reduction.
+        op: ReduceOp,
+        /// The reduced dimensions.
+        dims: Vec<usize>,
+        /// Whether reduced dimensions stay as size 1.
+        keepdim: bool,
+    },
+    /// `[.., m, k] x [.., k, n] -> [.., m, n]`, batch dimensions equal.
+    MatMul,
+    /// NCHW input, OIHW weight (`I = C / groups`), no bias.
+    Conv2d {
+        /// Stride (height, width).
+        stride: [usize; 2],
+        /// Zero padding on each side (height, width).
+        padding: [usize; 2],
+        /// Dilation (height, width).
+        dilation: [usize; 2],
+        /// Channel groups.
+        groups: usize,
+    },
+    /// Pooling over NCHW windows.
+    Pool2d {
+        /// Max or average.
+        kind: PoolKind,
+        /// Window (height, width).
+        kernel: [usize; 2],
+        /// Stride (height, width).
+        stride: [usize; 2],
+        /// Padding on each side (height, width).
+        padding: [usize; 2],
+    },
+    /// `torch.gather(input, dim, index)`: operands input, index (i64/i32,
+    /// same rank); the result has the index's shape.
+    Gather {
+        /// The indexed dimension.
+        dim: usize,
+    },
+    /// `torch.index_select(input, dim, index)`: operands input, 1-D index.
+    IndexSelect {
+        /// The indexed dimension.
+        dim: usize,
+    },
+    /// Concatenation of two or more operands along `dim`.
+    Cat {
+        /// The joined dimension.
+        dim: usize,
+    },
+}
+
+impl Op {
+    /// The mnemonic the text IR prints (`add`, `matmul`, `max_pool2d`).
+    pub fn mnemonic(&self) -> &'static str {
+        match self {
+            Op::Input(_) => "input",
+            Op::Buffer(_) => "buffer",
+            Op::Full(_) => "full",
+            Op::Arange { .. } => "arange",
+            Op::Random { dist: Distribution::Uniform, .. } => "rand",
+            Op::Random { dist: Distribution::Normal, .. } => "randn",
+            Op::Reshape(_) => "reshape",
+            Op::Permute(_) => "permute",
+            Op::Expand(_) => "expand",
+            Op::Slice { .. } => "slice",
+            Op::Unary(u) => u.mnemonic(),
+            Op::Binary(b) => b.mnemonic(),
+            Op::Compare(c) => c.mnemonic(),
+            Op::Where => "where",
+            Op::Cast(_) => "cast",
+            Op::Reduce { op, .. } => op.mnemonic(),
+            Op::MatMul => "matmul",
+            Op::Conv2d { .. } => "conv2d",
+            Op::Pool2d { kind: PoolKind::Max, .. } => "max_pool2d",
+            Op::Pool2d { kind: PoolKind::Avg, .. } => "avg_pool2d",
+            Op::Gather { .. } => "gather",
+            Op::IndexSelect { .. } => "index_select",
+            Op::Cat { .. } => "cat",
+        }
+    }
+
+    /// True for ops with no operands whose type is declared on the node.
+    pub fn is_source(&self) -> bool {
+        matches!(self, Op::Input(_) | Op::Buffer(_) | Op::Full(_) | Op::Arange { .. } | Op::Random { .. })
+    }
+
+    /// True for ops that only re-index their operand (no arithmetic): a
+    /// backend may answer them with a new layout over the same bytes.
+    pub fn is_view(&self) -> bool {
+        matches!(self, Op::Reshape(_) | Op::Permute(_) | Op::Expand(_) | Op::Slice { .. })
+    }
+
+    /// True for elementwise ops (one output element per input position).
+    pub fn is_elementwise(&self) -> bool {
+        matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Cast(_))
+    }
+
+    /// The number of operands the op takes; `None` for `Cat` (two or more).
+    pub fn arity(&self) -> Option<usize> {
+        Some(match self {
+            Op::Input(_) | Op::Buffer(_) | Op::Full(_) | Op::Arange { .. } | Op::Random { .. } => 0,
+            Op::Reshape(_)
+            | Op::Permute(_)
+            | Op::Expand(_)
+            | Op::Slice { .. }
+            | Op::Unary(_)
+            | Op::Cast(_)
+            | Op::Reduce { .. }
+            | Op::Pool2d { .. } => 1,
+            Op::Binary(_)
+            | Op::Compare(_)
+            | Op::MatMul
+            | Op::Conv2d { .. }
+            | Op::Gather { .. }
+            | Op::IndexSelect { .. } => 2,
+            Op::Where => 3,
+            Op::Cat { .. } => return None,
+        })
+    }
+}
+
+macro_rules! mnemonics {
+    ($ty:ident { $($variant:ident => $name:literal),* $(,)? }) => {
+        impl $ty {
+            /// Every variant, in declaration order.
+            pub const ALL: &'static [$ty] = &[$($ty::$variant),*];
+            /// The text IR mnemonic.
+            pub fn mnemonic(self) -> &'static str {
+                match self { $($ty::$variant => $name),* }
+            }
+        }
+    };
+}
+
+mnemonics!(UnaryOp {
+    Neg => "neg", Abs => "abs", Exp => "exp", Log => "log", Sqrt => "sqrt", Rsqrt => "rsqrt",
+    Recip => "recip", Sin => "sin", Cos => "cos", Tanh => "tanh", Sigmoid => "sigmoid",
+    Relu => "relu", Gelu => "gelu", Silu => "silu",
+});
+mnemonics!(BinaryOp {
+    Add => "add", Sub => "sub", Mul => "mul", Div => "div", Pow => "pow",
+    Maximum => "maximum", Minimum => "minimum",
+});
+mnemonics!(CompareOp { Eq => "eq", Ne => "ne", Lt => "lt", Le => "le", Gt => "gt", Ge => "ge" });
+mnemonics!(ReduceOp { Sum => "sum", Mean => "mean", Max => "max", Min => "min", ArgMax => "argmax" });
+
+impl UnaryOp {
+    /// True if the op is defined on integer dtypes too (the rest need floats).
+    pub fn allows_int(self) -> bool {
+        matches!(self, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu)
+    }
+}

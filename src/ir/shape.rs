@@ -1,0 +1,132 @@
+//! Static shapes and numpy broadcasting.
+
+use std::fmt;
+
+/// The dimensions of a tensor, outermost first. `[]` is a scalar.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct Shape(pub Vec<usize>);
+
+impl Shape {
+    /// A shape from its dimensions.
+    pub fn new(dims: impl Into<Vec<usize>>) -> Shape {
+        Shape(dims.into())
+    }
+
+    /// The scalar shape `[]`.
+    pub fn scalar() -> Shape {
+        Shape(Vec::new())
+    }
+
+    /// The dimensions.
+    pub fn dims(&self) -> &[usize] {
+        &self.0
+    }
+
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Number of elements (1 for a scalar). Saturates instead of
+    /// overflowing, so an absurd shape reports a huge size rather than wrap.
+    pub fn numel(&self) -> usize {
+        self.0.iter().fold(1usize, |a, &d| a.saturating_mul(d))
+    }
+
+    /// Row-major strides, in elements.
+    pub fn contiguous_strides(&self) -> Vec<usize> {
+        let mut strides = vec![0; self.rank()];
+        let mut acc = 1usize;
+        for (s, &d) in strides.iter_mut().zip(&self.0).rev() {
+            *s = acc;
+            acc = acc.saturating_mul(d);
+        }
+        strides
+    }
+
+    /// The numpy broadcast of two shapes: dimensions are aligned on the
+    /// right and each pair must be equal or contain a 1. The error names the
+    /// first dimension (counted in the result) that disagrees.
+    pub fn broadcast(&self, other: &Shape) -> Result<Shape, String> {
+        let rank = self.rank().max(other.rank());
+        let mut out = vec![0; rank];
+        for (i, o) in out.iter_mut().enumerate() {
+            let a = dim_from_right(self, rank - 1 - i);
+            let b = dim_from_right(other, rank - 1 - i);
+            *o = match (a, b) {
+                (x, y) if x == y => x,
+                (1, y) => y,
+                (x, 1) => x,
+                (x, y) => {
+                    return Err(format!(
+                        "shapes {self} and {other} cannot be broadcast: dimension {i} of the result is {x} in one and {y} in the other"
+                    ))
+                }
+            };
+        }
+        Ok(Shape(out))
+    }
+
+    /// True when `self` broadcasts to `target` (numpy rules, one way).
+    pub fn broadcasts_to(&self, target: &Shape) -> bool {
+        self.rank() <= target.rank()
+            && self.0.iter().rev().zip(target.0.iter().rev()).all(|(&a, &b)| a == b || a == 1)
+    }
+}
+
+fn dim_from_right(s: &Shape, from_right: usize) -> usize {
+    if from_right < s.rank() {
+        s.0[s.rank() - 1 - from_right]
+    } else {
+        1
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_str("]")
+    }
+}
+
+impl From<Vec<usize>> for Shape {
+    fn from(v: Vec<usize>) -> Shape {
+        Shape(v)
+    }
+}
+
+impl From<&[usize]> for Shape {
+    fn from(v: &[usize]) -> Shape {
+        Shape(v.to_vec())
+    }
+}
+
+impl<const N: usize> From<[usize; N]> for Shape {
+    fn from(v: [usize; N]) -> Shape {
+        Shape(v.to_vec())
+    }
+}
+
+impl From<&Shape> for Shape {
+    fn from(v: &Shape) -> Shape {
+        v.clone()
+    }
+}
+
+impl From<()> for Shape {
+    fn from(_: ()) -> Shape {
+        Shape::scalar()
+    }
+}
+
+impl From<usize> for Shape {
+    fn from(d: usize) -> Shape {
+        Shape(vec![d])
+    }
+}
