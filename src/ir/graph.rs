@@ -134,6 +134,12 @@ impl Graph {
         id
     }
 
+    /// An empty graph with this graph's region tree and phase; extraction
+    /// and compaction build into one so region ids stay valid.
+    pub fn empty_like(&self) -> Graph {
+        Graph { g: StableGraph::default(), regions: self.regions.clone(), outputs: Vec::new(), phase: self.phase }
+    }
+
     /// True if the id names a live node.
     pub fn contains(&self, id: NodeId) -> bool {
         self.g.contains_node(id.ix())
@@ -329,12 +335,7 @@ impl Graph {
     /// A copy holding only the nodes the outputs need, renumbered densely
     /// in [`Graph::topo_order`]. Printing and hashing work on this form.
     pub fn compacted(&self) -> Graph {
-        let mut out = Graph {
-            g: StableGraph::default(),
-            regions: self.regions.clone(),
-            outputs: Vec::new(),
-            phase: self.phase,
-        };
+        let mut out = self.empty_like();
         let mut map = HashMap::new();
         for id in self.topo_order() {
             let operands: Vec<NodeId> = self.operands(id).iter().map(|o| map[o]).collect();

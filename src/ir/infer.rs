@@ -90,7 +90,7 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
         Op::Where => {
             let (cs, cd) = ty(0);
             if cd != DType::Bool {
-                return Err(format!("where's condition must be bool, got {cd}"));
+                return Err(format!("where's condition must have dtype bool, got {cd}"));
             }
             let (s, d) = same_type(name, &operands[1..])?;
             if *cs != s {
@@ -315,6 +315,6 @@ fn index_dtype(name: &str, d: DType) -> Result<(), String> {
     if matches!(d, DType::I64 | DType::I32) {
         Ok(())
     } else {
-        Err(format!("{name} index must be i64 or i32, got {d}"))
+        Err(format!("{name} index must have dtype i64 or i32, got {d}"))
     }
 }
