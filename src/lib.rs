@@ -1,8 +1,49 @@
 //! kiln: eager-looking tensor code that runs as a compiled graph.
+//!
+//! Every op on a [`Context`] or [`Tensor`] records a node in a lazy graph
+//! ([`ir`]); nothing runs until a value is read. Then the part of the graph
+//! the read needs is extracted, optimized by [`passes`], compiled for the
+//! context's backend (cached by structure, so a loop compiles once) and run.
+//!
+//! ```
+//! use kiln::prelude::*;
+//!
+//! let ctx = Context::cpu().with_seed(7);
+//! let x = ctx.randn([4, 8]);
+//! let w = ctx.randn([8, 3]) * 0.1;
+//! let p = x.matmul(&w).relu().softmax(1);          // recorded, not run
+//! let rows: Vec<f32> = p.sum(&[1], false).to_vec()?; // runs here
+//! assert!(rows.iter().all(|s| (s - 1.0).abs() < 1e-5));
+//! println!("{}", ctx.explain(&[&p])?);              // the optimized IR
+//! # Ok::<(), kiln::Error>(())
+//! ```
+//!
+//! Errors never panic: an op given operands it cannot take returns a
+//! tensor that carries the error and where it was recorded, and reading it
+//! returns that [`Error`].
+//!
+//! ```
+//! use kiln::prelude::*;
+//! let ctx = Context::cpu();
+//! let bad = ctx.zeros([2, 3]) + ctx.zeros([4]);
+//! let err = bad.to_vec::<f32>().unwrap_err();
+//! assert!(matches!(err, Error::Shape { .. }));
+//! ```
 #![warn(missing_docs)]
 
 pub mod backends;
+mod context;
 mod error;
 pub mod ir;
+pub mod passes;
+mod tensor;
 
+pub use context::{Context, Stats};
 pub use error::{Error, Location, Result};
+pub use ir::{DType, Element};
+pub use tensor::{IntoOperand, Operand, Tensor};
+
+/// What most programs need: `use kiln::prelude::*;`.
+pub mod prelude {
+    pub use crate::{Context, DType, Element, Error, Result, Tensor};
+}

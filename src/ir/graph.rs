@@ -137,7 +137,12 @@ impl Graph {
     /// An empty graph with this graph's region tree and phase; extraction
     /// and compaction build into one so region ids stay valid.
     pub fn empty_like(&self) -> Graph {
-        Graph { g: StableGraph::default(), regions: self.regions.clone(), outputs: Vec::new(), phase: self.phase }
+        Graph {
+            g: StableGraph::default(),
+            regions: self.regions.clone(),
+            outputs: Vec::new(),
+            phase: self.phase,
+        }
     }
 
     /// True if the id names a live node.

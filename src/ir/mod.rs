@@ -32,6 +32,7 @@ mod infer;
 mod op;
 mod plan;
 mod shape;
+pub mod text;
 
 pub use dtype::{DType, Element, HostData, Scalar};
 pub use graph::{Graph, Node, NodeId, Phase, Region, RegionId};

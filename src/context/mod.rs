@@ -1,0 +1,235 @@
+//! The user's device handle: a backend, the recording graph, the random
+//! seed, realized buffers and the cache of compiled plans.
+
+mod realize;
+
+use crate::backends::cpu::CpuBackend;
+use crate::backends::{Backend, Buffer};
+use crate::ir::{BufferId, DType, Graph, NodeId, Op, RegionId, Shape};
+use crate::passes::PipelineConfig;
+use crate::tensor::{Tensor, TensorNode};
+use crate::{Error, Location, Result};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+pub(crate) use realize::PlanCache;
+
+/// A device and everything recorded on it. Cheap to clone (a shared
+/// handle); every [`Tensor`] keeps its context alive.
+///
+/// ```
+/// use kiln::prelude::*;
+/// let ctx = Context::cpu().with_seed(1);
+/// let x = ctx.arange(0.0f32, 4.0, 1.0);
+/// assert_eq!((x * 2.0).to_vec::<f32>()?, vec![0.0, 2.0, 4.0, 6.0]);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) backend: Box<dyn Backend>,
+    /// The pass configuration read from the environment when the context
+    /// was made; a bad `KILN_PASSES` is reported by the first compile.
+    pub(crate) config: Result<PipelineConfig>,
+    pub(crate) state: Mutex<State>,
+}
+
+/// Everything that changes as the user records and reads.
+pub(crate) struct State {
+    /// The recording graph: recorded ops, and `Buffer` nodes for realized values.
+    pub(crate) graph: Graph,
+    /// Every tensor handle given out; dead ones are pruned by `collect`.
+    pub(crate) live: Vec<Weak<TensorNode>>,
+    /// Realized values, by the id their `Buffer` nodes carry.
+    pub(crate) buffers: HashMap<BufferId, Buffer>,
+    next_buffer: u64,
+    /// The next random stream; one per random node, so every random node
+    /// draws different numbers and a rerun of a program draws the same ones.
+    next_stream: u64,
+    pub(crate) seed: u64,
+    /// The region new nodes go into.
+    pub(crate) region: RegionId,
+    pub(crate) cache: PlanCache,
+    pub(crate) compiles: u64,
+    pub(crate) cache_hits: u64,
+}
+
+/// Counters a context keeps; see [`Context::stats`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Plans compiled (cache misses).
+    pub compiles: u64,
+    /// Reads answered by an already compiled plan.
+    pub cache_hits: u64,
+    /// Graph nodes run by the backend, all runs together.
+    pub nodes_executed: u64,
+    /// Bytes the backend allocated, all allocations together.
+    pub bytes_allocated: u64,
+    /// The most bytes the backend held at once.
+    pub peak_bytes: u64,
+    /// Nodes in the recording graph now (recorded, not yet realized or dropped).
+    pub graph_nodes: usize,
+    /// Realized buffers the context holds now.
+    pub buffers: usize,
+}
+
+impl Context {
+    /// A context on the CPU backend (rayon-parallel), with seed 0.
+    /// `KILN_PASSES` and `KILN_DUMP` are read here.
+    pub fn cpu() -> Context {
+        Context::with_backend(Box::new(CpuBackend::new()))
+    }
+
+    fn with_backend(backend: Box<dyn Backend>) -> Context {
+        let state = State {
+            graph: Graph::new(),
+            live: Vec::new(),
+            buffers: HashMap::new(),
+            next_buffer: 0,
+            next_stream: 0,
+            seed: 0,
+            region: RegionId::ROOT,
+            cache: PlanCache::default(),
+            compiles: 0,
+            cache_hits: 0,
+        };
+        Context {
+            inner: Arc::new(Inner { backend, config: PipelineConfig::from_env(), state: Mutex::new(state) }),
+        }
+    }
+
+    /// Sets the random seed. Random numbers are counter-based (Philox
+    /// 4x32-10 keyed by the seed and a per-node stream), so a program run
+    /// twice with one seed draws the same numbers, on every backend.
+    pub fn with_seed(self, seed: u64) -> Context {
+        self.state().seed = seed;
+        self
+    }
+
+    /// The backend's name (`cpu`).
+    pub fn device(&self) -> &'static str {
+        self.inner.backend.name()
+    }
+
+    /// Compile, cache and memory counters.
+    pub fn stats(&self) -> Stats {
+        use std::sync::atomic::Ordering::Relaxed;
+        let device = self.inner.backend.stats();
+        let state = self.state();
+        Stats {
+            compiles: state.compiles,
+            cache_hits: state.cache_hits,
+            nodes_executed: device.nodes_executed.load(Relaxed),
+            bytes_allocated: device.bytes_allocated.load(Relaxed),
+            peak_bytes: device.peak_bytes.load(Relaxed),
+            graph_nodes: state.graph.len(),
+            buffers: state.buffers.len(),
+        }
+    }
+
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while the lock was held cannot leave the graph half
+        // edited in a way later reads would trust more than a fresh
+        // verify; recover the guard rather than propagate the poison.
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn same(&self, other: &Context) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Records a node and returns its tensor, or a failed tensor carrying
+    /// the inference error at `location`.
+    pub(crate) fn record(
+        &self,
+        op: Op,
+        operands: &[NodeId],
+        declared: Option<(Shape, DType)>,
+        location: Location,
+    ) -> Tensor {
+        let mut state = self.state();
+        let region = state.region;
+        let mnemonic = op.mnemonic();
+        let op = match op {
+            Op::Random { dist, .. } => {
+                let stream = state.next_stream;
+                state.next_stream += 1;
+                Op::Random { dist, stream }
+            }
+            other => other,
+        };
+        match state.graph.add(op, operands, declared, region) {
+            Ok(id) => {
+                let node = state.graph.node(id);
+                let (shape, dtype) = (node.shape.clone(), node.dtype);
+                self.handle(&mut state, id, shape, dtype)
+            }
+            Err(message) => Tensor::failed(classify(mnemonic, message, location)),
+        }
+    }
+
+    /// Stores a realized buffer and returns a tensor reading it.
+    pub(crate) fn record_buffer(&self, buffer: Buffer) -> Tensor {
+        let mut state = self.state();
+        let (shape, dtype) = (buffer.shape().clone(), buffer.dtype());
+        let id = state.add_buffer(buffer);
+        let region = state.region;
+        let node = state.graph.add(Op::Buffer(id), &[], Some((shape.clone(), dtype)), region);
+        match node {
+            Ok(node) => self.handle(&mut state, node, shape, dtype),
+            Err(message) => Tensor::failed(Error::Backend(message)),
+        }
+    }
+
+    fn handle(&self, state: &mut State, id: NodeId, shape: Shape, dtype: DType) -> Tensor {
+        let node = Arc::new(TensorNode { ctx: self.clone(), id, shape, dtype });
+        state.live.push(Arc::downgrade(&node));
+        Tensor::from_node(node)
+    }
+}
+
+impl State {
+    pub(crate) fn add_buffer(&mut self, buffer: Buffer) -> BufferId {
+        let id = BufferId(self.next_buffer);
+        self.next_buffer += 1;
+        self.buffers.insert(id, buffer);
+        id
+    }
+
+    /// Drops every node no live tensor needs, and every buffer no node
+    /// reads. Realized nodes have no operands, so a loop that reads a
+    /// value each iteration keeps the graph at a constant size.
+    pub(crate) fn collect(&mut self) {
+        self.live.retain(|w| w.strong_count() > 0);
+        let roots: Vec<NodeId> = self.live.iter().filter_map(|w| w.upgrade()).map(|n| n.id).collect();
+        let keep: HashSet<NodeId> = self.graph.topo_order_from(&roots).into_iter().collect();
+        for id in self.graph.node_ids() {
+            if !keep.contains(&id) {
+                self.graph.remove(id);
+            }
+        }
+        let used: HashSet<BufferId> = self
+            .graph
+            .node_ids()
+            .into_iter()
+            .filter_map(|id| match self.graph.node(id).op {
+                Op::Buffer(b) => Some(b),
+                _ => None,
+            })
+            .collect();
+        self.buffers.retain(|id, _| used.contains(id));
+    }
+}
+
+/// Turns an inference message into a dtype or shape error. Inference
+/// messages about element types always mention `dtype`, `cast` or `bool`.
+fn classify(op: &'static str, message: String, location: Location) -> Error {
+    if message.contains("dtype") || message.contains("cast") || message.contains("on bool") {
+        Error::DType { op, message, location }
+    } else {
+        Error::Shape { op, message, location }
+    }
+}

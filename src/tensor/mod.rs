@@ -1,0 +1,228 @@
+//! `Tensor`: a cheap handle to a recorded value, and the user-facing ops.
+//!
+//! Ops record nodes and return at once; nothing runs until a value is read
+//! (`to_vec`, `item`, `realize`). An op given tensors it cannot accept
+//! (shapes that do not broadcast, mixed dtypes) does not panic: it returns
+//! a *failed* tensor carrying the error and the caller's location, every
+//! op on a failed tensor returns the same failure, and reading it returns
+//! the error.
+//!
+//! Ops are grouped by kind: [`creation`](Context::zeros), views, elementwise,
+//! reductions, linear algebra and convolution, indexing.
+
+mod creation;
+mod elementwise;
+mod index;
+mod linalg;
+mod operators;
+mod reduce;
+mod view;
+
+pub use elementwise::{IntoOperand, Operand};
+
+use crate::context::Context;
+use crate::ir::{DType, Element, NodeId, Op, Shape};
+use crate::{Error, Location, Result};
+use std::fmt;
+use std::sync::Arc;
+
+/// A handle to a value recorded on a [`Context`]. Cloning is cheap; every
+/// clone names the same value.
+///
+/// ```
+/// use kiln::prelude::*;
+/// let ctx = Context::cpu();
+/// let a = ctx.tensor(&[1.0f32, 2.0, 3.0, 4.0], [2, 2]);
+/// let b = (&a + 1.0).relu().sum(&[1], false);
+/// assert_eq!(b.to_vec::<f32>()?, vec![5.0, 9.0]);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Tensor {
+    repr: Repr,
+}
+
+#[derive(Clone)]
+enum Repr {
+    Node(Arc<TensorNode>),
+    Failed(Arc<Error>),
+}
+
+/// What a live handle points at. The context keeps a weak reference to
+/// each, to know which nodes users can still read.
+pub(crate) struct TensorNode {
+    pub(crate) ctx: Context,
+    pub(crate) id: NodeId,
+    pub(crate) shape: Shape,
+    pub(crate) dtype: DType,
+}
+
+impl Tensor {
+    pub(crate) fn from_node(node: Arc<TensorNode>) -> Tensor {
+        Tensor { repr: Repr::Node(node) }
+    }
+
+    pub(crate) fn failed(error: Error) -> Tensor {
+        Tensor { repr: Repr::Failed(Arc::new(error)) }
+    }
+
+    /// The shape. A failed tensor (see [`Tensor::error`]) has shape `[]`.
+    pub fn shape(&self) -> &[usize] {
+        match &self.repr {
+            Repr::Node(n) => n.shape.dims(),
+            Repr::Failed(_) => &[],
+        }
+    }
+
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.shape().len()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape().iter().product()
+    }
+
+    /// The element type. A failed tensor reports `f32`.
+    pub fn dtype(&self) -> DType {
+        match &self.repr {
+            Repr::Node(n) => n.dtype,
+            Repr::Failed(_) => DType::F32,
+        }
+    }
+
+    /// The error, if an op that made this tensor (or one it depends on)
+    /// was given invalid operands.
+    pub fn error(&self) -> Option<&Error> {
+        match &self.repr {
+            Repr::Node(_) => None,
+            Repr::Failed(e) => Some(e),
+        }
+    }
+
+    /// The context the tensor was recorded on (`None` for a failed tensor).
+    pub fn context(&self) -> Option<&Context> {
+        match &self.repr {
+            Repr::Node(n) => Some(&n.ctx),
+            Repr::Failed(_) => None,
+        }
+    }
+
+    pub(crate) fn node(&self) -> Result<&Arc<TensorNode>> {
+        match &self.repr {
+            Repr::Node(n) => Ok(n),
+            Repr::Failed(e) => Err((**e).clone()),
+        }
+    }
+
+    /// The node id, checking the tensor belongs to `ctx`.
+    #[track_caller]
+    pub(crate) fn node_in(&self, ctx: &Context) -> Result<NodeId> {
+        let n = self.node()?;
+        if !n.ctx.same(ctx) {
+            return Err(Error::Device {
+                message: "the tensor belongs to another context".into(),
+                location: Location::caller(),
+            });
+        }
+        Ok(n.id)
+    }
+
+    pub(crate) fn shape_ir(&self) -> Shape {
+        Shape::new(self.shape())
+    }
+
+    /// Records `op` over `operands` (the first is `self`'s context). Any
+    /// failed operand's error passes through; operands from two contexts
+    /// are a device error.
+    pub(crate) fn record(
+        operands: &[&Tensor],
+        op: Op,
+        declared: Option<(Shape, DType)>,
+        location: Location,
+    ) -> Tensor {
+        let mut nodes = Vec::with_capacity(operands.len());
+        let mut ctx: Option<&Context> = None;
+        for t in operands {
+            match &t.repr {
+                Repr::Failed(_) => return (*t).clone(),
+                Repr::Node(n) => {
+                    if let Some(c) = ctx {
+                        if !c.same(&n.ctx) {
+                            return Tensor::failed(Error::Device {
+                                message: format!(
+                                    "{} of tensors from two different contexts; make them on one context",
+                                    op.mnemonic()
+                                ),
+                                location,
+                            });
+                        }
+                    }
+                    ctx = Some(&n.ctx);
+                    nodes.push(n.id);
+                }
+            }
+        }
+        match ctx {
+            Some(ctx) => ctx.record(op, &nodes, declared, location),
+            None => Tensor::failed(Error::Backend(format!("{} recorded with no operands", op.mnemonic()))),
+        }
+    }
+
+    /// Computes the tensor and copies it to the host. `T` must be the
+    /// tensor's element type (`f32` for `DType::F32`); use `cast` first to
+    /// read another type.
+    #[track_caller]
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        let location = Location::caller();
+        let node = self.node()?;
+        if T::DTYPE != node.dtype {
+            return Err(Error::DType {
+                op: "to_vec",
+                message: format!(
+                    "the tensor holds {} but {} was asked for; read it as its own type or .cast(DType::{:?}) first",
+                    node.dtype,
+                    T::DTYPE,
+                    T::DTYPE
+                ),
+                location,
+            });
+        }
+        let buffer = node.ctx.realize_nodes(&[node.id])?.remove(0);
+        let host = node.ctx.inner.backend.download(&buffer)?;
+        T::from_host(host).ok_or_else(|| Error::Backend("the backend returned another dtype".into()))
+    }
+
+    /// The value of a one-element tensor.
+    #[track_caller]
+    pub fn item<T: Element>(&self) -> Result<T> {
+        let location = Location::caller();
+        if self.error().is_none() && self.numel() != 1 {
+            return Err(Error::Shape {
+                op: "item",
+                message: format!("item needs a tensor with one element, got shape {}", self.shape_ir()),
+                location,
+            });
+        }
+        let v = self.to_vec::<T>()?;
+        v.into_iter().next().ok_or_else(|| Error::Backend("no element came back".into()))
+    }
+
+    /// Computes the tensor now and keeps the value: later reads and ops
+    /// start from it instead of recomputing it.
+    pub fn realize(&self) -> Result<&Tensor> {
+        let node = self.node()?;
+        node.ctx.realize_nodes(&[node.id])?;
+        Ok(self)
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.repr {
+            Repr::Node(n) => write!(f, "Tensor({}{}, {})", n.dtype, n.shape, n.id),
+            Repr::Failed(e) => write!(f, "Tensor(failed: {e})"),
+        }
+    }
+}

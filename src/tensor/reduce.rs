@@ -1,0 +1,117 @@
+//! Reductions, and the softmax family built from them.
+//!
+//! `softmax` and `log_softmax` are recorded as primitives (max, sub, exp,
+//! sum, div / log): the fusion pass is what puts them back into one kernel
+//! per row block, and keeping them primitive lets every later pass (and
+//! autodiff) see through them.
+
+use super::Tensor;
+use crate::ir::{BinaryOp, Op, ReduceOp, UnaryOp};
+use crate::{Error, Location};
+
+impl Tensor {
+    /// Sum over `dims` (integers wrap in their dtype; floats accumulate in
+    /// f64). With `keepdim` the reduced dims stay as size 1.
+    #[track_caller]
+    pub fn sum(&self, dims: &[usize], keepdim: bool) -> Tensor {
+        self.reduce_at(ReduceOp::Sum, dims, keepdim, Location::caller())
+    }
+
+    /// Sum of every element, as a scalar tensor.
+    #[track_caller]
+    pub fn sum_all(&self) -> Tensor {
+        let dims: Vec<usize> = (0..self.rank()).collect();
+        self.reduce_at(ReduceOp::Sum, &dims, false, Location::caller())
+    }
+
+    /// Mean over `dims` (float dtypes).
+    #[track_caller]
+    pub fn mean(&self, dims: &[usize], keepdim: bool) -> Tensor {
+        self.reduce_at(ReduceOp::Mean, dims, keepdim, Location::caller())
+    }
+
+    /// Maximum over `dims` (NaN wins).
+    #[track_caller]
+    pub fn max(&self, dims: &[usize], keepdim: bool) -> Tensor {
+        self.reduce_at(ReduceOp::Max, dims, keepdim, Location::caller())
+    }
+
+    /// Minimum over `dims` (NaN wins).
+    #[track_caller]
+    pub fn min(&self, dims: &[usize], keepdim: bool) -> Tensor {
+        self.reduce_at(ReduceOp::Min, dims, keepdim, Location::caller())
+    }
+
+    /// Index (`i64`) of the first maximum along `dim` (a NaN counts as the
+    /// maximum, as in PyTorch).
+    #[track_caller]
+    pub fn argmax(&self, dim: usize, keepdim: bool) -> Tensor {
+        self.reduce_at(ReduceOp::ArgMax, &[dim], keepdim, Location::caller())
+    }
+
+    pub(crate) fn reduce_at(
+        &self,
+        op: ReduceOp,
+        dims: &[usize],
+        keepdim: bool,
+        location: Location,
+    ) -> Tensor {
+        let mut sorted = dims.to_vec();
+        sorted.sort_unstable();
+        if sorted.windows(2).any(|w| w[0] == w[1]) {
+            return self.fail_shape(op.mnemonic(), format!("dims {dims:?} name a dimension twice"), location);
+        }
+        Tensor::record(&[self], Op::Reduce { op, dims: sorted, keepdim }, None, location)
+    }
+
+    /// `exp(x) / sum(exp(x))` along `dim`, computed stably (the row maximum
+    /// is subtracted first). Recorded as max, sub, exp, sum, div.
+    #[track_caller]
+    pub fn softmax(&self, dim: usize) -> Tensor {
+        let location = Location::caller();
+        let e = self.shifted_at("softmax", dim, location).unary_at(UnaryOp::Exp, location);
+        let s = e.reduce_at(ReduceOp::Sum, &[dim], true, location);
+        e.binary_at(s.into_operand_tensor(), BinaryOp::Div, false, location)
+    }
+
+    /// `log(softmax(x))` along `dim`, computed as `x - max - log(sum(exp(x - max)))`.
+    #[track_caller]
+    pub fn log_softmax(&self, dim: usize) -> Tensor {
+        let location = Location::caller();
+        let shifted = self.shifted_at("log_softmax", dim, location);
+        let lse = shifted.unary_at(UnaryOp::Exp, location).reduce_at(ReduceOp::Sum, &[dim], true, location);
+        shifted.binary_at(
+            lse.unary_at(UnaryOp::Log, location).into_operand_tensor(),
+            BinaryOp::Sub,
+            false,
+            location,
+        )
+    }
+
+    /// `x - max(x, dim, keepdim)`, after checking `dim` and the dtype.
+    fn shifted_at(&self, op: &'static str, dim: usize, location: Location) -> Tensor {
+        if self.error().is_some() {
+            return self.clone();
+        }
+        if dim >= self.rank() {
+            return self.fail_shape(
+                op,
+                format!("dim {dim} is out of range for rank {}", self.rank()),
+                location,
+            );
+        }
+        if !self.dtype().is_float() {
+            return Tensor::failed(Error::DType {
+                op,
+                message: format!("{op} needs a float tensor, got {}; cast it first", self.dtype()),
+                location,
+            });
+        }
+        let m = self.reduce_at(ReduceOp::Max, &[dim], true, location);
+        self.binary_at(m.into_operand_tensor(), BinaryOp::Sub, false, location)
+    }
+
+    fn into_operand_tensor(self) -> super::elementwise::Operand {
+        super::elementwise::Operand::Tensor(self)
+    }
+}

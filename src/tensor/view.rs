@@ -1,0 +1,146 @@
+//! Views: ops that re-index without arithmetic. Backends answer them with
+//! a new layout over the same bytes where strides allow (no copy).
+
+use super::Tensor;
+use crate::ir::{Op, Shape};
+use crate::{Error, Location};
+
+impl Tensor {
+    /// The same elements (row-major order) with a new shape.
+    #[track_caller]
+    pub fn reshape(&self, shape: impl Into<Shape>) -> Tensor {
+        self.reshape_at(shape.into(), Location::caller())
+    }
+
+    pub(crate) fn reshape_at(&self, shape: Shape, location: Location) -> Tensor {
+        if self.error().is_none() && shape.dims() == self.shape() {
+            return self.clone();
+        }
+        Tensor::record(&[self], Op::Reshape(shape), None, location)
+    }
+
+    /// All dimensions flattened into one.
+    #[track_caller]
+    pub fn flatten(&self) -> Tensor {
+        self.reshape_at(Shape::new([self.numel()]), Location::caller())
+    }
+
+    /// Reorders dimensions: dimension `i` of the result is dimension
+    /// `perm[i]` of `self`.
+    #[track_caller]
+    pub fn permute(&self, perm: &[usize]) -> Tensor {
+        Tensor::record(&[self], Op::Permute(perm.to_vec()), None, Location::caller())
+    }
+
+    /// Swaps two dimensions.
+    #[track_caller]
+    pub fn transpose(&self, dim0: usize, dim1: usize) -> Tensor {
+        self.transpose_at(dim0, dim1, Location::caller())
+    }
+
+    pub(crate) fn transpose_at(&self, dim0: usize, dim1: usize, location: Location) -> Tensor {
+        let rank = self.rank();
+        if dim0 >= rank || dim1 >= rank {
+            return self.fail_shape(
+                "transpose",
+                format!("dims {dim0} and {dim1} for a tensor of rank {rank}"),
+                location,
+            );
+        }
+        let mut perm: Vec<usize> = (0..rank).collect();
+        perm.swap(dim0, dim1);
+        Tensor::record(&[self], Op::Permute(perm), None, location)
+    }
+
+    /// The transpose of a matrix (the last two dims swapped).
+    #[track_caller]
+    pub fn t(&self) -> Tensor {
+        let location = Location::caller();
+        let rank = self.rank();
+        if rank < 2 {
+            return self.fail_shape("t", format!("t needs rank >= 2, got {}", self.shape_ir()), location);
+        }
+        self.transpose_at(rank - 2, rank - 1, location)
+    }
+
+    /// Numpy broadcast to `shape`: dims of size 1 repeat, new dims are added
+    /// in front. No data is copied.
+    #[track_caller]
+    pub fn broadcast_to(&self, shape: impl Into<Shape>) -> Tensor {
+        self.broadcast_at(shape.into(), Location::caller())
+    }
+
+    pub(crate) fn broadcast_at(&self, shape: Shape, location: Location) -> Tensor {
+        if self.error().is_none() && shape.dims() == self.shape() {
+            return self.clone();
+        }
+        Tensor::record(&[self], Op::Expand(shape), None, location)
+    }
+
+    /// `len` elements of dimension `dim` from `start` (PyTorch `narrow`).
+    #[track_caller]
+    pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Tensor {
+        Tensor::record(&[self], Op::Slice { dim, start, step: 1, len }, None, Location::caller())
+    }
+
+    /// Elements `start..end` of dimension `dim`, every `step`-th
+    /// (`x[:, start:end:step]` in Python).
+    #[track_caller]
+    pub fn slice(&self, dim: usize, start: usize, end: usize, step: usize) -> Tensor {
+        let location = Location::caller();
+        if step == 0 || end < start {
+            return self.fail_shape(
+                "slice",
+                format!("slice {start}..{end} step {step} is empty or backwards"),
+                location,
+            );
+        }
+        let len = (end - start).div_ceil(step);
+        Tensor::record(&[self], Op::Slice { dim, start, step, len }, None, location)
+    }
+
+    /// Removes dimension `dim`, which must have size 1.
+    #[track_caller]
+    pub fn squeeze(&self, dim: usize) -> Tensor {
+        let location = Location::caller();
+        match self.shape().get(dim) {
+            Some(1) => {
+                let mut dims = self.shape().to_vec();
+                dims.remove(dim);
+                self.reshape_at(Shape(dims), location)
+            }
+            _ => self.fail_shape(
+                "squeeze",
+                format!("dim {dim} of {} is not of size 1", self.shape_ir()),
+                location,
+            ),
+        }
+    }
+
+    /// Inserts a dimension of size 1 at `dim` (`0..=rank`).
+    #[track_caller]
+    pub fn unsqueeze(&self, dim: usize) -> Tensor {
+        self.unsqueeze_at(dim, Location::caller())
+    }
+
+    pub(crate) fn unsqueeze_at(&self, dim: usize, location: Location) -> Tensor {
+        if dim > self.rank() {
+            return self.fail_shape(
+                "unsqueeze",
+                format!("dim {dim} for a tensor of rank {}", self.rank()),
+                location,
+            );
+        }
+        let mut dims = self.shape().to_vec();
+        dims.insert(dim, 1);
+        self.reshape_at(Shape(dims), location)
+    }
+
+    /// A failed tensor with a shape error, unless `self` already failed.
+    pub(crate) fn fail_shape(&self, op: &'static str, message: String, location: Location) -> Tensor {
+        if self.error().is_some() {
+            return self.clone();
+        }
+        Tensor::failed(Error::Shape { op, message, location })
+    }
+}
