@@ -4,5 +4,6 @@
 pub mod backends;
 mod error;
 pub mod ir;
+pub mod passes;
 
 pub use error::{Error, Location, Result};
