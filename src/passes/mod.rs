@@ -77,13 +77,21 @@ pub struct PassStats {
     pub nodes_in: usize,
     /// Nodes the outputs need after the pass.
     pub nodes_out: usize,
+    /// Nodes the graph held before the pass, dead ones included.
+    pub held_in: usize,
+    /// Nodes the graph holds after the pass, dead ones included.
+    pub held_out: usize,
     /// Rewrites the pass made (folds, merges, removals).
     pub rewrites: usize,
 }
 
 impl fmt::Display for PassStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "nodes {} -> {}, {} rewrite(s)", self.nodes_in, self.nodes_out, self.rewrites)
+        write!(
+            f,
+            "needed nodes {} -> {}, held {} -> {}, {} rewrite(s)",
+            self.nodes_in, self.nodes_out, self.held_in, self.held_out, self.rewrites
+        )
     }
 }
 
@@ -246,12 +254,16 @@ fn run_pass(pass: &dyn Pass, graph: &mut Graph, cx: &mut PassCtx, verify: bool) 
     let _span = tracing::debug_span!("pass", name).entered();
     cx.reset();
     cx.stats.nodes_in = graph.topo_order().len();
+    cx.stats.held_in = graph.len();
     let changed = pass.run(graph, cx)?;
     cx.stats.nodes_out = graph.topo_order().len();
+    cx.stats.held_out = graph.len();
     let stats = cx.stats;
     tracing::debug!(
         nodes_in = stats.nodes_in,
         nodes_out = stats.nodes_out,
+        held_in = stats.held_in,
+        held_out = stats.held_out,
         rewrites = stats.rewrites,
         changed = changed.is_changed(),
         "pass done"
