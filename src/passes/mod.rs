@@ -372,6 +372,48 @@ mod tests {
         assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
     }
 
+    /// A pass that breaks the graph: the driver must name it.
+    struct Breaker;
+    impl Pass for Breaker {
+        fn name(&self) -> &'static str {
+            "breaker"
+        }
+        fn run(&self, graph: &mut Graph, _cx: &mut PassCtx) -> Result<Changed> {
+            // Point the output at a node that is then removed.
+            let out = graph.outputs()[0];
+            graph.remove(out);
+            graph.set_outputs(vec![out]);
+            Ok(Changed::Yes)
+        }
+    }
+
+    #[test]
+    fn verification_failure_names_the_pass() {
+        let mut g = ir::text::parse("%x: f32[2] = input 0\n%y: f32[2] = exp %x\nreturn %y\n").unwrap();
+        let err = run_pass(&Breaker, &mut g, &mut PassCtx::default(), true).unwrap_err();
+        assert!(matches!(err, Error::Verify(_)));
+        let mut settings = insta::Settings::clone_current();
+        settings.set_snapshot_path("../../snapshots");
+        settings.set_prepend_module_to_snapshot(false);
+        settings.bind(|| insta::assert_snapshot!("verify-after-broken-pass", err.to_string()));
+    }
+
+    #[test]
+    fn from_env_reads_kiln_passes_and_kiln_dump() {
+        // The only test that touches these variables.
+        std::env::set_var("KILN_PASSES", "-bogus");
+        let err = PipelineConfig::from_env().unwrap_err();
+        std::env::set_var("KILN_PASSES", "-dce");
+        std::env::set_var("KILN_DUMP", "/tmp/kiln-dumps");
+        let config = PipelineConfig::from_env();
+        std::env::remove_var("KILN_PASSES");
+        std::env::remove_var("KILN_DUMP");
+        assert_eq!(err, unknown("bogus"));
+        let config = config.unwrap();
+        assert!(!config.is_enabled("dce") && config.is_enabled("cse"));
+        assert_eq!(config.dump_dir(), Some(Path::new("/tmp/kiln-dumps")));
+    }
+
     #[test]
     fn changed_combines() {
         assert_eq!(Changed::No | Changed::Yes, Changed::Yes);
