@@ -19,7 +19,8 @@ pub struct TestFile {
     /// The header's remaining words, in order (pass-specific settings).
     pub settings: Vec<String>,
     /// The `;;` lines right after the header, without `;;` and one
-    /// following space, joined with newlines: what the case shows.
+    /// following space, joined with newlines (trailing blank ones dropped):
+    /// what the case shows.
     pub comment: String,
     /// The graph under test.
     pub graph: Graph,
@@ -59,7 +60,12 @@ pub fn parse_test_file(src: &str) -> Result<TestFile> {
         comment.push(text.strip_prefix(' ').unwrap_or(text).trim_end().to_string());
     }
     let graph = parse_graph(lines, src.lines().count())?;
-    Ok(TestFile { pass: pass.to_string(), settings, comment: comment.join("\n"), graph })
+    Ok(TestFile {
+        pass: pass.to_string(),
+        settings,
+        comment: comment.join("\n").trim_end().to_string(),
+        graph,
+    })
 }
 
 fn parse_err(line: usize, message: impl Into<String>) -> Error {
