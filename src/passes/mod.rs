@@ -274,6 +274,14 @@ fn run_pass(pass: &dyn Pass, graph: &mut Graph, cx: &mut PassCtx, verify: bool) 
     Ok(stats)
 }
 
+/// The input is always verified, in release builds too: a graph is public
+/// and mutable (`set_outputs`, `add_unchecked`), and passes may assume a
+/// valid graph, so an invalid one must stop here as an error, never reach a
+/// pass and panic. It is one linear walk.
+fn check_input(graph: &Graph) -> Result<()> {
+    ir::verify(graph).map_err(|e| Error::Verify(format!("pipeline input: {}", verify_message(e))))
+}
+
 fn verify_message(e: Error) -> String {
     match e {
         Error::Verify(m) => m,
@@ -282,17 +290,17 @@ fn verify_message(e: Error) -> String {
 }
 
 /// Runs the canonicalizing [`PIPELINE`] (the passes `config` enables) and
-/// advances the graph to [`Phase::Canonical`]. With a dump directory it
+/// advances the graph to [`Phase::Canonical`]. The input is verified first
+/// in every build (an invalid graph is [`Error::Verify`], never a panic);
+/// the graph after each pass is verified in debug and test builds. With a dump directory it
 /// writes `<dir>/<hash>/00-input.kir` and `NN-<pass>.kir` after each step
 /// that ran (`NN` is the step's place in the pipeline, so a file name always
 /// means the same pass), where `<hash>` is 16 hex digits of the input text's
 /// FNV-1a hash: the same graph always dumps to the same directory.
 pub fn optimize(graph: Graph, config: &PipelineConfig) -> Result<Graph> {
     let mut graph = graph;
+    check_input(&graph)?;
     let verify = verifying();
-    if verify {
-        ir::verify(&graph).map_err(|e| Error::Verify(format!("pipeline input: {}", verify_message(e))))?;
-    }
     let dump_dir = match config.dump_dir() {
         Some(root) => {
             let text = ir::text::print(&graph);
@@ -319,11 +327,12 @@ pub fn optimize(graph: Graph, config: &PipelineConfig) -> Result<Graph> {
     Ok(graph)
 }
 
-/// Runs the one named pass (always verifying the result): what the pass
-/// snapshot tests call. An unknown name is [`Error::Config`].
+/// Runs the one named pass, verifying its input and result in every build:
+/// what the pass snapshot tests call. An unknown name is [`Error::Config`].
 pub fn run_single(name: &str, graph: Graph) -> Result<Graph> {
     let info = lookup(name)?;
     let mut graph = graph;
+    check_input(&graph)?;
     run_pass(info.pass, &mut graph, &mut PassCtx::default(), true)?;
     Ok(graph)
 }
@@ -396,6 +405,22 @@ mod tests {
         settings.set_snapshot_path("../../snapshots");
         settings.set_prepend_module_to_snapshot(false);
         settings.bind(|| insta::assert_snapshot!("verify-after-broken-pass", err.to_string()));
+    }
+
+    #[test]
+    fn invalid_input_is_an_error_not_a_panic() {
+        let mut g = Graph::new();
+        let x = g
+            .add(ir::Op::Input(0), &[], Some((ir::Shape::new([2]), ir::DType::F32)), ir::RegionId::ROOT)
+            .unwrap();
+        g.remove(x);
+        g.set_outputs(vec![x]);
+        let err = optimize(g.clone(), &PipelineConfig::default()).unwrap_err();
+        assert_eq!(
+            err,
+            Error::Verify("pipeline input: output 0 is %0, which is not a node of the graph".into())
+        );
+        assert!(matches!(run_single("dce", g), Err(Error::Verify(_))));
     }
 
     #[test]
