@@ -6,9 +6,10 @@
 //! names and `KILN_PASSES` toggles all come from it. [`PIPELINE`] is the
 //! straight list of steps [`optimize`] runs.
 //!
-//! Passes never touch a device and never see a user handle. In debug and
-//! test builds [`crate::ir::verify`] runs after every pass, and a failure
-//! names the pass that broke the graph.
+//! Passes never touch a device and never see a user handle. The pipeline's
+//! input is always verified; in debug and test builds [`crate::ir::verify`]
+//! also runs after every pass, and a failure names the pass that broke the
+//! graph.
 
 mod constant_fold;
 mod cse;
@@ -151,7 +152,9 @@ pub static REGISTRY: &[PassInfo] = &[
 ];
 
 /// The canonicalizing pipeline, in order. After it the graph is in
-/// [`Phase::Canonical`].
+/// [`Phase::Canonical`]. One sweep, no fixed point: work one pass exposes
+/// for an earlier one (a `where` that constant folding forwards, joining
+/// two views) is left as it is.
 pub static PIPELINE: &[&dyn Pass] = &[
     // Views first, so folding and CSE see one view per chain.
     &ViewFold,
