@@ -20,7 +20,6 @@ mod storage;
 mod tests;
 
 pub use layout::Layout;
-pub use storage::Storage;
 
 use super::{Backend, Buffer, DeviceStats, Executable, RngArgs};
 use crate::ir::{DType, HostData, NodeId, Op, Plan, Shape};
@@ -28,7 +27,7 @@ use crate::{Error, Result};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use storage::{typed, Elem, View};
+use storage::{typed, Elem, Storage, View};
 
 /// A CPU tensor: shared typed storage viewed through a strided layout.
 /// Cloning shares the storage; views made by the backend share it too.
