@@ -4,7 +4,7 @@
 use super::{Context, State};
 use crate::backends::{Buffer, Executable, RngArgs};
 use crate::ir::{self, BufferId, Graph, NodeId, Op, Plan};
-use crate::{passes, Result};
+use crate::{passes, Location, Result};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -123,8 +123,13 @@ impl Context {
     /// The optimized graph the given tensors would compile to (what
     /// [`Context::explain`] prints). Compiles nothing for the backend and
     /// leaves the cache alone.
+    #[track_caller]
     pub fn optimized_graph(&self, tensors: &[&crate::Tensor]) -> Result<Graph> {
-        let targets = tensors.iter().map(|t| t.node_in(self)).collect::<Result<Vec<_>>>()?;
+        self.optimized_graph_at(tensors, Location::caller())
+    }
+
+    fn optimized_graph_at(&self, tensors: &[&crate::Tensor], location: Location) -> Result<Graph> {
+        let targets = tensors.iter().map(|t| t.node_in(self, location)).collect::<Result<Vec<_>>>()?;
         let extracted = extract(&self.state().graph, &targets);
         let config = self.inner.config.as_ref().map_err(Clone::clone)?;
         passes::optimize(extracted.graph, config)
@@ -133,14 +138,17 @@ impl Context {
     /// The optimized text IR of the graph that computes `tensors`: one line
     /// per node, `%id: dtype[shape] = op operands attributes @region`, then
     /// `return`. Realized values appear as `input k`.
+    #[track_caller]
     pub fn explain(&self, tensors: &[&crate::Tensor]) -> Result<String> {
-        Ok(ir::text::print(&self.optimized_graph(tensors)?))
+        Ok(ir::text::print(&self.optimized_graph_at(tensors, Location::caller())?))
     }
 
     /// Computes several tensors in one plan (sharing their common work) and
     /// keeps their values, so later reads and ops start from them.
+    #[track_caller]
     pub fn realize(&self, tensors: &[&crate::Tensor]) -> Result<()> {
-        let targets = tensors.iter().map(|t| t.node_in(self)).collect::<Result<Vec<_>>>()?;
+        let location = Location::caller();
+        let targets = tensors.iter().map(|t| t.node_in(self, location)).collect::<Result<Vec<_>>>()?;
         self.realize_nodes(&targets).map(|_| ())
     }
 }
@@ -151,7 +159,7 @@ mod tests {
     use crate::Context;
 
     fn extract_of(ctx: &Context, t: &crate::Tensor) -> Extracted {
-        let id = t.node_in(ctx).expect("live tensor");
+        let id = t.node_in(ctx, crate::Location::caller()).expect("live tensor");
         extract(&ctx.state().graph, &[id])
     }
 

@@ -117,8 +117,9 @@ impl Scalar {
         }
     }
 
-    /// Converts to `dtype` with the rounding of a cast (floats round to
-    /// nearest, integers wrap, anything non-zero is `true`).
+    /// Converts to `dtype` with the rounding of a cast: floats round to
+    /// nearest; float to integer truncates toward zero and saturates (NaN
+    /// gives 0); integer to integer wraps; anything non-zero is `true`.
     pub fn cast(self, dtype: DType) -> Scalar {
         match dtype {
             DType::F64 => Scalar::Float(self.as_f64()),
@@ -126,8 +127,16 @@ impl Scalar {
             DType::F16 => Scalar::Float(f16::from_f64(self.as_f64()).to_f64()),
             DType::BF16 => Scalar::Float(bf16::from_f64(self.as_f64()).to_f64()),
             DType::I64 => Scalar::Int(self.as_i64()),
-            DType::I32 => Scalar::Int(self.as_i64() as i32 as i64),
-            DType::U8 => Scalar::Int(self.as_i64() as u8 as i64),
+            // A float converts straight to the target (Rust `as`: truncate,
+            // saturate, NaN -> 0); only integer sources wrap.
+            DType::I32 => Scalar::Int(match self {
+                Scalar::Float(v) => v as i32 as i64,
+                _ => self.as_i64() as i32 as i64,
+            }),
+            DType::U8 => Scalar::Int(match self {
+                Scalar::Float(v) => v as u8 as i64,
+                _ => self.as_i64() as u8 as i64,
+            }),
             DType::Bool => Scalar::Bool(match self {
                 Scalar::Float(v) => v != 0.0,
                 Scalar::Int(v) => v != 0,

@@ -116,15 +116,12 @@ impl Tensor {
         }
     }
 
-    /// The node id, checking the tensor belongs to `ctx`.
-    #[track_caller]
-    pub(crate) fn node_in(&self, ctx: &Context) -> Result<NodeId> {
+    /// The node id, checking the tensor belongs to `ctx`; `location` is
+    /// the user's call that asked.
+    pub(crate) fn node_in(&self, ctx: &Context, location: Location) -> Result<NodeId> {
         let n = self.node()?;
         if !n.ctx.same(ctx) {
-            return Err(Error::Device {
-                message: "the tensor belongs to another context".into(),
-                location: Location::caller(),
-            });
+            return Err(Error::Device { message: "the tensor belongs to another context".into(), location });
         }
         Ok(n.id)
     }
