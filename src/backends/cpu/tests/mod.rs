@@ -326,3 +326,22 @@ fn bad_bindings_are_errors() {
     g.set_outputs(vec![b]);
     assert!(matches!(be.compile(Arc::new(Plan::new(g))).err(), Some(Error::Backend(_))));
 }
+
+#[test]
+fn ill_typed_plans_are_refused_at_compile() {
+    let mut g = Graph::new();
+    let x = g.add(Op::Input(0), &[], Some((Shape::new([2, 3]), DType::F32)), RegionId::ROOT).unwrap();
+    let bad = Node {
+        op: Op::Expand(Shape::new([3])),
+        shape: Shape::new([3]),
+        dtype: DType::F32,
+        region: RegionId::ROOT,
+    };
+    let e = g.add_unchecked(bad, &[x]);
+    g.set_outputs(vec![e]);
+    let err = CpuBackend::new().compile(Arc::new(Plan::new(g))).err().map(|e| e.to_string());
+    assert_eq!(
+        err.as_deref(),
+        Some(format!("backend error: cpu: {e} (expand): cannot broadcast [2,3] to [3]").as_str())
+    );
+}
