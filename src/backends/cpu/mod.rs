@@ -192,6 +192,27 @@ impl CpuExecutable {
                     b.0
                 )));
             }
+            // Kernels index storage on the strength of these types; a plan
+            // built without checks must not be able to make them panic.
+            let node = plan.graph.node(id);
+            let types: Vec<(&Shape, DType)> = operands
+                .iter()
+                .map(|&p| plan.order[p])
+                .map(|o| (&plan.graph.node(o).shape, plan.graph.node(o).dtype))
+                .collect();
+            match crate::ir::infer(&node.op, &types) {
+                Ok(Some((s, d))) if s == node.shape && d == node.dtype => {}
+                Ok(None) => {}
+                Ok(Some((s, d))) => {
+                    return Err(Error::Backend(format!(
+                        "cpu: {id} ({}) is declared {}{} but its operands give {d}{s}",
+                        node.op.mnemonic(),
+                        node.dtype,
+                        node.shape
+                    )))
+                }
+                Err(e) => return Err(Error::Backend(format!("cpu: {id} ({}): {e}", node.op.mnemonic()))),
+            }
             steps.push(Step { id, operands });
         }
         let mut outputs = Vec::new();

@@ -33,12 +33,8 @@ impl<T: Copy> Iterator for Lane<'_, T> {
     }
 }
 
-/// One output per lane: `f(lane)` for every position of the kept dims.
-fn reduce_with<T: Elem, O: Elem>(
-    x: View<'_, T>,
-    dims: &[usize],
-    f: impl Fn(Lane<'_, T>) -> O + Sync,
-) -> Vec<O> {
+/// (kept sizes, kept strides, reduced sizes, reduced strides).
+fn split_dims<T>(x: View<'_, T>, dims: &[usize]) -> (Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>) {
     let l = x.layout;
     let (mut ks, mut kst, mut rs, mut rst) = (vec![], vec![], vec![], vec![]);
     for (d, (&n, &s)) in l.shape.0.iter().zip(&l.strides).enumerate() {
@@ -50,6 +46,53 @@ fn reduce_with<T: Elem, O: Elem>(
             kst.push(s);
         }
     }
+    (ks, kst, rs, rst)
+}
+
+/// True when there are too few lanes to share out but each is long: then
+/// lanes are cut into fixed segments reduced in parallel ([`reduce_split`]).
+fn use_split(n_out: usize, lane_len: usize) -> bool {
+    n_out < 4 && lane_len >= 2 * CHUNK
+}
+
+/// Long-lane reduction: each lane is cut into segments of [`CHUNK`]
+/// elements, `part(segment, first index)` runs on each in parallel, and
+/// `combine` folds the partials in segment order. Segments are fixed, so
+/// the result never depends on the number of threads.
+fn reduce_split<T: Elem, P: Send, O: Elem>(
+    x: View<'_, T>,
+    dims: &[usize],
+    part: impl Fn(Lane<'_, T>, usize) -> P + Sync,
+    combine: impl Fn(Vec<P>) -> O,
+) -> Vec<O> {
+    let (ks, kst, rs, rst) = split_dims(x, dims);
+    let n_out: usize = ks.iter().product();
+    let lane_len: usize = rs.iter().product();
+    let mut kept = Offsets::new(&ks, &kst, x.layout.offset, 0);
+    (0..n_out)
+        .map(|_| {
+            let base = kept.next_offset();
+            let parts: Vec<P> = (0..lane_len.div_ceil(CHUNK))
+                .into_par_iter()
+                .map(|s| {
+                    let st = s * CHUNK;
+                    let mut it = Offsets::new(&rs, &rst, base, st);
+                    part(Lane { data: x.data, it: &mut it, left: CHUNK.min(lane_len - st) }, st)
+                })
+                .collect();
+            combine(parts)
+        })
+        .collect()
+}
+
+/// One output per lane: `f(lane)` for every position of the kept dims.
+fn reduce_with<T: Elem, O: Elem>(
+    x: View<'_, T>,
+    dims: &[usize],
+    f: impl Fn(Lane<'_, T>) -> O + Sync,
+) -> Vec<O> {
+    let l = x.layout;
+    let (ks, kst, rs, rst) = split_dims(x, dims);
     let n_out: usize = ks.iter().product();
     let lane_len: usize = rs.iter().product();
     let mut out = vec![O::default(); n_out];
@@ -77,7 +120,7 @@ fn is_nan<T: PartialEq>(v: T) -> bool {
     nan
 }
 
-fn extreme<T: Elem>(mut lane: Lane<'_, T>, want_max: bool) -> T {
+fn extreme<T: Elem>(mut lane: impl Iterator<Item = T>, want_max: bool) -> T {
     let Some(mut acc) = lane.next() else { return T::default() };
     if is_nan(acc) {
         return acc;
@@ -93,43 +136,63 @@ fn extreme<T: Elem>(mut lane: Lane<'_, T>, want_max: bool) -> T {
     acc
 }
 
-fn argmax<T: Elem>(mut lane: Lane<'_, T>) -> i64 {
-    let Some(mut best) = lane.next() else { return 0 };
-    if is_nan(best) {
-        return 0;
+/// Index of the first maximum (the first NaN if any) and its value.
+fn argmax<T: Elem>(mut lane: impl Iterator<Item = (i64, T)>) -> (i64, T) {
+    let Some(mut best) = lane.next() else { return (0, T::default()) };
+    if is_nan(best.1) {
+        return best;
     }
-    let mut at = 0;
-    for (i, v) in lane.enumerate() {
+    for (i, v) in lane {
         if is_nan(v) {
-            return i as i64 + 1;
+            return (i, v);
         }
-        if v > best {
-            best = v;
-            at = i as i64 + 1;
+        if v > best.1 {
+            best = (i, v);
         }
     }
-    at
+    best
+}
+
+fn indexed<T: Copy>(lane: Lane<'_, T>, first: usize) -> impl Iterator<Item = (i64, T)> + '_ {
+    lane.enumerate().map(move |(i, v)| ((first + i) as i64, v))
 }
 
 /// Reduces `dims` of `x` with `op`; the output is row-major over the kept
 /// dims (so `keepdim` changes only the shape, which the node carries).
 pub(crate) fn reduce(x: &CpuBuffer, op: ReduceOp, dims: &[usize]) -> Result<HostData> {
     let lane_len: usize = dims.iter().filter_map(|&d| x.shape().0.get(d)).product();
+    let n_out = x.shape().numel() / lane_len.max(1);
+    let split = use_split(n_out, lane_len);
+    let f64_sum = |parts: Vec<f64>| parts.into_iter().sum::<f64>();
+    let int_sum = |parts: Vec<i64>| parts.into_iter().fold(0i64, i64::wrapping_add);
     dispatch!(x.dtype(), T => {
         let v = x.view::<T>()?;
+        let fsum = |l: Lane<'_, T>| l.map(T::to_f64).sum::<f64>();
+        let isum = |l: Lane<'_, T>| l.fold(0i64, |a, b| a.wrapping_add(b.to_i64()));
+        let mean = |s: f64| T::from_f64(s / lane_len as f64);
         Ok(match op {
-            ReduceOp::Sum if T::DTYPE.is_float() => {
-                T::into_host(reduce_with(v, dims, |l| T::from_f64(l.map(T::to_f64).sum::<f64>())))
+            ReduceOp::Sum if T::DTYPE.is_float() && split => {
+                T::into_host(reduce_split(v, dims, |l, _| fsum(l), |p| T::from_f64(f64_sum(p))))
             }
-            ReduceOp::Sum if T::DTYPE.is_int() => T::into_host(reduce_with(v, dims, |l| {
-                T::from_i64(l.fold(0i64, |a, b| a.wrapping_add(b.to_i64())))
-            })),
-            ReduceOp::Mean if T::DTYPE.is_float() => T::into_host(reduce_with(v, dims, |l| {
-                T::from_f64(l.map(T::to_f64).sum::<f64>() / lane_len as f64)
-            })),
+            ReduceOp::Sum if T::DTYPE.is_float() => T::into_host(reduce_with(v, dims, |l| T::from_f64(fsum(l)))),
+            ReduceOp::Sum if T::DTYPE.is_int() && split => {
+                T::into_host(reduce_split(v, dims, |l, _| isum(l), |p| T::from_i64(int_sum(p))))
+            }
+            ReduceOp::Sum if T::DTYPE.is_int() => T::into_host(reduce_with(v, dims, |l| T::from_i64(isum(l)))),
+            ReduceOp::Mean if T::DTYPE.is_float() && split => {
+                T::into_host(reduce_split(v, dims, |l, _| fsum(l), |p| mean(f64_sum(p))))
+            }
+            ReduceOp::Mean if T::DTYPE.is_float() => T::into_host(reduce_with(v, dims, |l| mean(fsum(l)))),
+            ReduceOp::Max | ReduceOp::Min if split => {
+                let want_max = op == ReduceOp::Max;
+                T::into_host(reduce_split(v, dims, |l, _| extreme(l, want_max), |p| extreme(p.into_iter(), want_max)))
+            }
             ReduceOp::Max => T::into_host(reduce_with(v, dims, |l| extreme(l, true))),
             ReduceOp::Min => T::into_host(reduce_with(v, dims, |l| extreme(l, false))),
-            ReduceOp::ArgMax => HostData::I64(reduce_with(v, dims, argmax)),
+            ReduceOp::ArgMax if split => {
+                HostData::I64(reduce_split(v, dims, |l, st| argmax(indexed(l, st)), |p| argmax(p.into_iter()).0))
+            }
+            ReduceOp::ArgMax => HostData::I64(reduce_with(v, dims, |l| argmax(indexed(l, 0)).0)),
             _ => {
                 return Err(Error::Backend(format!(
                     "cpu: {} is not defined on {}",

@@ -81,6 +81,8 @@ fn assert_close(got: &HostData, want: &[f64], t: f64, what: &str) {
     }
 }
 
+mod kernels;
+
 const FLOATS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];
 const INTS: [DType; 3] = [DType::U8, DType::I32, DType::I64];
 
@@ -219,244 +221,6 @@ fn cast_matches_scalar_cast_for_every_pair() {
     }
 }
 
-/// f64 reference reduction of a row-major array.
-fn reduce_ref(v: &[f64], shape: &[usize], dims: &[usize], op: ReduceOp) -> Vec<f64> {
-    let kept: Vec<usize> = (0..shape.len()).filter(|d| !dims.contains(d)).collect();
-    let n_out: usize = kept.iter().map(|&d| shape[d]).product();
-    let mut lanes = vec![Vec::new(); n_out];
-    let strides = Shape::new(shape.to_vec()).contiguous_strides();
-    for (i, &x) in v.iter().enumerate() {
-        let mut o = 0;
-        for &d in &kept {
-            o = o * shape[d] + (i / strides[d]) % shape[d];
-        }
-        lanes[o].push(x);
-    }
-    lanes
-        .iter()
-        .map(|l| match op {
-            ReduceOp::Sum => l.iter().sum(),
-            ReduceOp::Mean => l.iter().sum::<f64>() / l.len() as f64,
-            ReduceOp::Max => l.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-            ReduceOp::Min => l.iter().copied().fold(f64::INFINITY, f64::min),
-            ReduceOp::ArgMax => {
-                l.iter()
-                    .enumerate()
-                    .fold((0, f64::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
-                    .0 as f64
-            }
-        })
-        .collect()
-}
-
-#[test]
-fn reductions_over_dim_sets_of_permuted_input() {
-    let shape = [5usize, 7, 9];
-    for d in [DType::F32, DType::F64, DType::BF16, DType::I32] {
-        let raw = host(&vals(9 * 7 * 5, 9, -50.0, 50.0), d);
-        // Stored as [9,7,5]; permuted to logical [5,7,9].
-        let stored = raw.to_f64_vec();
-        let logical: Vec<f64> = (0..315).map(|i| stored[(i % 9) * 35 + ((i / 9) % 7) * 5 + i / 63]).collect();
-        for dims in [vec![0], vec![1, 2], vec![0, 1, 2], vec![2], vec![]] {
-            for &op in ReduceOp::ALL {
-                if (op == ReduceOp::Mean && !d.is_float()) || (op == ReduceOp::ArgMax && dims.len() != 1) {
-                    continue;
-                }
-                for keepdim in [false, true] {
-                    let mut t = T::new();
-                    let x = t.input(raw.clone(), [9, 7, 5]);
-                    let p = t.op(Op::Permute(vec![2, 1, 0]), &[x]);
-                    let r = t.op(Op::Reduce { op, dims: dims.clone(), keepdim }, &[p]);
-                    let want = reduce_ref(&logical, &shape, &dims, op);
-                    let tl = if op == ReduceOp::Sum || op == ReduceOp::Mean { tol(d) } else { 0.0 };
-                    assert_close(&t.run1(r), &want, tl, &format!("{op:?} {dims:?} {d}"));
-                }
-            }
-        }
-    }
-}
-
-#[test]
-fn reduction_nan_and_wrapping_rules() {
-    let mut t = T::new();
-    let x = t.input(HostData::F32(vec![1.0, f32::NAN, 3.0, 3.0, 5.0, 5.0]), [2, 3]);
-    let (am, mx) = (
-        t.op(Op::Reduce { op: ReduceOp::ArgMax, dims: vec![1], keepdim: false }, &[x]),
-        t.op(Op::Reduce { op: ReduceOp::Max, dims: vec![1], keepdim: true }, &[x]),
-    );
-    let out = t.run(&[am, mx]).unwrap();
-    assert_eq!(out[0], HostData::I64(vec![1, 1]));
-    assert_close(&out[1], &[f64::NAN, 5.0], 0.0, "max nan");
-    let mut t = T::new();
-    let x = t.input(HostData::U8(vec![200, 100, 7]), [3]);
-    let s = t.op(Op::Reduce { op: ReduceOp::Sum, dims: vec![0], keepdim: false }, &[x]);
-    assert_eq!(t.run1(s), HostData::U8(vec![51]));
-}
-
-/// f64 batched matmul of row-major arrays.
-fn matmul_ref(a: &[f64], b: &[f64], nb: usize, m: usize, k: usize, n: usize) -> Vec<f64> {
-    let mut c = vec![0.0; nb * m * n];
-    for bi in 0..nb {
-        for i in 0..m {
-            for j in 0..n {
-                c[(bi * m + i) * n + j] =
-                    (0..k).map(|q| a[(bi * m + i) * k + q] * b[(bi * k + q) * n + j]).sum();
-            }
-        }
-    }
-    c
-}
-
-#[test]
-fn matmul_transposed_and_expanded_operands() {
-    for d in [DType::F16, DType::BF16, DType::F32, DType::F64, DType::I32, DType::U8, DType::I64] {
-        for (m, k, n) in [(7, 129, 5), (1, 7, 1), (33, 65, 70)] {
-            let (lo, hi) = if d.is_float() { (-1.0, 1.0) } else { (0.0, 5.0) };
-            let a = host(&vals(m * k, 10, lo, hi), d);
-            let bt = host(&vals(n * k, 11, lo, hi), d);
-            let (av, btv) = (a.to_f64_vec(), bt.to_f64_vec());
-            let bv = transpose(&btv, n, k);
-            let mut t = T::new();
-            // A: [m,k] expanded to a stride-0 batch of 3; B: stored [3? no: n,k] transposed.
-            let x = t.input(a, [1, m, k]);
-            let xe = t.op(Op::Expand(Shape::new([3, m, k])), &[x]);
-            let y = t.input(bt, [1, n, k]);
-            let yt = t.op(Op::Permute(vec![0, 2, 1]), &[y]);
-            let ye = t.op(Op::Expand(Shape::new([3, k, n])), &[yt]);
-            let z = t.op(Op::MatMul, &[xe, ye]);
-            let one = matmul_ref(&av, &bv, 1, m, k, n);
-            let mut want: Vec<f64> = [one.clone(), one.clone(), one].concat();
-            if !d.is_float() {
-                want.iter_mut().for_each(|v| *v = Scalar::Int(*v as i64).cast(d).as_f64());
-            }
-            let tl = if d.is_float() { tol(d) * (k as f64).sqrt() * 4.0 } else { 0.0 };
-            assert_close(&t.run1(z), &want, tl, &format!("matmul {d} {m}x{k}x{n}"));
-        }
-    }
-}
-
-#[test]
-fn conv2d_groups_stride_padding_dilation() {
-    let (n, c, h, w, o, g) = (2, 4, 9, 7, 6, 2);
-    let (kh, kw) = (3, 2);
-    let (stride, padding, dilation) = ([2, 1], [1, 1], [1, 2]);
-    for d in [DType::F32, DType::F64, DType::F16] {
-        let x = host(&vals(n * c * h * w, 12, -1.0, 1.0), d);
-        let wt = host(&vals(o * (c / g) * kh * kw, 13, -1.0, 1.0), d);
-        let (xv, wv) = (x.to_f64_vec(), wt.to_f64_vec());
-        let mut t = T::new();
-        let xi = t.input(x, [n, c, h, w]);
-        let wi = t.input(wt, [o, c / g, kh, kw]);
-        let y = t.op(Op::Conv2d { stride, padding, dilation, groups: g }, &[xi, wi]);
-        let oh = window_out(h, kh, stride[0], padding[0], dilation[0]).unwrap();
-        let ow = window_out(w, kw, stride[1], padding[1], dilation[1]).unwrap();
-        let mut want = vec![0.0; n * o * oh * ow];
-        let cg = c / g;
-        for b in 0..n {
-            for oc in 0..o {
-                let gi = oc / (o / g);
-                for oy in 0..oh {
-                    for ox in 0..ow {
-                        let mut s = 0.0;
-                        for ci in 0..cg {
-                            for ky in 0..kh {
-                                for kx in 0..kw {
-                                    let iy = (oy * stride[0] + ky * dilation[0]) as isize - 1;
-                                    let ix = (ox * stride[1] + kx * dilation[1]) as isize - 1;
-                                    if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
-                                        continue;
-                                    }
-                                    let xc = gi * cg + ci;
-                                    s += xv[((b * c + xc) * h + iy as usize) * w + ix as usize]
-                                        * wv[((oc * cg + ci) * kh + ky) * kw + kx];
-                                }
-                            }
-                        }
-                        want[((b * o + oc) * oh + oy) * ow + ox] = s;
-                    }
-                }
-            }
-        }
-        assert_close(&t.run1(y), &want, tol(d) * 8.0, &format!("conv2d {d}"));
-    }
-}
-
-#[test]
-fn pooling_padding_never_wins_and_avg_counts_pad() {
-    let (n, c, h, w) = (1, 2, 5, 4);
-    let xv = vals(n * c * h * w, 14, -3.0, -1.0); // all negative: padding zeros must not win max
-    for kind in [PoolKind::Max, PoolKind::Avg] {
-        let mut t = T::new();
-        let x = t.input(host(&xv, DType::F64), [n, c, h, w]);
-        let y = t.op(Op::Pool2d { kind, kernel: [3, 2], stride: [2, 1], padding: [1, 1] }, &[x]);
-        let (oh, ow) = (window_out(h, 3, 2, 1, 1).unwrap(), window_out(w, 2, 1, 1, 1).unwrap());
-        let mut want = Vec::new();
-        for p in 0..n * c {
-            for oy in 0..oh {
-                for ox in 0..ow {
-                    let mut vs = Vec::new();
-                    for ky in 0..3 {
-                        for kx in 0..2 {
-                            let (iy, ix) = ((oy * 2 + ky) as isize - 1, (ox + kx) as isize - 1);
-                            if iy >= 0 && ix >= 0 && iy < h as isize && ix < w as isize {
-                                vs.push(xv[p * h * w + iy as usize * w + ix as usize]);
-                            }
-                        }
-                    }
-                    want.push(match kind {
-                        PoolKind::Max => vs.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-                        PoolKind::Avg => vs.iter().sum::<f64>() / 6.0,
-                    });
-                }
-            }
-        }
-        assert_close(&t.run1(y), &want, 1e-12, &format!("{kind:?}"));
-    }
-}
-
-#[test]
-fn gather_index_select_cat() {
-    let xv = vals(3 * 5, 15, -9.0, 9.0);
-    for idt in [DType::I64, DType::I32] {
-        let mut t = T::new();
-        let x = t.input(host(&xv, DType::F32), [3, 5]);
-        let idx = t.input(host(&[4.0, 0.0, 2.0, 1.0, 1.0, 3.0], idt), [3, 2]);
-        let gth = t.op(Op::Gather { dim: 1 }, &[x, idx]);
-        let isel_i = t.input(host(&[2.0, 0.0, 2.0, 1.0], idt), [4]);
-        let isel = t.op(Op::IndexSelect { dim: 0 }, &[x, isel_i]);
-        let xt = t.op(Op::Permute(vec![1, 0]), &[x]);
-        let cat = t.op(Op::Cat { dim: 1 }, &[xt, xt, xt]);
-        let out = t.run(&[gth, isel, cat]).unwrap();
-        let x32: Vec<f64> = xv.iter().map(|&v| v as f32 as f64).collect();
-        let gw = [x32[4], x32[0], x32[5 + 2], x32[5 + 1], x32[10 + 1], x32[10 + 3]];
-        assert_close(&out[0], &gw, 0.0, "gather");
-        let iw: Vec<f64> = [2, 0, 2, 1].iter().flat_map(|&r| x32[r * 5..r * 5 + 5].to_vec()).collect();
-        assert_close(&out[1], &iw, 0.0, "index_select");
-        let tv = transpose(&x32, 3, 5);
-        let cw: Vec<f64> = (0..5).flat_map(|r| [&tv[r * 3..r * 3 + 3]; 3].concat()).collect();
-        assert_close(&out[2], &cw, 0.0, "cat");
-    }
-}
-
-#[test]
-fn out_of_range_indices_are_errors() {
-    let mut t = T::new();
-    let x = t.input(HostData::F32(vec![0.0; 10]), [2, 5]);
-    let idx = t.input(HostData::I64(vec![0, 7, 1, 2]), [2, 2]);
-    let g = t.op(Op::Gather { dim: 1 }, &[x, idx]);
-    let err = t.run(&[g]).unwrap_err();
-    assert_eq!(err, Error::Runtime(format!("gather index 7 is out of range for dim 1 of size 5 (node {g})")));
-    let mut t = T::new();
-    let x = t.input(HostData::F32(vec![0.0; 10]), [2, 5]);
-    let idx = t.input(HostData::I32(vec![-1]), [1]);
-    let g = t.op(Op::IndexSelect { dim: 0 }, &[x, idx]);
-    let err = t.run(&[g]).unwrap_err();
-    assert_eq!(
-        err,
-        Error::Runtime(format!("index_select index -1 is out of range for dim 0 of size 2 (node {g})"))
-    );
-}
-
 #[test]
 fn full_and_arange() {
     let mut t = T::new();
@@ -561,4 +325,23 @@ fn bad_bindings_are_errors() {
     let b = g.add(Op::Buffer(BufferId(3)), &[], Some((Shape::new([2]), DType::F32)), RegionId::ROOT).unwrap();
     g.set_outputs(vec![b]);
     assert!(matches!(be.compile(Arc::new(Plan::new(g))).err(), Some(Error::Backend(_))));
+}
+
+#[test]
+fn ill_typed_plans_are_refused_at_compile() {
+    let mut g = Graph::new();
+    let x = g.add(Op::Input(0), &[], Some((Shape::new([2, 3]), DType::F32)), RegionId::ROOT).unwrap();
+    let bad = Node {
+        op: Op::Expand(Shape::new([3])),
+        shape: Shape::new([3]),
+        dtype: DType::F32,
+        region: RegionId::ROOT,
+    };
+    let e = g.add_unchecked(bad, &[x]);
+    g.set_outputs(vec![e]);
+    let err = CpuBackend::new().compile(Arc::new(Plan::new(g))).err().map(|e| e.to_string());
+    assert_eq!(
+        err.as_deref(),
+        Some(format!("backend error: cpu: {e} (expand): cannot broadcast [2,3] to [3]").as_str())
+    );
 }
