@@ -144,3 +144,39 @@ impl Context {
         self.realize_nodes(&targets).map(|_| ())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Context;
+
+    fn extract_of(ctx: &Context, t: &crate::Tensor) -> Extracted {
+        let id = t.node_in(ctx).expect("live tensor");
+        extract(&ctx.state().graph, &[id])
+    }
+
+    #[test]
+    fn extraction_renumbers_random_streams_so_iterations_share_a_plan() {
+        let ctx = Context::cpu();
+        let first = ctx.randn([3]) + ctx.randn([3]);
+        let second = ctx.randn([3]) + ctx.randn([3]);
+        let (a, b) = (extract_of(&ctx, &first), extract_of(&ctx, &second));
+        assert_eq!(ir::text::print(&a.graph), ir::text::print(&b.graph));
+        assert_eq!((a.streams, b.streams), (vec![0, 1], vec![2, 3]));
+    }
+
+    #[test]
+    fn extraction_keeps_different_constants_apart() {
+        let ctx = Context::cpu();
+        let x = ctx.randn([3]);
+        let (a, b) = (extract_of(&ctx, &(&x * 2.0)), extract_of(&ctx, &(&x * 3.0)));
+        assert_ne!(ir::text::print(&a.graph), ir::text::print(&b.graph));
+    }
+
+    #[test]
+    fn context_and_tensor_cross_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Context>();
+        send_sync::<crate::Tensor>();
+    }
+}

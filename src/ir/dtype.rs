@@ -155,6 +155,21 @@ impl Scalar {
         same.then_some(converted)
     }
 
+    /// Converts a user's Rust scalar to `dtype` the way `x * 0.05` means
+    /// it: floats round to the nearest value of a float dtype (0.05 has no
+    /// exact binary form in any of them), but a value that would change
+    /// otherwise is refused: a fraction or out-of-range number for an
+    /// integer dtype (`int_tensor * 0.5` must not silently become `* 0`), or
+    /// a finite number that overflows to infinity (`1e6` as f16).
+    pub fn fit_to(self, dtype: DType) -> Option<Scalar> {
+        if dtype.is_float() && !matches!(self, Scalar::Bool(_)) {
+            let converted = self.cast(dtype);
+            let overflowed = self.as_f64().is_finite() && !converted.as_f64().is_finite();
+            return (!overflowed).then_some(converted);
+        }
+        self.to_dtype_exact(dtype)
+    }
+
     /// Bits that identify the value, for structural hashing (`-0.0` and
     /// `0.0` differ; every NaN payload is its own value).
     pub fn hash_bits(self) -> (u8, u64) {

@@ -311,8 +311,8 @@ impl Graph {
                 if *next < operands.len() {
                     let child = operands[*next];
                     *next += 1;
-                    if !state.contains_key(&child) {
-                        state.insert(child, false);
+                    if let std::collections::hash_map::Entry::Vacant(e) = state.entry(child) {
+                        e.insert(false);
                         let child_operands = self.operands(child);
                         stack.push((child, child_operands, 0));
                     }

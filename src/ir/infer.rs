@@ -60,7 +60,8 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
             if *step == 0 {
                 return Err("slice step must be at least 1".into());
             }
-            if *len > 0 && start + (len - 1) * step >= size {
+            let last = len.saturating_sub(1).checked_mul(*step).and_then(|x| x.checked_add(*start));
+            if *len > 0 && last.is_none_or(|last| last >= size) {
                 return Err(format!(
                     "slice of {len} element(s) from {start} with step {step} runs past the end of dim {dim} (size {size}) of {s}"
                 ));
@@ -172,11 +173,14 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
                 return Err(format!("conv2d needs an NCHW input and an OIHW weight, got {x} and {w}"));
             }
             let g = *groups;
-            if g == 0 || x.0[1] % g != 0 || w.0[0] % g != 0 || w.0[1] * g != x.0[1] {
+            if g == 0 || x.0[1] % g != 0 || w.0[0] % g != 0 || w.0[1].checked_mul(g) != Some(x.0[1]) {
                 return Err(format!(
                     "conv2d with {g} group(s): input {x} has {} channels but weight {w} expects {} per group",
                     x.0[1], w.0[1]
                 ));
+            }
+            if w.0[2] == 0 || w.0[3] == 0 {
+                return Err(format!("conv2d weight {w} has an empty kernel"));
             }
             if stride.contains(&0) || dilation.contains(&0) {
                 return Err("conv2d stride and dilation must be at least 1".into());
@@ -198,7 +202,7 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
             if kernel.contains(&0) || stride.contains(&0) {
                 return Err(format!("{name} kernel and stride must be at least 1"));
             }
-            if padding[0] * 2 > kernel[0] || padding[1] * 2 > kernel[1] {
+            if padding[0] > kernel[0] / 2 || padding[1] > kernel[1] / 2 {
                 return Err(format!("{name} padding {padding:?} must be at most half the kernel {kernel:?}"));
             }
             let h = window_out(x.0[2], kernel[0], stride[0], padding[0], 1)
@@ -252,7 +256,8 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
                         "cat along dim {dim}: operand {i} has shape {s}, operand 0 has {first}"
                     ));
                 }
-                total += s.0[*dim];
+                total = usize::checked_add(total, s.0[*dim])
+                    .ok_or_else(|| format!("cat along dim {dim}: the result is too large"))?;
             }
             let mut out = first.clone();
             out.0[*dim] = total;
@@ -270,9 +275,11 @@ pub fn window_out(
     padding: usize,
     dilation: usize,
 ) -> Option<usize> {
-    let span = dilation * (kernel - 1) + 1;
-    let padded = size + 2 * padding;
-    (padded >= span).then(|| (padded - span) / stride + 1)
+    // Checked: sizes come from user input and parsed text; a zero kernel or
+    // stride, or an overflow, is "does not fit", never a panic.
+    let span = dilation.checked_mul(kernel.checked_sub(1)?)?.checked_add(1)?;
+    let padded = padding.checked_mul(2)?.checked_add(size)?;
+    (padded >= span && stride > 0).then(|| (padded - span) / stride + 1)
 }
 
 fn same_type(name: &str, operands: &[(&Shape, DType)]) -> Result<(Shape, DType), String> {

@@ -25,6 +25,7 @@
 //! that passed [`verify`] is acyclic, every operand count and type agrees
 //! with [`infer`], and every region and output exists.
 
+pub mod dot;
 mod dtype;
 pub mod eval;
 mod graph;
@@ -33,6 +34,7 @@ mod op;
 mod plan;
 mod shape;
 pub mod text;
+mod verify;
 
 pub use dtype::{DType, Element, HostData, Scalar};
 pub use graph::{Graph, Node, NodeId, Phase, Region, RegionId};
@@ -40,3 +42,4 @@ pub use infer::{infer, mixed, window_out};
 pub use op::{BinaryOp, BufferId, CompareOp, Distribution, Op, PoolKind, ReduceOp, UnaryOp};
 pub use plan::Plan;
 pub use shape::Shape;
+pub use verify::verify;

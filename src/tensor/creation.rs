@@ -61,8 +61,7 @@ impl Context {
         self.full_at(shape.into(), Scalar::Int(1), dtype, Location::caller())
     }
 
-    /// An `f32` tensor with every element `value` (which must be exactly
-    /// representable in f32, as every integer up to 2^24 is).
+    /// An `f32` tensor with every element `value` (rounded to f32).
     #[track_caller]
     pub fn full(&self, shape: impl Into<Shape>, value: impl Element) -> Tensor {
         self.full_at(shape.into(), value.to_scalar(), DType::F32, Location::caller())
@@ -83,11 +82,11 @@ impl Context {
     }
 
     pub(crate) fn full_at(&self, shape: Shape, value: Scalar, dtype: DType, location: Location) -> Tensor {
-        let Some(value) = value.to_dtype_exact(dtype) else {
+        let Some(value) = value.fit_to(dtype) else {
             return Tensor::failed(Error::DType {
                 op: "full",
                 message: format!(
-                    "the value {} cannot be represented exactly as {dtype}",
+                    "the value {} does not fit {dtype} (a fraction or out-of-range value for an integer dtype, or an overflow to infinity)",
                     value.format(DType::F64)
                 ),
                 location,

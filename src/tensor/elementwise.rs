@@ -2,8 +2,9 @@
 //! comparisons, `where`, `cast`.
 //!
 //! Mixed dtypes between tensors are an error (cast one side); a Rust
-//! scalar takes the tensor's dtype, and must be exactly representable in it
-//! (`int_tensor * 0.5` is an error, never a silent `* 0`).
+//! scalar takes the tensor's dtype: it rounds to a float dtype, and must
+//! be exact for an integer one (`int_tensor * 0.5` is an error, never a
+//! silent `* 0`).
 
 use super::Tensor;
 use crate::ir::{BinaryOp, CompareOp, DType, Element, Op, Scalar, Shape, UnaryOp};
@@ -195,12 +196,12 @@ impl Tensor {
     ) -> Result<Tensor, Tensor> {
         let node = self.node().map_err(|_| self.clone())?;
         let dtype = node.dtype;
-        match value.to_dtype_exact(dtype) {
+        match value.fit_to(dtype) {
             Some(v) => Ok(node.ctx.full_at(Shape::scalar(), v, dtype, location)),
             None => Err(Tensor::failed(Error::DType {
                 op,
                 message: format!(
-                    "the scalar {} cannot be represented exactly as {dtype} (the tensor's dtype); cast the tensor first (e.g. .cast(DType::F32))",
+                    "the scalar {} does not fit {dtype} (the tensor's dtype); cast the tensor first (e.g. .cast(DType::F32))",
                     value.format(DType::F64)
                 ),
                 location,
