@@ -301,6 +301,8 @@ fn binary_ops_with_rust_scalars_on_either_side() {
                     ("2.0 - x", 2.0 - &t, a.map(|x| 2.0 - x)),
                     ("x / 3", &t / 3, a.map(|x| x / 3.0)),
                     ("x * 0.5", &t * 0.5, a.map(|x| x * 0.5)),
+                    ("x * 0.1 (rounded to the dtype)", &t * 0.1, a.map(|x| x * round(dtype, 0.1))),
+                    ("0.3 - x (rounded to the dtype)", 0.3 - &t, a.map(|x| round(dtype, 0.3) - x)),
                     ("1.5 * x", 1.5f32 * &t, a.map(|x| 1.5 * x)),
                     ("x + 4i64", &t + 4i64, a.map(|x| x + 4.0)),
                     ("2 / x", 2i32 / &t, a.map(|x| 2.0 / x)),

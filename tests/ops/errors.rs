@@ -77,7 +77,10 @@ fn scalar_not_representable() {
     snap("scalar_not_representable", &e);
     let u = ctx.zeros_dtype([3], DType::U8);
     snap("scalar_not_representable_lhs", &read_err(&(300 - &u)));
-    snap("scalar_not_representable_f16", &read_err(&(ctx.zeros_dtype([3], DType::F16) + 1e-9)));
+    // Floats round (0.1 is fine for f16), but not to infinity.
+    assert!((ctx.zeros_dtype([3], DType::F16) + 0.1).error().is_none());
+    snap("scalar_overflows_f16", &read_err(&(ctx.zeros_dtype([3], DType::F16) + 1e6)));
+    snap("full_fraction_for_int", &read_err(&ctx.full_dtype([2], 2.5, DType::I64)));
 }
 
 #[test]
