@@ -1,16 +1,450 @@
-//! TEMPORARY (untracked) stand-in until the passes branch merges.
-use crate::ir::Graph;
-use crate::Result;
-/// tmp
-#[derive(Clone, Debug)]
-pub struct PipelineConfig;
-impl PipelineConfig {
-    /// tmp
-    pub fn from_env() -> Result<PipelineConfig> {
-        Ok(PipelineConfig)
+//! Passes: graph in, graph out, and the pipeline that orders them.
+//!
+//! A pass is one type implementing [`Pass`] in one file, opening with a
+//! header that says what it does, does not do, preserves, invalidates and
+//! assumes. [`REGISTRY`] lists every pass once; span names, `KILN_DUMP` file
+//! names and `KILN_PASSES` toggles all come from it. [`PIPELINE`] is the
+//! straight list of steps [`optimize`] runs.
+//!
+//! Passes never touch a device and never see a user handle. The pipeline's
+//! input is always verified; in debug and test builds [`crate::ir::verify`]
+//! also runs after every pass, and a failure names the pass that broke the
+//! graph.
+
+mod constant_fold;
+mod cse;
+mod dce;
+mod view_fold;
+
+pub use constant_fold::ConstantFold;
+pub use cse::Cse;
+pub use dce::Dce;
+pub use view_fold::ViewFold;
+
+use crate::ir::{self, Graph, Phase};
+use crate::{Error, Result};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// One graph transformation. Passes are stateless values (scratch lives in
+/// the [`PassCtx`]), so one instance serves every graph and thread.
+pub trait Pass: Send + Sync {
+    /// The kebab-case name: the span name, the dump file suffix and the
+    /// `KILN_PASSES` toggle.
+    fn name(&self) -> &'static str;
+    /// Transforms the graph in place and says whether anything changed.
+    fn run(&self, graph: &mut Graph, cx: &mut PassCtx) -> Result<Changed>;
+}
+
+/// Whether a pass changed the graph; a driver can skip re-verification or
+/// iterate to a fixed point on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Changed {
+    /// The graph is as it was.
+    No,
+    /// Something was rewritten.
+    Yes,
+}
+
+impl Changed {
+    /// True for [`Changed::Yes`].
+    pub fn is_changed(self) -> bool {
+        self == Changed::Yes
     }
 }
-/// tmp
-pub fn optimize(graph: Graph, _c: &PipelineConfig) -> Result<Graph> {
+
+impl From<bool> for Changed {
+    fn from(b: bool) -> Changed {
+        if b {
+            Changed::Yes
+        } else {
+            Changed::No
+        }
+    }
+}
+
+impl std::ops::BitOr for Changed {
+    type Output = Changed;
+    fn bitor(self, other: Changed) -> Changed {
+        Changed::from(self.is_changed() || other.is_changed())
+    }
+}
+
+/// Small numbers each pass run reports: what the `;;` line of a dump and
+/// the tracing event after each pass show.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PassStats {
+    /// Nodes the outputs needed before the pass.
+    pub nodes_in: usize,
+    /// Nodes the outputs need after the pass.
+    pub nodes_out: usize,
+    /// Nodes the graph held before the pass, dead ones included.
+    pub held_in: usize,
+    /// Nodes the graph holds after the pass, dead ones included.
+    pub held_out: usize,
+    /// Rewrites the pass made (folds, merges, removals).
+    pub rewrites: usize,
+}
+
+impl fmt::Display for PassStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "needed nodes {} -> {}, held {} -> {}, {} rewrite(s)",
+            self.nodes_in, self.nodes_out, self.held_in, self.held_out, self.rewrites
+        )
+    }
+}
+
+/// What a pass may use besides the graph: its stats and scratch space that
+/// the driver reuses between passes.
+#[derive(Clone, Debug, Default)]
+pub struct PassCtx {
+    /// This run's stats; the driver fills the node counts, the pass counts
+    /// its rewrites with [`PassCtx::rewrite`].
+    pub stats: PassStats,
+    /// Scratch a pass may use for work lists; cleared before each pass.
+    pub scratch: Vec<crate::ir::NodeId>,
+}
+
+impl PassCtx {
+    /// Counts one rewrite.
+    pub fn rewrite(&mut self) {
+        self.stats.rewrites += 1;
+    }
+
+    fn reset(&mut self) {
+        self.stats = PassStats::default();
+        self.scratch.clear();
+    }
+}
+
+/// One registry entry: the pass and what it does, in one line.
+pub struct PassInfo {
+    /// The pass (its [`Pass::name`] is the entry's name).
+    pub pass: &'static dyn Pass,
+    /// One line for `--help`-style listings and docs.
+    pub description: &'static str,
+}
+
+impl PassInfo {
+    /// The pass's kebab-case name.
+    pub fn name(&self) -> &'static str {
+        self.pass.name()
+    }
+}
+
+impl fmt::Debug for PassInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PassInfo")
+            .field("name", &self.name())
+            .field("description", &self.description)
+            .finish()
+    }
+}
+
+/// Every pass, once. Names, spans, dump files and toggles come from here.
+pub static REGISTRY: &[PassInfo] = &[
+    PassInfo { pass: &ViewFold, description: "compose chains of views and drop identity views" },
+    PassInfo { pass: &ConstantFold, description: "turn nodes of one known value into full constants" },
+    PassInfo { pass: &Cse, description: "merge nodes that compute the same value" },
+    PassInfo { pass: &Dce, description: "remove nodes the outputs do not need" },
+];
+
+/// The canonicalizing pipeline, in order. After it the graph is in
+/// [`Phase::Canonical`]. One sweep, no fixed point: work one pass exposes
+/// for an earlier one (a `where` that constant folding forwards, joining
+/// two views) is left as it is.
+pub static PIPELINE: &[&dyn Pass] = &[
+    // Views first, so folding and CSE see one view per chain.
+    &ViewFold,
+    // Fold constants (views of a Full included) before comparing nodes.
+    &ConstantFold,
+    // Merge duplicates, folded constants included.
+    &Cse,
+    // Drop what folding, bypassed views and merges left unused.
+    &Dce,
+];
+
+/// The names of every registered pass, in registry order.
+pub fn pass_names() -> Vec<&'static str> {
+    REGISTRY.iter().map(PassInfo::name).collect()
+}
+
+fn lookup(name: &str) -> Result<&'static PassInfo> {
+    REGISTRY.iter().find(|p| p.name() == name).ok_or_else(|| unknown(name))
+}
+
+fn unknown(name: &str) -> Error {
+    Error::Config(format!("unknown pass `{name}`; valid passes are: {}", pass_names().join(", ")))
+}
+
+/// Which passes run and where dumps go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PipelineConfig {
+    /// Per registry entry (same order), whether the pass runs.
+    enabled: Vec<bool>,
+    /// Where to write the IR after each pass, if anywhere.
+    dump: Option<PathBuf>,
+}
+
+impl Default for PipelineConfig {
+    /// Every pass on, no dumps.
+    fn default() -> PipelineConfig {
+        PipelineConfig { enabled: vec![true; REGISTRY.len()], dump: None }
+    }
+}
+
+impl PipelineConfig {
+    /// The configuration the environment asks for: `KILN_PASSES`
+    /// (`-name` turns a pass off, `+name` on, comma-separated, later wins;
+    /// everything is on by default) and `KILN_DUMP` (a directory; empty or
+    /// unset means no dumps). Bad values are [`Error::Config`].
+    pub fn from_env() -> Result<PipelineConfig> {
+        let var = |name: &str| match std::env::var(name) {
+            Ok(v) => Ok(Some(v)),
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                Err(Error::Config(format!("{name} is not valid unicode")))
+            }
+        };
+        let passes = var("KILN_PASSES")?;
+        let dump = var("KILN_DUMP")?.filter(|d| !d.is_empty()).map(PathBuf::from);
+        PipelineConfig::new(passes.as_deref(), dump)
+    }
+
+    /// A configuration from a `KILN_PASSES`-style toggle list and an
+    /// optional dump directory. An unknown name or a toggle without `+`/`-`
+    /// is [`Error::Config`] listing the valid names.
+    pub fn new(passes: Option<&str>, dump: Option<PathBuf>) -> Result<PipelineConfig> {
+        let mut config = PipelineConfig { dump, ..PipelineConfig::default() };
+        for token in passes.unwrap_or("").split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            let (on, name) = if let Some(name) = token.strip_prefix('+') {
+                (true, name)
+            } else if let Some(name) = token.strip_prefix('-') {
+                (false, name)
+            } else {
+                return Err(Error::Config(format!(
+                    "KILN_PASSES entry `{token}` needs a sign: `-{token}` turns the pass off, `+{token}` on; valid passes are: {}",
+                    pass_names().join(", ")
+                )));
+            };
+            let index = REGISTRY.iter().position(|p| p.name() == name.trim()).ok_or_else(|| unknown(name))?;
+            config.enabled[index] = on;
+        }
+        Ok(config)
+    }
+
+    /// Whether the named pass runs (false for names not registered).
+    pub fn is_enabled(&self, name: &str) -> bool {
+        REGISTRY.iter().position(|p| p.name() == name).is_some_and(|i| self.enabled[i])
+    }
+
+    /// The dump directory, if dumps are on.
+    pub fn dump_dir(&self) -> Option<&Path> {
+        self.dump.as_deref()
+    }
+}
+
+/// Whether to verify after every pass: debug and test builds.
+fn verifying() -> bool {
+    cfg!(debug_assertions) || cfg!(test)
+}
+
+/// Runs one pass with its span, stats and (in debug builds) verification.
+fn run_pass(pass: &dyn Pass, graph: &mut Graph, cx: &mut PassCtx, verify: bool) -> Result<PassStats> {
+    let name = pass.name();
+    let _span = tracing::debug_span!("pass", name).entered();
+    cx.reset();
+    cx.stats.nodes_in = graph.topo_order().len();
+    cx.stats.held_in = graph.len();
+    let changed = pass.run(graph, cx)?;
+    cx.stats.nodes_out = graph.topo_order().len();
+    cx.stats.held_out = graph.len();
+    let stats = cx.stats;
+    tracing::debug!(
+        nodes_in = stats.nodes_in,
+        nodes_out = stats.nodes_out,
+        held_in = stats.held_in,
+        held_out = stats.held_out,
+        rewrites = stats.rewrites,
+        changed = changed.is_changed(),
+        "pass done"
+    );
+    if verify {
+        ir::verify(graph).map_err(|e| Error::Verify(format!("after pass {name}: {}", verify_message(e))))?;
+    }
+    Ok(stats)
+}
+
+/// The input is always verified, in release builds too: a graph is public
+/// and mutable (`set_outputs`, `add_unchecked`), and passes may assume a
+/// valid graph, so an invalid one must stop here as an error, never reach a
+/// pass and panic. It is one linear walk.
+fn check_input(graph: &Graph) -> Result<()> {
+    ir::verify(graph).map_err(|e| Error::Verify(format!("pipeline input: {}", verify_message(e))))
+}
+
+fn verify_message(e: Error) -> String {
+    match e {
+        Error::Verify(m) => m,
+        other => other.to_string(),
+    }
+}
+
+/// Runs the canonicalizing [`PIPELINE`] (the passes `config` enables) and
+/// advances the graph to [`Phase::Canonical`]. The input is verified first
+/// in every build (an invalid graph is [`Error::Verify`], never a panic);
+/// the graph after each pass is verified in debug and test builds. With a dump directory it
+/// writes `<dir>/<hash>/00-input.kir` and `NN-<pass>.kir` after each step
+/// that ran (`NN` is the step's place in the pipeline, so a file name always
+/// means the same pass), where `<hash>` is 16 hex digits of the input text's
+/// FNV-1a hash: the same graph always dumps to the same directory.
+pub fn optimize(graph: Graph, config: &PipelineConfig) -> Result<Graph> {
+    let mut graph = graph;
+    check_input(&graph)?;
+    let verify = verifying();
+    let dump_dir = match config.dump_dir() {
+        Some(root) => {
+            let text = ir::text::print(&graph);
+            let dir = root.join(format!("{:016x}", fnv1a(text.as_bytes())));
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| Error::Io(format!("cannot create dump directory {}: {e}", dir.display())))?;
+            write_dump(&dir.join("00-input.kir"), ";; input", &text)?;
+            Some(dir)
+        }
+        None => None,
+    };
+    let mut cx = PassCtx::default();
+    for (step, pass) in PIPELINE.iter().enumerate() {
+        if !config.is_enabled(pass.name()) {
+            continue;
+        }
+        let stats = run_pass(*pass, &mut graph, &mut cx, verify)?;
+        if let Some(dir) = &dump_dir {
+            let file = dir.join(format!("{:02}-{}.kir", step + 1, pass.name()));
+            write_dump(&file, &format!(";; {}: {stats}", pass.name()), &ir::text::print(&graph))?;
+        }
+    }
+    graph.advance_phase(Phase::Canonical);
     Ok(graph)
+}
+
+/// Runs the one named pass, verifying its input and result in every build:
+/// what the pass snapshot tests call. An unknown name is [`Error::Config`].
+pub fn run_single(name: &str, graph: Graph) -> Result<Graph> {
+    let info = lookup(name)?;
+    let mut graph = graph;
+    check_input(&graph)?;
+    run_pass(info.pass, &mut graph, &mut PassCtx::default(), true)?;
+    Ok(graph)
+}
+
+fn write_dump(path: &Path, header: &str, text: &str) -> Result<()> {
+    std::fs::write(path, format!("{header}\n{text}"))
+        .map_err(|e| Error::Io(format!("cannot write {}: {e}", path.display())))
+}
+
+/// 64-bit FNV-1a: a hash that never changes between builds or platforms,
+/// so dump directory names are stable.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_names_are_unique_kebab_case() {
+        let names = pass_names();
+        for (i, n) in names.iter().enumerate() {
+            assert!(n.chars().all(|c| c.is_ascii_lowercase() || c == '-'), "{n}");
+            assert!(!names[..i].contains(n), "{n} twice");
+        }
+        for step in PIPELINE {
+            assert!(names.contains(&step.name()), "{} is not registered", step.name());
+        }
+        assert_eq!(names, ["view-fold", "constant-fold", "cse", "dce"]);
+    }
+
+    #[test]
+    fn toggles() {
+        let c = PipelineConfig::new(Some(" -cse, -dce ,+dce"), None).unwrap();
+        assert!(!c.is_enabled("cse"));
+        assert!(c.is_enabled("dce"));
+        assert!(c.is_enabled("view-fold"));
+        assert_eq!(PipelineConfig::new(Some(""), None).unwrap(), PipelineConfig::default());
+        assert!(matches!(PipelineConfig::new(Some("cse"), None), Err(Error::Config(_))));
+    }
+
+    #[test]
+    fn fnv_is_stable() {
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    /// A pass that breaks the graph: the driver must name it.
+    struct Breaker;
+    impl Pass for Breaker {
+        fn name(&self) -> &'static str {
+            "breaker"
+        }
+        fn run(&self, graph: &mut Graph, _cx: &mut PassCtx) -> Result<Changed> {
+            // Point the output at a node that is then removed.
+            let out = graph.outputs()[0];
+            graph.remove(out);
+            graph.set_outputs(vec![out]);
+            Ok(Changed::Yes)
+        }
+    }
+
+    #[test]
+    fn verification_failure_names_the_pass() {
+        let mut g = ir::text::parse("%x: f32[2] = input 0\n%y: f32[2] = exp %x\nreturn %y\n").unwrap();
+        let err = run_pass(&Breaker, &mut g, &mut PassCtx::default(), true).unwrap_err();
+        assert!(matches!(err, Error::Verify(_)));
+        let mut settings = insta::Settings::clone_current();
+        settings.set_snapshot_path("../../snapshots");
+        settings.set_prepend_module_to_snapshot(false);
+        settings.bind(|| insta::assert_snapshot!("verify-after-broken-pass", err.to_string()));
+    }
+
+    #[test]
+    fn invalid_input_is_an_error_not_a_panic() {
+        let mut g = Graph::new();
+        let x = g
+            .add(ir::Op::Input(0), &[], Some((ir::Shape::new([2]), ir::DType::F32)), ir::RegionId::ROOT)
+            .unwrap();
+        g.remove(x);
+        g.set_outputs(vec![x]);
+        let err = optimize(g.clone(), &PipelineConfig::default()).unwrap_err();
+        assert_eq!(
+            err,
+            Error::Verify("pipeline input: output 0 is %0, which is not a node of the graph".into())
+        );
+        assert!(matches!(run_single("dce", g), Err(Error::Verify(_))));
+    }
+
+    #[test]
+    fn from_env_reads_kiln_passes_and_kiln_dump() {
+        // The only test that touches these variables.
+        std::env::set_var("KILN_PASSES", "-bogus");
+        let err = PipelineConfig::from_env().unwrap_err();
+        std::env::set_var("KILN_PASSES", "-dce");
+        std::env::set_var("KILN_DUMP", "/tmp/kiln-dumps");
+        let config = PipelineConfig::from_env();
+        std::env::remove_var("KILN_PASSES");
+        std::env::remove_var("KILN_DUMP");
+        assert_eq!(err, unknown("bogus"));
+        let config = config.unwrap();
+        assert!(!config.is_enabled("dce") && config.is_enabled("cse"));
+        assert_eq!(config.dump_dir(), Some(Path::new("/tmp/kiln-dumps")));
+    }
+
+    #[test]
+    fn changed_combines() {
+        assert_eq!(Changed::No | Changed::Yes, Changed::Yes);
+        assert_eq!(Changed::from(false), Changed::No);
+    }
 }

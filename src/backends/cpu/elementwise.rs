@@ -1,0 +1,248 @@
+//! Elementwise kernels (unary, binary, compare, where, cast) and the
+//! chunked, optionally parallel map loops every kernel builds on.
+//!
+//! Semantics come from [`crate::ir::eval`] only: the op is matched once
+//! outside the loop and bound to a constant, so each loop is a
+//! monomorphized closure calling the `#[inline(always)]` eval function.
+
+use super::storage::{cast_elem, dispatch, Elem, View};
+use super::CpuBuffer;
+use crate::ir::eval::{self, Real};
+use crate::ir::{BinaryOp, CompareOp, DType, Element, HostData, UnaryOp};
+use crate::{Error, Result};
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+/// Outputs with at least this many elements are split across threads.
+pub(crate) const PAR_THRESHOLD: usize = 32 * 1024;
+/// Elements per parallel chunk (fixed, so results never depend on the
+/// number of threads).
+pub(crate) const CHUNK: usize = 16 * 1024;
+
+/// Calls `f(start, chunk)` over `out` in chunks, in parallel when large.
+pub(crate) fn fill_chunks<O: Send>(out: &mut [O], f: impl Fn(usize, &mut [O]) + Sync) {
+    if out.len() >= PAR_THRESHOLD {
+        out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, c)| f(i * CHUNK, c));
+    } else {
+        f(0, out);
+    }
+}
+
+fn dense<'a, T>(v: &View<'a, T>) -> Option<&'a [T]> {
+    let n = v.layout.numel();
+    if v.layout.is_contiguous() {
+        v.data.get(v.layout.offset..v.layout.offset + n)
+    } else {
+        None
+    }
+}
+
+/// `f` of every element of `a`, row-major.
+pub(crate) fn map1<A: Elem, O: Elem>(a: View<'_, A>, f: impl Fn(A) -> O + Sync) -> Vec<O> {
+    let mut out = vec![O::default(); a.layout.numel()];
+    if let Some(s) = dense(&a) {
+        fill_chunks(&mut out, |st, c| {
+            for (o, &x) in c.iter_mut().zip(&s[st..]) {
+                *o = f(x);
+            }
+        });
+    } else {
+        fill_chunks(&mut out, |st, c| {
+            let mut it = a.layout.offsets(st);
+            for o in c {
+                *o = f(a.data[it.next_offset()]);
+            }
+        });
+    }
+    out
+}
+
+/// `f` of matching elements of two views of one shape.
+pub(crate) fn map2<A: Elem, B: Elem, O: Elem>(
+    a: View<'_, A>,
+    b: View<'_, B>,
+    f: impl Fn(A, B) -> O + Sync,
+) -> Vec<O> {
+    let mut out = vec![O::default(); a.layout.numel()];
+    if let (Some(x), Some(y)) = (dense(&a), dense(&b)) {
+        fill_chunks(&mut out, |st, c| {
+            for ((o, &p), &q) in c.iter_mut().zip(&x[st..]).zip(&y[st..]) {
+                *o = f(p, q);
+            }
+        });
+    } else {
+        fill_chunks(&mut out, |st, c| {
+            let (mut ia, mut ib) = (a.layout.offsets(st), b.layout.offsets(st));
+            for o in c {
+                *o = f(a.data[ia.next_offset()], b.data[ib.next_offset()]);
+            }
+        });
+    }
+    out
+}
+
+/// `f` of matching elements of three views of one shape.
+pub(crate) fn map3<A: Elem, B: Elem, C: Elem, O: Elem>(
+    a: View<'_, A>,
+    b: View<'_, B>,
+    c: View<'_, C>,
+    f: impl Fn(A, B, C) -> O + Sync,
+) -> Vec<O> {
+    let mut out = vec![O::default(); a.layout.numel()];
+    if let (Some(x), Some(y), Some(z)) = (dense(&a), dense(&b), dense(&c)) {
+        fill_chunks(&mut out, |st, ch| {
+            for (((o, &p), &q), &r) in ch.iter_mut().zip(&x[st..]).zip(&y[st..]).zip(&z[st..]) {
+                *o = f(p, q, r);
+            }
+        });
+    } else {
+        fill_chunks(&mut out, |st, ch| {
+            let (mut ia, mut ib, mut ic) = (a.layout.offsets(st), b.layout.offsets(st), c.layout.offsets(st));
+            for o in ch {
+                *o = f(a.data[ia.next_offset()], b.data[ib.next_offset()], c.data[ic.next_offset()]);
+            }
+        });
+    }
+    out
+}
+
+/// A row-major dense copy of a view.
+pub(crate) fn contiguous<T: Elem>(a: View<'_, T>) -> Vec<T> {
+    if let Some(s) = dense(&a) {
+        return s.to_vec();
+    }
+    map1(a, |x| x)
+}
+
+/// Matches a fieldless enum value and runs `$body` with `$C` bound to a
+/// constant of the matched variant, so the body monomorphizes per variant.
+macro_rules! const_match {
+    ($ty:ident, $val:expr, $C:ident => $body:expr; $($v:ident),* ; $other:expr) => {
+        #[allow(unreachable_patterns)]
+        match $val {
+            $( $ty::$v => { const $C: $ty = $ty::$v; $body } )*
+            _ => $other,
+        }
+    };
+}
+
+macro_rules! all_unary {
+    ($val:expr, $C:ident => $body:expr) => {
+        const_match!(UnaryOp, $val, $C => $body;
+            Neg, Abs, Exp, Log, Sqrt, Rsqrt, Recip, Sin, Cos, Tanh, Sigmoid, Relu, Gelu, Silu;
+            unreachable!())
+    };
+}
+
+macro_rules! all_binary {
+    ($val:expr, $C:ident => $body:expr) => {
+        const_match!(BinaryOp, $val, $C => $body;
+            Add, Sub, Mul, Div, Pow, Maximum, Minimum; unreachable!())
+    };
+}
+
+fn unsupported(op: &str, d: DType) -> Error {
+    Error::Backend(format!("cpu: {op} is not defined on {d}"))
+}
+
+/// `op` applied to every element.
+pub(crate) fn unary(x: &CpuBuffer, op: UnaryOp) -> Result<HostData> {
+    macro_rules! float {
+        ($t:ty) => {{
+            let v = x.view::<$t>()?;
+            all_unary!(op, OP => <$t>::into_host(map1(v, |a: $t| <$t as Real>::unary(OP, a))))
+        }};
+    }
+    macro_rules! half {
+        ($t:ty) => {{
+            let v = x.view::<$t>()?;
+            all_unary!(op, OP => <$t>::into_host(map1(v, |a: $t| <$t>::from_f32(f32::unary(OP, a.to_f32())))))
+        }};
+    }
+    macro_rules! int {
+        ($t:ty) => {{
+            let v = x.view::<$t>()?;
+            const_match!(UnaryOp, op, OP => <$t>::into_host(map1(v, |a: $t| eval::unary_int(OP, a as i64) as $t));
+                Neg, Abs, Relu; return Err(unsupported(op.mnemonic(), x.dtype())))
+        }};
+    }
+    Ok(match x.dtype() {
+        DType::F32 => float!(f32),
+        DType::F64 => float!(f64),
+        DType::F16 => half!(f16),
+        DType::BF16 => half!(bf16),
+        DType::U8 => int!(u8),
+        DType::I32 => int!(i32),
+        DType::I64 => int!(i64),
+        DType::Bool => return Err(unsupported(op.mnemonic(), DType::Bool)),
+    })
+}
+
+/// `op` applied to matching elements of two buffers of one type.
+pub(crate) fn binary(a: &CpuBuffer, b: &CpuBuffer, op: BinaryOp) -> Result<HostData> {
+    macro_rules! float {
+        ($t:ty) => {{
+            let (p, q) = (a.view::<$t>()?, b.view::<$t>()?);
+            all_binary!(op, OP => <$t>::into_host(map2(p, q, |x: $t, y: $t| <$t as Real>::binary(OP, x, y))))
+        }};
+    }
+    macro_rules! half {
+        ($t:ty) => {{
+            let (p, q) = (a.view::<$t>()?, b.view::<$t>()?);
+            all_binary!(op, OP => <$t>::into_host(map2(p, q, |x: $t, y: $t| {
+                <$t>::from_f32(f32::binary(OP, x.to_f32(), y.to_f32()))
+            })))
+        }};
+    }
+    macro_rules! int {
+        ($t:ty) => {{
+            let (p, q) = (a.view::<$t>()?, b.view::<$t>()?);
+            all_binary!(op, OP => <$t>::into_host(map2(p, q, |x: $t, y: $t| {
+                eval::binary_int(OP, x as i64, y as i64) as $t
+            })))
+        }};
+    }
+    Ok(match a.dtype() {
+        DType::F32 => float!(f32),
+        DType::F64 => float!(f64),
+        DType::F16 => half!(f16),
+        DType::BF16 => half!(bf16),
+        DType::U8 => int!(u8),
+        DType::I32 => int!(i32),
+        DType::I64 => int!(i64),
+        DType::Bool => {
+            let (p, q) = (a.view::<bool>()?, b.view::<bool>()?);
+            match op {
+                BinaryOp::Maximum => HostData::Bool(map2(p, q, |x, y| x | y)),
+                BinaryOp::Minimum => HostData::Bool(map2(p, q, |x, y| x & y)),
+                _ => return Err(unsupported(op.mnemonic(), DType::Bool)),
+            }
+        }
+    })
+}
+
+/// `a op b` elementwise, to bool.
+pub(crate) fn compare(a: &CpuBuffer, b: &CpuBuffer, op: CompareOp) -> Result<HostData> {
+    dispatch!(a.dtype(), T => {
+        let (p, q) = (a.view::<T>()?, b.view::<T>()?);
+        Ok(HostData::Bool(const_match!(CompareOp, op, OP => map2(p, q, |x: T, y: T| eval::compare(OP, x, y));
+            Eq, Ne, Lt, Le, Gt, Ge; unreachable!())))
+    })
+}
+
+/// `cond ? a : b` elementwise.
+pub(crate) fn where_(cond: &CpuBuffer, a: &CpuBuffer, b: &CpuBuffer) -> Result<HostData> {
+    let c = cond.view::<bool>()?;
+    dispatch!(a.dtype(), T => {
+        let (p, q) = (a.view::<T>()?, b.view::<T>()?);
+        Ok(T::into_host(map3(c, p, q, |c, x: T, y: T| if c { x } else { y })))
+    })
+}
+
+/// Every element converted to `to` with [`crate::ir::Scalar::cast`] semantics.
+pub(crate) fn cast(x: &CpuBuffer, to: DType) -> Result<HostData> {
+    dispatch!(x.dtype(), A => {
+        let v = x.view::<A>()?;
+        dispatch!(to, B => Ok(B::into_host(map1(v, cast_elem::<A, B>))))
+    })
+}

@@ -1,0 +1,118 @@
+//! Indexing: gather, index_select and concatenation.
+//!
+//! Index tensors come from user data, so every index is checked before any
+//! element is read; a bad one is an [`Error::Runtime`] naming the index,
+//! the dimension, its size and the node, never a panic.
+
+use super::elementwise::{contiguous, fill_chunks};
+use super::layout::Layout;
+use super::storage::dispatch;
+use super::CpuBuffer;
+use crate::ir::{DType, Element, HostData, NodeId, Shape};
+use crate::{Error, Result};
+
+/// The index operand as row-major `i64`s.
+fn indices(idx: &CpuBuffer) -> Result<Vec<i64>> {
+    match idx.dtype() {
+        DType::I64 => Ok(contiguous(idx.view::<i64>()?)),
+        DType::I32 => Ok(contiguous(idx.view::<i32>()?).into_iter().map(i64::from).collect()),
+        d => Err(Error::Backend(format!("cpu: index dtype must be i64 or i32, got {d}"))),
+    }
+}
+
+fn check(op: &str, idx: &[i64], dim: usize, size: usize, node: NodeId) -> Result<()> {
+    match idx.iter().find(|&&v| v < 0 || v as u64 >= size as u64) {
+        Some(bad) => Err(Error::Runtime(format!(
+            "{op} index {bad} is out of range for dim {dim} of size {size} (node {node})"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// `x` addressed with `dim`'s stride set to 0, over `shape`: the storage
+/// offset of every output position with the indexed coordinate at 0.
+fn base_layout(x: &Layout, shape: &Shape, dim: usize) -> Layout {
+    let mut strides = x.strides.clone();
+    strides[dim] = 0;
+    Layout { shape: shape.clone(), strides, offset: x.offset }
+}
+
+/// `out[i][j][k] = x[i][idx[i][j][k]][k]` for `dim = 1` (torch.gather).
+pub(crate) fn gather(x: &CpuBuffer, idx: &CpuBuffer, dim: usize, node: NodeId) -> Result<HostData> {
+    let ix = indices(idx)?;
+    let size = *x.shape().0.get(dim).ok_or_else(|| Error::Backend("cpu: gather dim out of range".into()))?;
+    check("gather", &ix, dim, size, node)?;
+    if idx.shape().rank() != x.shape().rank() {
+        return Err(Error::Backend("cpu: gather ranks differ".into()));
+    }
+    let base = base_layout(x.layout(), idx.shape(), dim);
+    let sd = x.layout().strides[dim];
+    dispatch!(x.dtype(), T => {
+        let v = x.view::<T>()?;
+        let mut out = vec![T::default(); ix.len()];
+        fill_chunks(&mut out, |st, c| {
+            let mut it = base.offsets(st);
+            for (o, &i) in c.iter_mut().zip(&ix[st..]) {
+                *o = v.data[it.next_offset() + i as usize * sd];
+            }
+        });
+        Ok(T::into_host(out))
+    })
+}
+
+/// The slices of `x` along `dim` named by a 1-D index (torch.index_select).
+pub(crate) fn index_select(x: &CpuBuffer, idx: &CpuBuffer, dim: usize, node: NodeId) -> Result<HostData> {
+    let ix = indices(idx)?;
+    let size =
+        *x.shape().0.get(dim).ok_or_else(|| Error::Backend("cpu: index_select dim out of range".into()))?;
+    check("index_select", &ix, dim, size, node)?;
+    let mut shape = x.shape().clone();
+    shape.0[dim] = ix.len();
+    let base = base_layout(x.layout(), &shape, dim);
+    let mut coord_strides = vec![0; shape.rank()];
+    coord_strides[dim] = 1;
+    let coord = Layout { shape: shape.clone(), strides: coord_strides, offset: 0 };
+    let sd = x.layout().strides[dim];
+    dispatch!(x.dtype(), T => {
+        let v = x.view::<T>()?;
+        let mut out = vec![T::default(); shape.numel()];
+        fill_chunks(&mut out, |st, c| {
+            let (mut it, mut co) = (base.offsets(st), coord.offsets(st));
+            for o in c {
+                let b = it.next_offset();
+                *o = v.data[b + ix[co.next_offset()] as usize * sd];
+            }
+        });
+        Ok(T::into_host(out))
+    })
+}
+
+/// The operands joined along `dim`.
+pub(crate) fn cat(parts: &[&CpuBuffer], dim: usize, out_shape: &Shape) -> Result<HostData> {
+    let first = parts.first().ok_or_else(|| Error::Backend("cpu: cat of nothing".into()))?;
+    if dim >= out_shape.rank() {
+        return Err(Error::Backend("cpu: cat dim out of range".into()));
+    }
+    let outer: usize = out_shape.0[..dim].iter().product();
+    let inner: usize = out_shape.0[dim + 1..].iter().product();
+    let total = out_shape.0[dim];
+    dispatch!(first.dtype(), T => {
+        let mut out = vec![T::default(); out_shape.numel()];
+        let mut at = 0;
+        for p in parts {
+            let d = p.shape().0.get(dim).copied().unwrap_or(0);
+            let block = d * inner;
+            let src = contiguous(p.view::<T>()?);
+            if src.len() != outer * block || at + d > total {
+                return Err(Error::Backend(format!("cpu: cat operand {} does not fit {out_shape}", p.shape())));
+            }
+            if block > 0 {
+                for (o, chunk) in src.chunks(block).enumerate() {
+                    out[(o * total + at) * inner..][..block].copy_from_slice(chunk);
+                }
+            }
+            at += d;
+        }
+        Ok(T::into_host(out))
+    })
+}

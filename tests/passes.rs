@@ -1,0 +1,268 @@
+//! Pass snapshot tests: every `tests/passes/<pass>/*.kir` case is run
+//! through its pass; the snapshot in `snapshots/` holds the graph before,
+//! after and the unified diff (what a reviewer reads). Each case also runs
+//! before and after on the CPU backend with seeded pseudo-random inputs and
+//! the outputs must agree within the dtype's tolerance (exactly for
+//! integers and bools). Re-bless with `cargo insta review`.
+
+use kiln::backends::cpu::CpuBackend;
+use kiln::backends::{Backend, Buffer, RngArgs};
+use kiln::ir::text::{parse_test_file, print};
+use kiln::ir::{verify, DType, Graph, HostData, Op, Plan, Shape};
+use kiln::passes::{optimize, pass_names, run_single, PipelineConfig};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+fn settings() -> insta::Settings {
+    let mut s = insta::Settings::clone_current();
+    s.set_snapshot_path("../snapshots");
+    s.set_prepend_module_to_snapshot(false);
+    s
+}
+
+/// One test per pass; the function name is the snapshot name prefix.
+macro_rules! pass_test {
+    ($fn_name:ident, $pass:literal) => {
+        #[test]
+        fn $fn_name() {
+            assert!(pass_names().contains(&$pass), "{} is not a registered pass", $pass);
+            settings().bind(|| {
+                insta::glob!(concat!("passes/", $pass), "*.kir", |path| {
+                    insta::assert_snapshot!(check_case($pass, path));
+                });
+            });
+        }
+    };
+}
+
+pass_test!(view_fold, "view-fold");
+pass_test!(constant_fold, "constant-fold");
+pass_test!(cse, "cse");
+pass_test!(dce, "dce");
+
+/// Runs one case: parse, run the pass, compare on the CPU, and return the
+/// snapshot text.
+fn check_case(pass: &str, path: &Path) -> String {
+    let src = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let case = parse_test_file(&src).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(case.pass, pass, "{}: the header names another pass than its directory", path.display());
+    verify(&case.graph).unwrap_or_else(|e| panic!("{}: input does not verify: {e}", path.display()));
+    let before = print(&case.graph);
+    let after_graph =
+        run_single(pass, case.graph.clone()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let after = print(&after_graph);
+    check_same_values(path, &case.graph, &after_graph);
+
+    let diff = similar::TextDiff::from_lines(&before, &after);
+    let diff = if before == after {
+        "(no change)\n".to_string()
+    } else {
+        diff.unified_diff().context_radius(3).header("before", "after").to_string()
+    };
+    let mut out = String::new();
+    for line in case.comment.lines() {
+        out.push_str(&format!(";; {line}\n").replace(";; \n", ";;\n"));
+    }
+    out.push_str(&format!(
+        ";; nodes (dead included): {} -> {}\n;; before\n{before};; after\n{after};; diff\n{diff}",
+        case.graph.len(),
+        after_graph.len()
+    ));
+    out
+}
+
+/// A small deterministic generator (splitmix64), so inputs never depend on
+/// the platform or a crate's version.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn uniform(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn normal(&mut self) -> f64 {
+        let u = 1.0 - self.uniform(); // (0, 1]
+        let v = self.uniform();
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    }
+    fn int(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + (self.next() % (hi - lo + 1) as u64) as i64
+    }
+}
+
+/// Seeded data for one input: floats normal, integers in a small range,
+/// bools random; never all zeros.
+fn random_data(rng: &mut Rng, shape: &Shape, dtype: DType) -> HostData {
+    let n = shape.numel();
+    let mut floats: Vec<f64> = (0..n).map(|_| rng.normal()).collect();
+    let mut ints: Vec<i64> = match dtype {
+        DType::U8 => (0..n).map(|_| rng.int(0, 7)).collect(),
+        DType::Bool => (0..n).map(|_| rng.int(0, 1)).collect(),
+        _ => (0..n).map(|_| rng.int(-4, 4)).collect(),
+    };
+    if let Some(first) = ints.first_mut() {
+        if *first == 0 {
+            *first = 1;
+        }
+    }
+    if let Some(first) = floats.first_mut() {
+        if *first == 0.0 {
+            *first = 0.5;
+        }
+    }
+    match dtype {
+        DType::F16 => HostData::F16(floats.iter().map(|&v| half::f16::from_f64(v)).collect()),
+        DType::BF16 => HostData::BF16(floats.iter().map(|&v| half::bf16::from_f64(v)).collect()),
+        DType::F32 => HostData::F32(floats.iter().map(|&v| v as f32).collect()),
+        DType::F64 => HostData::F64(floats),
+        DType::U8 => HostData::U8(ints.iter().map(|&v| v as u8).collect()),
+        DType::I32 => HostData::I32(ints.iter().map(|&v| v as i32).collect()),
+        DType::I64 => HostData::I64(ints),
+        DType::Bool => HostData::Bool(ints.iter().map(|&v| v != 0).collect()),
+    }
+}
+
+fn seed_of(path: &Path) -> u64 {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+fn run_on_cpu(backend: &CpuBackend, graph: &Graph, inputs: &[Buffer]) -> kiln::Result<Vec<HostData>> {
+    let plan = Plan::new(graph.clone());
+    let (n_inputs, n_streams) = (plan.inputs, plan.random_streams);
+    let exe = backend.compile(Arc::new(plan))?;
+    let rng = RngArgs { seed: 0x5eed, streams: (0..n_streams as u64).map(|k| 1000 + k).collect() };
+    let outs = exe.run(&inputs[..n_inputs.min(inputs.len())], &rng)?;
+    outs.iter().map(|b| backend.download(b)).collect()
+}
+
+/// Runs both graphs on the CPU with the same inputs and random streams and
+/// asserts equal outputs within the dtype's tolerance.
+fn check_same_values(path: &Path, before: &Graph, after: &Graph) {
+    let backend = CpuBackend::new();
+    let mut rng = Rng(seed_of(path));
+    // Every input slot of the original graph, dead ones included.
+    let mut slots: BTreeMap<u32, (Shape, DType)> = BTreeMap::new();
+    for id in before.node_ids() {
+        let node = before.node(id);
+        if let Op::Input(k) = node.op {
+            slots.insert(k, (node.shape.clone(), node.dtype));
+        }
+    }
+    let count = slots.keys().next_back().map_or(0, |&k| k as usize + 1);
+    let inputs: Vec<Buffer> = (0..count as u32)
+        .map(|k| {
+            let (shape, dtype) = slots.get(&k).cloned().unwrap_or((Shape::new([1]), DType::F32));
+            let data = random_data(&mut rng, &shape, dtype);
+            backend.upload(data, &shape).unwrap_or_else(|e| panic!("{}: upload: {e}", path.display()))
+        })
+        .collect();
+    let want = run_on_cpu(&backend, before, &inputs)
+        .unwrap_or_else(|e| panic!("{}: running the input graph: {e}", path.display()));
+    let got = run_on_cpu(&backend, after, &inputs)
+        .unwrap_or_else(|e| panic!("{}: running the transformed graph: {e}", path.display()));
+    assert_eq!(want.len(), got.len(), "{}: output count", path.display());
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        assert_eq!(w.dtype(), g.dtype(), "{}: output {i} dtype", path.display());
+        assert_eq!(w.len(), g.len(), "{}: output {i} length", path.display());
+        let (atol, rtol) = match w.dtype() {
+            DType::F16 => (1e-3, 1e-2),
+            DType::BF16 => (1e-2, 2e-2),
+            DType::F32 => (1e-6, 1e-5),
+            DType::F64 => (1e-12, 1e-10),
+            _ => (0.0, 0.0),
+        };
+        for (j, (a, b)) in w.to_f64_vec().into_iter().zip(g.to_f64_vec()).enumerate() {
+            let same = a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= atol + rtol * b.abs();
+            assert!(same, "{}: output {i} element {j}: before {a}, after {b}", path.display());
+        }
+    }
+}
+
+#[test]
+fn unknown_pass_in_config_lists_the_valid_names() {
+    let err = PipelineConfig::new(Some("-cse,-bogus"), None).unwrap_err();
+    settings().bind(|| insta::assert_snapshot!("config-unknown-pass", err.to_string()));
+    let err = PipelineConfig::new(Some("cse"), None).unwrap_err();
+    settings().bind(|| insta::assert_snapshot!("config-unsigned-toggle", err.to_string()));
+    let err = kiln::passes::run_single("bogus", Graph::new()).unwrap_err();
+    settings().bind(|| insta::assert_snapshot!("run-single-unknown-pass", err.to_string()));
+}
+
+/// The whole pipeline on one graph: it canonicalizes, advances the phase,
+/// and writes one dump per step under the input's hash.
+#[test]
+fn pipeline_dumps_every_step() {
+    let src = "%x: f32[2,3] = input 0\n\
+               %a: f32[6] = reshape %x\n\
+               %b: f32[3,2] = reshape %a\n\
+               %k: f32[3,2] = full 2.0\n\
+               %one: f32[3,2] = full 1.0\n\
+               %k2: f32[3,2] = add %one, %one\n\
+               %m1: f32[3,2] = mul %b, %k\n\
+               %m2: f32[3,2] = mul %b, %k2\n\
+               %dead: f32[3,2] = exp %m1\n\
+               %s: f32[3,2] = sub %m1, %m2\n\
+               return %s\n";
+    let graph = kiln::ir::text::parse(src).unwrap();
+    let dir = std::env::temp_dir().join(format!("kiln-pass-dump-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = PipelineConfig::new(None, Some(dir.clone())).unwrap();
+    let out = optimize(graph, &config).unwrap();
+    assert_eq!(out.phase(), kiln::ir::Phase::Canonical);
+    let hashes: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(hashes.len(), 1);
+    let hash_dir = &hashes[0];
+    let name = hash_dir.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.len() == 16 && name.chars().all(|c| c.is_ascii_hexdigit()), "{name}");
+    let mut files: Vec<String> = std::fs::read_dir(hash_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        ["00-input.kir", "01-view-fold.kir", "02-constant-fold.kir", "03-cse.kir", "04-dce.kir"]
+    );
+    let mut dumps = String::new();
+    for f in &files {
+        dumps.push_str(&format!("== {f}\n{}", std::fs::read_to_string(hash_dir.join(f)).unwrap()));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    settings().bind(|| insta::assert_snapshot!("pipeline-dumps", dumps));
+
+    // A pass switched off writes no dump and does not run.
+    let config = PipelineConfig::new(Some("-cse"), None).unwrap();
+    let out = optimize(kiln::ir::text::parse(src).unwrap(), &config).unwrap();
+    assert_eq!(print(&out).matches("= mul").count(), 2, "cse ran although switched off");
+}
+
+/// Every case through the whole pipeline: the result verifies, is
+/// canonical, and computes what the input did.
+#[test]
+fn whole_pipeline_keeps_every_case_meaning() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/passes");
+    let mut files: Vec<PathBuf> = Vec::new();
+    for pass in pass_names() {
+        let Ok(entries) = std::fs::read_dir(root.join(pass)) else { continue };
+        files
+            .extend(entries.map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "kir")));
+    }
+    files.sort();
+    assert!(files.len() >= 12, "found only {files:?}");
+    for path in &files {
+        let case = parse_test_file(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let out = optimize(case.graph.clone(), &PipelineConfig::default())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        verify(&out).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(out.phase(), kiln::ir::Phase::Canonical);
+        check_same_values(path, &case.graph, &out);
+    }
+}
