@@ -674,3 +674,155 @@ fn float_to_narrow_int_cast_saturates() {
     }
     assert!(failures.is_empty(), "{} casts do not saturate:\n  {}", failures.len(), failures.join("\n  "));
 }
+
+// ---------------------------------------------------------------------------
+// Graphs the passes rewrite (fusion, constant folding, CSE, in-place reuse)
+// and sizes that cross the CPU backend's parallel chunks.
+
+#[test]
+fn long_fused_chains_with_broadcasts_match_the_reference() {
+    let ctx = Context::cpu();
+    let mut rng = Rng::new(10);
+    for dtype in FLOATS {
+        let a = rand_f(&mut rng, dtype, &[3, 1, 5], 1.0);
+        let b = rand_f(&mut rng, dtype, &[4, 1], 1.0);
+        let (ta, tb) = (tensor_f(&ctx, dtype, &a), tensor_f(&ctx, dtype, &b));
+        // Each step rounds to the dtype in kiln; the reference rounds the same way.
+        let r = |v: f64| round(dtype, v);
+        let got = ((&ta * 2.0 + &tb).tanh() - ta.sigmoid()).abs().maximum(0.1) / (tb.exp() + 1.0);
+        let left =
+            a.zip(&b, |x, y| r(r(r(r(x * 2.0) + y).tanh()) - r(1.0 / (1.0 + (-x).exp()))).abs().max(r(0.1)));
+        let right = b.map(|y| r(r(y.exp()) + 1.0));
+        let want = left.zip(&right, |x, y| x / y);
+        check_f(&got, dtype, &want, 1.0, "a fused chain of 8 ops with broadcasts");
+    }
+}
+
+#[test]
+fn constant_graphs_fold_to_what_kernels_compute() {
+    let ctx = Context::cpu();
+    // Integer wrap-around and division by zero inside constants.
+    let u = ctx.full_dtype([2], 200, DType::U8) + 100;
+    check_i(&u, DType::U8, &Nd::new(vec![44, 44], &[2]), "u8 200 + 100");
+    let i = ctx.full_dtype([2], i32::MAX, DType::I32) * 2;
+    check_i(&i, DType::I32, &Nd::new(vec![-2, -2], &[2]), "i32 MAX * 2");
+    let d = ctx.full_dtype([1], 7, DType::I64) / ctx.zeros_dtype([1], DType::I64);
+    check_i(&d, DType::I64, &Nd::new(vec![0], &[1]), "7 / 0");
+    let p = ctx.full_dtype([1], 2, DType::I32).pow(ctx.full_dtype([1], -1, DType::I32));
+    check_i(&p, DType::I32, &Nd::new(vec![0], &[1]), "2 ^ -1");
+    let n = ctx.full_dtype([1], i64::MIN, DType::I64).abs();
+    check_i(&n, DType::I64, &Nd::new(vec![i64::MIN], &[1]), "abs(i64::MIN)");
+    // The one overflowing integer division, MIN / -1, wraps, in data and constants.
+    let m = ctx.tensor(&[i32::MIN, i32::MIN, 7], [3]) / ctx.tensor(&[-1i32, 1, -1], [3]);
+    check_i(&m, DType::I32, &Nd::new(vec![i32::MIN as i64, i32::MIN as i64, -7], &[3]), "i32 MIN / -1");
+    let m = ctx.tensor(&[i64::MIN, 9], [2]) / -1i64;
+    check_i(&m, DType::I64, &Nd::new(vec![i64::MIN, -9], &[2]), "i64 MIN / -1");
+    let m = ctx.full_dtype([1], i64::MIN, DType::I64) / -1;
+    check_i(&m, DType::I64, &Nd::new(vec![i64::MIN], &[1]), "constant i64 MIN / -1");
+    // Floats: a constant chain in f16 rounds at every step, as kernels do.
+    for dtype in FLOATS {
+        let r = |v: f64| round(dtype, v);
+        let got = (ctx.full_dtype([3], 0.1, dtype) * 3.0 + ctx.arange(0.0f32, 3.0, 1.0).cast(dtype)).exp();
+        let want = Nd::new((0..3).map(|k| r(r(r(0.1) * 3.0) + k as f64).exp()).collect(), &[3]);
+        check_f(&got, dtype, &want, 1.0, "a constant chain");
+        let nan = ctx.full_dtype([2], f64::NAN, dtype).maximum(1.0);
+        check_f(&nan, dtype, &Nd::new(vec![f64::NAN; 2], &[2]), 1.0, "maximum(NaN, 1) folded");
+    }
+}
+
+#[test]
+fn common_subexpressions_and_reads_of_inputs_stay_correct() {
+    let ctx = Context::cpu();
+    let mut rng = Rng::new(11);
+    for dtype in NUMERIC {
+        let (t, h) = rand_tensor(&ctx, &mut rng, dtype, &[4, 33]);
+        // The same subexpression twice, and an op whose result may reuse its
+        // input's memory: the input must still read back unchanged.
+        let got = (&t + 1) * (&t + 1);
+        let neg = -&t;
+        let neg_t = neg.t();
+        match &h {
+            Host::F(a) => {
+                let r = |v: f64| round(dtype, v);
+                check_f(&got, dtype, &a.map(|x| r(x + 1.0) * r(x + 1.0)), 1.0, "(x + 1) * (x + 1)");
+                check_f(&neg_t, dtype, &a.map(|x| -x).transpose(0, 1), 1.0, "(-x).t()");
+            }
+            Host::I(a) => {
+                let f = |x: i64| wrap(dtype, x + 1);
+                check_i(&got, dtype, &a.map(|x| f(x).wrapping_mul(f(x))), "(x + 1) * (x + 1)");
+                check_i(&neg_t, dtype, &a.map(i64::wrapping_neg).transpose(0, 1), "(-x).t()");
+            }
+        }
+        check(&t, dtype, &h, 0.0, "the input after ops on it");
+        // Two outputs realized together in one plan.
+        let (s1, s2) = (t.sum(&[1], false), t.max(&[0], true));
+        ctx.realize(&[&s1, &s2]).unwrap();
+        match &h {
+            Host::F(a) => {
+                let sum = a.reduce(&[1], false, |v| v.iter().sum::<f64>());
+                check_f(&s1, dtype, &sum, 33f64.sqrt() * max_abs(a), "sum realized with max");
+                let max = a.reduce(&[0], true, |v| v.iter().copied().fold(f64::NEG_INFINITY, f64::max));
+                check_f(&s2, dtype, &max, 0.0, "max realized with sum");
+            }
+            Host::I(a) => {
+                let sum = a.reduce(&[1], false, |v| v.iter().fold(0i64, |s, &x| s.wrapping_add(x)));
+                check_i(&s1, dtype, &sum, "sum realized with max");
+                check_i(
+                    &s2,
+                    dtype,
+                    &a.reduce(&[0], true, |v| *v.iter().max().unwrap()),
+                    "max realized with sum",
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn large_inputs_cross_parallel_chunks() {
+    let ctx = Context::cpu();
+    let mut rng = Rng::new(12);
+    for dtype in [DType::F32, DType::BF16, DType::I32] {
+        let n = 100_003;
+        let (t, h) = rand_tensor(&ctx, &mut rng, dtype, &[n]);
+        let (tb, hb) = rand_tensor(&ctx, &mut rng, dtype, &[317, 331]);
+        let (tr, hr) = rand_tensor(&ctx, &mut rng, dtype, &[331]);
+        // elementwise on a transposed view with a broadcast row, then reductions
+        let got = tb.t() + tr.unsqueeze(1);
+        let total = t.sum_all();
+        let am = t.argmax(0, false);
+        let col = tb.sum(&[0], false);
+        match (&h, &hb, &hr) {
+            (Host::F(a), Host::F(b), Host::F(r)) => {
+                let want = b.transpose(0, 1).zip(&r.reshape(&[331, 1]), |x, y| x + y);
+                check_f(&got, dtype, &want, 1.0, "large transposed + broadcast");
+                let s = a.reduce(&[0], false, |v| v.iter().sum::<f64>());
+                check_f(&total, dtype, &s, (n as f64).sqrt() * max_abs(a), "sum of 100003");
+                let mx = a.to_vec().iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let first = a.to_vec().iter().position(|&x| x == mx).unwrap() as i64;
+                check_i(&am, DType::I64, &Nd::new(vec![first], &[]), "argmax of 100003");
+                let cs = b.reduce(&[0], false, |v| v.iter().sum::<f64>());
+                check_f(&col, dtype, &cs, 317f64.sqrt() * max_abs(b), "column sums of [317,331]");
+            }
+            (Host::I(a), Host::I(b), Host::I(r)) => {
+                let want = b.transpose(0, 1).zip(&r.reshape(&[331, 1]), |x, y| x.wrapping_add(y));
+                check_i(&got, dtype, &want, "large transposed + broadcast");
+                let s = a.reduce(&[0], false, |v| v.iter().fold(0i64, |s, &x| s.wrapping_add(x)));
+                check_i(&total, dtype, &s, "sum of 100003");
+                let v = a.to_vec();
+                let mx = *v.iter().max().unwrap();
+                let first = v.iter().position(|&x| x == mx).unwrap() as i64;
+                check_i(&am, DType::I64, &Nd::new(vec![first], &[]), "argmax of 100003");
+                let cs = b.reduce(&[0], false, |v| v.iter().fold(0i64, |s, &x| s.wrapping_add(x)));
+                check_i(&col, dtype, &cs, "column sums of [317,331]");
+            }
+            _ => unreachable!(),
+        }
+    }
+    // A larger matmul (GEMM path) and a strided conv.
+    let a = rand_f(&mut rng, DType::F32, &[65, 129], 1.0);
+    let b = rand_f(&mut rng, DType::F32, &[129, 67], 1.0);
+    let got = tensor_f(&ctx, DType::F32, &a).matmul(&tensor_f(&ctx, DType::F32, &b));
+    let want = matmul_ref(&a, &b, 0.0, |s, x, y| s + x * y);
+    check_f(&got, DType::F32, &want, 129f64.sqrt() * max_abs(&a) * max_abs(&b), "matmul 65x129x67");
+}

@@ -284,3 +284,45 @@ fn softmax_and_log_softmax_on_every_float_dtype() {
         check_f(&tv.t().softmax(1), dtype, &want, 1.0, "softmax of a transposed view");
     }
 }
+
+#[test]
+fn empty_tensors() {
+    let ctx = Context::cpu();
+    for dtype in NUMERIC {
+        let e = ctx.zeros_dtype([2, 0, 3], dtype);
+        // Elementwise and views of an empty tensor are empty.
+        let y = (&e + 1).t();
+        assert_eq!(y.shape(), &[2, 3, 0]);
+        assert_eq!(read_f(&y).numel(), 0, "{dtype}");
+        // A sum over an empty dim is 0; over no dims it is the (empty) input.
+        let s = e.sum(&[1], false);
+        if dtype.is_float() {
+            check_f(&s, dtype, &Nd::new(vec![0.0; 6], &[2, 3]), 0.0, "sum over an empty dim");
+            let m = e.mean(&[1], true);
+            check_f(&m, dtype, &Nd::new(vec![f64::NAN; 6], &[2, 1, 3]), 0.0, "mean over an empty dim is NaN");
+        } else {
+            check_i(&s, dtype, &Nd::new(vec![0; 6], &[2, 3]), "sum over an empty dim");
+        }
+        // matmul with k = 0 is zeros; with m = 0 it is empty.
+        let a = ctx.zeros_dtype([3, 0], dtype);
+        let b = ctx.zeros_dtype([0, 4], dtype);
+        let mm = a.matmul(&b);
+        if dtype.is_float() {
+            check_f(&mm, dtype, &Nd::new(vec![0.0; 12], &[3, 4]), 0.0, "matmul with k = 0");
+        } else {
+            check_i(&mm, dtype, &Nd::new(vec![0; 12], &[3, 4]), "matmul with k = 0");
+        }
+        assert_eq!(read_f(&b.t().matmul(&ctx.zeros_dtype([0, 2], dtype))).shape, vec![4, 2]);
+        // cat with an empty operand, index_select with an empty index.
+        let (t, h) = rand_tensor(&ctx, &mut Rng::new(26), dtype, &[2, 3]);
+        check(
+            &Tensor::cat(&[&t, &ctx.zeros_dtype([0, 3], dtype)], 0),
+            dtype,
+            &h,
+            0.0,
+            "cat with an empty operand",
+        );
+        let none = ctx.tensor(&[0i64; 0], [0]);
+        assert_eq!(read_f(&t.index_select(1, &none)).shape, vec![2, 0]);
+    }
+}
