@@ -91,3 +91,29 @@ fn dropped_tensors_are_collected() {
     assert!(s.graph_nodes <= 3, "{s:?}");
     assert!(s.buffers <= 2, "{s:?}");
 }
+
+#[test]
+fn one_context_used_from_several_threads() {
+    let ctx = Context::cpu();
+    let base = ctx.tensor(&(0..64).map(|i| i as f32).collect::<Vec<_>>(), [8, 8]);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|k| {
+                let (ctx, base) = (ctx.clone(), base.clone());
+                s.spawn(move || {
+                    let mut out = Vec::new();
+                    for i in 0..10 {
+                        let x = ctx.full([8, 8], (k * 10 + i) as f32);
+                        out.push((&base + &x).sum_all().item::<f32>().unwrap());
+                    }
+                    out
+                })
+            })
+            .collect();
+        for (k, h) in handles.into_iter().enumerate() {
+            let got = h.join().unwrap();
+            let want: Vec<f32> = (0..10).map(|i| 2016.0 + 64.0 * (k * 10 + i) as f32).collect();
+            assert_eq!(got, want, "thread {k}");
+        }
+    });
+}

@@ -144,6 +144,11 @@ fn rand_is_uniform_on_0_1_for_every_float_dtype() {
         }
         assert!(bins.iter().all(|&b| (9_000..11_000).contains(&b)), "rand {dtype}: deciles {bins:?}");
     }
+    // f64 draws use more than f32's 24 bits.
+    let v = ctx.rand_dtype([1000], DType::F64).to_vec::<f64>().unwrap();
+    assert!(v.iter().filter(|&&x| x as f32 as f64 != x).count() > 900, "f64 rand has f32 precision");
+    let v = ctx.randn_dtype([1000], DType::F64).to_vec::<f64>().unwrap();
+    assert!(v.iter().filter(|&&x| x as f32 as f64 != x).count() > 900, "f64 randn has f32 precision");
     let f = ctx.rand([3, 5]);
     assert_eq!((f.shape(), f.dtype()), (&[3usize, 5][..], DType::F32));
 }

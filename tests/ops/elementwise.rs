@@ -826,3 +826,39 @@ fn large_inputs_cross_parallel_chunks() {
     let want = matmul_ref(&a, &b, 0.0, |s, x, y| s + x * y);
     check_f(&got, DType::F32, &want, 129f64.sqrt() * max_abs(&a) * max_abs(&b), "matmul 65x129x67");
 }
+
+#[test]
+fn half_precision_results_are_rounded_to_nearest() {
+    // f16/bf16 compute in f32 and round once. For add, sub and mul of
+    // nearby values the f32 result is exact, so kiln's result must equal the
+    // correctly rounded one bit for bit (a truncating rounding would pass
+    // the tolerance of the other tests, not this one).
+    let ctx = Context::cpu();
+    let mut rng = Rng::new(13);
+    for dtype in [DType::F16, DType::BF16] {
+        let a = rand_f(&mut rng, dtype, &[4096], 1.0);
+        let b = rand_f(&mut rng, dtype, &[4096], 1.0);
+        let (ta, tb) = (tensor_f(&ctx, dtype, &a), tensor_f(&ctx, dtype, &b));
+        type Case = (&'static str, Tensor, fn(f64, f64) -> f64);
+        let cases: [Case; 3] = [
+            ("add", &ta + &tb, |x, y| x + y),
+            ("sub", &ta - &tb, |x, y| x - y),
+            ("mul", &ta * &tb, |x, y| x * y),
+        ];
+        for (name, got, f) in cases {
+            let got = read_f(&got).to_vec();
+            let want = a.zip(&b, f).map(|v| round(dtype, v)).to_vec();
+            let bad = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+            assert_eq!(bad, 0, "{dtype} {name}: {bad} of 4096 results not correctly rounded");
+        }
+        // Casts from f32 and f64 round to nearest (even) as well.
+        let wide = rand_f(&mut rng, DType::F64, &[4096], 1.0);
+        for from in [DType::F32, DType::F64] {
+            let src = wide.map(|v| round(from, v));
+            let got = read_f(&tensor_f(&ctx, from, &src).cast(dtype)).to_vec();
+            let want = src.map(|v| round(dtype, v)).to_vec();
+            let bad = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+            assert_eq!(bad, 0, "cast {from} -> {dtype}: {bad} of 4096 not correctly rounded");
+        }
+    }
+}
