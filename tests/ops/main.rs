@@ -1,0 +1,14 @@
+//! Numerical tests of every op on every dtype it accepts, against f64 (or
+//! exact i64) references computed here from the same inputs. One binary, so
+//! CI links once.
+
+mod reference;
+
+mod cache;
+mod creation;
+mod elementwise;
+mod errors;
+mod index;
+mod linalg;
+mod reduce;
+mod views;
