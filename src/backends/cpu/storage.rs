@@ -127,7 +127,8 @@ macro_rules! elem_int {
             }
             #[inline(always)]
             fn from_f64(v: f64) -> Self {
-                v as i64 as $t
+                // Rust `as`: truncate toward zero, saturate, NaN -> 0.
+                v as $t
             }
             #[inline(always)]
             fn from_i64(v: i64) -> Self {
@@ -185,6 +186,9 @@ pub(crate) fn cast_elem<A: Elem, B: Elem>(x: A) -> B {
         B::from_f64(x.to_f64())
     } else if B::DTYPE == DType::Bool {
         B::from_bool(x.nonzero())
+    } else if A::DTYPE.is_float() {
+        // Float to integer saturates; it must not pass through i64 and wrap.
+        B::from_f64(x.to_f64())
     } else {
         B::from_i64(x.to_i64())
     }
