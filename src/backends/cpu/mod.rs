@@ -250,7 +250,18 @@ impl CpuExecutable {
                 Ok(b.clone())
             }
             Op::Buffer(_) => Err(Error::Backend(format!("cpu: buffer node {} in a plan", step.id))),
-            Op::Full(v) => dense(source::full(*v, shape, node.dtype)),
+            // One element viewed with all strides 0: a constant costs one
+            // element of memory whatever its shape, and kernels read it as
+            // they read any broadcast.
+            Op::Full(v) => {
+                let one = CpuBuffer::dense(
+                    source::full(*v, &Shape::scalar(), node.dtype),
+                    Shape::scalar(),
+                    &self.stats,
+                )?;
+                let layout = one.layout.expand(shape);
+                Ok(one.with_layout(layout))
+            }
             Op::Arange { start, step: inc } => dense(source::arange(*start, *inc, shape.numel(), node.dtype)),
             Op::Random { dist, stream } => {
                 let s = rng.streams.get(*stream as usize).copied().ok_or_else(|| {

@@ -7,7 +7,8 @@ use crate::ir::{DType, Distribution, Element, HostData, Scalar, Shape};
 use crate::{Error, Result};
 use half::{bf16, f16};
 
-/// `shape.numel()` copies of `value` cast to `dtype`.
+/// `shape.numel()` copies of `value` cast to `dtype` (the backend asks for
+/// one and broadcasts it).
 pub(crate) fn full(value: Scalar, shape: &Shape, dtype: DType) -> HostData {
     dispatch!(dtype, T => T::into_host(vec![from_scalar::<T>(value); shape.numel()]))
 }
