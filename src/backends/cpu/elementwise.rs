@@ -5,6 +5,7 @@
 //! outside the loop and bound to a constant, so each loop is a
 //! monomorphized closure calling the `#[inline(always)]` eval function.
 
+use super::pool;
 use super::storage::{cast_elem, dispatch, Elem, View};
 use super::CpuBuffer;
 use crate::ir::eval::{self, Real};
@@ -37,9 +38,19 @@ fn dense<'a, T>(v: &View<'a, T>) -> Option<&'a [T]> {
     }
 }
 
+/// The one value of a view that broadcasts a single element (every
+/// stride 0), e.g. a constant or an expanded scalar.
+fn splat<T: Copy>(v: &View<'_, T>) -> Option<T> {
+    if v.layout.numel() > 0 && v.layout.strides.iter().all(|&s| s == 0) {
+        v.data.get(v.layout.offset).copied()
+    } else {
+        None
+    }
+}
+
 /// `f` of every element of `a`, row-major.
 pub(crate) fn map1<A: Elem, O: Elem>(a: View<'_, A>, f: impl Fn(A) -> O + Sync) -> Vec<O> {
-    let mut out = vec![O::default(); a.layout.numel()];
+    let mut out = pool::vec_for_overwrite::<O>(a.layout.numel());
     if let Some(s) = dense(&a) {
         fill_chunks(&mut out, |st, c| {
             for (o, &x) in c.iter_mut().zip(&s[st..]) {
@@ -63,10 +74,23 @@ pub(crate) fn map2<A: Elem, B: Elem, O: Elem>(
     b: View<'_, B>,
     f: impl Fn(A, B) -> O + Sync,
 ) -> Vec<O> {
-    let mut out = vec![O::default(); a.layout.numel()];
+    let mut out = pool::vec_for_overwrite::<O>(a.layout.numel());
     if let (Some(x), Some(y)) = (dense(&a), dense(&b)) {
         fill_chunks(&mut out, |st, c| {
             for ((o, &p), &q) in c.iter_mut().zip(&x[st..]).zip(&y[st..]) {
+                *o = f(p, q);
+            }
+        });
+    } else if let (Some(x), Some(q)) = (dense(&a), splat(&b)) {
+        // `x * 2.0`: a broadcast scalar on the right reads one element.
+        fill_chunks(&mut out, |st, c| {
+            for (o, &p) in c.iter_mut().zip(&x[st..]) {
+                *o = f(p, q);
+            }
+        });
+    } else if let (Some(p), Some(y)) = (splat(&a), dense(&b)) {
+        fill_chunks(&mut out, |st, c| {
+            for (o, &q) in c.iter_mut().zip(&y[st..]) {
                 *o = f(p, q);
             }
         });
@@ -88,7 +112,7 @@ pub(crate) fn map3<A: Elem, B: Elem, C: Elem, O: Elem>(
     c: View<'_, C>,
     f: impl Fn(A, B, C) -> O + Sync,
 ) -> Vec<O> {
-    let mut out = vec![O::default(); a.layout.numel()];
+    let mut out = pool::vec_for_overwrite::<O>(a.layout.numel());
     if let (Some(x), Some(y), Some(z)) = (dense(&a), dense(&b), dense(&c)) {
         fill_chunks(&mut out, |st, ch| {
             for (((o, &p), &q), &r) in ch.iter_mut().zip(&x[st..]).zip(&y[st..]).zip(&z[st..]) {

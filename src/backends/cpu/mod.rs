@@ -13,6 +13,7 @@ mod elementwise;
 mod index;
 mod layout;
 mod matmul;
+mod pool;
 mod reduce;
 mod source;
 mod storage;

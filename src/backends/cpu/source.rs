@@ -17,7 +17,7 @@ pub(crate) fn full(value: Scalar, shape: &Shape, dtype: DType) -> HostData {
 /// wrapping `i64` for the others, then cast to `dtype`.
 pub(crate) fn arange(start: Scalar, step: Scalar, n: usize, dtype: DType) -> HostData {
     dispatch!(dtype, T => {
-        let mut out = vec![T::default(); n];
+        let mut out = super::pool::vec_for_overwrite::<T>(n);
         fill_chunks(&mut out, |st, c| {
             for (j, o) in c.iter_mut().enumerate() {
                 let i = st + j;
@@ -45,7 +45,7 @@ fn below_one<T: Elem>(u: f64, largest_below_one: T) -> T {
 }
 
 fn fill_random<T: Elem>(n: usize, f: impl Fn(u64) -> T + Sync) -> Vec<T> {
-    let mut out = vec![T::default(); n];
+    let mut out = super::pool::vec_for_overwrite::<T>(n);
     fill_chunks(&mut out, |st, c| {
         for (j, o) in c.iter_mut().enumerate() {
             *o = f((st + j) as u64);

@@ -37,6 +37,7 @@ impl Storage {
 impl Drop for Storage {
     fn drop(&mut self) {
         self.stats.freed(self.bytes);
+        super::pool::give_back(std::mem::replace(&mut self.data, HostData::U8(Vec::new())));
     }
 }
 
