@@ -10,7 +10,11 @@
 //!   negative exponent gives `1/a` truncated (0 unless `a` is 1 or -1).
 //! - `maximum`/`minimum` propagate NaN; on `bool` they are or/and.
 //! - Comparisons with NaN are false, except `ne`.
+//! - `f32` `exp` and `tanh` (and the `exp` inside `sigmoid` and `silu`) are
+//!   the branch-free, vectorizable kernels of [`super::fast_math`] (within
+//!   2 ulp of the `f64` result); `f64` uses std.
 
+use super::fast_math;
 use super::{BinaryOp, CompareOp, DType, Scalar, UnaryOp};
 use half::{bf16, f16};
 
@@ -31,7 +35,7 @@ pub trait Real: Copy + PartialOrd + std::ops::Neg<Output = Self> + Send + Sync +
 }
 
 macro_rules! real {
-    ($t:ty, $erf:path) => {
+    ($t:ty, $exp:path, $tanh:path, $erf:path) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -40,15 +44,15 @@ macro_rules! real {
                 match op {
                     UnaryOp::Neg => -x,
                     UnaryOp::Abs => x.abs(),
-                    UnaryOp::Exp => x.exp(),
+                    UnaryOp::Exp => $exp(x),
                     UnaryOp::Log => x.ln(),
                     UnaryOp::Sqrt => x.sqrt(),
                     UnaryOp::Rsqrt => 1.0 / x.sqrt(),
                     UnaryOp::Recip => 1.0 / x,
                     UnaryOp::Sin => x.sin(),
                     UnaryOp::Cos => x.cos(),
-                    UnaryOp::Tanh => x.tanh(),
-                    UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+                    UnaryOp::Tanh => $tanh(x),
+                    UnaryOp::Sigmoid => 1.0 / (1.0 + $exp(-x)),
                     UnaryOp::Relu => {
                         if x < 0.0 {
                             0.0
@@ -57,7 +61,7 @@ macro_rules! real {
                         }
                     }
                     UnaryOp::Gelu => 0.5 * x * (1.0 + $erf(x * std::f64::consts::FRAC_1_SQRT_2 as $t)),
-                    UnaryOp::Silu => x / (1.0 + (-x).exp()),
+                    UnaryOp::Silu => x / (1.0 + $exp(-x)),
                 }
             }
             #[inline(always)]
@@ -100,8 +104,8 @@ macro_rules! real {
     };
 }
 
-real!(f32, libm::erff);
-real!(f64, libm::erf);
+real!(f32, fast_math::exp_f32, fast_math::tanh_f32, libm::erff);
+real!(f64, f64::exp, f64::tanh, libm::erf);
 
 /// A unary op on an integer, in `i64`; the caller wraps to its dtype.
 #[inline(always)]

@@ -28,6 +28,7 @@
 pub mod dot;
 mod dtype;
 pub mod eval;
+pub mod fast_math;
 mod graph;
 mod infer;
 mod op;

@@ -68,6 +68,37 @@ pub(crate) fn map1<A: Elem, O: Elem>(a: View<'_, A>, f: impl Fn(A) -> O + Sync) 
     out
 }
 
+/// [`map1`] for `f32 -> f32`, with the contiguous case run by an AVX2+FMA
+/// copy of the loop when the CPU has them (the build targets baseline
+/// x86-64, so the plain loop is 4-wide SSE2). Results are bit-identical to
+/// the plain loop: eval's f32 math never uses `mul_add` and Rust does not
+/// contract, so enabling FMA changes only the vector width.
+fn map1_f32(a: View<'_, f32>, f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(s) = dense(&a) {
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            let mut out = vec![0.0; s.len()];
+            // SAFETY: the CPU supports avx2 and fma (checked just above).
+            fill_chunks(&mut out, |st, c| unsafe { map1_f32_avx2(c, &s[st..], &f) });
+            return out;
+        }
+    }
+    map1(a, f)
+}
+
+/// `out[i] = f(src[i])`, compiled for AVX2+FMA.
+///
+/// # Safety
+///
+/// The CPU must support `avx2` and `fma`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn map1_f32_avx2(out: &mut [f32], src: &[f32], f: &impl Fn(f32) -> f32) {
+    for (o, &x) in out.iter_mut().zip(src) {
+        *o = f(x);
+    }
+}
+
 /// `f` of matching elements of two views of one shape.
 pub(crate) fn map2<A: Elem, B: Elem, O: Elem>(
     a: View<'_, A>,
@@ -191,7 +222,10 @@ pub(crate) fn unary(x: &CpuBuffer, op: UnaryOp) -> Result<HostData> {
         }};
     }
     Ok(match x.dtype() {
-        DType::F32 => float!(f32),
+        DType::F32 => {
+            let v = x.view::<f32>()?;
+            all_unary!(op, OP => f32::into_host(map1_f32(v, |a: f32| f32::unary(OP, a))))
+        }
         DType::F64 => float!(f64),
         DType::F16 => half!(f16),
         DType::BF16 => half!(bf16),

@@ -341,3 +341,44 @@ fn out_of_range_indices_are_errors() {
         Error::Runtime(format!("index_select index -1 is out of range for dim 0 of size 2 (node {g})"))
     );
 }
+
+/// The f32 unary kernels (contiguous: the AVX2 copy where the CPU has it;
+/// strided: the plain loop) give exactly eval's scalar result, which is
+/// what constant folding computes.
+#[test]
+fn f32_unary_kernels_match_scalar_eval_bit_for_bit() {
+    let mut xs: Vec<f32> =
+        (0..0x7f80_0000u32).step_by(49_999).map(f32::from_bits).flat_map(|v| [v, -v]).collect();
+    xs.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 88.722_84, -103.9, 0.625, 9.0]);
+    xs.resize(2 * 33 * 1024, 0.5); // past the parallel threshold
+    let n = xs.len();
+    for &op in UnaryOp::ALL {
+        let want: Vec<u32> = xs
+            .iter()
+            .map(|&v| (eval::unary(op, DType::F32, Scalar::Float(v as f64)).as_f64() as f32).to_bits())
+            .collect();
+        for strided in [false, true] {
+            let mut t = T::new();
+            let i = if strided {
+                // stored [2, n/2] and transposed back: a non-contiguous view
+                let half = n / 2;
+                let stored: Vec<f32> = (0..n).map(|k| xs[(k % half) * 2 + k / half]).collect();
+                t.input(HostData::F32(stored), [2, half])
+            } else {
+                t.input(HostData::F32(xs.clone()), [n])
+            };
+            let y = if strided {
+                let p = t.op(Op::Permute(vec![1, 0]), &[i]);
+                let y = t.op(Op::Unary(op), &[p]);
+                t.op(Op::Reshape(Shape::new([n])), &[y])
+            } else {
+                t.op(Op::Unary(op), &[i])
+            };
+            let HostData::F32(got) = t.run1(y) else { panic!("not f32") };
+            for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                let same = g.to_bits() == *w || (g.is_nan() && f32::from_bits(*w).is_nan());
+                assert!(same, "{op:?} strided={strided} at {:e}: {g:e} vs {:e}", xs[k], f32::from_bits(*w));
+            }
+        }
+    }
+}

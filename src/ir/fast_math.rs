@@ -1,0 +1,222 @@
+//! Branch-free `f32` `exp` and `tanh` that LLVM can auto-vectorize.
+//!
+//! # Why
+//!
+//! `f32::exp` and `f32::tanh` are scalar libm calls: a loop over a slice
+//! calls them once per element and never vectorizes (`tanh` over 2^24
+//! elements was ~20-40x slower than numpy). numpy and SLEEF use
+//! vectorizable kernels instead: range reduction plus a short polynomial,
+//! written with selects rather than branches. The functions here are that
+//! kind of kernel, written as plain scalar Rust: only `+ - * /`, compares,
+//! selects and integer bit operations, so the CPU backend's elementwise
+//! loops (and their AVX2 copy) vectorize them.
+//!
+//! # Method
+//!
+//! The method is Cephes' (Stephen L. Moshier, Cephes Math Library, `expf.c`
+//! and `tanhf.c`): the same range reduction, coefficients and thresholds;
+//! the code is written here, branch-free.
+//!
+//! - `exp(x)`: `n = round(x / ln 2)`, `r = x - n ln 2` (ln 2 split in two so
+//!   `n * C1` is exact), `exp(r) ~ 1 + r + r^2 P(r)` with Cephes' degree-5
+//!   `P`, then scaled by `2^n` as two factors `2^(n/2)`, so that results in
+//!   the subnormal range round once and overflow gives `inf` naturally.
+//! - `tanh(x)`: on `|x|`, Cephes' odd polynomial for `|x| < 0.625`, else
+//!   `1 - 2 / (exp(2|x|) + 1)` (exactly 1 once `|x|` is large); the sign of
+//!   `x` is copied onto the result, so `tanh(-0) = -0`.
+//!
+//! # Accuracy and determinism
+//!
+//! Measured against `f64` std over every 997th finite `f32` bit pattern
+//! plus edge cases (see the tests): `exp` within 0.94 ulp, `tanh` within
+//! 1.22 ulp (the tests check a 2 ulp bound). Special values are exact:
+//! `exp(-inf) = 0`, `exp(inf) = inf`, `exp(x > 88.72...) = inf`,
+//! `tanh(+-inf) = +-1`, NaN stays NaN.
+//!
+//! No `mul_add` is used and Rust never contracts `a * b + c` into an FMA,
+//! so every path (scalar constant folding, SSE2 and AVX2 loops) computes
+//! bit-identical results.
+
+/// `log2(e)`.
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+/// `ln 2` high part (few significant bits, so `n * C1` is exact).
+const LN2_HI: f32 = 0.693_359_4;
+/// `ln 2` low part: `ln 2 - LN2_HI`.
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// `1.5 * 2^23`: adding and subtracting it rounds to the nearest integer,
+/// and the sum's low mantissa bits hold that integer.
+const ROUND_MAGIC: f32 = 12_582_912.0;
+/// Above this `exp` is `inf` (`ln(f32::MAX) = 88.7228...`): the clamp keeps
+/// `n` small while still overflowing.
+const EXP_HI: f32 = 89.0;
+/// Below this `exp` rounds to 0 (`ln(2^-150) = -103.97...`).
+const EXP_LO: f32 = -104.0;
+
+/// `x` clamped to `[lo, hi]`, NaN passing through (selects, no branches).
+#[inline(always)]
+fn clamp_nan(x: f32, lo: f32, hi: f32) -> f32 {
+    let x = if x > hi { hi } else { x };
+    if x < lo {
+        lo
+    } else {
+        x
+    }
+}
+
+/// `2^k` for `-126 <= k <= 127`, from the exponent bits.
+#[inline(always)]
+fn pow2i(k: i32) -> f32 {
+    f32::from_bits((k.wrapping_add(127) as u32).wrapping_shl(23))
+}
+
+/// `e^x` in `f32`, within 1 ulp (Cephes `expf` method, branch-free).
+#[inline(always)]
+pub fn exp_f32(x: f32) -> f32 {
+    let x = clamp_nan(x, EXP_LO, EXP_HI);
+    // n = round(x log2 e), |n| <= 150: the magic sum's low bits are n.
+    let big = x * LOG2E + ROUND_MAGIC;
+    let n = big - ROUND_MAGIC;
+    let ni = (big.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let z = r * r;
+    let p = ((((1.987_569_1e-4 * r + 1.398_2e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
+        + 0.5; // Cephes: 5.0000001201e-1, which is 0.5 in f32
+    let e = p * z + r + 1.0;
+    // 2^n as two factors: each is a normal number, so the only rounding
+    // past the polynomial is the last product (into subnormals or inf).
+    let n1 = ni >> 1;
+    let n2 = ni.wrapping_sub(n1);
+    e * pow2i(n1) * pow2i(n2)
+}
+
+/// Below this `|x|` tanh uses the odd polynomial.
+const TANH_POLY: f32 = 0.625;
+
+/// `tanh(x)` in `f32`, within 1.3 ulp (Cephes `tanhf` method, branch-free).
+#[inline(always)]
+pub fn tanh_f32(x: f32) -> f32 {
+    let sign = x.to_bits() & 0x8000_0000;
+    let a = f32::from_bits(x.to_bits() & 0x7fff_ffff);
+    // |x| < 0.625: x + x^3 P(x^2).
+    let z = a * a;
+    let p =
+        (((-5.704_988_7e-3 * z + 2.063_909e-2) * z - 5.373_971_6e-2) * z + 1.333_144_2e-1) * z - 3.333_328e-1;
+    let small = p * z * a + a;
+    // Otherwise 1 - 2 / (e^(2|x|) + 1): exactly 1 for large |x| (and inf).
+    let large = 1.0 - 2.0 / (exp_f32(a + a) + 1.0);
+    let t = if a < TANH_POLY { small } else { large };
+    // NaN: both candidates are NaN. The sign of x goes back on (tanh is odd).
+    f32::from_bits(t.to_bits() | sign)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every 997th finite f32 bit pattern (both signs), plus edge cases.
+    fn sweep() -> impl Iterator<Item = f32> {
+        let edges = [
+            0.0,
+            -0.0,
+            f32::MIN_POSITIVE,
+            1e-45,
+            1e-30,
+            0.5,
+            0.625,
+            0.624_999_94,
+            1.0,
+            9.0,
+            10.0,
+            44.0,
+            88.0,
+            88.72,
+            88.722_83,
+            88.722_84,
+            88.8,
+            89.0,
+            -87.33,
+            -87.34,
+            -100.0,
+            -103.9,
+            -103.97,
+            -104.0,
+            -110.0,
+            f32::MAX,
+        ];
+        let pos = (0..0x7f80_0000u32).step_by(997).map(f32::from_bits);
+        pos.chain(edges).flat_map(|v| [v, -v])
+    }
+
+    /// Error in f32 ulps of `got` against the exact-ish f64 `want`
+    /// (the ulp is that of `want` rounded to f32; at least 2^-149).
+    fn ulps(got: f32, want: f64) -> f64 {
+        if got as f64 == want {
+            return 0.0;
+        }
+        let w = want as f32;
+        if w.is_infinite() {
+            return if got == w { 0.0 } else { f64::INFINITY };
+        }
+        let e = (w.abs().max(f32::MIN_POSITIVE) as f64).log2().floor();
+        (got as f64 - want).abs() / 2f64.powf(e - 23.0)
+    }
+
+    fn max_ulps(f: fn(f32) -> f32, g: fn(f64) -> f64) -> (f64, f32) {
+        let mut worst = (0.0, 0.0);
+        for x in sweep() {
+            let (got, want) = (f(x), g(x as f64));
+            let u = ulps(got, want);
+            if u > worst.0 {
+                worst = (u, x);
+            }
+        }
+        worst
+    }
+
+    #[test]
+    fn exp_within_2_ulp() {
+        let (u, at) = max_ulps(exp_f32, f64::exp);
+        assert!(u <= 2.0, "exp: {u} ulp at {at:e}");
+    }
+
+    #[test]
+    fn tanh_within_2_ulp() {
+        let (u, at) = max_ulps(tanh_f32, f64::tanh);
+        assert!(u <= 2.0, "tanh: {u} ulp at {at:e}");
+    }
+
+    #[test]
+    fn exp_special_values() {
+        assert_eq!(exp_f32(f32::NEG_INFINITY).to_bits(), 0);
+        assert_eq!(exp_f32(f32::INFINITY), f32::INFINITY);
+        assert!(exp_f32(f32::NAN).is_nan());
+        assert_eq!(exp_f32(0.0), 1.0);
+        assert_eq!(exp_f32(-0.0), 1.0);
+        assert_eq!(exp_f32(88.722_84), f32::INFINITY);
+        assert_eq!(exp_f32(100.0), f32::INFINITY);
+        assert!(exp_f32(88.722_83).is_finite());
+        assert_eq!(exp_f32(-104.0).to_bits(), 0);
+        assert_eq!(exp_f32(-1000.0).to_bits(), 0);
+        // subnormal results, within 1 ulp (2^-149) of the reference
+        let s = exp_f32(-100.0);
+        assert!(s > 0.0 && s < f32::MIN_POSITIVE);
+        assert!(ulps(s, (-100f64).exp()) <= 1.0);
+    }
+
+    #[test]
+    fn tanh_special_values() {
+        assert_eq!(tanh_f32(0.0).to_bits(), 0.0f32.to_bits());
+        assert_eq!(tanh_f32(-0.0).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(tanh_f32(f32::INFINITY), 1.0);
+        assert_eq!(tanh_f32(f32::NEG_INFINITY), -1.0);
+        assert!(tanh_f32(f32::NAN).is_nan());
+        for x in [9.1f32, 10.0, 20.0, 44.0, 50.0, 1e10, f32::MAX] {
+            assert_eq!(tanh_f32(x), 1.0, "tanh({x})");
+            assert_eq!(tanh_f32(-x), -1.0, "tanh(-{x})");
+        }
+        assert_eq!(tanh_f32(1e-30), 1e-30);
+        assert_eq!(tanh_f32(-1e-45), -1e-45);
+    }
+}
