@@ -77,7 +77,7 @@ fn map1_f32(a: View<'_, f32>, f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
     if let Some(s) = dense(&a) {
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            let mut out = vec![0.0; s.len()];
+            let mut out = pool::vec_for_overwrite::<f32>(s.len());
             // SAFETY: the CPU supports avx2 and fma (checked just above).
             fill_chunks(&mut out, |st, c| unsafe { map1_f32_avx2(c, &s[st..], &f) });
             return out;
