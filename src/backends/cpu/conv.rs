@@ -5,7 +5,7 @@
 //! computes each window in `f64` (exact for max, one rounding for avg).
 
 use super::elementwise::{contiguous, map1, PAR_THRESHOLD};
-use super::matmul::gemm_rowmajor;
+use super::matmul::{gemm_rowmajor, GemmFloat};
 use super::storage::{cast_elem, Elem, View};
 use super::CpuBuffer;
 use crate::ir::{window_out, DType, Element, HostData, PoolKind};
@@ -41,7 +41,7 @@ pub(crate) fn conv2d(x: &CpuBuffer, w: &CpuBuffer, p: ConvParams) -> Result<Host
     })
 }
 
-fn conv_in<T: Elem, R: Elem>(x: View<'_, T>, w: View<'_, T>, p: ConvParams) -> Result<Vec<T>> {
+fn conv_in<T: Elem, R: GemmFloat>(x: View<'_, T>, w: View<'_, T>, p: ConvParams) -> Result<Vec<T>> {
     let (xd, wd) = (&x.layout.shape.0, &w.layout.shape.0);
     if xd.len() != 4 || wd.len() != 4 || p.groups == 0 {
         return Err(bad(format!("conv2d of {} and {}", x.layout.shape, w.layout.shape)));

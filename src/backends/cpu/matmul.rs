@@ -1,10 +1,13 @@
 //! Batched matrix multiplication.
 //!
-//! `f32`, `f64` and `f16` go through the `gemm` crate, which takes row and
-//! column strides, so transposed, sliced and stride-0 (expanded) operands
-//! need no copy. `bf16` is widened to `f32`, multiplied and rounded once.
-//! Integer dtypes use a row-major loop with wrapping `i64` arithmetic
-//! (equal, modulo the dtype's width, to wrapping in the dtype).
+//! `f32` and `f64` go through `matrixmultiply` (single-threaded `sgemm` /
+//! `dgemm`, parallelised here with rayon: over the batch when there are
+//! many small problems, over row blocks of A for large ones). It takes
+//! arbitrary row and column strides, so transposed, sliced and stride-0
+//! (expanded) operands need no copy. `f16` and `bf16` are widened to
+//! `f32`, multiplied and rounded once. Integer dtypes use a row-major loop
+//! with wrapping `i64` arithmetic (equal, modulo the dtype's width, to
+//! wrapping in the dtype).
 
 use super::elementwise::{map1, PAR_THRESHOLD};
 use super::layout::Layout;
@@ -12,12 +15,137 @@ use super::storage::{Elem, View};
 use super::CpuBuffer;
 use crate::ir::{DType, Element, HostData, Shape};
 use crate::{Error, Result};
-use gemm::Parallelism;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
 /// Below this many multiply-adds a single GEMM runs on one thread.
 const GEMM_PAR_WORK: usize = 64 * 64 * 64;
+
+/// A batch of problems each smaller than this many multiply-adds runs one
+/// single-threaded GEMM per batch item across rayon.
+const GEMM_BATCH_PAR_WORK: usize = GEMM_PAR_WORK * 8;
+
+/// Row blocks handed to rayon are never smaller than this.
+const GEMM_MIN_ROWS: usize = 64;
+
+/// The float types `matrixmultiply` multiplies natively.
+pub(crate) trait GemmFloat: Elem + Send + Sync {
+    /// `C = A x B` for one `m x k` by `k x n` problem, strides in elements.
+    ///
+    /// # Safety
+    /// As `matrixmultiply::sgemm`: every `a + i*rsa + j*csa` (`i < m`,
+    /// `j < k`) and `b + i*rsb + j*csb` (`i < k`, `j < n`) is a readable
+    /// element; every `c + i*rsc + j*csc` (`i < m`, `j < n`) is a writable
+    /// element, no two of them the same and none overlapping A or B.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm(
+        m: usize,
+        k: usize,
+        n: usize,
+        a: *const Self,
+        rsa: isize,
+        csa: isize,
+        b: *const Self,
+        rsb: isize,
+        csb: isize,
+        c: *mut Self,
+        rsc: isize,
+        csc: isize,
+    );
+}
+
+macro_rules! gemm_float_impl {
+    ($t:ty, $f:path) => {
+        impl GemmFloat for $t {
+            unsafe fn gemm(
+                m: usize,
+                k: usize,
+                n: usize,
+                a: *const $t,
+                rsa: isize,
+                csa: isize,
+                b: *const $t,
+                rsb: isize,
+                csb: isize,
+                c: *mut $t,
+                rsc: isize,
+                csc: isize,
+            ) {
+                // SAFETY: the caller upholds `GemmFloat::gemm`'s contract,
+                // which is this function's (alpha = 1; beta = 0, so C is
+                // written without being read).
+                unsafe { $f(m, k, n, 1.0, a, rsa, csa, b, rsb, csb, 0.0, c, rsc, csc) }
+            }
+        }
+    };
+}
+gemm_float_impl!(f32, matrixmultiply::sgemm);
+gemm_float_impl!(f64, matrixmultiply::dgemm);
+
+/// One operand of a GEMM: storage, base offset, row and column strides.
+#[derive(Clone, Copy)]
+struct Operand<'a, T> {
+    data: &'a [T],
+    base: usize,
+    rs: usize,
+    cs: usize,
+}
+
+/// `dst` (`m x n`, row-major) = `a` (`m x k`) x `b` (`k x n`), split into
+/// row blocks across rayon when `parallel` and the problem is big enough.
+///
+/// Callers guarantee (checked by `check_fits` / lengths) that every
+/// element `base + i*rs + j*cs` of both operands, for indices inside the
+/// problem, is inside its `data`; `dst.len() == m * n`; m, k, n > 0.
+fn gemm_rows<T: GemmFloat>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Operand<'_, T>,
+    b: Operand<'_, T>,
+    dst: &mut [T],
+    parallel: bool,
+) {
+    debug_assert_eq!(dst.len(), m * n);
+    // A stride of a dimension of size 1 is never multiplied by a non-zero
+    // index; pin it to 0 so the `isize` casts below cannot wrap.
+    let st = |d: usize, s: usize| if d == 1 { 0 } else { s as isize };
+    let block = |r0: usize, c: &mut [T]| {
+        let mr = c.len() / n;
+        // SAFETY: rows r0..r0+mr of A are rows of the problem, so every
+        // element matrixmultiply reads from A is `a.base + i*rs + j*cs`
+        // with i < m, j < k, inside `a.data` by the caller's guarantee
+        // (likewise B); for a dimension longer than 1 that offset bound
+        // also keeps its stride below isize::MAX. A stride of 0 (an
+        // expanded view) is allowed: matrixmultiply only reads A and B,
+        // and its docs say their strides may be arbitrary. C is `c`, a
+        // dense mr x n block (row stride n, column stride 1) of `dst`,
+        // disjoint from the other blocks and from A and B (`&mut`).
+        unsafe {
+            T::gemm(
+                mr,
+                k,
+                n,
+                a.data.as_ptr().add(a.base + r0 * a.rs),
+                st(m, a.rs),
+                st(k, a.cs),
+                b.data.as_ptr().add(b.base),
+                st(k, b.rs),
+                st(n, b.cs),
+                c.as_mut_ptr(),
+                n as isize,
+                1,
+            )
+        }
+    };
+    let threads = rayon::current_num_threads();
+    if parallel && threads > 1 && m * n * k >= GEMM_PAR_WORK && m >= 2 * GEMM_MIN_ROWS {
+        let rows = m.div_ceil(threads).max(GEMM_MIN_ROWS);
+        dst.par_chunks_mut(rows * n).enumerate().for_each(|(i, c)| block(i * rows, c));
+    } else {
+        block(0, dst);
+    }
+}
 
 /// The problem: batch offsets of each operand plus m, k, n and strides.
 struct Problem {
@@ -58,14 +186,6 @@ impl Problem {
     }
 }
 
-/// `gemm` panics on element types it does not know; refuse them here.
-fn gemm_dtype<T: Elem>() -> Result<()> {
-    match T::DTYPE {
-        DType::F32 | DType::F64 | DType::F16 => Ok(()),
-        d => Err(Error::Backend(format!("cpu: gemm does not take {d}"))),
-    }
-}
-
 fn check_fits<T>(v: &View<'_, T>) -> Result<()> {
     if v.layout.extent() > v.data.len() {
         return Err(Error::Backend(format!(
@@ -77,9 +197,8 @@ fn check_fits<T>(v: &View<'_, T>) -> Result<()> {
     Ok(())
 }
 
-/// `C = A x B` through `gemm` (`T` must be f32, f64 or f16).
-fn gemm_float<T: Elem>(a: View<'_, T>, b: View<'_, T>) -> Result<Vec<T>> {
-    gemm_dtype::<T>()?;
+/// `C = A x B` through `matrixmultiply` (`T` is f32 or f64).
+fn gemm_float<T: GemmFloat>(a: View<'_, T>, b: View<'_, T>) -> Result<Vec<T>> {
     check_fits(&a)?;
     check_fits(&b)?;
     let p = Problem::new(a.layout, b.layout)?;
@@ -89,44 +208,19 @@ fn gemm_float<T: Elem>(a: View<'_, T>, b: View<'_, T>) -> Result<Vec<T>> {
     if m == 0 || n == 0 || k == 0 || nb == 0 {
         return Ok(out);
     }
-    let (zero, one) = (T::from_f64(0.0), T::from_f64(1.0));
-    let one_gemm = |i: usize, dst: &mut [T], par: Parallelism| {
-        // SAFETY: `dst` holds m*n elements written with row stride n and
-        // column stride 1. Every element gemm reads from A is at
-        // a_base[i] + r*a_rs + c*a_cs with r < m, c < k, which is an offset
-        // of A's layout, and check_fits proved every such offset is inside
-        // `a.data` (likewise for B). T is f32, f64 or f16 (the callers).
-        unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                dst.as_mut_ptr(),
-                1,
-                n as isize,
-                false,
-                a.data.as_ptr().add(p.a_base[i]),
-                p.a_cs as isize,
-                p.a_rs as isize,
-                b.data.as_ptr().add(p.b_base[i]),
-                p.b_cs as isize,
-                p.b_rs as isize,
-                zero,
-                one,
-                false,
-                false,
-                false,
-                par,
-            )
-        }
-    };
-    let work = m * n * k;
-    if nb > 1 && work < GEMM_PAR_WORK * 8 {
-        out.par_chunks_mut(m * n).enumerate().for_each(|(i, dst)| one_gemm(i, dst, Parallelism::None));
+    // check_fits proved every offset of each layout, so every element of
+    // every batch item's problem, is inside its storage (gemm_rows' contract).
+    let opa = |i: usize| Operand { data: a.data, base: p.a_base[i], rs: p.a_rs, cs: p.a_cs };
+    let opb = |i: usize| Operand { data: b.data, base: p.b_base[i], rs: p.b_rs, cs: p.b_cs };
+    if nb > 1 && m * n * k < GEMM_BATCH_PAR_WORK {
+        // many small problems: one single-threaded GEMM per batch item
+        out.par_chunks_mut(m * n)
+            .enumerate()
+            .for_each(|(i, dst)| gemm_rows(m, k, n, opa(i), opb(i), dst, false));
     } else {
-        let par = if work >= GEMM_PAR_WORK { Parallelism::Rayon(0) } else { Parallelism::None };
+        // few large problems: each split into row blocks across rayon
         for (i, dst) in out.chunks_mut(m * n).enumerate() {
-            one_gemm(i, dst, par);
+            gemm_rows(m, k, n, opa(i), opb(i), dst, true);
         }
     }
     Ok(out)
@@ -167,18 +261,31 @@ fn matmul_int<T: Elem>(a: View<'_, T>, b: View<'_, T>) -> Result<Vec<T>> {
     Ok(out)
 }
 
+/// `C = A x B` in `f32` for a half-precision dtype: both operands widened
+/// (into contiguous copies), multiplied, left for the caller to round once.
+fn widened<T: Elem>(
+    a: &CpuBuffer,
+    b: &CpuBuffer,
+    va: View<'_, T>,
+    vb: View<'_, T>,
+    to_f32: fn(T) -> f32,
+) -> Result<Vec<f32>> {
+    let (la, lb) = (Layout::contiguous(a.shape().clone()), Layout::contiguous(b.shape().clone()));
+    let (wa, wb) = (map1(va, to_f32), map1(vb, to_f32));
+    gemm_float(View { data: &wa, layout: &la }, View { data: &wb, layout: &lb })
+}
+
 /// `[.., m, k] x [.., k, n]` with equal batch dims, any strides.
 pub(crate) fn matmul(a: &CpuBuffer, b: &CpuBuffer) -> Result<HostData> {
     Ok(match a.dtype() {
         DType::F32 => f32::into_host(gemm_float(a.view::<f32>()?, b.view::<f32>()?)?),
         DType::F64 => f64::into_host(gemm_float(a.view::<f64>()?, b.view::<f64>()?)?),
-        DType::F16 => f16::into_host(gemm_float(a.view::<f16>()?, b.view::<f16>()?)?),
+        DType::F16 => {
+            let c = widened(a, b, a.view::<f16>()?, b.view::<f16>()?, f16::to_f32)?;
+            HostData::F16(c.into_iter().map(f16::from_f32).collect())
+        }
         DType::BF16 => {
-            let (va, vb) = (a.view::<bf16>()?, b.view::<bf16>()?);
-            let (la, lb) = (Layout::contiguous(a.shape().clone()), Layout::contiguous(b.shape().clone()));
-            let wa = map1(va, bf16::to_f32);
-            let wb = map1(vb, bf16::to_f32);
-            let c = gemm_float(View { data: &wa, layout: &la }, View { data: &wb, layout: &lb })?;
+            let c = widened(a, b, a.view::<bf16>()?, b.view::<bf16>()?, bf16::to_f32)?;
             HostData::BF16(c.into_iter().map(bf16::from_f32).collect())
         }
         DType::U8 => u8::into_host(matmul_int(a.view::<u8>()?, b.view::<u8>()?)?),
@@ -189,7 +296,7 @@ pub(crate) fn matmul(a: &CpuBuffer, b: &CpuBuffer) -> Result<HostData> {
 }
 
 /// A plain `C = A x B` on row-major `f32`/`f64` slices, for conv's GEMMs.
-pub(crate) fn gemm_rowmajor<T: Elem>(
+pub(crate) fn gemm_rowmajor<T: GemmFloat>(
     m: usize,
     k: usize,
     n: usize,
@@ -198,35 +305,15 @@ pub(crate) fn gemm_rowmajor<T: Elem>(
     dst: &mut [T],
     parallel: bool,
 ) -> Result<()> {
-    gemm_dtype::<T>()?;
-    if m == 0 || n == 0 || k == 0 || a.len() < m * k || b.len() < k * n || dst.len() < m * n {
+    if m == 0 || n == 0 || k == 0 {
         return Ok(());
     }
-    let par = if parallel && m * n * k >= GEMM_PAR_WORK { Parallelism::Rayon(0) } else { Parallelism::None };
-    // SAFETY: the lengths were checked above for dense row-major operands;
-    // callers pass T = f32 or f64.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            a.as_ptr(),
-            1,
-            k as isize,
-            b.as_ptr(),
-            1,
-            n as isize,
-            T::from_f64(0.0),
-            T::from_f64(1.0),
-            false,
-            false,
-            false,
-            par,
-        )
+    if a.len() < m * k || b.len() < k * n || dst.len() < m * n {
+        return Err(Error::Backend(format!("cpu: gemm operands too short for {m}x{k}x{n}")));
     }
+    // The lengths were checked just above for dense row-major operands.
+    let a = Operand { data: a, base: 0, rs: k, cs: 1 };
+    let b = Operand { data: b, base: 0, rs: n, cs: 1 };
+    gemm_rows(m, k, n, a, b, &mut dst[..m * n], parallel);
     Ok(())
 }
