@@ -1,5 +1,5 @@
 //! The CPU backend: strided buffers over shared typed storage, kernels
-//! parallelized with rayon, matmul and conv through the `gemm` crate.
+//! parallelized with rayon, matmul and conv through matrixmultiply on rayon row blocks.
 //!
 //! A [`CpuBuffer`] is an `Arc` of typed storage plus a [`Layout`] (shape,
 //! strides, offset), so view ops (reshape where strides allow, permute,
