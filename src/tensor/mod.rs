@@ -172,11 +172,15 @@ impl Tensor {
     /// read another type.
     #[track_caller]
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
-        let location = Location::caller();
+        self.read("to_vec", Location::caller())
+    }
+
+    /// Realizes and downloads; `op` names the user's call in errors.
+    fn read<T: Element>(&self, op: &'static str, location: Location) -> Result<Vec<T>> {
         let node = self.node()?;
         if T::DTYPE != node.dtype {
             return Err(Error::DType {
-                op: "to_vec",
+                op,
                 message: format!(
                     "the tensor holds {} but {} was asked for; read it as its own type or .cast(DType::{:?}) first",
                     node.dtype,
@@ -202,7 +206,7 @@ impl Tensor {
                 location,
             });
         }
-        let v = self.to_vec::<T>()?;
+        let v = self.read::<T>("item", location)?;
         v.into_iter().next().ok_or_else(|| Error::Backend("no element came back".into()))
     }
 

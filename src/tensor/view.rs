@@ -80,7 +80,24 @@ impl Tensor {
     /// `len` elements of dimension `dim` from `start` (PyTorch `narrow`).
     #[track_caller]
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Tensor {
-        Tensor::record(&[self], Op::Slice { dim, start, step: 1, len }, None, Location::caller())
+        let location = Location::caller();
+        match self.shape().get(dim) {
+            _ if self.error().is_some() => self.clone(),
+            None => self.fail_shape(
+                "narrow",
+                format!("dim {dim} is out of range for rank {}", self.rank()),
+                location,
+            ),
+            Some(&size) if start.checked_add(len).is_none_or(|end| end > size) => self.fail_shape(
+                "narrow",
+                format!(
+                    "{len} element(s) from {start} run past the end of dim {dim} (size {size}) of {}",
+                    self.shape_ir()
+                ),
+                location,
+            ),
+            Some(_) => Tensor::record(&[self], Op::Slice { dim, start, step: 1, len }, None, location),
+        }
     }
 
     /// Elements `start..end` of dimension `dim`, every `step`-th
