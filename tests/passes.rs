@@ -9,7 +9,7 @@ use kiln::backends::cpu::CpuBackend;
 use kiln::backends::{Backend, Buffer, RngArgs};
 use kiln::ir::text::{parse_test_file, print};
 use kiln::ir::{verify, DType, Graph, HostData, Op, Plan, Shape};
-use kiln::passes::{optimize, pass_names, run_single, PipelineConfig};
+use kiln::passes::{optimize, pass_names, run_single, PassOptions, PipelineConfig};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -49,8 +49,10 @@ fn check_case(pass: &str, path: &Path) -> String {
     assert_eq!(case.pass, pass, "{}: the header names another pass than its directory", path.display());
     verify(&case.graph).unwrap_or_else(|e| panic!("{}: input does not verify: {e}", path.display()));
     let before = print(&case.graph);
-    let after_graph =
-        run_single(pass, case.graph.clone()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let options =
+        PassOptions::from_settings(&case.settings).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let after_graph = run_single(pass, case.graph.clone(), options)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let after = print(&after_graph);
     check_same_values(path, &case.graph, &after_graph);
 
@@ -192,7 +194,7 @@ fn unknown_pass_in_config_lists_the_valid_names() {
     settings().bind(|| insta::assert_snapshot!("config-unknown-pass", err.to_string()));
     let err = PipelineConfig::new(Some("cse"), None).unwrap_err();
     settings().bind(|| insta::assert_snapshot!("config-unsigned-toggle", err.to_string()));
-    let err = kiln::passes::run_single("bogus", Graph::new()).unwrap_err();
+    let err = kiln::passes::run_single("bogus", Graph::new(), PassOptions::default()).unwrap_err();
     settings().bind(|| insta::assert_snapshot!("run-single-unknown-pass", err.to_string()));
 }
 

@@ -50,6 +50,8 @@ pub(crate) struct State {
     /// draws different numbers and a rerun of a program draws the same ones.
     next_stream: u64,
     pub(crate) seed: u64,
+    /// What the passes may do (fast math, streams); part of the cache key.
+    pub(crate) options: crate::passes::PassOptions,
     /// The region new nodes go into.
     pub(crate) region: RegionId,
     pub(crate) cache: PlanCache,
@@ -91,6 +93,7 @@ impl Context {
             next_buffer: 0,
             next_stream: 0,
             seed: 0,
+            options: crate::passes::PassOptions::default(),
             region: RegionId::ROOT,
             cache: PlanCache::default(),
             compiles: 0,
@@ -106,6 +109,31 @@ impl Context {
     /// twice with one seed draws the same numbers, on every backend.
     pub fn with_seed(self, seed: u64) -> Context {
         self.state().seed = seed;
+        self
+    }
+
+    /// Allows float rewrites that are exact only in real arithmetic
+    /// (reassociation, multiplying by the reciprocal of any constant). Off
+    /// by default: without it the optimizer only makes rewrites that give
+    /// bit-identical results (NaN, infinities and -0.0 included).
+    ///
+    /// ```
+    /// use kiln::prelude::*;
+    /// let ctx = Context::cpu().with_fast_math(true);
+    /// let x = ctx.arange(0.0f32, 4.0, 1.0);
+    /// assert_eq!((x / 4.0).to_vec::<f32>()?, vec![0.0, 0.25, 0.5, 0.75]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn with_fast_math(self, on: bool) -> Context {
+        self.state().options.fast_math = on;
+        self
+    }
+
+    /// How many streams the planner may spread independent work over
+    /// (values below 1 mean 1). The CPU backend runs streams as concurrent
+    /// threads; one stream, the default, suits most CPU-sized graphs.
+    pub fn with_streams(self, streams: u32) -> Context {
+        self.state().options.streams = streams.max(1);
         self
     }
 

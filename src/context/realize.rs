@@ -90,7 +90,7 @@ impl Context {
             return Ok(ready);
         }
         let extracted = extract(&state.graph, targets);
-        let key = ir::text::print(&extracted.graph);
+        let key = format!(";; {}\n{}", state.options, ir::text::print(&extracted.graph));
         let executable = match state.cache.plans.get(&key) {
             Some(exe) => {
                 state.cache_hits += 1;
@@ -98,8 +98,9 @@ impl Context {
             }
             None => {
                 let _span = tracing::debug_span!("compile", nodes = extracted.graph.len()).entered();
-                let config = self.inner.config.as_ref().map_err(Clone::clone)?;
-                let optimized = passes::optimize(extracted.graph, config)?;
+                let mut config = self.inner.config.clone()?;
+                config.options = state.options;
+                let optimized = passes::optimize(extracted.graph, &config)?;
                 let exe = self.inner.backend.compile(Arc::new(Plan::new(optimized)))?;
                 state.compiles += 1;
                 state.cache.plans.insert(key, exe.clone());
@@ -130,9 +131,13 @@ impl Context {
 
     fn optimized_graph_at(&self, tensors: &[&crate::Tensor], location: Location) -> Result<Graph> {
         let targets = tensors.iter().map(|t| t.node_in(self, location)).collect::<Result<Vec<_>>>()?;
-        let extracted = extract(&self.state().graph, &targets);
-        let config = self.inner.config.as_ref().map_err(Clone::clone)?;
-        passes::optimize(extracted.graph, config)
+        let (extracted, options) = {
+            let state = self.state();
+            (extract(&state.graph, &targets), state.options)
+        };
+        let mut config = self.inner.config.clone()?;
+        config.options = options;
+        passes::optimize(extracted.graph, &config)
     }
 
     /// The optimized text IR of the graph that computes `tensors`: one line

@@ -96,10 +96,65 @@ impl fmt::Display for PassStats {
     }
 }
 
-/// What a pass may use besides the graph: its stats and scratch space that
-/// the driver reuses between passes.
+/// Settings that change what passes may do. They are part of a compiled
+/// plan's identity: a context keys its plan cache on them too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PassOptions {
+    /// Allow rewrites that are exact in real arithmetic but not in floating
+    /// point (reassociation, `x * (1/c)` for any `c`). Off by default, as in
+    /// every compiler worth trusting; `Context::with_fast_math` turns it on.
+    pub fast_math: bool,
+    /// How many streams the streams pass may spread independent work over
+    /// (at least 1). With 1 there are no events.
+    pub streams: u32,
+}
+
+impl Default for PassOptions {
+    /// Exact math, one stream.
+    fn default() -> PassOptions {
+        PassOptions { fast_math: false, streams: 1 }
+    }
+}
+
+impl fmt::Display for PassOptions {
+    /// The text a test header or a cache key uses: `fast-math streams=2`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.fast_math {
+            write!(f, "fast-math ")?;
+        }
+        write!(f, "streams={}", self.streams)
+    }
+}
+
+impl PassOptions {
+    /// Options from a pass test header's settings (`fast-math`,
+    /// `streams=N`); anything else is [`Error::Config`].
+    pub fn from_settings<S: AsRef<str>>(settings: &[S]) -> Result<PassOptions> {
+        let mut options = PassOptions::default();
+        for setting in settings {
+            let setting = setting.as_ref();
+            if setting == "fast-math" {
+                options.fast_math = true;
+            } else if let Some(n) = setting.strip_prefix("streams=") {
+                options.streams = n.parse().ok().filter(|&n| n >= 1).ok_or_else(|| {
+                    Error::Config(format!("`{setting}`: streams must be a whole number of at least 1"))
+                })?;
+            } else {
+                return Err(Error::Config(format!(
+                    "unknown pass setting `{setting}`; settings are `fast-math` and `streams=N`"
+                )));
+            }
+        }
+        Ok(options)
+    }
+}
+
+/// What a pass may use besides the graph: the options, its stats and
+/// scratch space that the driver reuses between passes.
 #[derive(Clone, Debug, Default)]
 pub struct PassCtx {
+    /// What the passes may do (fast math, stream count).
+    pub options: PassOptions,
     /// This run's stats; the driver fills the node counts, the pass counts
     /// its rewrites with [`PassCtx::rewrite`].
     pub stats: PassStats,
@@ -186,12 +241,14 @@ pub struct PipelineConfig {
     enabled: Vec<bool>,
     /// Where to write the IR after each pass, if anywhere.
     dump: Option<PathBuf>,
+    /// What the passes may do.
+    pub options: PassOptions,
 }
 
 impl Default for PipelineConfig {
     /// Every pass on, no dumps.
     fn default() -> PipelineConfig {
-        PipelineConfig { enabled: vec![true; REGISTRY.len()], dump: None }
+        PipelineConfig { enabled: vec![true; REGISTRY.len()], dump: None, options: PassOptions::default() }
     }
 }
 
@@ -315,7 +372,7 @@ pub fn optimize(graph: Graph, config: &PipelineConfig) -> Result<Graph> {
         }
         None => None,
     };
-    let mut cx = PassCtx::default();
+    let mut cx = PassCtx { options: config.options, ..PassCtx::default() };
     for (step, pass) in PIPELINE.iter().enumerate() {
         if !config.is_enabled(pass.name()) {
             continue;
@@ -330,13 +387,14 @@ pub fn optimize(graph: Graph, config: &PipelineConfig) -> Result<Graph> {
     Ok(graph)
 }
 
-/// Runs the one named pass, verifying its input and result in every build:
-/// what the pass snapshot tests call. An unknown name is [`Error::Config`].
-pub fn run_single(name: &str, graph: Graph) -> Result<Graph> {
+/// Runs the one named pass with the given options, verifying its input and
+/// result in every build: what the pass snapshot tests call. An unknown
+/// name is [`Error::Config`].
+pub fn run_single(name: &str, graph: Graph, options: PassOptions) -> Result<Graph> {
     let info = lookup(name)?;
     let mut graph = graph;
     check_input(&graph)?;
-    run_pass(info.pass, &mut graph, &mut PassCtx::default(), true)?;
+    run_pass(info.pass, &mut graph, &mut PassCtx { options, ..PassCtx::default() }, true)?;
     Ok(graph)
 }
 
@@ -423,7 +481,7 @@ mod tests {
             err,
             Error::Verify("pipeline input: output 0 is %0, which is not a node of the graph".into())
         );
-        assert!(matches!(run_single("dce", g), Err(Error::Verify(_))));
+        assert!(matches!(run_single("dce", g, PassOptions::default()), Err(Error::Verify(_))));
     }
 
     #[test]
