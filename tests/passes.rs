@@ -51,8 +51,8 @@ fn check_case(pass: &str, path: &Path) -> String {
     let before = print(&case.graph);
     let options =
         PassOptions::from_settings(&case.settings).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let after_graph = run_single(pass, case.graph.clone(), options)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let after_graph =
+        run_single(pass, case.graph.clone(), options).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let after = print(&after_graph);
     check_same_values(path, &case.graph, &after_graph);
 

@@ -1,6 +1,6 @@
 //! The graph: nodes with ordered operands, regions, outputs and a phase.
 
-use super::{infer, DType, Op, Shape};
+use super::{infer, DType, Op, PlanTables, Shape};
 use petgraph::stable_graph::{NodeIndex, StableGraph};
 use petgraph::visit::EdgeRef;
 use petgraph::Direction;
@@ -58,6 +58,12 @@ pub enum Phase {
     /// After the canonicalizing passes (view folding, constant folding,
     /// CSE, DCE).
     Canonical,
+    /// After fusion: elementwise work sits in `fused` nodes.
+    Fused,
+    /// With a schedule (an execution order).
+    Scheduled,
+    /// With stream and memory plans: ready for a backend.
+    Planned,
 }
 
 /// One node: what it computes and the type of its result.
@@ -81,6 +87,8 @@ pub struct Graph {
     regions: Vec<Region>,
     outputs: Vec<NodeId>,
     phase: Phase,
+    /// Derived facts (schedule, streams, memory); cleared on every edit.
+    tables: PlanTables,
 }
 
 impl Default for Graph {
@@ -97,6 +105,7 @@ impl Graph {
             regions: vec![Region { name: String::new(), parent: None }],
             outputs: Vec::new(),
             phase: Phase::Recorded,
+            tables: PlanTables::default(),
         }
     }
 
@@ -127,6 +136,7 @@ impl Graph {
     /// Adds a node as given, without checks (the parser and passes use this
     /// and rely on [`super::verify`]).
     pub fn add_unchecked(&mut self, node: Node, operands: &[NodeId]) -> NodeId {
+        self.invalidate();
         let id = NodeId::from_ix(self.g.add_node(node));
         for (slot, &o) in operands.iter().enumerate() {
             self.g.add_edge(o.ix(), id.ix(), slot as u32);
@@ -142,6 +152,7 @@ impl Graph {
             regions: self.regions.clone(),
             outputs: Vec::new(),
             phase: self.phase,
+            tables: PlanTables::default(),
         }
     }
 
@@ -157,6 +168,7 @@ impl Graph {
 
     /// The node, mutably (changing the type is on the caller).
     pub fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        self.invalidate();
         &mut self.g[id.ix()]
     }
 
@@ -182,6 +194,7 @@ impl Graph {
 
     /// Replaces the operands of `id` (keeps the op; re-verify afterwards).
     pub fn set_operands(&mut self, id: NodeId, operands: &[NodeId]) {
+        self.invalidate();
         let old: Vec<_> = self.g.edges_directed(id.ix(), Direction::Incoming).map(|e| e.id()).collect();
         for e in old {
             self.g.remove_edge(e);
@@ -196,6 +209,7 @@ impl Graph {
         if old == new {
             return;
         }
+        self.invalidate();
         let uses: Vec<_> = self
             .g
             .edges_directed(old.ix(), Direction::Outgoing)
@@ -214,6 +228,7 @@ impl Graph {
 
     /// Removes a node and its edges.
     pub fn remove(&mut self, id: NodeId) {
+        self.invalidate();
         self.g.remove_node(id.ix());
         self.outputs.retain(|&o| o != id);
     }
@@ -240,7 +255,33 @@ impl Graph {
 
     /// Sets the outputs.
     pub fn set_outputs(&mut self, outputs: Vec<NodeId>) {
+        self.invalidate();
         self.outputs = outputs;
+    }
+
+    /// The derived tables (schedule, streams, memory) of this exact graph.
+    pub fn tables(&self) -> &PlanTables {
+        &self.tables
+    }
+
+    /// The tables, to fill; a planning pass sets its own table and keeps
+    /// the ones it does not invalidate. Editing the graph clears them all.
+    pub fn tables_mut(&mut self) -> &mut PlanTables {
+        &mut self.tables
+    }
+
+    /// The schedule if there is one, else the topological order.
+    pub fn schedule_or_topo(&self) -> Vec<NodeId> {
+        match &self.tables.schedule {
+            Some(s) => s.clone(),
+            None => self.topo_order(),
+        }
+    }
+
+    fn invalidate(&mut self) {
+        if !self.tables.is_empty() {
+            self.tables = PlanTables::default();
+        }
     }
 
     /// The phase.
@@ -339,15 +380,20 @@ impl Graph {
 
     /// A copy holding only the nodes the outputs need, renumbered densely
     /// in [`Graph::topo_order`]. Printing and hashing work on this form.
+    ///
+    /// A graph with a valid schedule is renumbered in schedule order
+    /// instead, and keeps its tables (renamed to the new ids).
     pub fn compacted(&self) -> Graph {
         let mut out = self.empty_like();
         let mut map = HashMap::new();
-        for id in self.topo_order() {
+        let (order, _) = super::text::numbering(self);
+        for id in order {
             let operands: Vec<NodeId> = self.operands(id).iter().map(|o| map[o]).collect();
             let new = out.add_unchecked(self.node(id).clone(), &operands);
             map.insert(id, new);
         }
         out.outputs = self.outputs.iter().map(|o| map[o]).collect();
+        out.tables = self.tables.remap(&map);
         out
     }
 }

@@ -263,6 +263,20 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
             out.0[*dim] = total;
             (out, d)
         }
+        Op::Fused(body) => {
+            let g = body.graph();
+            for (k, (&input, &(s, d))) in body.input_nodes().iter().zip(operands).enumerate() {
+                let n = g.node(input);
+                if n.shape != *s || n.dtype != d {
+                    return Err(format!(
+                        "operand {k} is {d}{s} but the body's input {k} is {}{}",
+                        n.dtype, n.shape
+                    ));
+                }
+            }
+            let out = g.node(body.output());
+            (out.shape.clone(), out.dtype)
+        }
     };
     Ok(Some(out))
 }

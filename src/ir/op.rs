@@ -5,7 +5,8 @@
 //! `Expand`, so backends and passes never re-derive broadcast rules. The
 //! user API inserts those expands.
 
-use super::{DType, Scalar, Shape};
+use super::{DType, FusedBody, Scalar, Shape};
+use std::sync::Arc;
 
 /// Identifies a realized buffer owned by a `Context`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -200,6 +201,9 @@ pub enum Op {
         /// The joined dimension.
         dim: usize,
     },
+    /// A body of ops run as one kernel (see [`super::fused`]); operand `k`
+    /// is the body's `input k`.
+    Fused(Arc<FusedBody>),
 }
 
 impl Op {
@@ -229,6 +233,7 @@ impl Op {
             Op::Gather { .. } => "gather",
             Op::IndexSelect { .. } => "index_select",
             Op::Cat { .. } => "cat",
+            Op::Fused(_) => "fused",
         }
     }
 
@@ -267,6 +272,7 @@ impl Op {
             | Op::Gather { .. }
             | Op::IndexSelect { .. } => 2,
             Op::Where => 3,
+            Op::Fused(body) => body.inputs(),
             Op::Cat { .. } => return None,
         })
     }

@@ -1,14 +1,46 @@
-//! A plan: what the passes hand a backend.
+//! A plan: what the passes hand a backend, and the side tables that the
+//! planning passes attach to a graph (schedule, streams, memory).
+//!
+//! The tables are derived facts, so they live beside the graph, not in its
+//! nodes, and any edit of the graph drops them ([`Graph`] clears its
+//! [`PlanTables`] on every mutation): a table can never describe a graph
+//! that has since changed.
+//!
+//! # Streams and events
+//!
+//! Each scheduled node runs on one stream; a stream runs its nodes in
+//! schedule order. An [`Event`] is recorded on its node's stream right
+//! after that node, and each waiter (a node on another stream) waits for it
+//! before it starts. Node `a` *happens before* node `b` when they share a
+//! stream and `a` comes first, or a chain of such steps and events leads
+//! from `a` to `b`. A valid stream plan orders every operand before its
+//! user this way, and records every event on a node scheduled before each
+//! of its waiters (so a backend that issues work in schedule order never
+//! waits on an event nobody has recorded yet).
+//!
+//! # Memory
+//!
+//! Every value of the schedule has a [`Placement`]. Arena values own
+//! `bytes` bytes at `offset` of one arena allocation per plan; a value
+//! lives from its step to the step of its last reader (readers of views of
+//! it included). Two arena values may share bytes only when every read of
+//! the first happens before the second is written, or when the second is
+//! computed in place of the first by an elementwise kernel that reads each
+//! element before writing it.
 
 use super::{Graph, NodeId, Op};
+use std::collections::BTreeMap;
+use std::fmt;
 
 /// An optimized graph and the order to run it in. Backends compile and run
 /// plans; they never change them.
 #[derive(Clone, Debug)]
 pub struct Plan {
-    /// The optimized graph (its outputs are the plan's results).
+    /// The optimized graph (its outputs are the plan's results); its
+    /// [`PlanTables`] hold the stream and memory plans when planned.
     pub graph: Graph,
-    /// Every node the outputs need, operands before users.
+    /// Every node the outputs need, operands before users: the graph's
+    /// schedule when it has one, else its topological order.
     pub order: Vec<NodeId>,
     /// How many input slots the plan binds per run (`Op::Input(k)`, `k < inputs`).
     pub inputs: usize,
@@ -17,9 +49,12 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// A plan that runs `graph` in its topological order.
+    /// A plan that runs `graph` in its schedule (or topological order).
     pub fn new(graph: Graph) -> Plan {
-        let order = graph.topo_order();
+        let order = match graph.tables().schedule.as_ref() {
+            Some(schedule) => schedule.clone(),
+            None => graph.topo_order(),
+        };
         let mut inputs = 0;
         let mut random_streams = 0;
         for &id in &order {
@@ -31,4 +66,152 @@ impl Plan {
         }
         Plan { graph, order, inputs, random_streams }
     }
+}
+
+/// Identifies a stream of a [`StreamPlan`] (`0..count`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId(pub u32);
+
+/// Identifies an event of a [`StreamPlan`] (its index in `events`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EventId(pub u32);
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "s{}", self.0)
+    }
+}
+
+impl fmt::Display for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "e{}", self.0)
+    }
+}
+
+/// Derived facts about a graph, filled by the planning passes and dropped
+/// by any edit of the graph.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlanTables {
+    /// The execution order: every node the outputs need, operands first.
+    pub schedule: Option<Vec<NodeId>>,
+    /// Which stream runs each node and the events between streams.
+    pub streams: Option<StreamPlan>,
+    /// Where each value's bytes live.
+    pub memory: Option<MemoryPlan>,
+}
+
+impl PlanTables {
+    /// True when no table is present.
+    pub fn is_empty(&self) -> bool {
+        self.schedule.is_none() && self.streams.is_none() && self.memory.is_none()
+    }
+
+    /// The same tables with every node id renamed by `map` (entries of
+    /// nodes `map` does not know are dropped): compaction uses it.
+    pub fn remap(&self, map: &std::collections::HashMap<NodeId, NodeId>) -> PlanTables {
+        let m = |id: &NodeId| map.get(id).copied();
+        PlanTables {
+            schedule: self.schedule.as_ref().map(|s| s.iter().filter_map(m).collect()),
+            streams: self.streams.as_ref().map(|s| StreamPlan {
+                count: s.count,
+                stream_of: s.stream_of.iter().filter_map(|(id, st)| Some((m(id)?, *st))).collect(),
+                events: s
+                    .events
+                    .iter()
+                    .filter_map(|e| {
+                        Some(Event { after: m(&e.after)?, waiters: e.waiters.iter().filter_map(m).collect() })
+                    })
+                    .collect(),
+            }),
+            memory: self.memory.as_ref().map(|mem| MemoryPlan {
+                values: mem
+                    .values
+                    .iter()
+                    .filter_map(|(id, v)| {
+                        let placement = match &v.placement {
+                            Placement::Arena { offset, bytes, in_place_of } => Placement::Arena {
+                                offset: *offset,
+                                bytes: *bytes,
+                                in_place_of: in_place_of.as_ref().and_then(m),
+                            },
+                            Placement::Alias(of) => Placement::Alias(m(of)?),
+                            other => other.clone(),
+                        };
+                        Some((m(id)?, ValueMemory { placement, live: v.live }))
+                    })
+                    .collect(),
+                ..mem.clone()
+            }),
+        }
+    }
+}
+
+/// The stream plan (see the module docs for what it means).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamPlan {
+    /// How many streams the plan uses (ids `0..count`).
+    pub count: u32,
+    /// The stream of every scheduled node.
+    pub stream_of: BTreeMap<NodeId, StreamId>,
+    /// The events, indexed by [`EventId`].
+    pub events: Vec<Event>,
+}
+
+/// One cross-stream dependency: recorded after `after` on its stream,
+/// awaited by each waiter before it starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    /// The node after which the event is recorded.
+    pub after: NodeId,
+    /// The nodes (on other streams) that wait for it, in schedule order.
+    pub waiters: Vec<NodeId>,
+}
+
+/// The memory plan: a placement and a lifetime per scheduled value, and
+/// the totals a reader compares.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemoryPlan {
+    /// Size of the one arena allocation (bytes).
+    pub arena_bytes: u64,
+    /// The most bytes of arena values live at any one step: no layout of
+    /// these lifetimes can use less.
+    pub lower_bound: u64,
+    /// The bytes of all arena values added up: one allocation per value.
+    pub naive_bytes: u64,
+    /// Every scheduled value.
+    pub values: BTreeMap<NodeId, ValueMemory>,
+}
+
+/// Where one value lives and for which steps of the schedule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValueMemory {
+    /// Its bytes.
+    pub placement: Placement,
+    /// The schedule steps (indices into the schedule) of its definition
+    /// and of its last reader, inclusive; `last == first` when nothing in
+    /// the plan reads it.
+    pub live: (u32, u32),
+}
+
+/// Where a value's bytes are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// `bytes` bytes at `offset` in the plan's arena; `in_place_of` names
+    /// the operand whose bytes an elementwise kernel overwrites.
+    Arena {
+        /// Byte offset in the arena (aligned).
+        offset: u64,
+        /// Size in bytes.
+        bytes: u64,
+        /// The operand it overwrites in place, if any.
+        in_place_of: Option<NodeId>,
+    },
+    /// A view: the bytes of the named value, read through a layout.
+    Alias(NodeId),
+    /// Bound by the caller per run; never written.
+    Input,
+    /// Returned to the caller: its own allocation, never shared.
+    Output,
+    /// A constant (`full`): one element, not in the arena.
+    Constant,
 }

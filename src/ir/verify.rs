@@ -67,7 +67,7 @@ fn check_graph(graph: &Graph) -> Result<(), String> {
             }
         }
     }
-    Ok(())
+    super::plan_check::check_tables(graph)
 }
 
 /// `%4 (mul)`: how messages name a node.

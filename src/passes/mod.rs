@@ -34,6 +34,11 @@ pub trait Pass: Send + Sync {
     fn name(&self) -> &'static str;
     /// Transforms the graph in place and says whether anything changed.
     fn run(&self, graph: &mut Graph, cx: &mut PassCtx) -> Result<Changed>;
+    /// The phase a graph has reached once this pass ran (phases only move
+    /// forward, so a pass turned off never moves a graph back).
+    fn reaches(&self) -> Phase {
+        Phase::Canonical
+    }
 }
 
 /// Whether a pass changed the graph; a driver can skip re-verification or
@@ -378,6 +383,7 @@ pub fn optimize(graph: Graph, config: &PipelineConfig) -> Result<Graph> {
             continue;
         }
         let stats = run_pass(*pass, &mut graph, &mut cx, verify)?;
+        graph.advance_phase(pass.reaches());
         if let Some(dir) = &dump_dir {
             let file = dir.join(format!("{:02}-{}.kir", step + 1, pass.name()));
             write_dump(&file, &format!(";; {}: {stats}", pass.name()), &ir::text::print(&graph))?;
@@ -395,6 +401,7 @@ pub fn run_single(name: &str, graph: Graph, options: PassOptions) -> Result<Grap
     let mut graph = graph;
     check_input(&graph)?;
     run_pass(info.pass, &mut graph, &mut PassCtx { options, ..PassCtx::default() }, true)?;
+    graph.advance_phase(info.pass.reaches());
     Ok(graph)
 }
 

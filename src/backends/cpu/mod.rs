@@ -314,6 +314,9 @@ impl CpuExecutable {
             Op::Gather { dim } => dense(index::gather(x()?, y()?, *dim, step.id)?),
             Op::IndexSelect { dim } => dense(index::index_select(x()?, y()?, *dim, step.id)?),
             Op::Cat { dim } => dense(index::cat(args, *dim, shape)?),
+            Op::Fused(_) => {
+                Err(Error::Backend(format!("cpu: {} is fused; fused kernels come next", step.id)))
+            }
         }
     }
 }

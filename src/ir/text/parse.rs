@@ -3,11 +3,12 @@
 
 use crate::ir::verify::{check_node, type_text};
 use crate::ir::{
-    BinaryOp, BufferId, CompareOp, DType, Distribution, Graph, Node, NodeId, Op, PoolKind, ReduceOp, Scalar,
-    Shape, UnaryOp,
+    BinaryOp, BufferId, CompareOp, DType, Distribution, Event, FusedBody, Graph, MemoryPlan, Node, NodeId,
+    Op, Placement, PlanTables, PoolKind, ReduceOp, Scalar, Shape, StreamId, StreamPlan, UnaryOp, ValueMemory,
 };
 use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 /// A pass test file: a `test <pass-name> [settings]` header, the `;;`
 /// comment lines right after it, and a graph. The pass-test harness reads
@@ -87,12 +88,46 @@ struct State {
     names: HashMap<String, (NodeId, usize)>,
     /// Input slot → (type, name, line) of its first definition.
     inputs: BTreeMap<u32, (DType, Shape, String, usize)>,
+    /// Nodes in the order their lines define them (the schedule, when the
+    /// `plan` line says there is one).
+    order: Vec<NodeId>,
+    /// The `plan` line, if any.
+    plan: Option<PlanHeader>,
+    /// Each node's `!key=value` annotations, with their line.
+    annotations: Vec<(NodeId, usize, Annotations)>,
+}
+
+/// One line's `!key=value` annotations, in order (`value` empty for flags).
+type Annotations = Vec<(String, String)>;
+
+/// What a `plan schedule streams=N arena=.. lower-bound=.. naive=..` line declares.
+#[derive(Default)]
+struct PlanHeader {
+    line: usize,
+    schedule: bool,
+    streams: Option<u32>,
+    memory: Option<(u64, u64, u64)>,
 }
 
 fn parse_graph<'a>(lines: impl Iterator<Item = (usize, &'a str)>, total: usize) -> Result<Graph> {
-    let mut st = State { graph: Graph::new(), names: HashMap::new(), inputs: BTreeMap::new() };
+    let lines: Vec<(usize, &'a str)> = lines.collect();
+    parse_lines(&lines, total)
+}
+
+fn parse_lines(lines: &[(usize, &str)], total: usize) -> Result<Graph> {
+    let mut st = State {
+        graph: Graph::new(),
+        names: HashMap::new(),
+        inputs: BTreeMap::new(),
+        order: Vec::new(),
+        plan: None,
+        annotations: Vec::new(),
+    };
     let mut returned: Option<usize> = None;
-    for (n, raw) in lines {
+    let mut i = 0;
+    while i < lines.len() {
+        let (n, raw) = lines[i];
+        i += 1;
         let line = raw.trim();
         if line.is_empty() || line.starts_with(";;") {
             continue;
@@ -105,7 +140,34 @@ fn parse_graph<'a>(lines: impl Iterator<Item = (usize, &'a str)>, total: usize) 
         }
         let mut cur = Cursor { s: line, pos: 0, line: n };
         if line.starts_with('%') {
-            st.definition(&mut cur)?;
+            let body = match line.strip_suffix('{') {
+                Some(head) => {
+                    cur.s = head;
+                    let start = i;
+                    while i < lines.len() && lines[i].1.trim() != "}" {
+                        if lines[i].1.trim_end().ends_with('{') {
+                            return Err(parse_err(lines[i].0, "fused bodies do not nest"));
+                        }
+                        i += 1;
+                    }
+                    if i == lines.len() {
+                        return Err(parse_err(n, "this fused body has no closing `}` line"));
+                    }
+                    i += 1;
+                    let end_line = lines[i - 1].0;
+                    Some(parse_lines(&lines[start..i - 1], end_line)?)
+                }
+                None => None,
+            };
+            st.definition(&mut cur, body)?;
+        } else if line == "}" {
+            return Err(parse_err(n, "a `}` without a fused node to close"));
+        } else if line.split_whitespace().next() == Some("plan") {
+            if st.plan.is_some() || !st.order.is_empty() {
+                return Err(parse_err(n, "the `plan` line comes once, before the first definition"));
+            }
+            cur.word();
+            st.plan = Some(plan_header(&mut cur)?);
         } else if cur.word() == Some("return") {
             let outputs = st.operand_list(&mut cur)?;
             if !cur.at_end() {
@@ -137,7 +199,52 @@ fn parse_graph<'a>(lines: impl Iterator<Item = (usize, &'a str)>, total: usize) 
             "missing `return` line at the end (e.g. `return %3`; `return` alone for no outputs)",
         ));
     }
+    st.attach_tables()?;
     Ok(st.graph)
+}
+
+/// The words after `plan`.
+fn plan_header(cur: &mut Cursor) -> Result<PlanHeader> {
+    let mut header = PlanHeader { line: cur.line, ..PlanHeader::default() };
+    let mut memory = [None; 3];
+    while let Some(word) = cur.word() {
+        let value = |cur: &mut Cursor, what: &str| -> Result<u64> {
+            cur.expect('=', &format!("after {what}"))?;
+            let w = cur.word().ok_or_else(|| cur.err(format!("expected a number after {what}=")))?;
+            w.parse()
+                .map_err(|_| cur.err(format!("{what} must be a non-negative integer, found '{}'", clip(w))))
+        };
+        match word {
+            "schedule" => header.schedule = true,
+            "streams" => {
+                let n = value(cur, "streams")?;
+                header.streams = Some(
+                    u32::try_from(n)
+                        .ok()
+                        .filter(|&n| n >= 1)
+                        .ok_or_else(|| cur.err("streams must be at least 1"))?,
+                );
+            }
+            "arena" => memory[0] = Some(value(cur, "arena")?),
+            "lower-bound" => memory[1] = Some(value(cur, "lower-bound")?),
+            "naive" => memory[2] = Some(value(cur, "naive")?),
+            other => {
+                return Err(cur.err(format!(
+                    "unknown plan table '{}' (expected schedule, streams=N, arena=B lower-bound=B naive=B)",
+                    clip(other)
+                )))
+            }
+        }
+    }
+    if !cur.at_end() {
+        return Err(cur.err(format!("unexpected {} in the plan line", cur.found())));
+    }
+    header.memory = match memory {
+        [Some(a), Some(l), Some(n)] => Some((a, l, n)),
+        [None, None, None] => None,
+        _ => return Err(cur.err("a memory plan needs all of arena=, lower-bound= and naive=")),
+    };
+    Ok(header)
 }
 
 impl State {
@@ -166,7 +273,7 @@ impl State {
         }
     }
 
-    fn definition(&mut self, cur: &mut Cursor) -> Result<()> {
+    fn definition(&mut self, cur: &mut Cursor, body: Option<Graph>) -> Result<()> {
         let name = cur.value_name()?;
         if let Some(&(_, first)) = self.names.get(name) {
             return Err(cur.err(format!("value %{name} is defined twice (first on line {first})")));
@@ -193,6 +300,7 @@ impl State {
         })?;
         let operands = self.operand_list(cur)?;
         let mut attrs = cur.attrs(mnemonic)?;
+        let annotations = cur.annotations()?;
         let region = if cur.eat('@') {
             let path = cur.rest().trim();
             if path.is_empty() {
@@ -205,7 +313,16 @@ impl State {
         if !cur.at_end() {
             return Err(cur.err(format!("unexpected {}", cur.found())));
         }
-        let op = build_op(kind, mnemonic, &mut attrs, &shape, dtype).map_err(|m| cur.err(m))?;
+        let op = match (kind, body) {
+            (Kind::Fused, Some(body)) => fused_op(body, &mut attrs).map_err(|m| cur.err(m))?,
+            (Kind::Fused, None) => {
+                return Err(cur.err("a fused node ends its line with `{`, then its body, then a `}` line"))
+            }
+            (_, Some(_)) => {
+                return Err(cur.err(format!("{mnemonic} has no body; only fused lines end with `{{`")))
+            }
+            (kind, None) => build_op(kind, mnemonic, &mut attrs, &shape, dtype).map_err(|m| cur.err(m))?,
+        };
         attrs.finish(mnemonic).map_err(|m| cur.err(m))?;
         let types: Vec<(&Shape, DType)> = operands
             .iter()
@@ -234,6 +351,144 @@ impl State {
         };
         let id = self.graph.add_unchecked(Node { op, shape, dtype, region }, &operands);
         self.names.insert(name.to_string(), (id, cur.line));
+        self.order.push(id);
+        if !annotations.is_empty() {
+            self.annotations.push((id, cur.line, annotations));
+        }
+        Ok(())
+    }
+
+    /// Builds the planning tables the `plan` line and the `!` annotations
+    /// describe, after the graph itself is complete.
+    fn attach_tables(&mut self) -> Result<()> {
+        let Some(plan) = self.plan.take() else {
+            if let Some((_, line, _)) = self.annotations.first() {
+                return Err(parse_err(
+                    *line,
+                    "`!` annotations need a `plan` line before the first definition",
+                ));
+            }
+            return Ok(());
+        };
+        let mut tables = PlanTables::default();
+        if plan.schedule {
+            tables.schedule = Some(self.order.clone());
+        }
+        let mut streams = plan.streams.map(|count| StreamPlan { count, ..StreamPlan::default() });
+        let mut records: BTreeMap<u32, (NodeId, usize)> = BTreeMap::new();
+        let mut waits: BTreeMap<u32, Vec<NodeId>> = BTreeMap::new();
+        let mut memory = plan.memory.map(|(arena_bytes, lower_bound, naive_bytes)| MemoryPlan {
+            arena_bytes,
+            lower_bound,
+            naive_bytes,
+            values: BTreeMap::new(),
+        });
+        for (id, line, items) in std::mem::take(&mut self.annotations) {
+            let err = |m: String| parse_err(line, m);
+            let mut placement = None;
+            let mut in_place = None;
+            let mut live = None;
+            for (key, value) in &items {
+                let needs = |table: &str| err(format!("!{key} needs {table} on the `plan` line"));
+                match key.as_str() {
+                    "stream" => {
+                        let s = streams.as_mut().ok_or_else(|| needs("streams=N"))?;
+                        let k: u32 = value.parse().map_err(|_| err(format!("!stream={value}: not a stream number")))?;
+                        s.stream_of.insert(id, StreamId(k));
+                    }
+                    "record" | "wait" => {
+                        streams.as_ref().ok_or_else(|| needs("streams=N"))?;
+                        for e in value.split(',') {
+                            let k: u32 = e
+                                .strip_prefix('e')
+                                .and_then(|k| k.parse().ok())
+                                .ok_or_else(|| err(format!("!{key}: '{}' is not an event like e0", clip(e))))?;
+                            if key == "record" {
+                                if let Some((_, first)) = records.insert(k, (id, line)) {
+                                    return Err(err(format!("event e{k} is recorded twice (first on line {first})")));
+                                }
+                            } else {
+                                waits.entry(k).or_default().push(id);
+                            }
+                        }
+                    }
+                    "arena" => {
+                        memory.as_ref().ok_or_else(|| needs("arena="))?;
+                        let (o, b) = value
+                            .split_once('+')
+                            .and_then(|(o, b)| Some((o.parse().ok()?, b.parse().ok()?)))
+                            .ok_or_else(|| err(format!("!arena={value}: expected OFFSET+BYTES")))?;
+                        placement = Some(Placement::Arena { offset: o, bytes: b, in_place_of: None });
+                    }
+                    "in-place" | "alias" => {
+                        memory.as_ref().ok_or_else(|| needs("arena="))?;
+                        let name = value.strip_prefix('%').ok_or_else(|| err(format!("!{key} names a value like %3")))?;
+                        let &(target, _) = self
+                            .names
+                            .get(name)
+                            .ok_or_else(|| err(format!("!{key}: undefined value %{name}")))?;
+                        if key == "alias" {
+                            placement = Some(Placement::Alias(target));
+                        } else {
+                            in_place = Some(target);
+                        }
+                    }
+                    "input" | "output" | "const" if value.is_empty() => {
+                        memory.as_ref().ok_or_else(|| needs("arena="))?;
+                        placement = Some(match key.as_str() {
+                            "input" => Placement::Input,
+                            "output" => Placement::Output,
+                            _ => Placement::Constant,
+                        });
+                    }
+                    "live" => {
+                        let (a, b) = value
+                            .split_once("..")
+                            .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+                            .ok_or_else(|| err(format!("!live={value}: expected FIRST..LAST")))?;
+                        live = Some((a, b));
+                    }
+                    _ => {
+                        return Err(err(format!(
+                            "unknown annotation !{key} (known: stream, record, wait, arena, in-place, alias, input, output, const, live)"
+                        )))
+                    }
+                }
+            }
+            if let Some(of) = in_place {
+                match &mut placement {
+                    Some(Placement::Arena { in_place_of, .. }) => *in_place_of = Some(of),
+                    _ => return Err(err("!in-place goes with an !arena placement".into())),
+                }
+            }
+            match (placement, live, memory.as_mut()) {
+                (Some(placement), Some(live), Some(m)) => {
+                    m.values.insert(id, ValueMemory { placement, live });
+                }
+                (None, None, _) => {}
+                (Some(_), None, _) => return Err(err("a placement needs its !live=FIRST..LAST".into())),
+                _ => {
+                    return Err(err(
+                        "!live goes with a placement (!arena, !alias, !input, !output, !const)".into()
+                    ))
+                }
+            }
+        }
+        if let Some(s) = streams.as_mut() {
+            let count = records.len().max(waits.keys().last().map_or(0, |&k| k as usize + 1));
+            for k in 0..count as u32 {
+                let (after, _) = records.get(&k).copied().ok_or_else(|| {
+                    parse_err(
+                        plan.line,
+                        format!("event e{k} is waited for but never recorded (events are e0, e1, ...)"),
+                    )
+                })?;
+                s.events.push(Event { after, waiters: waits.remove(&k).unwrap_or_default() });
+            }
+        }
+        tables.streams = streams;
+        tables.memory = memory;
+        *self.graph.tables_mut() = tables;
         Ok(())
     }
 }
@@ -247,7 +502,7 @@ struct Cursor<'a> {
 
 /// Characters that end a word: whitespace and the punctuation of the format.
 fn is_word_char(c: char) -> bool {
-    !c.is_whitespace() && !"%:=,[]@".contains(c)
+    !c.is_whitespace() && !"%:=,[]@!".contains(c)
 }
 
 fn is_name_char(c: char) -> bool {
@@ -366,7 +621,7 @@ impl<'a> Cursor<'a> {
         let mut items: Vec<(&'a str, Attr<'a>)> = Vec::new();
         loop {
             match self.peek() {
-                None | Some('@') => return Ok(Attrs { items }),
+                None | Some('@') | Some('!') => return Ok(Attrs { items }),
                 Some('%') => {
                     return Err(self.err(format!("expected ',' between operands, before {}", self.found())))
                 }
@@ -391,6 +646,26 @@ impl<'a> Cursor<'a> {
             }
             items.push((key, value));
         }
+    }
+}
+
+impl<'a> Cursor<'a> {
+    /// `!key=value` or `!flag` plan annotations up to the region marker
+    /// or the end of the line; a value runs to the next space.
+    fn annotations(&mut self) -> Result<Annotations> {
+        let mut out = Vec::new();
+        while self.eat('!') {
+            let rest = &self.s[self.pos..];
+            let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+            let token = &rest[..end];
+            self.pos += end;
+            let (key, value) = token.split_once('=').unwrap_or((token, ""));
+            if key.is_empty() {
+                return Err(self.err("expected an annotation name after '!'"));
+            }
+            out.push((key.to_string(), value.to_string()));
+        }
+        Ok(out)
     }
 }
 
@@ -501,6 +776,7 @@ enum Kind {
     Gather,
     IndexSelect,
     Cat,
+    Fused,
 }
 
 const FIXED: &[(&str, Kind)] = &[
@@ -523,6 +799,7 @@ const FIXED: &[(&str, Kind)] = &[
     ("gather", Kind::Gather),
     ("index_select", Kind::IndexSelect),
     ("cat", Kind::Cat),
+    ("fused", Kind::Fused),
 ];
 
 /// Every mnemonic with its kind, in a fixed order.
@@ -575,6 +852,20 @@ fn scalar(text: &str, dtype: DType, what: &str) -> Result<Scalar, String> {
         };
         format!("{what} '{}' is not a valid {dtype} value{hint}", clip(text))
     })
+}
+
+/// A fused op from its parsed body; `kind=` must name the body's kind.
+fn fused_op(body: Graph, a: &mut Attrs) -> Result<Op, String> {
+    let body = FusedBody::new(body).map_err(|m| format!("fused body: {m}"))?;
+    let kind = a.word("kind", "fused", "fused %a, %b kind=elementwise {")?;
+    if kind != body.kind().name() {
+        return Err(format!(
+            "the body is a {} kernel, but the line says kind={}",
+            body.kind().name(),
+            clip(kind)
+        ));
+    }
+    Ok(Op::Fused(Arc::new(body)))
 }
 
 fn build_op(kind: Kind, m: &str, a: &mut Attrs, shape: &Shape, dtype: DType) -> Result<Op, String> {
@@ -648,5 +939,8 @@ fn build_op(kind: Kind, m: &str, a: &mut Attrs, shape: &Shape, dtype: DType) -> 
         Kind::Gather => Op::Gather { dim: a.usize("dim", m, "gather %x, %i dim=1")? },
         Kind::IndexSelect => Op::IndexSelect { dim: a.usize("dim", m, "index_select %x, %i dim=0")? },
         Kind::Cat => Op::Cat { dim: a.usize("dim", m, "cat %a, %b dim=0")? },
+        Kind::Fused => {
+            return Err("a fused node ends its line with `{`, then its body, then a `}` line".into())
+        }
     })
 }

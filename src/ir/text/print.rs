@@ -1,32 +1,46 @@
 //! Graph → text.
 
-use crate::ir::{Graph, NodeId, Op};
-use std::collections::HashMap;
+use crate::ir::{Graph, NodeId, Op, Placement};
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
-/// Prints the graph in the text IR: the nodes its outputs need, numbered
-/// densely in structural topological order, then `return`. Ends with a
-/// newline. Deterministic, so it can be snapshotted and diffed.
+/// Prints the graph in the text IR: a `plan` line when the graph carries
+/// planning tables, the nodes its outputs need (in schedule order when it
+/// has a schedule, else numbered densely in structural topological order),
+/// then `return`. Ends with a newline. Deterministic, so it can be
+/// snapshotted and diffed.
 ///
 /// An invalid graph still prints (for debugging a pass) and never panics:
 /// a missing output prints as `%?missing`, a node in a missing region as
 /// `@?region<id>`, and on a cycle some operand is used before its line
 /// (or prints as `%?cycle`); such text does not parse back.
 pub fn print(graph: &Graph) -> String {
+    let mut out = String::new();
+    print_into(&mut out, graph, "");
+    out
+}
+
+fn print_into(out: &mut String, graph: &Graph, indent: &str) {
     let (order, number) = numbering(graph);
     let name = |id: &NodeId, placeholder: &str| match number.get(id) {
         Some(n) => format!("%{n}"),
         None => format!("%?{placeholder}"),
     };
-    let mut out = String::new();
+    let annotations = Annotations::of(graph, &name);
+    if let Some(header) = plan_header(graph) {
+        let _ = writeln!(out, "{indent}{header}");
+    }
     for (i, &id) in order.iter().enumerate() {
         let node = graph.node(id);
         let operands: Vec<String> = graph.operands(id).iter().map(|o| name(o, "cycle")).collect();
-        let _ = write!(out, "%{i}: {}{} = {}", node.dtype, node.shape, node.op.mnemonic());
+        let _ = write!(out, "{indent}%{i}: {}{} = {}", node.dtype, node.shape, node.op.mnemonic());
         if !operands.is_empty() {
             let _ = write!(out, " {}", operands.join(", "));
         }
         out.push_str(&attrs(&node.op, node.dtype));
+        if let Some(a) = annotations.per_node.get(&id) {
+            out.push_str(a);
+        }
         if (node.region.0 as usize) < graph.regions().len() {
             let path = graph.region_name(node.region);
             if !path.is_empty() {
@@ -35,25 +49,120 @@ pub fn print(graph: &Graph) -> String {
         } else {
             let _ = write!(out, " @?region{}", node.region.0);
         }
+        if let Op::Fused(body) = &node.op {
+            out.push_str(" {\n");
+            print_into(out, body.graph(), &format!("{indent}    "));
+            let _ = write!(out, "{indent}}}");
+        }
         out.push('\n');
     }
-    out.push_str("return");
+    let _ = write!(out, "{indent}return");
     let outputs: Vec<String> = graph.outputs().iter().map(|o| name(o, "missing")).collect();
     if !outputs.is_empty() {
         let _ = write!(out, " {}", outputs.join(", "));
     }
     out.push('\n');
-    out
 }
 
-/// The nodes the outputs need in [`Graph::compacted`] order and each one's
-/// dense number. Unlike `compacted` it tolerates invalid graphs (outputs
-/// that do not exist are skipped), so printing and DOT never panic.
+/// `plan schedule streams=2 arena=.. lower-bound=.. naive=..`: which
+/// tables the graph carries, with their totals.
+fn plan_header(graph: &Graph) -> Option<String> {
+    let t = graph.tables();
+    if t.is_empty() {
+        return None;
+    }
+    let mut words = vec!["plan".to_string()];
+    if t.schedule.is_some() {
+        words.push("schedule".into());
+    }
+    if let Some(s) = &t.streams {
+        words.push(format!("streams={}", s.count));
+    }
+    if let Some(m) = &t.memory {
+        words.push(format!("arena={} lower-bound={} naive={}", m.arena_bytes, m.lower_bound, m.naive_bytes));
+    }
+    Some(words.join(" "))
+}
+
+/// The `!key=value` text of each node's plan annotations.
+struct Annotations {
+    per_node: HashMap<NodeId, String>,
+}
+
+impl Annotations {
+    fn of(graph: &Graph, name: &dyn Fn(&NodeId, &str) -> String) -> Annotations {
+        let mut per_node: HashMap<NodeId, String> = HashMap::new();
+        let t = graph.tables();
+        if let Some(streams) = &t.streams {
+            let mut records: HashMap<NodeId, Vec<String>> = HashMap::new();
+            let mut waits: HashMap<NodeId, Vec<String>> = HashMap::new();
+            for (i, e) in streams.events.iter().enumerate() {
+                records.entry(e.after).or_default().push(format!("e{i}"));
+                for w in &e.waiters {
+                    waits.entry(*w).or_default().push(format!("e{i}"));
+                }
+            }
+            for (id, s) in &streams.stream_of {
+                let text = per_node.entry(*id).or_default();
+                let _ = write!(text, " !stream={}", s.0);
+                if let Some(w) = waits.get(id) {
+                    let _ = write!(text, " !wait={}", w.join(","));
+                }
+                if let Some(r) = records.get(id) {
+                    let _ = write!(text, " !record={}", r.join(","));
+                }
+            }
+        }
+        if let Some(memory) = &t.memory {
+            for (id, v) in &memory.values {
+                let text = per_node.entry(*id).or_default();
+                match &v.placement {
+                    Placement::Arena { offset, bytes, in_place_of } => {
+                        let _ = write!(text, " !arena={offset}+{bytes}");
+                        if let Some(of) = in_place_of {
+                            let _ = write!(text, " !in-place={}", name(of, "missing"));
+                        }
+                    }
+                    Placement::Alias(of) => {
+                        let _ = write!(text, " !alias={}", name(of, "missing"));
+                    }
+                    Placement::Input => text.push_str(" !input"),
+                    Placement::Output => text.push_str(" !output"),
+                    Placement::Constant => text.push_str(" !const"),
+                }
+                let _ = write!(text, " !live={}..{}", v.live.0, v.live.1);
+            }
+        }
+        Annotations { per_node }
+    }
+}
+
+/// The nodes the outputs need, in the order they print, and each one's
+/// dense number: the schedule when the graph has a valid one, else
+/// [`Graph::compacted`] order. Unlike `compacted` it tolerates invalid
+/// graphs (outputs that do not exist are skipped), so printing and DOT
+/// never panic.
 pub(crate) fn numbering(graph: &Graph) -> (Vec<NodeId>, HashMap<NodeId, usize>) {
     let roots: Vec<NodeId> = graph.outputs().iter().copied().filter(|&o| graph.contains(o)).collect();
-    let order = graph.topo_order_from(&roots);
+    let topo = graph.topo_order_from(&roots);
+    let order = match &graph.tables().schedule {
+        Some(s) if is_schedule_of(graph, s, &topo) => s.clone(),
+        _ => topo,
+    };
     let number = order.iter().enumerate().map(|(i, &id)| (id, i)).collect();
     (order, number)
+}
+
+/// True when `schedule` lists exactly the needed nodes, operands first.
+fn is_schedule_of(graph: &Graph, schedule: &[NodeId], needed: &[NodeId]) -> bool {
+    if schedule.len() != needed.len() {
+        return false;
+    }
+    let needed: HashSet<NodeId> = needed.iter().copied().collect();
+    let mut seen = HashSet::new();
+    schedule.iter().all(|&id| {
+        needed.contains(&id) && graph.operands(id).iter().all(|o| seen.contains(o)) && seen.insert(id)
+    })
 }
 
 fn list(xs: &[usize]) -> String {
@@ -92,5 +201,6 @@ fn attrs(op: &Op, dtype: crate::ir::DType) -> String {
             format!(" kernel={} stride={} padding={}", list(kernel), list(stride), list(padding))
         }
         Op::Gather { dim } | Op::IndexSelect { dim } | Op::Cat { dim } => format!(" dim={dim}"),
+        Op::Fused(body) => format!(" kind={}", body.kind().name()),
     }
 }
