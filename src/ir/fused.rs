@@ -30,6 +30,7 @@
 //! exactly one output.
 
 use super::{Graph, NodeId, Op, ReduceOp, Shape};
+use std::collections::HashMap;
 use std::fmt;
 
 /// The body of a `fused` node. Compared by its printed text, so two fused
@@ -121,6 +122,40 @@ impl FusedBody {
         }
         slots.into_iter().flatten().collect()
     }
+}
+
+/// The graph with every fused node replaced by the ops of its body (in the
+/// fused node's region): what a fused graph means, written without fused
+/// nodes. Tests use it as the reference a fused kernel must agree with.
+pub fn inline_fused(graph: &Graph) -> Graph {
+    let mut out = graph.empty_like();
+    let mut map: HashMap<NodeId, NodeId> = HashMap::new();
+    for id in graph.topo_order() {
+        let node = graph.node(id);
+        let operands: Vec<NodeId> = graph.operands(id).iter().map(|o| map[o]).collect();
+        let new = match &node.op {
+            Op::Fused(body) => {
+                let g = body.graph();
+                let mut inner: HashMap<NodeId, NodeId> = HashMap::new();
+                for b in g.topo_order() {
+                    let bn = g.node(b);
+                    let mapped = match bn.op {
+                        Op::Input(k) => operands[k as usize],
+                        _ => {
+                            let ops: Vec<NodeId> = g.operands(b).iter().map(|o| inner[o]).collect();
+                            out.add_unchecked(super::Node { region: node.region, ..bn.clone() }, &ops)
+                        }
+                    };
+                    inner.insert(b, mapped);
+                }
+                inner[&body.output()]
+            }
+            _ => out.add_unchecked(node.clone(), &operands),
+        };
+        map.insert(id, new);
+    }
+    out.set_outputs(graph.outputs().iter().map(|o| map[o]).collect());
+    out
 }
 
 /// Whether `id` is a leaf or a view of leaves (read with strides).

@@ -165,6 +165,9 @@ pub struct PassCtx {
     pub stats: PassStats,
     /// Scratch a pass may use for work lists; cleared before each pass.
     pub scratch: Vec<crate::ir::NodeId>,
+    /// Short remarks for the dump header (e.g. why a search stopped);
+    /// cleared before each pass.
+    pub notes: Vec<String>,
 }
 
 impl PassCtx {
@@ -173,9 +176,15 @@ impl PassCtx {
         self.stats.rewrites += 1;
     }
 
+    /// Adds a remark to this pass's dump header and tracing event.
+    pub fn note(&mut self, note: impl Into<String>) {
+        self.notes.push(note.into());
+    }
+
     fn reset(&mut self) {
         self.stats = PassStats::default();
         self.scratch.clear();
+        self.notes.clear();
     }
 }
 
@@ -330,6 +339,7 @@ fn run_pass(pass: &dyn Pass, graph: &mut Graph, cx: &mut PassCtx, verify: bool) 
         held_in = stats.held_in,
         held_out = stats.held_out,
         rewrites = stats.rewrites,
+        notes = cx.notes.join("; "),
         changed = changed.is_changed(),
         "pass done"
     );
@@ -386,7 +396,12 @@ pub fn optimize(graph: Graph, config: &PipelineConfig) -> Result<Graph> {
         graph.advance_phase(pass.reaches());
         if let Some(dir) = &dump_dir {
             let file = dir.join(format!("{:02}-{}.kir", step + 1, pass.name()));
-            write_dump(&file, &format!(";; {}: {stats}", pass.name()), &ir::text::print(&graph))?;
+            let mut header = format!(";; {}: {stats}", pass.name());
+            for note in &cx.notes {
+                header.push_str("; ");
+                header.push_str(note);
+            }
+            write_dump(&file, &header, &ir::text::print(&graph))?;
         }
     }
     graph.advance_phase(Phase::Canonical);

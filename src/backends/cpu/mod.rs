@@ -137,6 +137,10 @@ impl Backend for CpuBackend {
     }
 
     fn compile(&self, plan: Arc<Plan>) -> Result<Arc<dyn Executable>> {
+        // Until fused kernels land, a fused node runs as its body's ops.
+        let has_fused = plan.order.iter().any(|&id| matches!(plan.graph.node(id).op, Op::Fused(_)));
+        let plan =
+            if has_fused { Arc::new(Plan::new(crate::ir::fused::inline_fused(&plan.graph))) } else { plan };
         Ok(Arc::new(CpuExecutable::new(plan, self.stats.clone())?))
     }
 
