@@ -31,9 +31,6 @@ pub struct Context {
 
 pub(crate) struct Inner {
     pub(crate) backend: Box<dyn Backend>,
-    /// The pass configuration read from the environment when the context
-    /// was made; a bad `KILN_PASSES` is reported by the first compile.
-    pub(crate) config: Result<PipelineConfig>,
     pub(crate) state: Mutex<State>,
 }
 
@@ -50,6 +47,10 @@ pub(crate) struct State {
     /// draws different numbers and a rerun of a program draws the same ones.
     next_stream: u64,
     pub(crate) seed: u64,
+    /// Which passes run and where dumps go: from the environment when the
+    /// context was made, or [`Context::with_passes`]; a bad toggle is
+    /// reported by the first compile. Part of the cache key.
+    pub(crate) config: Result<PipelineConfig>,
     /// What the passes may do (fast math, streams); part of the cache key.
     pub(crate) options: crate::passes::PassOptions,
     /// The region new nodes go into.
@@ -93,15 +94,14 @@ impl Context {
             next_buffer: 0,
             next_stream: 0,
             seed: 0,
+            config: PipelineConfig::from_env(),
             options: crate::passes::PassOptions::default(),
             region: RegionId::ROOT,
             cache: PlanCache::default(),
             compiles: 0,
             cache_hits: 0,
         };
-        Context {
-            inner: Arc::new(Inner { backend, config: PipelineConfig::from_env(), state: Mutex::new(state) }),
-        }
+        Context { inner: Arc::new(Inner { backend, state: Mutex::new(state) }) }
     }
 
     /// Sets the random seed. Random numbers are counter-based (Philox
@@ -126,6 +126,32 @@ impl Context {
     /// ```
     pub fn with_fast_math(self, on: bool) -> Context {
         self.state().options.fast_math = on;
+        self
+    }
+
+    /// Turns passes on or off, as `KILN_PASSES` does (`"-fusion"`,
+    /// `"-simplify,-memory"`; later toggles win, and they apply on top of
+    /// `KILN_PASSES`). An unknown pass name is reported by the next read,
+    /// with the list of valid names. Plans compiled before stay cached
+    /// under their own configuration.
+    ///
+    /// ```
+    /// use kiln::prelude::*;
+    /// let ctx = Context::cpu().with_passes("-cse");
+    /// let x = ctx.arange(0.0f32, 3.0, 1.0);
+    /// assert_eq!((x.exp() + x.exp()).to_vec::<f32>()?.len(), 3);
+    /// let bad = Context::cpu().with_passes("-no-such-pass");
+    /// assert!(bad.arange(0.0f32, 3.0, 1.0).to_vec::<f32>().is_err());
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn with_passes(self, toggles: &str) -> Context {
+        {
+            let mut state = self.state();
+            state.config = match &state.config {
+                Ok(config) => config.clone().toggled(toggles),
+                Err(e) => Err(e.clone()),
+            };
+        }
         self
     }
 

@@ -90,7 +90,12 @@ impl Context {
             return Ok(ready);
         }
         let extracted = extract(&state.graph, targets);
-        let key = format!(";; {}\n{}", state.options, ir::text::print(&extracted.graph));
+        let key = format!(
+            ";; {} passes={}\n{}",
+            state.options,
+            state.config.as_ref().map(|c| c.enabled_text()).unwrap_or_default(),
+            ir::text::print(&extracted.graph)
+        );
         let executable = match state.cache.plans.get(&key) {
             Some(exe) => {
                 state.cache_hits += 1;
@@ -98,7 +103,7 @@ impl Context {
             }
             None => {
                 let _span = tracing::debug_span!("compile", nodes = extracted.graph.len()).entered();
-                let mut config = self.inner.config.clone()?;
+                let mut config = state.config.clone()?;
                 config.options = state.options;
                 let optimized = passes::optimize(extracted.graph, &config)?;
                 let exe = self.inner.backend.compile(Arc::new(Plan::new(optimized)))?;
@@ -131,12 +136,17 @@ impl Context {
 
     fn optimized_graph_at(&self, tensors: &[&crate::Tensor], location: Location) -> Result<Graph> {
         let targets = tensors.iter().map(|t| t.node_in(self, location)).collect::<Result<Vec<_>>>()?;
-        let (extracted, options) = {
+        let (extracted, config) = {
             let state = self.state();
-            (extract(&state.graph, &targets), state.options)
+            (
+                extract(&state.graph, &targets),
+                state.config.clone().map(|mut c| {
+                    c.options = state.options;
+                    c
+                }),
+            )
         };
-        let mut config = self.inner.config.clone()?;
-        config.options = options;
+        let config = config?;
         passes::optimize(extracted.graph, &config)
     }
 

@@ -306,6 +306,31 @@ impl PipelineConfig {
         Ok(config)
     }
 
+    /// This configuration with more `KILN_PASSES`-style toggles applied on
+    /// top (later toggles win).
+    pub fn toggled(mut self, toggles: &str) -> Result<PipelineConfig> {
+        let extra = PipelineConfig::new(Some(toggles), None)?;
+        for token in toggles.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            let name = &token[1..];
+            if let Some(i) = REGISTRY.iter().position(|p| p.name() == name.trim()) {
+                self.enabled[i] = extra.enabled[i];
+            }
+        }
+        Ok(self)
+    }
+
+    /// The passes that are off, as `-a,-b` (empty when all run): the
+    /// configuration's part of a plan cache key.
+    pub fn enabled_text(&self) -> String {
+        let off: Vec<String> = REGISTRY
+            .iter()
+            .zip(&self.enabled)
+            .filter(|(_, on)| !**on)
+            .map(|(p, _)| format!("-{}", p.name()))
+            .collect();
+        off.join(",")
+    }
+
     /// Whether the named pass runs (false for names not registered).
     pub fn is_enabled(&self, name: &str) -> bool {
         REGISTRY.iter().position(|p| p.name() == name).is_some_and(|i| self.enabled[i])

@@ -88,6 +88,53 @@ impl Tensor {
         )
     }
 
+    /// Layer normalization over the last dimension, as PyTorch's
+    /// `F.layer_norm(x, [n], weight, bias, eps)`: `(x - mean) / sqrt(var + eps)
+    /// * weight + bias`, with the biased variance. `weight` and `bias` have
+    /// shape `[n]`. Recorded as primitives (mean, sub, mul, mean, add, rsqrt,
+    /// mul, mul, add), which fusion turns into one kernel per row block.
+    ///
+    /// ```
+    /// use kiln::prelude::*;
+    /// let ctx = Context::cpu();
+    /// let x = ctx.tensor(&[1.0f32, 2.0, 3.0, 4.0], [1, 4]);
+    /// let (w, b) = (ctx.ones([4]), ctx.zeros([4]));
+    /// let y = x.layer_norm(&w, &b, 0.0).to_vec::<f32>()?;
+    /// assert!((y[0] + 1.3416).abs() < 1e-4 && (y[3] - 1.3416).abs() < 1e-4);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn layer_norm(&self, weight: &Tensor, bias: &Tensor, eps: f64) -> Tensor {
+        let location = Location::caller();
+        if self.error().is_some() {
+            return self.clone();
+        }
+        let Some(last) = self.rank().checked_sub(1) else {
+            return self.fail_shape("layer_norm", "layer_norm needs at least one dimension".into(), location);
+        };
+        let n = self.shape()[last];
+        for (what, t) in [("weight", weight), ("bias", bias)] {
+            if t.error().is_none() && t.shape() != [n] {
+                return self.fail_shape(
+                    "layer_norm",
+                    format!("{what} has shape {:?}, but it must be [{n}] (the last dimension)", t.shape()),
+                    location,
+                );
+            }
+        }
+        let mean = self.reduce_at(ReduceOp::Mean, &[last], true, location);
+        let centered = self.binary_at(mean.into_operand_tensor(), BinaryOp::Sub, false, location);
+        let var = centered
+            .binary_at(centered.clone().into_operand_tensor(), BinaryOp::Mul, false, location)
+            .reduce_at(ReduceOp::Mean, &[last], true, location);
+        let eps = super::elementwise::Operand::Scalar(crate::ir::Scalar::Float(eps));
+        let inv = var.binary_at(eps, BinaryOp::Add, false, location).unary_at(UnaryOp::Rsqrt, location);
+        centered
+            .binary_at(inv.into_operand_tensor(), BinaryOp::Mul, false, location)
+            .binary_at(weight.clone().into_operand_tensor(), BinaryOp::Mul, false, location)
+            .binary_at(bias.clone().into_operand_tensor(), BinaryOp::Add, false, location)
+    }
+
     /// `x - max(x, dim, keepdim)`, after checking `dim` and the dtype.
     fn shifted_at(&self, op: &'static str, dim: usize, location: Location) -> Tensor {
         if self.error().is_some() {

@@ -326,3 +326,44 @@ fn empty_tensors() {
         assert_eq!(read_f(&t.index_select(1, &none)).shape, vec![2, 0]);
     }
 }
+
+#[test]
+fn layer_norm_on_every_float_dtype() {
+    let ctx = Context::cpu();
+    let mut rng = Rng::new(31);
+    let eps = 1e-5;
+    for dtype in FLOATS {
+        for shape in [vec![3, 7], vec![2, 3, 33], vec![1]] {
+            let n = *shape.last().expect("rank >= 1");
+            let x = rand_f(&mut rng, dtype, &shape, 2.0);
+            let w = rand_f(&mut rng, dtype, &[n], 1.0);
+            let b = rand_f(&mut rng, dtype, &[n], 1.0);
+            let rows: Vec<f64> = x
+                .to_vec()
+                .chunks(n)
+                .flat_map(|row| {
+                    let mean = row.iter().sum::<f64>() / n as f64;
+                    let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64;
+                    let inv = 1.0 / (var + eps).sqrt();
+                    let (w, b) = (w.to_vec(), b.to_vec());
+                    row.iter()
+                        .enumerate()
+                        .map(move |(j, v)| (v - mean) * inv * w[j] + b[j])
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            let want = Nd::new(rows, &shape);
+            let got = tensor_f(&ctx, dtype, &x).layer_norm(
+                &tensor_f(&ctx, dtype, &w),
+                &tensor_f(&ctx, dtype, &b),
+                eps,
+            );
+            // Nine roundings in the dtype, and a division by a small standard
+            // deviation for nearly constant rows: a few ulps.
+            check_f(&got, dtype, &want, 8.0, &format!("layer_norm {shape:?}"));
+        }
+    }
+    let x = ctx.randn([2, 4]);
+    let err = x.layer_norm(&ctx.ones([3]), &ctx.zeros([4]), eps).to_vec::<f32>().unwrap_err();
+    assert!(err.to_string().contains("weight has shape [3], but it must be [4]"), "{err}");
+}
