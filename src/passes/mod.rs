@@ -160,6 +160,9 @@ pub struct PassCtx {
     pub stats: PassStats,
     /// Scratch a pass may use for work lists; cleared before each pass.
     pub scratch: Vec<crate::ir::NodeId>,
+    /// Short remarks of this run (why a search stopped, what a cost went
+    /// to); the dump's `;;` line after the stats shows them.
+    pub notes: Vec<String>,
 }
 
 impl PassCtx {
@@ -168,9 +171,15 @@ impl PassCtx {
         self.stats.rewrites += 1;
     }
 
+    /// Adds a remark to this run's notes.
+    pub fn note(&mut self, note: impl Into<String>) {
+        self.notes.push(note.into());
+    }
+
     fn reset(&mut self) {
         self.stats = PassStats::default();
         self.scratch.clear();
+        self.notes.clear();
     }
 }
 
@@ -356,7 +365,9 @@ fn verify_message(e: Error) -> String {
 /// writes `<dir>/<hash>/00-input.kir` and `NN-<pass>.kir` after each step
 /// that ran (`NN` is the step's place in the pipeline, so a file name always
 /// means the same pass), where `<hash>` is 16 hex digits of the input text's
-/// FNV-1a hash: the same graph always dumps to the same directory.
+/// FNV-1a hash: the same graph always dumps to the same directory. A dump's
+/// first line is `;; <pass>: <stats>`, then the pass's notes
+/// ([`PassCtx::note`]), each after a `; `.
 pub fn optimize(graph: Graph, config: &PipelineConfig) -> Result<Graph> {
     let mut graph = graph;
     check_input(&graph)?;
@@ -380,7 +391,12 @@ pub fn optimize(graph: Graph, config: &PipelineConfig) -> Result<Graph> {
         let stats = run_pass(*pass, &mut graph, &mut cx, verify)?;
         if let Some(dir) = &dump_dir {
             let file = dir.join(format!("{:02}-{}.kir", step + 1, pass.name()));
-            write_dump(&file, &format!(";; {}: {stats}", pass.name()), &ir::text::print(&graph))?;
+            let mut header = format!(";; {}: {stats}", pass.name());
+            for note in &cx.notes {
+                header.push_str("; ");
+                header.push_str(note);
+            }
+            write_dump(&file, &header, &ir::text::print(&graph))?;
         }
     }
     graph.advance_phase(Phase::Canonical);
