@@ -12,7 +12,7 @@ use super::{DType, Scalar, Shape};
 pub struct BufferId(pub u64);
 
 /// Elementwise functions of one operand.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[allow(missing_docs)]
 pub enum UnaryOp {
     Neg,
@@ -33,7 +33,7 @@ pub enum UnaryOp {
 }
 
 /// Elementwise functions of two operands of one dtype.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[allow(missing_docs)]
 pub enum BinaryOp {
     Add,
@@ -48,7 +48,7 @@ pub enum BinaryOp {
 }
 
 /// Elementwise comparisons; the result is `bool`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[allow(missing_docs)]
 pub enum CompareOp {
     Eq,
@@ -60,7 +60,7 @@ pub enum CompareOp {
 }
 
 /// Reductions over a set of dimensions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ReduceOp {
     /// Sum, in the input dtype (integers wrap).
     Sum,
@@ -75,7 +75,7 @@ pub enum ReduceOp {
 }
 
 /// The distribution of a `Random` node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Distribution {
     /// Uniform on `[0, 1)`.
     Uniform,
@@ -84,7 +84,7 @@ pub enum Distribution {
 }
 
 /// The kind of a pooling window.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PoolKind {
     /// Maximum over the window; padding never wins.
     Max,

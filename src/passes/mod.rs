@@ -14,11 +14,13 @@
 mod constant_fold;
 mod cse;
 mod dce;
+mod simplify;
 mod view_fold;
 
 pub use constant_fold::ConstantFold;
 pub use cse::Cse;
 pub use dce::Dce;
+pub use simplify::Simplify;
 pub use view_fold::ViewFold;
 
 use crate::ir::{self, Graph, Phase};
@@ -212,6 +214,7 @@ pub static REGISTRY: &[PassInfo] = &[
     PassInfo { pass: &ViewFold, description: "compose chains of views and drop identity views" },
     PassInfo { pass: &ConstantFold, description: "turn nodes of one known value into full constants" },
     PassInfo { pass: &Cse, description: "merge nodes that compute the same value" },
+    PassInfo { pass: &Simplify, description: "rewrite by equality saturation and keep the cheapest form" },
     PassInfo { pass: &Dce, description: "remove nodes the outputs do not need" },
 ];
 
@@ -226,6 +229,8 @@ pub static PIPELINE: &[&dyn Pass] = &[
     &ConstantFold,
     // Merge duplicates, folded constants included.
     &Cse,
+    // Algebra on the deduplicated graph: rules to saturation, cheapest form.
+    &Simplify,
     // Drop what folding, bypassed views and merges left unused.
     &Dce,
 ];
@@ -439,7 +444,7 @@ mod tests {
         for step in PIPELINE {
             assert!(names.contains(&step.name()), "{} is not registered", step.name());
         }
-        assert_eq!(names, ["view-fold", "constant-fold", "cse", "dce"]);
+        assert_eq!(names, ["view-fold", "constant-fold", "cse", "simplify", "dce"]);
     }
 
     #[test]
