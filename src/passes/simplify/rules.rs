@@ -3,9 +3,10 @@
 //! A [`Rule`] has a kebab-case name, the kind of e-node it starts from, and
 //! a function that, given one such e-node, returns the equal term to add to
 //! its e-class (or `None`). The comment on each entry of [`RULES`] states
-//! the identity and when it holds. Rules are exact unless marked
-//! `fast_math`; a rule that is exact for some dtypes only checks the dtype
-//! (and [`Env::fast_math`]) itself.
+//! the identity and when it holds. Rules made with [`Rule::new`] are
+//! exact, or check the dtype and [`Env::fast_math`] themselves where they
+//! are exact for some dtypes only (integer reassociation); rules made with
+//! [`Rule::fast_math_only`] exist only under fast math.
 //!
 //! Constants are e-classes whose analysis says "one value everywhere": a
 //! `full` of the operand's shape, or views of a smaller `full` (the user
@@ -32,54 +33,70 @@ pub struct Rule {
     /// True for rules that only exist under fast math.
     pub fast_math: bool,
     /// The term equal to the e-node, if the rule applies to it.
-    pub rewrite: fn(Env, &SGraph, &ENode) -> Option<Term>,
+    pub rewrite: RewriteFn,
 }
+
+impl Rule {
+    /// A rule that exists in every mode (it checks dtypes and
+    /// [`Env::fast_math`] itself where it needs to).
+    const fn new(name: &'static str, root: Kind, rewrite: RewriteFn) -> Rule {
+        Rule { name, root, fast_math: false, rewrite }
+    }
+
+    /// A rule that exists only under fast math.
+    const fn fast_math_only(name: &'static str, root: Kind, rewrite: RewriteFn) -> Rule {
+        Rule { name, root, fast_math: true, rewrite }
+    }
+}
+
+/// What a rule computes: the term equal to the e-node, if it applies.
+type RewriteFn = fn(Env, &SGraph, &ENode) -> Option<Term>;
 
 /// Every rule, in the order the runner applies them.
 pub static RULES: &[Rule] = &[
     // x * 1 → x (1 in either slot). Exact for every dtype: IEEE `x * 1` is
-    // x for every x, -0.0, infinities and NaN included; integers trivially;
-    // f16/bf16 compute in f32 and round back to x.
-    Rule { name: "mul-one", root: Kind::Binary(BinaryOp::Mul), fast_math: false, rewrite: mul_one },
+    // x for every x, -0.0 and infinities included, and NaN for NaN;
+    // integers trivially; f16/bf16 compute in f32 and round back to x.
+    Rule::new("mul-one", Kind::Binary(BinaryOp::Mul), mul_one),
     // x + (-0.0) → x (either slot), floats only. Exact: x + -0.0 is x for
     // every x, and -0.0 + -0.0 is -0.0. NOT x + 0.0: -0.0 + 0.0 is +0.0.
-    Rule { name: "add-neg-zero", root: Kind::Binary(BinaryOp::Add), fast_math: false, rewrite: add_neg_zero },
+    Rule::new("add-neg-zero", Kind::Binary(BinaryOp::Add), add_neg_zero),
     // x + 0 → x (either slot), integer dtypes only: exact.
-    Rule { name: "add-zero-int", root: Kind::Binary(BinaryOp::Add), fast_math: false, rewrite: add_zero_int },
+    Rule::new("add-zero-int", Kind::Binary(BinaryOp::Add), add_zero_int),
     // x - 0 → x: for floats only with +0.0 (x - +0.0 is x + -0.0, exact;
     // x - -0.0 is x + 0.0, which is not), for integers with 0.
-    Rule { name: "sub-zero", root: Kind::Binary(BinaryOp::Sub), fast_math: false, rewrite: sub_zero },
+    Rule::new("sub-zero", Kind::Binary(BinaryOp::Sub), sub_zero),
     // neg(neg(x)) → x. Exact: a float negation flips the sign bit (NaN
     // too), and wrapping negation twice is the identity (even for MIN).
-    Rule { name: "neg-neg", root: Kind::Unary(UnaryOp::Neg), fast_math: false, rewrite: neg_neg },
+    Rule::new("neg-neg", Kind::Unary(UnaryOp::Neg), neg_neg),
     // permute(permute(x, p), q) → permute(x, r) with r[i] = p[q[i]].
     // Exact: views only re-index.
-    Rule { name: "permute-permute", root: Kind::Permute, fast_math: false, rewrite: permute_permute },
+    Rule::new("permute-permute", Kind::Permute, permute_permute),
     // permute(x, [0, 1, ..]) → x. Exact.
-    Rule { name: "permute-identity", root: Kind::Permute, fast_math: false, rewrite: permute_identity },
+    Rule::new("permute-identity", Kind::Permute, permute_identity),
     // reshape(reshape(x, a), b) → reshape(x, b): both are row-major
     // re-readings of x's elements. Exact.
-    Rule { name: "reshape-reshape", root: Kind::Reshape, fast_math: false, rewrite: reshape_reshape },
+    Rule::new("reshape-reshape", Kind::Reshape, reshape_reshape),
     // reshape(x, shape of x) → x. Exact.
-    Rule { name: "reshape-identity", root: Kind::Reshape, fast_math: false, rewrite: reshape_identity },
+    Rule::new("reshape-identity", Kind::Reshape, reshape_identity),
     // expand(expand(x, a), b) → expand(x, b): if x broadcasts to a and a to
     // b, x broadcasts to b element for element. Exact.
-    Rule { name: "expand-expand", root: Kind::Expand, fast_math: false, rewrite: expand_expand },
+    Rule::new("expand-expand", Kind::Expand, expand_expand),
     // expand(x, shape of x) → x. Exact.
-    Rule { name: "expand-identity", root: Kind::Expand, fast_math: false, rewrite: expand_identity },
+    Rule::new("expand-identity", Kind::Expand, expand_identity),
     // cast(x, dtype of x) → x. Exact.
-    Rule { name: "cast-identity", root: Kind::Cast, fast_math: false, rewrite: cast_identity },
+    Rule::new("cast-identity", Kind::Cast, cast_identity),
     // cast(cast(x: A, B), C) → cast(x, C) when A → B keeps every value of
     // A exactly (f16/bf16 → f32 → f64, u8 → i32 → i64, i32 → f64, u8 → any
     // float, bool → anything): casts are functions of the value, and the
     // inner one does not change it. With C = A this removes exact round
     // trips (f32 → f64 → f32, i32 → i64 → i32). NOT f64 → f32 → f64.
-    Rule { name: "cast-exact-chain", root: Kind::Cast, fast_math: false, rewrite: cast_exact_chain },
+    Rule::new("cast-exact-chain", Kind::Cast, cast_exact_chain),
     // x / c → x * (1/c) when c = ±2^k and 1/c is representable in the
     // dtype (floats). Exact, subnormals included: x / 2^k and x * 2^-k are
     // the correctly rounded results of the same real number (f16/bf16
     // compute it exactly in f32 and round once either way).
-    Rule { name: "div-pow2", root: Kind::Binary(BinaryOp::Div), fast_math: false, rewrite: div_pow2 },
+    Rule::new("div-pow2", Kind::Binary(BinaryOp::Div), div_pow2),
     // permute_T(matmul(a, b)) → matmul(permute_T(b), permute_T(a)), T =
     // swap the last two dims: (AB)^T = B^T A^T, the same products summed
     // over the same k. A transposed operand is a zero-copy permute view
@@ -88,46 +105,26 @@ pub static RULES: &[Rule] = &[
     // no transpose flag on matmul: this rule and the next let the cost
     // model remove transposes that would otherwise be materialized around
     // a matmul, choosing between the two forms.
-    Rule { name: "transpose-of-matmul", root: Kind::Permute, fast_math: false, rewrite: transpose_of_matmul },
+    Rule::new("transpose-of-matmul", Kind::Permute, transpose_of_matmul),
     // matmul(permute_T(p), permute_T(q)) → permute_T(matmul(q, p)): the same
     // identity read the other way.
-    Rule {
-        name: "matmul-of-transposes",
-        root: Kind::MatMul,
-        fast_math: false,
-        rewrite: matmul_of_transposes,
-    },
+    Rule::new("matmul-of-transposes", Kind::MatMul, matmul_of_transposes),
     // (x * c1) * c2 → x * (c1 * c2) (constants in either slot). Exact for
     // integers (wrapping multiplication is associative mod 2^n); for floats
     // it reassociates, so only under fast math.
-    Rule {
-        name: "mul-mul-const",
-        root: Kind::Binary(BinaryOp::Mul),
-        fast_math: false,
-        rewrite: mul_mul_const,
-    },
+    Rule::new("mul-mul-const", Kind::Binary(BinaryOp::Mul), mul_mul_const),
     // (x + c1) + c2 → x + (c1 + c2): exact for integers (wrapping), fast
     // math for floats.
-    Rule {
-        name: "add-add-const",
-        root: Kind::Binary(BinaryOp::Add),
-        fast_math: false,
-        rewrite: add_add_const,
-    },
+    Rule::new("add-add-const", Kind::Binary(BinaryOp::Add), add_add_const),
     // sum(expand(x), dims) → expand(reshape(x)) * n when every summed dim
     // was made by the expand (a new leading dim or a size-1 dim of x), n =
     // the product of the summed sizes. Exact for integers (n wrapping
     // copies of v sum to n*v wrapped); for floats the f64 accumulation of
     // n copies need not equal one rounded product, so only under fast math.
-    Rule {
-        name: "sum-of-expand",
-        root: Kind::Reduce(ReduceOp::Sum),
-        fast_math: false,
-        rewrite: sum_of_expand,
-    },
+    Rule::new("sum-of-expand", Kind::Reduce(ReduceOp::Sum), sum_of_expand),
     // x / c → x * (1/c) for any finite non-zero c (1/c rounded to the
     // dtype): float-inexact, fast math only.
-    Rule { name: "div-const", root: Kind::Binary(BinaryOp::Div), fast_math: true, rewrite: div_const },
+    Rule::fast_math_only("div-const", Kind::Binary(BinaryOp::Div), div_const),
 ];
 
 fn data(g: &SGraph, id: Id) -> &Data {
