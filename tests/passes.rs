@@ -39,6 +39,7 @@ macro_rules! pass_test {
 pass_test!(view_fold, "view-fold");
 pass_test!(constant_fold, "constant-fold");
 pass_test!(cse, "cse");
+pass_test!(simplify, "simplify");
 pass_test!(dce, "dce");
 
 /// Runs one case: parse, run the pass, compare on the CPU, and return the
@@ -231,7 +232,14 @@ fn pipeline_dumps_every_step() {
     files.sort();
     assert_eq!(
         files,
-        ["00-input.kir", "01-view-fold.kir", "02-constant-fold.kir", "03-cse.kir", "04-dce.kir"]
+        [
+            "00-input.kir",
+            "01-view-fold.kir",
+            "02-constant-fold.kir",
+            "03-cse.kir",
+            "04-simplify.kir",
+            "05-dce.kir"
+        ]
     );
     let mut dumps = String::new();
     for f in &files {
@@ -240,8 +248,9 @@ fn pipeline_dumps_every_step() {
     let _ = std::fs::remove_dir_all(&dir);
     settings().bind(|| insta::assert_snapshot!("pipeline-dumps", dumps));
 
-    // A pass switched off writes no dump and does not run.
-    let config = PipelineConfig::new(Some("-cse"), None).unwrap();
+    // A pass switched off writes no dump and does not run. (Simplify is
+    // off too: its e-graph merges equal nodes as CSE does.)
+    let config = PipelineConfig::new(Some("-cse,-simplify"), None).unwrap();
     let out = optimize(kiln::ir::text::parse(src).unwrap(), &config).unwrap();
     assert_eq!(print(&out).matches("= mul").count(), 2, "cse ran although switched off");
 }

@@ -56,7 +56,7 @@ pub enum Phase {
     /// As recorded by the user API or parsed from text.
     Recorded,
     /// After the canonicalizing passes (view folding, constant folding,
-    /// CSE, DCE).
+    /// CSE, simplify, DCE).
     Canonical,
     /// After fusion: elementwise work sits in `fused` nodes.
     Fused,

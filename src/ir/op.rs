@@ -13,7 +13,7 @@ use std::sync::Arc;
 pub struct BufferId(pub u64);
 
 /// Elementwise functions of one operand.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[allow(missing_docs)]
 pub enum UnaryOp {
     Neg,
@@ -34,7 +34,7 @@ pub enum UnaryOp {
 }
 
 /// Elementwise functions of two operands of one dtype.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[allow(missing_docs)]
 pub enum BinaryOp {
     Add,
@@ -49,7 +49,7 @@ pub enum BinaryOp {
 }
 
 /// Elementwise comparisons; the result is `bool`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[allow(missing_docs)]
 pub enum CompareOp {
     Eq,
@@ -61,7 +61,7 @@ pub enum CompareOp {
 }
 
 /// Reductions over a set of dimensions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ReduceOp {
     /// Sum, in the input dtype (integers wrap).
     Sum,
@@ -76,7 +76,7 @@ pub enum ReduceOp {
 }
 
 /// The distribution of a `Random` node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Distribution {
     /// Uniform on `[0, 1)`.
     Uniform,
@@ -85,7 +85,7 @@ pub enum Distribution {
 }
 
 /// The kind of a pooling window.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PoolKind {
     /// Maximum over the window; padding never wins.
     Max,

@@ -14,11 +14,13 @@
 mod constant_fold;
 mod cse;
 mod dce;
+mod simplify;
 mod view_fold;
 
 pub use constant_fold::ConstantFold;
 pub use cse::Cse;
 pub use dce::Dce;
+pub use simplify::Simplify;
 pub use view_fold::ViewFold;
 
 use crate::ir::{self, Graph, Phase};
@@ -217,6 +219,7 @@ pub static REGISTRY: &[PassInfo] = &[
     PassInfo { pass: &ViewFold, description: "compose chains of views and drop identity views" },
     PassInfo { pass: &ConstantFold, description: "turn nodes of one known value into full constants" },
     PassInfo { pass: &Cse, description: "merge nodes that compute the same value" },
+    PassInfo { pass: &Simplify, description: "rewrite by equality saturation and keep the cheapest form" },
     PassInfo { pass: &Dce, description: "remove nodes the outputs do not need" },
 ];
 
@@ -231,6 +234,8 @@ pub static PIPELINE: &[&dyn Pass] = &[
     &ConstantFold,
     // Merge duplicates, folded constants included.
     &Cse,
+    // Algebra on the deduplicated graph: rules to saturation, cheapest form.
+    &Simplify,
     // Drop what folding, bypassed views and merges left unused.
     &Dce,
 ];
@@ -396,7 +401,9 @@ fn verify_message(e: Error) -> String {
 /// writes `<dir>/<hash>/00-input.kir` and `NN-<pass>.kir` after each step
 /// that ran (`NN` is the step's place in the pipeline, so a file name always
 /// means the same pass), where `<hash>` is 16 hex digits of the input text's
-/// FNV-1a hash: the same graph always dumps to the same directory.
+/// FNV-1a hash: the same graph always dumps to the same directory. A dump's
+/// first line is `;; <pass>: <stats>`, then the pass's notes
+/// ([`PassCtx::note`]), each after a `; `.
 pub fn optimize(graph: Graph, config: &PipelineConfig) -> Result<Graph> {
     let mut graph = graph;
     check_input(&graph)?;
@@ -470,7 +477,7 @@ mod tests {
         for step in PIPELINE {
             assert!(names.contains(&step.name()), "{} is not registered", step.name());
         }
-        assert_eq!(names, ["view-fold", "constant-fold", "cse", "dce"]);
+        assert_eq!(names, ["view-fold", "constant-fold", "cse", "simplify", "dce"]);
     }
 
     #[test]

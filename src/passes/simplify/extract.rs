@@ -1,0 +1,257 @@
+//! The simplify pass's cost model, extraction from the saturated e-graph,
+//! and the rebuild of the kiln graph from what was extracted.
+
+use super::lang::{ENode, OpKey, SGraph};
+use crate::ir::{BinaryOp, DType, Graph, Node, NodeId, RegionId, Shape};
+use egg::Id;
+use std::collections::{HashMap, HashSet};
+
+/// What a node costs, compared lexicographically: bytes moved first, then
+/// nodes, then divisions, then nodes that are not in the input graph (so a
+/// tie keeps what the user wrote).
+#[derive(Clone, Copy, Debug, Default, PartialEq, PartialOrd)]
+pub struct Cost {
+    /// Bytes read and written.
+    pub bytes: f64,
+    /// Nodes.
+    pub ops: f64,
+    /// Divisions (slower than a multiply on every target).
+    pub divisions: f64,
+    /// Nodes the input graph did not have.
+    pub new: f64,
+}
+
+impl std::ops::Add for Cost {
+    type Output = Cost;
+    fn add(self, o: Cost) -> Cost {
+        Cost {
+            bytes: self.bytes + o.bytes,
+            ops: self.ops + o.ops,
+            divisions: self.divisions + o.divisions,
+            new: self.new + o.new,
+        }
+    }
+}
+
+impl Cost {
+    /// The cost without the tie-break on new nodes: what decides whether
+    /// the extracted graph is an improvement.
+    pub fn work(self) -> Cost {
+        Cost { new: 0.0, ..self }
+    }
+}
+
+fn bytes(shape: &Shape, dtype: DType) -> f64 {
+    shape.numel() as f64 * dtype.size() as f64
+}
+
+/// The cost of one node on its own. Inputs, buffers, `full` constants and
+/// views move no bytes (a view is a new layout over the same bytes; a
+/// `full` is a value a kernel reads from a register). `arange` and random
+/// nodes write their output. Every other op reads each operand slot and
+/// writes its output.
+pub fn own_cost<'a>(
+    op: &OpKey,
+    shape: &Shape,
+    dtype: DType,
+    operands: impl Iterator<Item = (&'a Shape, DType)>,
+) -> Cost {
+    let bytes = match op {
+        OpKey::Input(_) | OpKey::Buffer(_) | OpKey::Full(_) => 0.0,
+        OpKey::Reshape(_) | OpKey::Permute(_) | OpKey::Expand(_) | OpKey::Slice { .. } => 0.0,
+        OpKey::Arange { .. } | OpKey::Random { .. } => bytes(shape, dtype),
+        _ => bytes(shape, dtype) + operands.map(|(s, d)| bytes(s, d)).sum::<f64>(),
+    };
+    let divisions = if *op == OpKey::Binary(BinaryOp::Div) { 1.0 } else { 0.0 };
+    Cost { bytes, ops: 1.0, divisions, new: 0.0 }
+}
+
+fn enode_cost(g: &SGraph, n: &ENode, originals: &HashMap<ENode, NodeId>) -> Cost {
+    let operands = n.children.iter().map(|&c| (&g[c].data.shape, g[c].data.dtype));
+    let mut cost = own_cost(&n.op, &n.shape, n.dtype, operands);
+    if !originals.contains_key(n) {
+        cost.new = 1.0;
+    }
+    cost
+}
+
+/// The distinct e-classes under `c` (children of all its nodes).
+fn class_children(g: &SGraph, c: Id) -> Vec<Id> {
+    let mut out: Vec<Id> = g[c].nodes.iter().flat_map(|n| n.children.iter().map(|&k| g.find(k))).collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// E-classes reachable from the roots, children before parents except
+/// along cycles (which unions make: `x * 1` joins `x`'s class).
+fn post_order(g: &SGraph, roots: &[Id]) -> Vec<Id> {
+    let mut seen: HashSet<Id> = HashSet::new();
+    let mut order = Vec::new();
+    for &root in roots {
+        let root = g.find(root);
+        if !seen.insert(root) {
+            continue;
+        }
+        let mut stack = vec![(root, class_children(g, root), 0usize)];
+        while let Some((class, children, next)) = stack.last_mut() {
+            if let Some(&child) = children.get(*next) {
+                *next += 1;
+                if seen.insert(child) {
+                    let grandchildren = class_children(g, child);
+                    stack.push((child, grandchildren, 0));
+                }
+            } else {
+                order.push(*class);
+                stack.pop();
+            }
+        }
+    }
+    order
+}
+
+/// Sweeps are repeated until no class finds a cheaper node; in practice
+/// two or three (the order is topological but for cycles). The bound only
+/// guards against float edge cases; every recorded choice is valid.
+const MAX_SWEEPS: usize = 64;
+
+/// The chosen node of every e-class the roots need, and the cost of that
+/// graph counting each chosen node once.
+pub struct Extraction {
+    /// Chosen node per e-class (canonical ids).
+    pub choice: HashMap<Id, ENode>,
+    /// The summed own costs of the chosen nodes reachable from the roots.
+    pub cost: Cost,
+}
+
+/// Chooses one node per e-class by tree cost (a node's own cost plus its
+/// distinct operands' best costs), updating a class only when strictly
+/// cheaper. Costs are non-negative and every node counts one op, so a
+/// strictly cheaper node can never lead back to its own class: the choice
+/// is always acyclic. Tree cost counts a value shared by two users twice;
+/// that can mislead a choice on graphs with much sharing, never make it
+/// invalid, and the caller compares the extracted graph's real (each node
+/// once) cost against the input's before keeping it.
+pub fn extract(g: &SGraph, roots: &[Id], originals: &HashMap<ENode, NodeId>) -> Extraction {
+    let order = post_order(g, roots);
+    let mut best: HashMap<Id, (Cost, usize)> = HashMap::with_capacity(order.len());
+    for _ in 0..MAX_SWEEPS {
+        let mut changed = false;
+        for &c in &order {
+            for (i, n) in g[c].nodes.iter().enumerate() {
+                let mut children: Vec<Id> = n.children.iter().map(|&k| g.find(k)).collect();
+                children.sort_unstable();
+                children.dedup();
+                let Some(below) = children
+                    .iter()
+                    .try_fold(Cost::default(), |acc, k| best.get(k).map(|&(cost, _)| acc + cost))
+                else {
+                    continue;
+                };
+                let cost = enode_cost(g, n, originals) + below;
+                if best.get(&c).is_none_or(|&(b, _)| cost < b) {
+                    best.insert(c, (cost, i));
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    let mut choice = HashMap::new();
+    let mut cost = Cost::default();
+    let mut stack: Vec<Id> = roots.iter().map(|&r| g.find(r)).collect();
+    while let Some(c) = stack.pop() {
+        if choice.contains_key(&c) {
+            continue;
+        }
+        // Every root class holds an input node, so it has a cost; so does
+        // every child of a costed node.
+        let Some(&(_, i)) = best.get(&c) else { continue };
+        let n = &g[c].nodes[i];
+        cost = cost + enode_cost(g, n, originals);
+        stack.extend(n.children.iter().map(|&k| g.find(k)));
+        choice.insert(c, n.clone());
+    }
+    Extraction { choice, cost }
+}
+
+/// Rewrites `graph` to compute its outputs with the extracted nodes. A
+/// chosen node that is a node of the input graph is that node, its operands
+/// pointed at the extracted nodes of the same e-classes (same values, so
+/// its value and every other user are unchanged); any other chosen node
+/// is added, in the region of the first input node of its e-class or, in a
+/// class the rules made, the region of the user that first reached it.
+/// Returns the number of nodes added, or `None` if the choice is
+/// incomplete or cyclic (never for a choice from [`extract`]).
+pub fn rebuild(
+    graph: &mut Graph,
+    g: &SGraph,
+    roots: &[Id],
+    choice: &HashMap<Id, ENode>,
+    originals: &HashMap<ENode, NodeId>,
+    class_region: &HashMap<Id, RegionId>,
+) -> Option<usize> {
+    // Regions, outputs first: a class without input nodes takes its
+    // first user's region.
+    let mut region: HashMap<Id, RegionId> = HashMap::with_capacity(choice.len());
+    let mut stack: Vec<(Id, RegionId)> = roots.iter().map(|&r| (g.find(r), RegionId::ROOT)).collect();
+    while let Some((c, user_region)) = stack.pop() {
+        if region.contains_key(&c) {
+            continue;
+        }
+        let r = class_region.get(&c).copied().unwrap_or(user_region);
+        region.insert(c, r);
+        stack.extend(choice.get(&c)?.children.iter().map(|&k| (g.find(k), r)));
+    }
+    // Nodes, operands first.
+    let mut built: HashMap<Id, NodeId> = HashMap::with_capacity(choice.len());
+    // Classes whose operands are being built: meeting one again is a cycle.
+    let mut open: HashSet<Id> = HashSet::new();
+    let mut added = 0;
+    for &root in roots {
+        let root = g.find(root);
+        let mut stack = vec![(root, false)];
+        while let Some((c, expanded)) = stack.pop() {
+            if built.contains_key(&c) {
+                continue;
+            }
+            let n = choice.get(&c)?;
+            if !expanded {
+                if !open.insert(c) {
+                    return None;
+                }
+                stack.push((c, true));
+                stack.extend(
+                    n.children.iter().map(|&k| (g.find(k), false)).filter(|(k, _)| !built.contains_key(k)),
+                );
+                continue;
+            }
+            let operands =
+                n.children.iter().map(|&k| built.get(&g.find(k)).copied()).collect::<Option<Vec<_>>>()?;
+            let id = match originals.get(n) {
+                Some(&id) => {
+                    if graph.operands(id) != operands {
+                        graph.set_operands(id, &operands);
+                    }
+                    id
+                }
+                None => {
+                    added += 1;
+                    let node = Node {
+                        op: n.op.to_op(),
+                        shape: n.shape.clone(),
+                        dtype: n.dtype,
+                        region: region.get(&c).copied().unwrap_or(RegionId::ROOT),
+                    };
+                    graph.add_unchecked(node, &operands)
+                }
+            };
+            built.insert(c, id);
+        }
+    }
+    let outputs = roots.iter().map(|&r| built.get(&g.find(r)).copied()).collect::<Option<Vec<_>>>()?;
+    graph.set_outputs(outputs);
+    Some(added)
+}
