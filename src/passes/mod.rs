@@ -14,11 +14,13 @@
 mod constant_fold;
 mod cse;
 mod dce;
+mod fusion;
 mod view_fold;
 
 pub use constant_fold::ConstantFold;
 pub use cse::Cse;
 pub use dce::Dce;
+pub use fusion::Fusion;
 pub use view_fold::ViewFold;
 
 use crate::ir::{self, Graph, Phase};
@@ -218,12 +220,16 @@ pub static REGISTRY: &[PassInfo] = &[
     PassInfo { pass: &ConstantFold, description: "turn nodes of one known value into full constants" },
     PassInfo { pass: &Cse, description: "merge nodes that compute the same value" },
     PassInfo { pass: &Dce, description: "remove nodes the outputs do not need" },
+    PassInfo {
+        pass: &Fusion,
+        description: "group elementwise work, row reductions and matmul epilogues into fused nodes",
+    },
 ];
 
-/// The canonicalizing pipeline, in order. After it the graph is in
-/// [`Phase::Canonical`]. One sweep, no fixed point: work one pass exposes
-/// for an earlier one (a `where` that constant folding forwards, joining
-/// two views) is left as it is.
+/// The pipeline, in order. After it the graph is in [`Phase::Fused`]
+/// ([`Phase::Canonical`] with fusion off). One sweep, no fixed point: work
+/// one pass exposes for an earlier one (a `where` that constant folding
+/// forwards, joining two views) is left as it is.
 pub static PIPELINE: &[&dyn Pass] = &[
     // Views first, so folding and CSE see one view per chain.
     &ViewFold,
@@ -233,6 +239,8 @@ pub static PIPELINE: &[&dyn Pass] = &[
     &Cse,
     // Drop what folding, bypassed views and merges left unused.
     &Dce,
+    // One kernel per group of elementwise ops, row reductions, matmul epilogues.
+    &Fusion,
 ];
 
 /// The names of every registered pass, in registry order.
@@ -364,8 +372,8 @@ fn verify_message(e: Error) -> String {
     }
 }
 
-/// Runs the canonicalizing [`PIPELINE`] (the passes `config` enables) and
-/// advances the graph to [`Phase::Canonical`]. The input is verified first
+/// Runs the [`PIPELINE`] (the passes `config` enables) and advances the
+/// graph to at least [`Phase::Canonical`]. The input is verified first
 /// in every build (an invalid graph is [`Error::Verify`], never a panic);
 /// the graph after each pass is verified in debug and test builds. With a dump directory it
 /// writes `<dir>/<hash>/00-input.kir` and `NN-<pass>.kir` after each step
@@ -445,7 +453,7 @@ mod tests {
         for step in PIPELINE {
             assert!(names.contains(&step.name()), "{} is not registered", step.name());
         }
-        assert_eq!(names, ["view-fold", "constant-fold", "cse", "dce"]);
+        assert_eq!(names, ["view-fold", "constant-fold", "cse", "dce", "fusion"]);
     }
 
     #[test]
