@@ -31,7 +31,7 @@ pub(super) fn build(
             Ok(b) => built.push(Some(b)),
             Err(message) => {
                 cx.note(format!("group at {} left unfused: {message}", ix.order[group.root]));
-                tracing::warn!(root = %ix.order[group.root], message, "fusion built an illegal body");
+                tracing::warn!(root = %ix.order[group.root], reason = %message, "fusion built an illegal body");
                 built.push(None);
             }
         }

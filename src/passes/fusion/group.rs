@@ -222,7 +222,8 @@ fn walk(ix: &Index, barrier: &[bool]) -> Grouping {
     for i in (0..ix.len()).rev() {
         match &ix.class[i] {
             Class::Elementwise => {
-                if !w.try_join(i, |w, g| w.join_elementwise(g, i)) {
+                let joined = w.try_join(i, |w, g| w.join_elementwise(g, i));
+                if !joined {
                     w.start(i, ix.shape(i).clone(), None, ix.up[i].clone());
                 }
             }
