@@ -41,6 +41,7 @@ pass_test!(constant_fold, "constant-fold");
 pass_test!(cse, "cse");
 pass_test!(simplify, "simplify");
 pass_test!(dce, "dce");
+pass_test!(fusion, "fusion");
 
 /// Runs one case: parse, run the pass, compare on the CPU, and return the
 /// snapshot text.
@@ -219,7 +220,7 @@ fn pipeline_dumps_every_step() {
     let _ = std::fs::remove_dir_all(&dir);
     let config = PipelineConfig::new(None, Some(dir.clone())).unwrap();
     let out = optimize(graph, &config).unwrap();
-    assert_eq!(out.phase(), kiln::ir::Phase::Canonical);
+    assert_eq!(out.phase(), kiln::ir::Phase::Fused);
     let hashes: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(hashes.len(), 1);
     let hash_dir = &hashes[0];
@@ -238,7 +239,8 @@ fn pipeline_dumps_every_step() {
             "02-constant-fold.kir",
             "03-cse.kir",
             "04-simplify.kir",
-            "05-dce.kir"
+            "05-dce.kir",
+            "06-fusion.kir"
         ]
     );
     let mut dumps = String::new();
@@ -256,7 +258,7 @@ fn pipeline_dumps_every_step() {
 }
 
 /// Every case through the whole pipeline: the result verifies, is
-/// canonical, and computes what the input did.
+/// fused, and computes what the input did.
 #[test]
 fn whole_pipeline_keeps_every_case_meaning() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/passes");
@@ -273,7 +275,7 @@ fn whole_pipeline_keeps_every_case_meaning() {
         let out = optimize(case.graph.clone(), &PipelineConfig::default())
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         verify(&out).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        assert_eq!(out.phase(), kiln::ir::Phase::Canonical);
+        assert_eq!(out.phase(), kiln::ir::Phase::Fused);
         check_same_values(path, &case.graph, &out);
     }
 }

@@ -14,12 +14,14 @@
 mod constant_fold;
 mod cse;
 mod dce;
+mod fusion;
 mod simplify;
 mod view_fold;
 
 pub use constant_fold::ConstantFold;
 pub use cse::Cse;
 pub use dce::Dce;
+pub use fusion::Fusion;
 pub use simplify::Simplify;
 pub use view_fold::ViewFold;
 
@@ -221,12 +223,16 @@ pub static REGISTRY: &[PassInfo] = &[
     PassInfo { pass: &Cse, description: "merge nodes that compute the same value" },
     PassInfo { pass: &Simplify, description: "rewrite by equality saturation and keep the cheapest form" },
     PassInfo { pass: &Dce, description: "remove nodes the outputs do not need" },
+    PassInfo {
+        pass: &Fusion,
+        description: "group elementwise work, row reductions and matmul epilogues into fused nodes",
+    },
 ];
 
-/// The canonicalizing pipeline, in order. After it the graph is in
-/// [`Phase::Canonical`]. One sweep, no fixed point: work one pass exposes
-/// for an earlier one (a `where` that constant folding forwards, joining
-/// two views) is left as it is.
+/// The pipeline, in order. After it the graph is in [`Phase::Fused`]
+/// ([`Phase::Canonical`] with fusion off). One sweep, no fixed point: work
+/// one pass exposes for an earlier one (a `where` that constant folding
+/// forwards, joining two views) is left as it is.
 pub static PIPELINE: &[&dyn Pass] = &[
     // Views first, so folding and CSE see one view per chain.
     &ViewFold,
@@ -238,6 +244,8 @@ pub static PIPELINE: &[&dyn Pass] = &[
     &Simplify,
     // Drop what folding, bypassed views and merges left unused.
     &Dce,
+    // One kernel per group of elementwise ops, row reductions, matmul epilogues.
+    &Fusion,
 ];
 
 /// The names of every registered pass, in registry order.
@@ -394,8 +402,8 @@ fn verify_message(e: Error) -> String {
     }
 }
 
-/// Runs the canonicalizing [`PIPELINE`] (the passes `config` enables) and
-/// advances the graph to [`Phase::Canonical`]. The input is verified first
+/// Runs the [`PIPELINE`] (the passes `config` enables) and advances the
+/// graph to at least [`Phase::Canonical`]. The input is verified first
 /// in every build (an invalid graph is [`Error::Verify`], never a panic);
 /// the graph after each pass is verified in debug and test builds. With a dump directory it
 /// writes `<dir>/<hash>/00-input.kir` and `NN-<pass>.kir` after each step
@@ -477,7 +485,7 @@ mod tests {
         for step in PIPELINE {
             assert!(names.contains(&step.name()), "{} is not registered", step.name());
         }
-        assert_eq!(names, ["view-fold", "constant-fold", "cse", "simplify", "dce"]);
+        assert_eq!(names, ["view-fold", "constant-fold", "cse", "simplify", "dce", "fusion"]);
     }
 
     #[test]
