@@ -40,6 +40,9 @@ pass_test!(view_fold, "view-fold");
 pass_test!(constant_fold, "constant-fold");
 pass_test!(cse, "cse");
 pass_test!(dce, "dce");
+pass_test!(schedule, "schedule");
+pass_test!(streams, "streams");
+pass_test!(memory, "memory");
 
 /// Runs one case: parse, run the pass, compare on the CPU, and return the
 /// snapshot text.
@@ -218,7 +221,7 @@ fn pipeline_dumps_every_step() {
     let _ = std::fs::remove_dir_all(&dir);
     let config = PipelineConfig::new(None, Some(dir.clone())).unwrap();
     let out = optimize(graph, &config).unwrap();
-    assert_eq!(out.phase(), kiln::ir::Phase::Canonical);
+    assert_eq!(out.phase(), kiln::ir::Phase::Planned);
     let hashes: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(hashes.len(), 1);
     let hash_dir = &hashes[0];
@@ -231,7 +234,16 @@ fn pipeline_dumps_every_step() {
     files.sort();
     assert_eq!(
         files,
-        ["00-input.kir", "01-view-fold.kir", "02-constant-fold.kir", "03-cse.kir", "04-dce.kir"]
+        [
+            "00-input.kir",
+            "01-view-fold.kir",
+            "02-constant-fold.kir",
+            "03-cse.kir",
+            "04-dce.kir",
+            "05-schedule.kir",
+            "06-streams.kir",
+            "07-memory.kir"
+        ]
     );
     let mut dumps = String::new();
     for f in &files {
@@ -264,7 +276,7 @@ fn whole_pipeline_keeps_every_case_meaning() {
         let out = optimize(case.graph.clone(), &PipelineConfig::default())
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         verify(&out).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        assert_eq!(out.phase(), kiln::ir::Phase::Canonical);
+        assert_eq!(out.phase(), kiln::ir::Phase::Planned);
         check_same_values(path, &case.graph, &out);
     }
 }

@@ -14,11 +14,17 @@
 mod constant_fold;
 mod cse;
 mod dce;
+mod memory;
+mod schedule;
+mod streams;
 mod view_fold;
 
 pub use constant_fold::ConstantFold;
 pub use cse::Cse;
 pub use dce::Dce;
+pub use memory::Memory;
+pub use schedule::Schedule;
+pub use streams::Streams;
 pub use view_fold::ViewFold;
 
 use crate::ir::{self, Graph, Phase};
@@ -218,10 +224,13 @@ pub static REGISTRY: &[PassInfo] = &[
     PassInfo { pass: &ConstantFold, description: "turn nodes of one known value into full constants" },
     PassInfo { pass: &Cse, description: "merge nodes that compute the same value" },
     PassInfo { pass: &Dce, description: "remove nodes the outputs do not need" },
+    PassInfo { pass: &Schedule, description: "order the nodes to keep the peak of live bytes low" },
+    PassInfo { pass: &Streams, description: "spread independent chains over streams with the fewest events" },
+    PassInfo { pass: &Memory, description: "place values in one arena by liveness, in place where safe" },
 ];
 
-/// The canonicalizing pipeline, in order. After it the graph is in
-/// [`Phase::Canonical`]. One sweep, no fixed point: work one pass exposes
+/// The pipeline, in order: canonicalizing passes, then planning ones.
+/// After it the graph is in [`Phase::Planned`]. One sweep, no fixed point: work one pass exposes
 /// for an earlier one (a `where` that constant folding forwards, joining
 /// two views) is left as it is.
 pub static PIPELINE: &[&dyn Pass] = &[
@@ -233,6 +242,13 @@ pub static PIPELINE: &[&dyn Pass] = &[
     &Cse,
     // Drop what folding, bypassed views and merges left unused.
     &Dce,
+    // (fusion runs here)
+    // An order with a low peak of live bytes.
+    &Schedule,
+    // Streams and events over that order.
+    &Streams,
+    // Arena offsets over the order's lifetimes (aware of streams).
+    &Memory,
 ];
 
 /// The names of every registered pass, in registry order.
@@ -445,7 +461,7 @@ mod tests {
         for step in PIPELINE {
             assert!(names.contains(&step.name()), "{} is not registered", step.name());
         }
-        assert_eq!(names, ["view-fold", "constant-fold", "cse", "dce"]);
+        assert_eq!(names, ["view-fold", "constant-fold", "cse", "dce", "schedule", "streams", "memory"]);
     }
 
     #[test]
