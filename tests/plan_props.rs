@@ -14,8 +14,8 @@ use kiln::backends::cpu::CpuBackend;
 use kiln::backends::{Backend, RngArgs};
 use kiln::ir::text::parse;
 use kiln::ir::{
-    verify, BinaryOp, DType, FusedBody, Graph, HostData, NodeId, Op, Placement, Plan, ReduceOp, RegionId, Shape,
-    UnaryOp,
+    verify, BinaryOp, DType, FusedBody, Graph, HostData, NodeId, Op, Placement, Plan, ReduceOp, RegionId,
+    Shape, UnaryOp,
 };
 use kiln::passes::{optimize, PipelineConfig};
 use proptest::prelude::*;
@@ -26,7 +26,8 @@ use std::sync::{Arc, Mutex};
 /// variants), interpreted against the nodes built so far.
 type Step = (u8, u16, u16);
 
-const UNARY: [UnaryOp; 6] = [UnaryOp::Tanh, UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Relu, UnaryOp::Sigmoid, UnaryOp::Sin];
+const UNARY: [UnaryOp; 6] =
+    [UnaryOp::Tanh, UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Relu, UnaryOp::Sigmoid, UnaryOp::Sin];
 const BINARY: [BinaryOp; 4] = [BinaryOp::Add, BinaryOp::Mul, BinaryOp::Sub, BinaryOp::Maximum];
 
 fn add(g: &mut Graph, op: Op, operands: &[NodeId]) -> Option<NodeId> {
@@ -38,10 +39,13 @@ fn fused(g: &mut Graph, a: NodeId, b: Option<NodeId>, pick: u16) -> Option<NodeI
     let (shape, dtype) = (g.node(a).shape.clone(), g.node(a).dtype);
     let mut body = Graph::new();
     let i0 = body.add(Op::Input(0), &[], Some((shape.clone(), dtype)), RegionId::ROOT).ok()?;
-    let mut cur = body.add(Op::Unary(UNARY[pick as usize % UNARY.len()]), &[i0], None, RegionId::ROOT).ok()?;
-    if let Some(b) = b {
+    let mut cur =
+        body.add(Op::Unary(UNARY[pick as usize % UNARY.len()]), &[i0], None, RegionId::ROOT).ok()?;
+    if b.is_some() {
         let i1 = body.add(Op::Input(1), &[], Some((shape, dtype)), RegionId::ROOT).ok()?;
-        cur = body.add(Op::Binary(BINARY[pick as usize % BINARY.len()]), &[cur, i1], None, RegionId::ROOT).ok()?;
+        cur = body
+            .add(Op::Binary(BINARY[pick as usize % BINARY.len()]), &[cur, i1], None, RegionId::ROOT)
+            .ok()?;
     }
     body.set_outputs(vec![cur]);
     let body = FusedBody::new(body).ok()?;
@@ -173,7 +177,9 @@ fn check_no_overlap(g: &Graph) -> Result<(), String> {
         .values
         .iter()
         .filter_map(|(&id, v)| match v.placement {
-            Placement::Arena { offset, bytes, in_place_of } if bytes > 0 => Some((id, offset, bytes, in_place_of)),
+            Placement::Arena { offset, bytes, in_place_of } if bytes > 0 => {
+                Some((id, offset, bytes, in_place_of))
+            }
             _ => None,
         })
         .collect();
@@ -188,7 +194,9 @@ fn check_no_overlap(g: &Graph) -> Result<(), String> {
             }
             let a_readers = readers.get(&a).cloned().unwrap_or_default();
             if let Some(&r) = a_readers.iter().chain([ta].iter()).find(|&&r| r == tb || !hb[r][tb]) {
-                return Err(format!("{a} and {b} share bytes, but step {r} (a reader of {a}) is not ordered before {b}"));
+                return Err(format!(
+                    "{a} and {b} share bytes, but step {r} (a reader of {a}) is not ordered before {b}"
+                ));
             }
         }
     }
@@ -199,7 +207,8 @@ fn check_no_overlap(g: &Graph) -> Result<(), String> {
 }
 
 fn data(shape: &Shape, dtype: DType, seed: u64) -> HostData {
-    let v: Vec<f64> = (0..shape.numel()).map(|i| ((i as u64 * 7 + seed * 13) % 17) as f64 / 8.0 - 1.0).collect();
+    let v: Vec<f64> =
+        (0..shape.numel()).map(|i| ((i as u64 * 7 + seed * 13) % 17) as f64 / 8.0 - 1.0).collect();
     match dtype {
         DType::F64 => HostData::F64(v),
         _ => HostData::F32(v.iter().map(|&x| x as f32).collect()),
@@ -244,7 +253,11 @@ fn layout_sizes(dump: &std::path::Path) -> (u64, u64) {
     let text = memory.and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default();
     let head = text.lines().next().unwrap_or("");
     let number_after = |key: &str| -> u64 {
-        head.split(key).nth(1).and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap_or(0)
+        head.split(key)
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
     };
     (number_after("greedy by size "), number_after("first fit in schedule order "))
 }
@@ -254,7 +267,11 @@ fn check_graph(graph: &Graph) -> Result<(), TestCaseError> {
     let want = run(&backend, graph);
     for streams in 1..=3u32 {
         // One-stream runs dump, to read the memory pass's note on layouts.
-        let dump = std::env::temp_dir().join(format!("kiln-plan-props-{}-{:?}", std::process::id(), std::thread::current().id()));
+        let dump = std::env::temp_dir().join(format!(
+            "kiln-plan-props-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         let mut config = PipelineConfig::new(None, (streams == 1).then(|| dump.clone())).unwrap();
         config.options.streams = streams;
         let out = optimize(graph.clone(), &config).map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -300,6 +317,45 @@ proptest! {
         outputs in prop::collection::vec(any::<u16>(), 0..3),
     ) {
         check_graph(&build(&inputs, &steps, &outputs))?;
+    }
+}
+
+/// A 10,000-node graph (chains that fork and join, views, reductions)
+/// plans and verifies on 1 and 3 streams: a planning step that is
+/// quadratic would make this test crawl.
+#[test]
+fn ten_thousand_nodes_plan() {
+    let mut g = Graph::new();
+    let x = g.add(Op::Input(0), &[], Some((Shape::new([8, 4]), DType::F32)), RegionId::ROOT).unwrap();
+    let mut cur = x;
+    let mut side = x;
+    let mut i = 0u32;
+    while g.len() < 10_000 {
+        i += 1;
+        cur = match i % 5 {
+            0 => add(&mut g, Op::Binary(BinaryOp::Add), &[cur, side]).unwrap(),
+            1 => {
+                side = add(&mut g, Op::Unary(UnaryOp::Tanh), &[cur]).unwrap();
+                add(&mut g, Op::Unary(UnaryOp::Neg), &[cur]).unwrap()
+            }
+            2 => {
+                let r = add(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![1], keepdim: true }, &[cur])
+                    .unwrap();
+                let e = add(&mut g, Op::Expand(Shape::new([8, 4])), &[r]).unwrap();
+                add(&mut g, Op::Binary(BinaryOp::Sub), &[cur, e]).unwrap()
+            }
+            3 => fused(&mut g, cur, None, i as u16).unwrap(),
+            _ => add(&mut g, Op::Unary(UnaryOp::Sigmoid), &[cur]).unwrap(),
+        };
+    }
+    g.set_outputs(vec![cur]);
+    for streams in [1, 3] {
+        let mut config = PipelineConfig::default();
+        config.options.streams = streams;
+        let out = optimize(g.clone(), &config).unwrap();
+        verify(&out).unwrap();
+        let m = out.tables().memory.as_ref().unwrap();
+        assert!(m.arena_bytes < m.naive_bytes / 100, "{} of {}", m.arena_bytes, m.naive_bytes);
     }
 }
 

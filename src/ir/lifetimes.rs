@@ -151,7 +151,9 @@ impl Facts {
                     let viewed = if root_kind == Kind::Constant {
                         Some(vec![0; node.shape.rank()])
                     } else {
-                        let from = strides[o].clone().unwrap_or_else(|| graph.node(order[o]).shape.contiguous_strides());
+                        let from = strides[o]
+                            .clone()
+                            .unwrap_or_else(|| graph.node(order[o]).shape.contiguous_strides());
                         view_strides(op, &graph.node(order[o]).shape, &from, &node.shape)
                     };
                     match viewed {
@@ -197,7 +199,18 @@ impl Facts {
                 }
             }
         }
-        Facts { order: order.to_vec(), step_of, streams: count, stream, idx, per_stream, vc, kind, last_read, frontier }
+        Facts {
+            order: order.to_vec(),
+            step_of,
+            streams: count,
+            stream,
+            idx,
+            per_stream,
+            vc,
+            kind,
+            last_read,
+            frontier,
+        }
     }
 
     /// The step of a scheduled node.
@@ -283,7 +296,8 @@ impl Facts {
             return Some("the operand is read after this node");
         }
         let others_before = (0..self.streams).all(|s| {
-            s == self.stream[y] as usize || self.vc[y * self.streams + s] >= self.frontier[x * self.streams + s]
+            s == self.stream[y] as usize
+                || self.vc[y * self.streams + s] >= self.frontier[x * self.streams + s]
         });
         if !others_before {
             return Some("another reader of the operand may run at the same time (unordered stream)");
@@ -299,9 +313,10 @@ impl Facts {
         if g.users(input).iter().any(|&u| g.node(u).op.is_view()) {
             return Some("the body reads the operand through a view");
         }
-        let aliased = operands.iter().enumerate().any(|(j, &o)| {
-            j != k && self.step(o).is_some_and(|o| self.root(o) == x)
-        });
+        let aliased = operands
+            .iter()
+            .enumerate()
+            .any(|(j, &o)| j != k && self.step(o).is_some_and(|o| self.root(o) == x));
         if aliased {
             return Some("another operand reads the same bytes");
         }

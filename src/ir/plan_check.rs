@@ -155,7 +155,9 @@ fn check_ordering(graph: &Graph, facts: &Facts) -> Result<(), String> {
     for (t, &id) in facts.order.iter().enumerate() {
         for o in graph.operands(id) {
             let Some(os) = facts.step(o) else { continue };
-            if facts.stream(os) != facts.stream(t) && !facts.ready_before_run(os) && !facts.happens_before(os, t)
+            if facts.stream(os) != facts.stream(t)
+                && !facts.ready_before_run(os)
+                && !facts.happens_before(os, t)
             {
                 return Err(format!(
                     "streams: {} on stream {} reads {} on stream {}, and no event orders them",
@@ -199,7 +201,11 @@ fn check_memory(graph: &Graph, facts: &Facts, memory: &MemoryPlan) -> Result<(),
         }
         let expected = facts.kind[t];
         let wrong = |what: &str| {
-            Err(format!("memory: {} must be placed as {what}, not {:?}", name(graph, id), v.placement))
+            Err(format!(
+                "memory: {} must be placed as {what}, not {}",
+                name(graph, id),
+                placement_text(&v.placement)
+            ))
         };
         match (expected, &v.placement) {
             (Kind::Input, Placement::Input)
@@ -227,14 +233,20 @@ fn check_memory(graph: &Graph, facts: &Facts, memory: &MemoryPlan) -> Result<(),
                     Some(x) => Some(check_in_place(graph, facts, memory, t, *x, *offset)?),
                 };
                 if *bytes > 0 {
-                    items.push(Item { step: t, offset: *offset, bytes: *bytes, end: facts.window_end(t), in_place_of });
+                    items.push(Item {
+                        step: t,
+                        offset: *offset,
+                        bytes: *bytes,
+                        end: facts.window_end(t),
+                        in_place_of,
+                    });
                 }
             }
-            (Kind::Input, _) => return wrong("input"),
-            (Kind::Constant, _) => return wrong("const"),
-            (Kind::Output, _) => return wrong("output (it is what a graph output reads)"),
-            (Kind::Alias(root), _) => return wrong(&format!("alias of its storage root {root}")),
-            (Kind::Arena, _) => return wrong("arena"),
+            (Kind::Input, _) => return wrong("!input"),
+            (Kind::Constant, _) => return wrong("!const"),
+            (Kind::Output, _) => return wrong("!output (a graph output reads it)"),
+            (Kind::Alias(root), _) => return wrong(&format!("!alias={root} (its storage root)")),
+            (Kind::Arena, _) => return wrong("!arena"),
         }
     }
     if memory.values.len() != facts.order.len() {
@@ -264,7 +276,9 @@ fn check_in_place(
     offset: u64,
 ) -> Result<usize, String> {
     let y = facts.order[t];
-    let bad = |why: &str| Err(format!("memory: {} cannot be computed in place of {x}: {why}", name(graph, y)));
+    let x_name = if graph.contains(x) { name(graph, x) } else { x.to_string() };
+    let bad =
+        |why: &str| Err(format!("memory: {} cannot be computed in place of {x_name}: {why}", name(graph, y)));
     let Some(k) = graph.operands(y).iter().position(|&o| o == x) else {
         return bad("it is not an operand");
     };
@@ -339,6 +353,20 @@ fn sweep(graph: &Graph, facts: &Facts, items: &[Item]) -> Result<Vec<(u32, u32, 
         expiry.push(Reverse((window_end, item.offset, i)));
     }
     Ok(groups)
+}
+
+/// A placement as its annotation reads (`!arena=0+64`).
+fn placement_text(p: &Placement) -> String {
+    match p {
+        Placement::Arena { offset, bytes, in_place_of: None } => format!("!arena={offset}+{bytes}"),
+        Placement::Arena { offset, bytes, in_place_of: Some(x) } => {
+            format!("!arena={offset}+{bytes} !in-place={x}")
+        }
+        Placement::Alias(of) => format!("!alias={of}"),
+        Placement::Input => "!input".into(),
+        Placement::Output => "!output".into(),
+        Placement::Constant => "!const".into(),
+    }
 }
 
 fn overlap(a: String, b: String) -> String {

@@ -28,10 +28,12 @@
 //! - **Offsets.** 64-byte aligned, chosen by two layouts, keeping the
 //!   smaller arena (ties: greedy by size): greedy by size (largest first,
 //!   lowest offset clear of the placed values whose lifetimes overlap;
-//!   TFLite's planner) and first fit in schedule order. Measured on the
-//!   pass tests and 1,000 random DAGs of tests/plan_props.rs: greedy by
-//!   size was never worse, first fit in order won on none of the cases
-//!   here; both stay in as a cheap guard against layouts where order wins.
+//!   TFLite's planner) and first fit in schedule order. On the 1,000
+//!   random DAGs of tests/plan_props.rs (one stream, tiny shapes, so the
+//!   64-byte alignment weighs a lot) the arenas add up to 68,224 B with
+//!   greedy by size alone, 70,632 B with first fit alone, and 68,004 B
+//!   keeping the smaller per graph (first fit wins 10 of 1,000); the
+//!   lower bounds add up to 56,388 B and the naive sums to 71,796 B.
 //!   Both are O(m log m) plus the overlapping pairs.
 //!
 //! Reports `arena_bytes`, `lower_bound` (the most bytes of arena values
@@ -74,7 +76,10 @@ impl Pass for Memory {
             "arena {} B, lower bound {} B, naive {} B",
             plan.arena_bytes, plan.lower_bound, plan.naive_bytes
         ));
-        cx.note(format!("layouts: greedy by size {} B, first fit in schedule order {} B", layout.0, layout.1));
+        cx.note(format!(
+            "layouts: greedy by size {} B, first fit in schedule order {} B",
+            layout.0, layout.1
+        ));
         tracing::debug!(
             arena = plan.arena_bytes,
             lower_bound = plan.lower_bound,

@@ -95,7 +95,8 @@ impl Dag {
                 users[o].push(i);
             }
             root[i] = if node.op.is_view() { root[ops[0]] } else { i };
-            let allocates = !node.op.is_view() && !matches!(node.op, Op::Input(_) | Op::Buffer(_) | Op::Full(_));
+            let allocates =
+                !node.op.is_view() && !matches!(node.op, Op::Input(_) | Op::Buffer(_) | Op::Full(_));
             if allocates {
                 alloc[i] = node.shape.numel() as u64 * node.dtype.size() as u64;
             }

@@ -131,8 +131,11 @@ fn plan_streams(graph: &Graph, order: &[NodeId], max_streams: u32) -> StreamPlan
     for c in (0..tails.len()).rev() {
         if stream_of_chain[c] == u32::MAX {
             let user = first_user[tails[c]];
-            stream_of_chain[c] =
-                if user < n && stream_of_chain[chain_of[user]] != u32::MAX { stream_of_chain[chain_of[user]] } else { 0 };
+            stream_of_chain[c] = if user < n && stream_of_chain[chain_of[user]] != u32::MAX {
+                stream_of_chain[chain_of[user]]
+            } else {
+                0
+            };
         }
     }
     let stream: Vec<usize> = (0..n).map(|t| stream_of_chain[chain_of[t]] as usize).collect();

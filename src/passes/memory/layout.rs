@@ -66,7 +66,8 @@ pub(super) fn greedy_by_size(items: &[Item]) -> Vec<u64> {
         found.clear();
         collect(&tree, &any, 1, 0, size, limit, it.start, &mut found);
         taken.clear();
-        taken.extend(found.iter().filter(|&&j| placed[j]).map(|&j| (offsets[j], offsets[j] + items[j].bytes)));
+        taken
+            .extend(found.iter().filter(|&&j| placed[j]).map(|&j| (offsets[j], offsets[j] + items[j].bytes)));
         taken.sort_unstable();
         offsets[i] = first_gap(&taken, it.bytes);
         placed[i] = true;
@@ -75,7 +76,16 @@ pub(super) fn greedy_by_size(items: &[Item]) -> Vec<u64> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn collect(tree: &[u32], any: &[bool], v: usize, lo: usize, hi: usize, limit: usize, start: u32, out: &mut Vec<usize>) {
+fn collect(
+    tree: &[u32],
+    any: &[bool],
+    v: usize,
+    lo: usize,
+    hi: usize,
+    limit: usize,
+    start: u32,
+    out: &mut Vec<usize>,
+) {
     if lo >= limit || !any[v] || tree[v] < start {
         return;
     }
