@@ -308,7 +308,14 @@ fn check_graph(graph: &Graph) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1000, max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: 1000,
+        max_shrink_iters: 200,
+        // A fixed seed: the same 1,000 graphs every run, so the totals the
+        // memory pass quotes can be reproduced.
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x6b696c6e),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn plans_hold_on_random_dags(
