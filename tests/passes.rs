@@ -42,6 +42,9 @@ pass_test!(cse, "cse");
 pass_test!(simplify, "simplify");
 pass_test!(dce, "dce");
 pass_test!(fusion, "fusion");
+pass_test!(schedule, "schedule");
+pass_test!(streams, "streams");
+pass_test!(memory, "memory");
 
 /// Runs one case: parse, run the pass, compare on the CPU, and return the
 /// snapshot text.
@@ -220,7 +223,7 @@ fn pipeline_dumps_every_step() {
     let _ = std::fs::remove_dir_all(&dir);
     let config = PipelineConfig::new(None, Some(dir.clone())).unwrap();
     let out = optimize(graph, &config).unwrap();
-    assert_eq!(out.phase(), kiln::ir::Phase::Fused);
+    assert_eq!(out.phase(), kiln::ir::Phase::Planned);
     let hashes: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(hashes.len(), 1);
     let hash_dir = &hashes[0];
@@ -240,7 +243,10 @@ fn pipeline_dumps_every_step() {
             "03-cse.kir",
             "04-simplify.kir",
             "05-dce.kir",
-            "06-fusion.kir"
+            "06-fusion.kir",
+            "07-schedule.kir",
+            "08-streams.kir",
+            "09-memory.kir"
         ]
     );
     let mut dumps = String::new();
@@ -275,7 +281,7 @@ fn whole_pipeline_keeps_every_case_meaning() {
         let out = optimize(case.graph.clone(), &PipelineConfig::default())
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         verify(&out).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        assert_eq!(out.phase(), kiln::ir::Phase::Fused);
+        assert_eq!(out.phase(), kiln::ir::Phase::Planned);
         check_same_values(path, &case.graph, &out);
     }
 }

@@ -32,6 +32,7 @@ pub mod fast_math;
 pub mod fused;
 mod graph;
 mod infer;
+pub(crate) mod lifetimes;
 mod op;
 pub mod plan;
 mod plan_check;

@@ -16,17 +16,37 @@
 //! from `a` to `b`. A valid stream plan orders every operand before its
 //! user this way, and records every event on a node scheduled before each
 //! of its waiters (so a backend that issues work in schedule order never
-//! waits on an event nobody has recorded yet).
+//! waits on an event nobody has recorded yet); every event has a waiter.
+//! Values that exist before the run (inputs, constants, and views of them
+//! that need no copy) do no work: an edge from one needs no event, so they
+//! may sit on any stream.
 //!
 //! # Memory
 //!
-//! Every value of the schedule has a [`Placement`]. Arena values own
-//! `bytes` bytes at `offset` of one arena allocation per plan; a value
-//! lives from its step to the step of its last reader (readers of views of
-//! it included). Two arena values may share bytes only when every read of
-//! the first happens before the second is written, or when the second is
-//! computed in place of the first by an elementwise kernel that reads each
-//! element before writing it.
+//! Every value of the schedule has a [`Placement`]: `input` nodes are
+//! [`Placement::Input`], `full` constants [`Placement::Constant`], a view
+//! is an [`Placement::Alias`] of its *storage root* (the value its view
+//! chain starts from), the storage root of a graph output is
+//! [`Placement::Output`] (unless it is an input or a constant, which a
+//! backend hands back as they are), and every other value is in the arena.
+//! A `reshape` that no strides can express (of a transposed value, say)
+//! copies: it is a storage root itself.
+//!
+//! Arena values own `bytes` bytes at `offset` (a multiple of 64) of one
+//! arena allocation per plan. A value is *live* from its step to the step
+//! of its last reader, readers of its aliases included (`live`). Two arena
+//! values may share bytes only when every reader of the first (and the
+//! first itself) happens before the second is written, or when the second
+//! is computed in place of the first (`in_place_of`) by a fused elementwise
+//! kernel that reads each element of it before writing that element. On
+//! one stream that is: their live ranges are disjoint. On several, the
+//! checker and the memory pass use a conservative window per value: it
+//! ends at the last step of any node that is not ordered after all of the
+//! value's readers (such a node may run while a reader still reads), and
+//! values with disjoint windows may share. `lower_bound` is the most bytes
+//! of arena values whose windows hold one step (a value and the one
+//! computed in place of it count once): no layout of these windows uses
+//! less.
 
 use super::{Graph, NodeId, Op};
 use std::collections::BTreeMap;
@@ -173,8 +193,9 @@ pub struct Event {
 pub struct MemoryPlan {
     /// Size of the one arena allocation (bytes).
     pub arena_bytes: u64,
-    /// The most bytes of arena values live at any one step: no layout of
-    /// these lifetimes can use less.
+    /// The most bytes of arena values live at any one step (over the
+    /// stream-aware windows of the module docs): no layout of these
+    /// lifetimes can use less.
     pub lower_bound: u64,
     /// The bytes of all arena values added up: one allocation per value.
     pub naive_bytes: u64,

@@ -15,14 +15,20 @@ mod constant_fold;
 mod cse;
 mod dce;
 mod fusion;
+mod memory;
+mod schedule;
 mod simplify;
+mod streams;
 mod view_fold;
 
 pub use constant_fold::ConstantFold;
 pub use cse::Cse;
 pub use dce::Dce;
 pub use fusion::Fusion;
+pub use memory::Memory;
+pub use schedule::Schedule;
 pub use simplify::Simplify;
+pub use streams::Streams;
 pub use view_fold::ViewFold;
 
 use crate::ir::{self, Graph, Phase};
@@ -227,12 +233,15 @@ pub static REGISTRY: &[PassInfo] = &[
         pass: &Fusion,
         description: "group elementwise work, row reductions and matmul epilogues into fused nodes",
     },
+    PassInfo { pass: &Schedule, description: "order the nodes to keep the peak of live bytes low" },
+    PassInfo { pass: &Streams, description: "spread independent chains over streams with the fewest events" },
+    PassInfo { pass: &Memory, description: "place values in one arena by liveness, in place where safe" },
 ];
 
-/// The pipeline, in order. After it the graph is in [`Phase::Fused`]
-/// ([`Phase::Canonical`] with fusion off). One sweep, no fixed point: work
-/// one pass exposes for an earlier one (a `where` that constant folding
-/// forwards, joining two views) is left as it is.
+/// The pipeline, in order: canonicalizing passes, then planning ones.
+/// After it the graph is in [`Phase::Planned`]. One sweep, no fixed point: work one pass exposes
+/// for an earlier one (a `where` that constant folding forwards, joining
+/// two views) is left as it is.
 pub static PIPELINE: &[&dyn Pass] = &[
     // Views first, so folding and CSE see one view per chain.
     &ViewFold,
@@ -246,6 +255,12 @@ pub static PIPELINE: &[&dyn Pass] = &[
     &Dce,
     // One kernel per group of elementwise ops, row reductions, matmul epilogues.
     &Fusion,
+    // An order with a low peak of live bytes.
+    &Schedule,
+    // Streams and events over that order.
+    &Streams,
+    // Arena offsets over the order's lifetimes (aware of streams).
+    &Memory,
 ];
 
 /// The names of every registered pass, in registry order.
@@ -485,7 +500,20 @@ mod tests {
         for step in PIPELINE {
             assert!(names.contains(&step.name()), "{} is not registered", step.name());
         }
-        assert_eq!(names, ["view-fold", "constant-fold", "cse", "simplify", "dce", "fusion"]);
+        assert_eq!(
+            names,
+            [
+                "view-fold",
+                "constant-fold",
+                "cse",
+                "simplify",
+                "dce",
+                "fusion",
+                "schedule",
+                "streams",
+                "memory"
+            ]
+        );
     }
 
     #[test]

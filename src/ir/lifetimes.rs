@@ -1,0 +1,408 @@
+//! Facts that the memory pass and the plan checker both derive from a
+//! schedule and its stream plan: where each value's bytes come from
+//! (storage roots through views), happens-before between nodes (vector
+//! clocks), how long each value's bytes must stay untouched, and which
+//! fused nodes may overwrite an operand in place.
+//!
+//! One implementation serves both, so the pass never plans what the
+//! checker rejects; tests/plan_props.rs recomputes the overlap rule on its
+//! own, pair by pair, so a shared mistake here is still caught.
+//!
+//! Everything is indexed by schedule step. Building the facts assumes the
+//! schedule and the stream plan were checked (every node scheduled once,
+//! operands first; streams below the count; events recorded before their
+//! waiters): [`super::plan_check`] checks those before it builds them.
+
+use super::{FusedKind, Graph, NodeId, Op, Shape, StreamPlan};
+
+/// Arena offsets are multiples of this (a cache line; what SIMD loads like).
+pub(crate) const ALIGN: u64 = 64;
+
+/// Where a value's bytes are, before any offset is chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `input` (or a realized `buffer`): bound by the caller.
+    Input,
+    /// `full`: one element, outside the arena.
+    Constant,
+    /// A view over the bytes of the named storage root.
+    Alias(NodeId),
+    /// The storage root of a graph output: its own allocation.
+    Output,
+    /// Everything else: bytes in the arena.
+    Arena,
+}
+
+/// Per-step facts of one schedule (see the module docs).
+pub(crate) struct Facts {
+    /// The schedule.
+    pub order: Vec<NodeId>,
+    /// Step of each node, by node index (`u32::MAX`: not scheduled).
+    step_of: Vec<u32>,
+    /// Number of streams (1 without a stream plan).
+    pub streams: usize,
+    /// Stream of each step.
+    stream: Vec<u32>,
+    /// Position of each step within its stream.
+    idx: Vec<i64>,
+    /// The steps of each stream, in order.
+    per_stream: Vec<Vec<u32>>,
+    /// Vector clock of each step (`streams` entries per step): entry `s`
+    /// is the position of the last node on stream `s` that happens before
+    /// or is this node (-1 for none).
+    vc: Vec<i64>,
+    /// Placement kind of each step.
+    pub kind: Vec<Kind>,
+    /// Step of the last reader of each step's value, readers of its
+    /// aliases included (the step itself when nothing reads it).
+    pub last_read: Vec<u32>,
+    /// Per step and stream, the position of the last reader on that stream
+    /// (readers of aliases and the node itself included; -1 for none).
+    frontier: Vec<i64>,
+}
+
+/// Bytes of a node's value.
+pub(crate) fn value_bytes(graph: &Graph, id: NodeId) -> u64 {
+    let node = graph.node(id);
+    node.shape.numel() as u64 * node.dtype.size() as u64
+}
+
+/// Whether a value exists before any stream starts (inputs, constants and
+/// views of them that need no copy): reading it needs no event.
+pub(crate) fn ready_before_run(kind: Kind, kinds_root: impl Fn(NodeId) -> Kind) -> bool {
+    match kind {
+        Kind::Input | Kind::Constant => true,
+        Kind::Alias(root) => matches!(kinds_root(root), Kind::Input | Kind::Constant),
+        _ => false,
+    }
+}
+
+impl Facts {
+    /// Builds the facts of `order` (a checked schedule of `graph`) under
+    /// `streams` (a checked stream plan, or one stream when `None`).
+    pub fn new(graph: &Graph, order: &[NodeId], streams: Option<&StreamPlan>) -> Facts {
+        let n = order.len();
+        let max_index = order.iter().map(|id| id.index() + 1).max().unwrap_or(0);
+        let mut step_of = vec![u32::MAX; max_index];
+        for (t, id) in order.iter().enumerate() {
+            step_of[id.index()] = t as u32;
+        }
+        let count = streams.map_or(1, |s| s.count.max(1) as usize);
+        let stream: Vec<u32> = order
+            .iter()
+            .map(|id| streams.and_then(|s| s.stream_of.get(id)).map_or(0, |s| s.0.min(count as u32 - 1)))
+            .collect();
+        let mut per_stream = vec![Vec::new(); count];
+        let mut idx = vec![0i64; n];
+        for t in 0..n {
+            let s = stream[t] as usize;
+            idx[t] = per_stream[s].len() as i64;
+            per_stream[s].push(t as u32);
+        }
+        let operand_steps = |id: NodeId| -> Vec<u32> {
+            graph.operands(id).iter().map(|o| step_of.get(o.index()).copied().unwrap_or(u32::MAX)).collect()
+        };
+        // Vector clocks: a node starts from its stream predecessor and the
+        // recorders of the events it waits for.
+        let mut waits: Vec<Vec<u32>> = vec![Vec::new(); n];
+        if let Some(plan) = streams {
+            for e in &plan.events {
+                let Some(&after) = step_of.get(e.after.index()) else { continue };
+                for w in &e.waiters {
+                    if let Some(&ws) = step_of.get(w.index()) {
+                        if (ws as usize) < n && after < ws {
+                            waits[ws as usize].push(after);
+                        }
+                    }
+                }
+            }
+        }
+        let mut vc = vec![-1i64; n * count];
+        let mut last_on = vec![u32::MAX; count];
+        for t in 0..n {
+            let s = stream[t] as usize;
+            if last_on[s] != u32::MAX {
+                let p = last_on[s] as usize;
+                vc.copy_within(p * count..(p + 1) * count, t * count);
+            }
+            for &r in &waits[t] {
+                for k in 0..count {
+                    vc[t * count + k] = vc[t * count + k].max(vc[r as usize * count + k]);
+                }
+            }
+            vc[t * count + s] = idx[t];
+            last_on[s] = t as u32;
+        }
+        // Kinds: storage roots follow views that need no copy.
+        let mut kind = vec![Kind::Arena; n];
+        let mut strides: Vec<Option<Vec<usize>>> = vec![None; n];
+        for (t, &id) in order.iter().enumerate() {
+            let node = graph.node(id);
+            kind[t] = match &node.op {
+                Op::Input(_) | Op::Buffer(_) => Kind::Input,
+                Op::Full(_) => Kind::Constant,
+                op if op.is_view() => {
+                    let o = operand_steps(id)[0] as usize;
+                    let root = match kind[o] {
+                        Kind::Alias(r) => r,
+                        _ => order[o],
+                    };
+                    let root_kind = kind[step_of[root.index()] as usize];
+                    let viewed = if root_kind == Kind::Constant {
+                        Some(vec![0; node.shape.rank()])
+                    } else {
+                        let from = strides[o]
+                            .clone()
+                            .unwrap_or_else(|| graph.node(order[o]).shape.contiguous_strides());
+                        view_strides(op, &graph.node(order[o]).shape, &from, &node.shape)
+                    };
+                    match viewed {
+                        Some(s) => {
+                            strides[t] = Some(s);
+                            Kind::Alias(root)
+                        }
+                        // A reshape the strides cannot express: a copy, so a root.
+                        None => Kind::Arena,
+                    }
+                }
+                _ => Kind::Arena,
+            };
+        }
+        for out in graph.outputs() {
+            let Some(&t) = step_of.get(out.index()) else { continue };
+            let root = match kind[t as usize] {
+                Kind::Alias(r) => step_of[r.index()] as usize,
+                _ => t as usize,
+            };
+            if kind[root] == Kind::Arena {
+                kind[root] = Kind::Output;
+            }
+        }
+        // Readers: direct users, then views hand theirs to what they view.
+        let mut last_read: Vec<u32> = (0..n as u32).collect();
+        let mut frontier = vec![-1i64; n * count];
+        for t in 0..n {
+            frontier[t * count + stream[t] as usize] = idx[t];
+            for o in operand_steps(order[t]) {
+                let o = o as usize;
+                last_read[o] = last_read[o].max(t as u32);
+                let f = &mut frontier[o * count + stream[t] as usize];
+                *f = (*f).max(idx[t]);
+            }
+        }
+        for t in (0..n).rev() {
+            if let Kind::Alias(_) = kind[t] {
+                let o = operand_steps(order[t])[0] as usize;
+                last_read[o] = last_read[o].max(last_read[t]);
+                for k in 0..count {
+                    frontier[o * count + k] = frontier[o * count + k].max(frontier[t * count + k]);
+                }
+            }
+        }
+        Facts {
+            order: order.to_vec(),
+            step_of,
+            streams: count,
+            stream,
+            idx,
+            per_stream,
+            vc,
+            kind,
+            last_read,
+            frontier,
+        }
+    }
+
+    /// The step of a scheduled node.
+    pub fn step(&self, id: NodeId) -> Option<usize> {
+        self.step_of.get(id.index()).filter(|&&s| s != u32::MAX).map(|&s| s as usize)
+    }
+
+    /// The stream of a step.
+    pub fn stream(&self, t: usize) -> u32 {
+        self.stream[t]
+    }
+
+    /// The storage root of a step's value (itself unless it is an alias).
+    pub fn root(&self, t: usize) -> usize {
+        match self.kind[t] {
+            Kind::Alias(r) => self.step_of[r.index()] as usize,
+            _ => t,
+        }
+    }
+
+    /// Whether step `a` happens before step `b` (strictly).
+    pub fn happens_before(&self, a: usize, b: usize) -> bool {
+        a != b && self.vc[b * self.streams + self.stream[a] as usize] >= self.idx[a]
+    }
+
+    /// Whether a step's value is ready before any stream starts.
+    pub fn ready_before_run(&self, t: usize) -> bool {
+        ready_before_run(self.kind[t], |r| self.kind[self.step_of[r.index()] as usize])
+    }
+
+    /// The last step during which the bytes of step `t`'s value must stay
+    /// untouched: its last reader, and on several streams also every node
+    /// that is not ordered after all of its readers (such a node may run
+    /// while a reader still reads). A value defined after this step may
+    /// reuse the bytes; see the plan module docs.
+    pub fn window_end(&self, t: usize) -> u32 {
+        let mut end = self.last_read[t];
+        if self.streams == 1 {
+            return end;
+        }
+        let f = &self.frontier[t * self.streams..(t + 1) * self.streams];
+        for (s, steps) in self.per_stream.iter().enumerate() {
+            // Clocks only grow along a stream, so the nodes clear of every
+            // reader are a suffix: find where it starts.
+            let clear = |y: u32| {
+                let y = y as usize;
+                (0..self.streams).all(|k| {
+                    let mut c = self.vc[y * self.streams + k];
+                    if k == s {
+                        c -= 1; // strictly after: the node itself does not count
+                    }
+                    c >= f[k]
+                })
+            };
+            let first_clear = steps.partition_point(|&y| !clear(y));
+            if first_clear > 0 {
+                end = end.max(steps[first_clear - 1]);
+            }
+        }
+        end
+    }
+
+    /// Why fused node `y` cannot be computed in place of its operand slot
+    /// `k`, or `None` when it can (rules (a) to (d) of the memory pass).
+    pub fn in_place_refusal(&self, graph: &Graph, y: usize, k: usize) -> Option<&'static str> {
+        let yid = self.order[y];
+        let Op::Fused(body) = &graph.node(yid).op else {
+            return Some("only fused elementwise nodes compute in place");
+        };
+        if *body.kind() != FusedKind::Elementwise {
+            return Some("only fused elementwise nodes compute in place");
+        }
+        if self.kind[y] != Kind::Arena {
+            return Some("the node is not an arena value (an output has its own bytes)");
+        }
+        let operands = graph.operands(yid);
+        let Some(&xid) = operands.get(k) else { return Some("no such operand") };
+        let Some(x) = self.step(xid) else { return Some("the operand is not scheduled") };
+        if self.kind[x] != Kind::Arena {
+            return Some("the operand is not an arena value");
+        }
+        if self.last_read[x] as usize != y {
+            return Some("the operand is read after this node");
+        }
+        let others_before = (0..self.streams).all(|s| {
+            s == self.stream[y] as usize
+                || self.vc[y * self.streams + s] >= self.frontier[x * self.streams + s]
+        });
+        if !others_before {
+            return Some("another reader of the operand may run at the same time (unordered stream)");
+        }
+        if value_bytes(graph, xid) != value_bytes(graph, yid) {
+            return Some("the operand has another byte size");
+        }
+        let g = body.graph();
+        let Some(&input) = body.input_nodes().get(k) else { return Some("no such body input") };
+        if g.node(input).shape != graph.node(yid).shape {
+            return Some("the body reads the operand at another shape");
+        }
+        if g.users(input).iter().any(|&u| g.node(u).op.is_view()) {
+            return Some("the body reads the operand through a view");
+        }
+        let aliased = operands
+            .iter()
+            .enumerate()
+            .any(|(j, &o)| j != k && self.step(o).is_some_and(|o| self.root(o) == x));
+        if aliased {
+            return Some("another operand reads the same bytes");
+        }
+        None
+    }
+}
+
+/// The strides of view `op` (from `shape` with `strides` to `to`), or
+/// `None` when a reshape cannot be expressed by strides (it copies).
+fn view_strides(op: &Op, shape: &Shape, strides: &[usize], to: &Shape) -> Option<Vec<usize>> {
+    match op {
+        Op::Permute(perm) => Some(perm.iter().map(|&p| strides.get(p).copied().unwrap_or(0)).collect()),
+        Op::Expand(_) => {
+            let lead = to.rank().saturating_sub(shape.rank());
+            Some(
+                (0..to.rank())
+                    .map(|i| {
+                        if i < lead || (shape.0[i - lead] == 1 && to.0[i] != 1) {
+                            0
+                        } else {
+                            strides[i - lead]
+                        }
+                    })
+                    .collect(),
+            )
+        }
+        Op::Slice { dim, step, .. } => {
+            let mut s = strides.to_vec();
+            if let Some(d) = s.get_mut(*dim) {
+                *d *= step;
+            }
+            Some(s)
+        }
+        Op::Reshape(_) => reshape_strides(&shape.0, strides, &to.0),
+        _ => None,
+    }
+}
+
+/// PyTorch's `view` rule (the CPU backend's `Layout::reshape`): the strides
+/// of `new` over the same elements, if one strided layout has them.
+fn reshape_strides(old: &[usize], strides: &[usize], new: &[usize]) -> Option<Vec<usize>> {
+    let numel: usize = old.iter().product();
+    let contiguous = Shape(old.to_vec()).contiguous_strides();
+    if numel == 0 || old.iter().zip(strides.iter().zip(&contiguous)).all(|(&d, (&s, &c))| d == 1 || s == c) {
+        return Some(Shape(new.to_vec()).contiguous_strides());
+    }
+    let mut out = vec![0usize; new.len()];
+    let mut view_d = new.len() as isize - 1;
+    let mut chunk_base = *strides.last()?;
+    let mut tensor_numel = 1usize;
+    let mut view_numel = 1usize;
+    for td in (0..old.len()).rev() {
+        tensor_numel *= old[td];
+        if td == 0 || (old[td - 1] != 1 && strides[td - 1] != tensor_numel * chunk_base) {
+            while view_d >= 0 && (view_numel < tensor_numel || new[view_d as usize] == 1) {
+                out[view_d as usize] = view_numel * chunk_base;
+                view_numel *= new[view_d as usize];
+                view_d -= 1;
+            }
+            if view_numel != tensor_numel {
+                return None;
+            }
+            if td > 0 {
+                chunk_base = strides[td - 1];
+                tensor_numel = 1;
+                view_numel = 1;
+            }
+        }
+    }
+    (view_d == -1).then_some(out)
+}
+
+/// The most bytes held at once by values with these inclusive step
+/// windows: `(first, last, bytes)` each.
+pub(crate) fn peak_bytes(windows: &[(u32, u32, u64)]) -> u64 {
+    let mut deltas: Vec<(u64, i128)> = Vec::with_capacity(windows.len() * 2);
+    for &(a, b, bytes) in windows {
+        deltas.push((a as u64, bytes as i128));
+        deltas.push((b as u64 + 1, -(bytes as i128)));
+    }
+    // Frees before allocations at the same step.
+    deltas.sort_unstable();
+    let (mut cur, mut peak) = (0i128, 0i128);
+    for (_, d) in deltas {
+        cur += d;
+        peak = peak.max(cur);
+    }
+    peak as u64
+}
