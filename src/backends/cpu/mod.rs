@@ -10,6 +10,7 @@
 
 mod conv;
 mod elementwise;
+mod fused;
 mod index;
 mod layout;
 mod matmul;
@@ -137,10 +138,6 @@ impl Backend for CpuBackend {
     }
 
     fn compile(&self, plan: Arc<Plan>) -> Result<Arc<dyn Executable>> {
-        // Until fused kernels land, a fused node runs as its body's ops.
-        let has_fused = plan.order.iter().any(|&id| matches!(plan.graph.node(id).op, Op::Fused(_)));
-        let plan =
-            if has_fused { Arc::new(Plan::new(crate::ir::fused::inline_fused(&plan.graph))) } else { plan };
         Ok(Arc::new(CpuExecutable::new(plan, self.stats.clone())?))
     }
 
@@ -166,6 +163,8 @@ struct CpuExecutable {
     uses: Vec<usize>,
     /// Positions of the graph outputs.
     outputs: Vec<usize>,
+    /// The compiled kernel of each fused step (by step index).
+    fused: Vec<Option<fused::FusedKernel>>,
 }
 
 impl CpuExecutable {
@@ -178,6 +177,7 @@ impl CpuExecutable {
         };
         let mut steps = Vec::with_capacity(plan.order.len());
         let mut uses = vec![0usize; plan.order.len()];
+        let mut fused = Vec::with_capacity(plan.order.len());
         for (i, &id) in plan.order.iter().enumerate() {
             if !plan.graph.contains(id) {
                 return Err(Error::Backend(format!("cpu: plan orders {id}, which is not in its graph")));
@@ -218,6 +218,11 @@ impl CpuExecutable {
                 }
                 Err(e) => return Err(Error::Backend(format!("cpu: {id} ({}): {e}", node.op.mnemonic()))),
             }
+            let kernel = match &node.op {
+                Op::Fused(body) => Some(fused::FusedKernel::compile(body, id)?),
+                _ => None,
+            };
+            fused.push(kernel);
             steps.push(Step { id, operands });
         }
         let mut outputs = Vec::new();
@@ -226,10 +231,17 @@ impl CpuExecutable {
             uses[p] += 1;
             outputs.push(p);
         }
-        Ok(CpuExecutable { plan, stats, steps, uses, outputs })
+        Ok(CpuExecutable { plan, stats, steps, uses, outputs, fused })
     }
 
-    fn exec(&self, step: &Step, args: &[&CpuBuffer], inputs: &[Buffer], rng: &RngArgs) -> Result<CpuBuffer> {
+    fn exec(
+        &self,
+        i: usize,
+        step: &Step,
+        args: &[&CpuBuffer],
+        inputs: &[Buffer],
+        rng: &RngArgs,
+    ) -> Result<CpuBuffer> {
         let node = self.plan.graph.node(step.id);
         let shape = &node.shape;
         let dense = |data: HostData| CpuBuffer::dense(data, shape.clone(), &self.stats);
@@ -319,7 +331,15 @@ impl CpuExecutable {
             Op::IndexSelect { dim } => dense(index::index_select(x()?, y()?, *dim, step.id)?),
             Op::Cat { dim } => dense(index::cat(args, *dim, shape)?),
             Op::Fused(_) => {
-                Err(Error::Backend(format!("cpu: {} is fused; fused kernels come next", step.id)))
+                let kernel = self.fused.get(i).and_then(Option::as_ref).ok_or_else(|| {
+                    Error::Backend(format!("cpu: fused {} has no compiled kernel", step.id))
+                })?;
+                let operands: Vec<Option<&CpuBuffer>> = args.iter().map(|&a| Some(a)).collect();
+                storage::dispatch!(node.dtype, T => {
+                    let mut out = pool::vec_for_overwrite::<T>(shape.numel());
+                    kernel.run(&operands, None, &mut out)?;
+                    dense(<T as crate::ir::Element>::into_host(out))
+                })
             }
         }
     }
@@ -354,7 +374,7 @@ impl Executable for CpuExecutable {
                         Error::Backend(format!("cpu: operand of {} was freed before use", step.id))
                     })?);
                 }
-                self.exec(step, &args, inputs, rng)?
+                self.exec(i, step, &args, inputs, rng)?
             };
             self.stats.nodes_executed.fetch_add(1, Ordering::Relaxed);
             values[i] = Some(out);

@@ -81,6 +81,7 @@ fn assert_close(got: &HostData, want: &[f64], t: f64, what: &str) {
     }
 }
 
+mod fused;
 mod kernels;
 
 const FLOATS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];
