@@ -24,13 +24,14 @@
 //! slice; no graph output is an arena value. With one stream the kernels run
 //! one at a time, so these checks alone keep every `&mut` exclusive. With
 //! several streams, kernels of different streams run at once; that no two
-//! simultaneously live values share bytes, and that events order every
-//! cross-stream operand, is the plan's post-condition checked by
-//! [`crate::ir::verify`], which compile runs on every planned graph; the
-//! cross-stream operand order and the absence of deadlocks are checked here
-//! again (they cost one pass).
+//! values sharing bytes are written or read at once is the plan's
+//! post-condition, checked by [`crate::ir::verify`] (which compile runs on
+//! every planned graph) and again by the executor itself (`hazards.rs`,
+//! against the events), along with the cross-stream operand order and the
+//! absence of deadlocks.
 
 use super::arena::Arena;
+use super::hazards::RunOrder;
 use crate::backends::DeviceStats;
 use crate::ir::{DType, Graph, Node, NodeId, Op, Placement, Plan, Shape};
 use crate::{Error, Result};
@@ -46,7 +47,7 @@ pub(super) enum Place {
     /// `len` elements at byte `offset` of the arena.
     Arena { offset: usize, len: usize },
     /// The bytes of operand `slot` (an arena range), overwritten in place.
-    InPlace { slot: usize, offset: usize, len: usize },
+    InPlaceOf { slot: usize, offset: usize, len: usize },
 }
 
 /// One step of a compiled plan.
@@ -148,11 +149,17 @@ impl CpuExecutable {
             }
             None => None,
         };
-        let streams = match &tables.streams {
-            Some(sp) if sp.count > 1 => Some(stream_lists(&pos, &mut steps, sp)?),
+        let (streams, order) = match &tables.streams {
+            Some(sp) if sp.count > 1 => {
+                let (streams, order) = stream_lists(&pos, &mut steps, sp)?;
+                (Some(streams), order)
+            }
             Some(sp) if sp.count == 0 => return Err(bad("the stream plan has no streams".into())),
-            _ => None,
+            _ => (None, RunOrder::sequential(steps.len())),
         };
+        if arena_bytes.is_some() {
+            super::hazards::check(&plan.graph, &steps, &order)?;
+        }
         let arena = match arena_bytes {
             Some(bytes) => Some(Arena::new(bytes, &stats)?),
             None => None,
@@ -259,7 +266,8 @@ fn place_values(plan: &Plan, steps: &mut [Step], arena_bytes: usize) -> Result<(
                             })?;
                         match pos.get(of).map(|&p| steps[p].place) {
                             Some(
-                                Place::Arena { offset: o, len: l } | Place::InPlace { offset: o, len: l, .. },
+                                Place::Arena { offset: o, len: l }
+                                | Place::InPlaceOf { offset: o, len: l, .. },
                             ) if o == offset
                                 && l * graph.node(*of).dtype.size() == len * node.dtype.size() => {}
                             _ => {
@@ -269,7 +277,7 @@ fn place_values(plan: &Plan, steps: &mut [Step], arena_bytes: usize) -> Result<(
                             }
                         }
                         if can_run_in_place(node, slot) {
-                            Place::InPlace { slot, offset, len }
+                            Place::InPlaceOf { slot, offset, len }
                         } else {
                             in_place_fallback()
                         }
@@ -280,14 +288,14 @@ fn place_values(plan: &Plan, steps: &mut [Step], arena_bytes: usize) -> Result<(
         steps[i].place = place;
         let size = node.dtype.size();
         root[i] = match place {
-            Place::Arena { offset, len } | Place::InPlace { offset, len, .. } => Some((offset, len * size)),
+            Place::Arena { offset, len } | Place::InPlaceOf { offset, len, .. } => Some((offset, len * size)),
             Place::Auto if node.op.is_view() => steps[i].operands.first().and_then(|&p| root[p]),
             Place::Auto => None,
         };
-        if let Place::Arena { offset, len } | Place::InPlace { offset, len, .. } = place {
+        if let Place::Arena { offset, len } | Place::InPlaceOf { offset, len, .. } = place {
             let (start, end) = (offset, offset + len * size);
             for (slot, &p) in steps[i].operands.iter().enumerate() {
-                let exempt = matches!(place, Place::InPlace { slot: s, .. } if s == slot);
+                let exempt = matches!(place, Place::InPlaceOf { slot: s, .. } if s == slot);
                 if let Some((o, b)) = root[p] {
                     if !exempt && o < end && start < o + b && b > 0 && end > start {
                         return Err(bad(format!(
@@ -371,7 +379,7 @@ fn stream_lists(
     pos: &HashMap<NodeId, usize>,
     steps: &mut [Step],
     sp: &crate::ir::StreamPlan,
-) -> Result<Streams> {
+) -> Result<(Streams, RunOrder)> {
     let count = sp.count as usize;
     let mut stream = vec![0usize; steps.len()];
     let mut lists = vec![Vec::new(); count];
@@ -430,5 +438,5 @@ fn stream_lists(
         clock.push(c);
         last_on[stream[i]] = Some(i);
     }
-    Ok(Streams { lists, events: sp.events.len() })
+    Ok((Streams { lists, events: sp.events.len() }, RunOrder { stream, seq, clock }))
 }

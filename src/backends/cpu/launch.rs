@@ -143,7 +143,7 @@ impl CpuExecutable {
             // Unreachable today: `CpuBackend::compile` inlines fused bodies.
             Op::Fused(_) => {
                 let in_place = match step.place {
-                    Place::InPlace { slot, .. } => Some(slot),
+                    Place::InPlaceOf { slot, .. } => Some(slot),
                     _ => None,
                 };
                 Err(Error::Backend(format!(
@@ -170,7 +170,7 @@ impl CpuExecutable {
                 kernel(Out::new(&mut data))?;
                 return CpuBuffer::dense(T::into_host(data), shape, &self.stats);
             }
-            Place::Arena { offset, len } | Place::InPlace { offset, len, .. } => (offset, len),
+            Place::Arena { offset, len } | Place::InPlaceOf { offset, len, .. } => (offset, len),
         };
         let arena =
             arena.ok_or_else(|| Error::Backend(format!("cpu: {} is placed in a missing arena", step.id)))?;

@@ -18,6 +18,7 @@ mod arena;
 mod conv;
 mod elementwise;
 mod exec;
+mod hazards;
 mod index;
 mod launch;
 mod layout;

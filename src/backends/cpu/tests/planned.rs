@@ -275,3 +275,21 @@ return %c
     let off_plan = unordered.replace("%b: f32[4] = neg %x !stream=1", "%b: f32[4] = neg %x !stream=3");
     assert!(compile_error(&off_plan).contains("stream 3"), "{}", compile_error(&off_plan));
 }
+
+#[test]
+fn plans_that_overwrite_bytes_still_to_be_read_are_refused() {
+    // One stream: `%c` takes `%a`'s bytes, but `%d` reads `%a` after it.
+    let war = "
+plan schedule arena=128 lower-bound=128 naive=192
+%x: f32[4] = input 0 !input !live=0..2
+%a: f32[4] = exp %x !arena=0+16 !live=1..4
+%b: f32[4] = neg %x !arena=64+16 !live=2..3
+%c: f32[4] = tanh %b !arena=0+16 !live=3..4
+%d: f32[4] = add %a, %c !output !live=4..4
+return %d
+";
+    assert!(compile_error(war).contains("before its reader"), "{}", compile_error(war));
+    // Two streams: `%b` shares `%a`'s bytes while both may run at once.
+    let race = DIAMOND.replace("!arena=262144+262144", "!arena=0+262144");
+    assert!(compile_error(&race).contains("may be written at once"), "{}", compile_error(&race));
+}
