@@ -55,6 +55,9 @@ pub struct DeviceStats {
     pub live_bytes: AtomicU64,
     /// The most bytes live at once.
     pub peak_bytes: AtomicU64,
+    /// Views that could not be views of their operand's layout (a reshape
+    /// of a transpose) and were copied into an allocation of their own.
+    pub view_copies: AtomicU64,
 }
 
 impl DeviceStats {

@@ -89,10 +89,11 @@ impl Tensor {
     }
 
     /// Layer normalization over the last dimension, as PyTorch's
-    /// `F.layer_norm(x, [n], weight, bias, eps)`: `(x - mean) / sqrt(var + eps)
-    /// * weight + bias`, with the biased variance. `weight` and `bias` have
-    /// shape `[n]`. Recorded as primitives (mean, sub, mul, mean, add, rsqrt,
-    /// mul, mul, add), which fusion turns into one kernel per row block.
+    /// `F.layer_norm(x, [n], weight, bias, eps)`, that is
+    /// `(x - mean) / sqrt(var + eps) * weight + bias` with the biased
+    /// variance. `weight` and `bias` have shape `[n]`. Recorded as
+    /// primitives (mean, sub, mul, mean, add, rsqrt, mul, mul, add), which
+    /// fusion turns into one kernel per row block.
     ///
     /// ```
     /// use kiln::prelude::*;

@@ -6,9 +6,9 @@
 
 use super::elementwise::{contiguous, map1, PAR_THRESHOLD};
 use super::matmul::{gemm_rowmajor, GemmFloat};
-use super::storage::{cast_elem, Elem, View};
+use super::storage::{cast_elem, Elem, Out, View};
 use super::CpuBuffer;
-use crate::ir::{window_out, DType, Element, HostData, PoolKind};
+use crate::ir::{window_out, DType, PoolKind};
 use crate::{Error, Result};
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -30,18 +30,23 @@ fn bad(msg: String) -> Error {
     Error::Backend(format!("cpu: {msg}"))
 }
 
-/// NCHW input `x`, OIHW weight `w`.
-pub(crate) fn conv2d(x: &CpuBuffer, w: &CpuBuffer, p: ConvParams) -> Result<HostData> {
-    Ok(match x.dtype() {
-        DType::F32 => f32::into_host(conv_in::<f32, f32>(x.view()?, w.view()?, p)?),
-        DType::F64 => f64::into_host(conv_in::<f64, f64>(x.view()?, w.view()?, p)?),
-        DType::F16 => f16::into_host(conv_in::<f16, f32>(x.view()?, w.view()?, p)?),
-        DType::BF16 => bf16::into_host(conv_in::<bf16, f32>(x.view()?, w.view()?, p)?),
-        d => return Err(bad(format!("conv2d is not defined on {d}"))),
-    })
+/// NCHW input `x`, OIHW weight `w`, into `out`.
+pub(crate) fn conv2d(x: &CpuBuffer, w: &CpuBuffer, p: ConvParams, out: Out<'_>) -> Result<()> {
+    match x.dtype() {
+        DType::F32 => conv_in::<f32, f32>(x.view()?, w.view()?, p, out.get()?),
+        DType::F64 => conv_in::<f64, f64>(x.view()?, w.view()?, p, out.get()?),
+        DType::F16 => conv_in::<f16, f32>(x.view()?, w.view()?, p, out.get()?),
+        DType::BF16 => conv_in::<bf16, f32>(x.view()?, w.view()?, p, out.get()?),
+        d => Err(bad(format!("conv2d is not defined on {d}"))),
+    }
 }
 
-fn conv_in<T: Elem, R: GemmFloat>(x: View<'_, T>, w: View<'_, T>, p: ConvParams) -> Result<Vec<T>> {
+fn conv_in<T: Elem, R: GemmFloat>(
+    x: View<'_, T>,
+    w: View<'_, T>,
+    p: ConvParams,
+    dst: &mut [T],
+) -> Result<()> {
     let (xd, wd) = (&x.layout.shape.0, &w.layout.shape.0);
     if xd.len() != 4 || wd.len() != 4 || p.groups == 0 {
         return Err(bad(format!("conv2d of {} and {}", x.layout.shape, w.layout.shape)));
@@ -57,14 +62,19 @@ fn conv_in<T: Elem, R: GemmFloat>(x: View<'_, T>, w: View<'_, T>, p: ConvParams)
     let [dh, dw] = p.dilation;
     let oh = window_out(h, kh, sh, ph, dh).ok_or_else(|| bad("conv2d window does not fit".into()))?;
     let ow = window_out(wi, kw, sw, pw, dw).ok_or_else(|| bad("conv2d window does not fit".into()))?;
-    let xs: Vec<R> = map1(x, cast_elem::<T, R>);
-    let ws: Vec<R> = map1(w, cast_elem::<T, R>);
+    let mut xs = vec![R::default(); x.layout.numel()];
+    map1(x, &mut xs, cast_elem::<T, R>);
+    let mut ws = vec![R::default(); w.layout.numel()];
+    map1(w, &mut ws, cast_elem::<T, R>);
     let og = o / g;
     let kk = cg * kh * kw;
     let pp = oh * ow;
+    if dst.len() != n * o * pp {
+        return Err(bad(format!("conv2d output of {} elements, {} expected", dst.len(), n * o * pp)));
+    }
     let mut out = vec![R::default(); n * o * pp];
     if out.is_empty() {
-        return Ok(Vec::new());
+        return Ok(());
     }
     let task = |i: usize, dst: &mut [R], inner_parallel: bool| -> Result<()> {
         let (b, gi) = (i / g, i % g);
@@ -100,7 +110,10 @@ fn conv_in<T: Elem, R: GemmFloat>(x: View<'_, T>, w: View<'_, T>, p: ConvParams)
             task(i, dst, true)?;
         }
     }
-    Ok(out.into_iter().map(cast_elem::<R, T>).collect())
+    for (d, v) in dst.iter_mut().zip(out) {
+        *d = cast_elem::<R, T>(v);
+    }
+    Ok(())
 }
 
 /// Pooling window parameters, as on `Op::Pool2d`.
@@ -116,18 +129,18 @@ pub(crate) struct PoolParams {
     pub padding: [usize; 2],
 }
 
-/// Max or average pooling over NCHW windows.
-pub(crate) fn pool2d(x: &CpuBuffer, p: PoolParams) -> Result<HostData> {
-    Ok(match x.dtype() {
-        DType::F32 => f32::into_host(pool_in(x.view::<f32>()?, p)?),
-        DType::F64 => f64::into_host(pool_in(x.view::<f64>()?, p)?),
-        DType::F16 => f16::into_host(pool_in(x.view::<f16>()?, p)?),
-        DType::BF16 => bf16::into_host(pool_in(x.view::<bf16>()?, p)?),
-        d => return Err(bad(format!("pool2d is not defined on {d}"))),
-    })
+/// Max or average pooling over NCHW windows, into `out`.
+pub(crate) fn pool2d(x: &CpuBuffer, p: PoolParams, out: Out<'_>) -> Result<()> {
+    match x.dtype() {
+        DType::F32 => pool_in(x.view::<f32>()?, p, out.get()?),
+        DType::F64 => pool_in(x.view::<f64>()?, p, out.get()?),
+        DType::F16 => pool_in(x.view::<f16>()?, p, out.get()?),
+        DType::BF16 => pool_in(x.view::<bf16>()?, p, out.get()?),
+        d => Err(bad(format!("pool2d is not defined on {d}"))),
+    }
 }
 
-fn pool_in<T: Elem>(x: View<'_, T>, p: PoolParams) -> Result<Vec<T>> {
+fn pool_in<T: Elem>(x: View<'_, T>, p: PoolParams, out: &mut [T]) -> Result<()> {
     let xd = &x.layout.shape.0;
     if xd.len() != 4 {
         return Err(bad(format!("pool2d of {}", x.layout.shape)));
@@ -139,9 +152,11 @@ fn pool_in<T: Elem>(x: View<'_, T>, p: PoolParams) -> Result<Vec<T>> {
     let oh = window_out(h, kh, sh, ph, 1).ok_or_else(|| bad("pool2d window does not fit".into()))?;
     let ow = window_out(w, kw, sw, pw, 1).ok_or_else(|| bad("pool2d window does not fit".into()))?;
     let xs = contiguous(x);
-    let mut out = vec![T::default(); n * c * oh * ow];
+    if out.len() != n * c * oh * ow {
+        return Err(bad(format!("pool2d output of {} elements, {} expected", out.len(), n * c * oh * ow)));
+    }
     if out.is_empty() {
-        return Ok(out);
+        return Ok(());
     }
     let plane = |i: usize, dst: &mut [T]| {
         let src = &xs[i * h * w..][..h * w];
@@ -185,5 +200,5 @@ fn pool_in<T: Elem>(x: View<'_, T>, p: PoolParams) -> Result<Vec<T>> {
     } else {
         out.chunks_mut(oh * ow).enumerate().for_each(|(i, d)| plane(i, d));
     }
-    Ok(out)
+    Ok(())
 }

@@ -1,15 +1,19 @@
 //! Elementwise kernels (unary, binary, compare, where, cast) and the
 //! chunked, optionally parallel map loops every kernel builds on.
 //!
+//! Every kernel writes into an output slice the executor hands it (an
+//! owned allocation or a range of the plan's arena) and overwrites every
+//! element of it.
+//!
 //! Semantics come from [`crate::ir::eval`] only: the op is matched once
 //! outside the loop and bound to a constant, so each loop is a
 //! monomorphized closure calling the `#[inline(always)]` eval function.
 
 use super::pool;
-use super::storage::{cast_elem, dispatch, Elem, View};
+use super::storage::{cast_elem, dispatch, Elem, Out, View};
 use super::CpuBuffer;
 use crate::ir::eval::{self, Real};
-use crate::ir::{BinaryOp, CompareOp, DType, Element, HostData, UnaryOp};
+use crate::ir::{BinaryOp, CompareOp, DType, UnaryOp};
 use crate::{Error, Result};
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -48,24 +52,23 @@ fn splat<T: Copy>(v: &View<'_, T>) -> Option<T> {
     }
 }
 
-/// `f` of every element of `a`, row-major.
-pub(crate) fn map1<A: Elem, O: Elem>(a: View<'_, A>, f: impl Fn(A) -> O + Sync) -> Vec<O> {
-    let mut out = pool::vec_for_overwrite::<O>(a.layout.numel());
+/// `out[i] = f(a[i])` over every element of `a`, row-major (`out` has
+/// `a`'s element count).
+pub(crate) fn map1<A: Elem, O: Elem>(a: View<'_, A>, out: &mut [O], f: impl Fn(A) -> O + Sync) {
     if let Some(s) = dense(&a) {
-        fill_chunks(&mut out, |st, c| {
+        fill_chunks(out, |st, c| {
             for (o, &x) in c.iter_mut().zip(&s[st..]) {
                 *o = f(x);
             }
         });
     } else {
-        fill_chunks(&mut out, |st, c| {
+        fill_chunks(out, |st, c| {
             let mut it = a.layout.offsets(st);
             for o in c {
                 *o = f(a.data[it.next_offset()]);
             }
         });
     }
-    out
 }
 
 /// [`map1`] for `f32 -> f32`, with the contiguous case run by an AVX2+FMA
@@ -73,17 +76,16 @@ pub(crate) fn map1<A: Elem, O: Elem>(a: View<'_, A>, f: impl Fn(A) -> O + Sync) 
 /// x86-64, so the plain loop is 4-wide SSE2). Results are bit-identical to
 /// the plain loop: eval's f32 math never uses `mul_add` and Rust does not
 /// contract, so enabling FMA changes only the vector width.
-fn map1_f32(a: View<'_, f32>, f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
+fn map1_f32(a: View<'_, f32>, out: &mut [f32], f: impl Fn(f32) -> f32 + Sync) {
     #[cfg(target_arch = "x86_64")]
     if let Some(s) = dense(&a) {
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            let mut out = pool::vec_for_overwrite::<f32>(s.len());
             // SAFETY: the CPU supports avx2 and fma (checked just above).
-            fill_chunks(&mut out, |st, c| unsafe { map1_f32_avx2(c, &s[st..], &f) });
-            return out;
+            fill_chunks(out, |st, c| unsafe { map1_f32_avx2(c, &s[st..], &f) });
+            return;
         }
     }
-    map1(a, f)
+    map1(a, out, f)
 }
 
 /// `out[i] = f(src[i])`, compiled for AVX2+FMA.
@@ -99,74 +101,82 @@ unsafe fn map1_f32_avx2(out: &mut [f32], src: &[f32], f: &impl Fn(f32) -> f32) {
     }
 }
 
-/// `f` of matching elements of two views of one shape.
+/// `f` of matching elements of two views of one shape, into `out`.
 pub(crate) fn map2<A: Elem, B: Elem, O: Elem>(
     a: View<'_, A>,
     b: View<'_, B>,
+    out: &mut [O],
     f: impl Fn(A, B) -> O + Sync,
-) -> Vec<O> {
-    let mut out = pool::vec_for_overwrite::<O>(a.layout.numel());
+) {
     if let (Some(x), Some(y)) = (dense(&a), dense(&b)) {
-        fill_chunks(&mut out, |st, c| {
+        fill_chunks(out, |st, c| {
             for ((o, &p), &q) in c.iter_mut().zip(&x[st..]).zip(&y[st..]) {
                 *o = f(p, q);
             }
         });
     } else if let (Some(x), Some(q)) = (dense(&a), splat(&b)) {
         // `x * 2.0`: a broadcast scalar on the right reads one element.
-        fill_chunks(&mut out, |st, c| {
+        fill_chunks(out, |st, c| {
             for (o, &p) in c.iter_mut().zip(&x[st..]) {
                 *o = f(p, q);
             }
         });
     } else if let (Some(p), Some(y)) = (splat(&a), dense(&b)) {
-        fill_chunks(&mut out, |st, c| {
+        fill_chunks(out, |st, c| {
             for (o, &q) in c.iter_mut().zip(&y[st..]) {
                 *o = f(p, q);
             }
         });
     } else {
-        fill_chunks(&mut out, |st, c| {
+        fill_chunks(out, |st, c| {
             let (mut ia, mut ib) = (a.layout.offsets(st), b.layout.offsets(st));
             for o in c {
                 *o = f(a.data[ia.next_offset()], b.data[ib.next_offset()]);
             }
         });
     }
-    out
 }
 
-/// `f` of matching elements of three views of one shape.
+/// `f` of matching elements of three views of one shape, into `out`.
 pub(crate) fn map3<A: Elem, B: Elem, C: Elem, O: Elem>(
     a: View<'_, A>,
     b: View<'_, B>,
     c: View<'_, C>,
+    out: &mut [O],
     f: impl Fn(A, B, C) -> O + Sync,
-) -> Vec<O> {
-    let mut out = pool::vec_for_overwrite::<O>(a.layout.numel());
+) {
     if let (Some(x), Some(y), Some(z)) = (dense(&a), dense(&b), dense(&c)) {
-        fill_chunks(&mut out, |st, ch| {
+        fill_chunks(out, |st, ch| {
             for (((o, &p), &q), &r) in ch.iter_mut().zip(&x[st..]).zip(&y[st..]).zip(&z[st..]) {
                 *o = f(p, q, r);
             }
         });
     } else {
-        fill_chunks(&mut out, |st, ch| {
+        fill_chunks(out, |st, ch| {
             let (mut ia, mut ib, mut ic) = (a.layout.offsets(st), b.layout.offsets(st), c.layout.offsets(st));
             for o in ch {
                 *o = f(a.data[ia.next_offset()], b.data[ib.next_offset()], c.data[ic.next_offset()]);
             }
         });
     }
-    out
 }
 
-/// A row-major dense copy of a view.
+/// A row-major dense copy of a view into `out`.
+pub(crate) fn copy_into<T: Elem>(a: View<'_, T>, out: &mut [T]) {
+    match dense(&a) {
+        Some(s) if s.len() == out.len() => out.copy_from_slice(s),
+        _ => map1(a, out, |x| x),
+    }
+}
+
+/// A row-major dense copy of a view (scratch for kernels that need one).
 pub(crate) fn contiguous<T: Elem>(a: View<'_, T>) -> Vec<T> {
     if let Some(s) = dense(&a) {
         return s.to_vec();
     }
-    map1(a, |x| x)
+    let mut out = pool::vec_for_overwrite::<T>(a.layout.numel());
+    map1(a, &mut out, |x| x);
+    out
 }
 
 /// Matches a fieldless enum value and runs `$body` with `$C` bound to a
@@ -200,31 +210,31 @@ fn unsupported(op: &str, d: DType) -> Error {
     Error::Backend(format!("cpu: {op} is not defined on {d}"))
 }
 
-/// `op` applied to every element.
-pub(crate) fn unary(x: &CpuBuffer, op: UnaryOp) -> Result<HostData> {
+/// `op` applied to every element, into `out` (of `x`'s dtype).
+pub(crate) fn unary(x: &CpuBuffer, op: UnaryOp, out: Out<'_>) -> Result<()> {
     macro_rules! float {
         ($t:ty) => {{
-            let v = x.view::<$t>()?;
-            all_unary!(op, OP => <$t>::into_host(map1(v, |a: $t| <$t as Real>::unary(OP, a))))
+            let (v, o) = (x.view::<$t>()?, out.get::<$t>()?);
+            all_unary!(op, OP => map1(v, o, |a: $t| <$t as Real>::unary(OP, a)))
         }};
     }
     macro_rules! half {
         ($t:ty) => {{
-            let v = x.view::<$t>()?;
-            all_unary!(op, OP => <$t>::into_host(map1(v, |a: $t| <$t>::from_f32(f32::unary(OP, a.to_f32())))))
+            let (v, o) = (x.view::<$t>()?, out.get::<$t>()?);
+            all_unary!(op, OP => map1(v, o, |a: $t| <$t>::from_f32(f32::unary(OP, a.to_f32()))))
         }};
     }
     macro_rules! int {
         ($t:ty) => {{
-            let v = x.view::<$t>()?;
-            const_match!(UnaryOp, op, OP => <$t>::into_host(map1(v, |a: $t| eval::unary_int(OP, a as i64) as $t));
+            let (v, o) = (x.view::<$t>()?, out.get::<$t>()?);
+            const_match!(UnaryOp, op, OP => map1(v, o, |a: $t| eval::unary_int(OP, a as i64) as $t);
                 Neg, Abs, Relu; return Err(unsupported(op.mnemonic(), x.dtype())))
         }};
     }
-    Ok(match x.dtype() {
+    match x.dtype() {
         DType::F32 => {
-            let v = x.view::<f32>()?;
-            all_unary!(op, OP => f32::into_host(map1_f32(v, |a: f32| f32::unary(OP, a))))
+            let (v, o) = (x.view::<f32>()?, out.get::<f32>()?);
+            all_unary!(op, OP => map1_f32(v, o, |a: f32| f32::unary(OP, a)))
         }
         DType::F64 => float!(f64),
         DType::F16 => half!(f16),
@@ -233,34 +243,35 @@ pub(crate) fn unary(x: &CpuBuffer, op: UnaryOp) -> Result<HostData> {
         DType::I32 => int!(i32),
         DType::I64 => int!(i64),
         DType::Bool => return Err(unsupported(op.mnemonic(), DType::Bool)),
-    })
+    }
+    Ok(())
 }
 
-/// `op` applied to matching elements of two buffers of one type.
-pub(crate) fn binary(a: &CpuBuffer, b: &CpuBuffer, op: BinaryOp) -> Result<HostData> {
+/// `op` applied to matching elements of two buffers of one type, into `out`.
+pub(crate) fn binary(a: &CpuBuffer, b: &CpuBuffer, op: BinaryOp, out: Out<'_>) -> Result<()> {
     macro_rules! float {
         ($t:ty) => {{
-            let (p, q) = (a.view::<$t>()?, b.view::<$t>()?);
-            all_binary!(op, OP => <$t>::into_host(map2(p, q, |x: $t, y: $t| <$t as Real>::binary(OP, x, y))))
+            let (p, q, o) = (a.view::<$t>()?, b.view::<$t>()?, out.get::<$t>()?);
+            all_binary!(op, OP => map2(p, q, o, |x: $t, y: $t| <$t as Real>::binary(OP, x, y)))
         }};
     }
     macro_rules! half {
         ($t:ty) => {{
-            let (p, q) = (a.view::<$t>()?, b.view::<$t>()?);
-            all_binary!(op, OP => <$t>::into_host(map2(p, q, |x: $t, y: $t| {
+            let (p, q, o) = (a.view::<$t>()?, b.view::<$t>()?, out.get::<$t>()?);
+            all_binary!(op, OP => map2(p, q, o, |x: $t, y: $t| {
                 <$t>::from_f32(f32::binary(OP, x.to_f32(), y.to_f32()))
-            })))
+            }))
         }};
     }
     macro_rules! int {
         ($t:ty) => {{
-            let (p, q) = (a.view::<$t>()?, b.view::<$t>()?);
-            all_binary!(op, OP => <$t>::into_host(map2(p, q, |x: $t, y: $t| {
+            let (p, q, o) = (a.view::<$t>()?, b.view::<$t>()?, out.get::<$t>()?);
+            all_binary!(op, OP => map2(p, q, o, |x: $t, y: $t| {
                 eval::binary_int(OP, x as i64, y as i64) as $t
-            })))
+            }))
         }};
     }
-    Ok(match a.dtype() {
+    match a.dtype() {
         DType::F32 => float!(f32),
         DType::F64 => float!(f64),
         DType::F16 => half!(f16),
@@ -269,38 +280,43 @@ pub(crate) fn binary(a: &CpuBuffer, b: &CpuBuffer, op: BinaryOp) -> Result<HostD
         DType::I32 => int!(i32),
         DType::I64 => int!(i64),
         DType::Bool => {
-            let (p, q) = (a.view::<bool>()?, b.view::<bool>()?);
+            let (p, q, o) = (a.view::<bool>()?, b.view::<bool>()?, out.get::<bool>()?);
             match op {
-                BinaryOp::Maximum => HostData::Bool(map2(p, q, |x, y| x | y)),
-                BinaryOp::Minimum => HostData::Bool(map2(p, q, |x, y| x & y)),
+                BinaryOp::Maximum => map2(p, q, o, |x, y| x | y),
+                BinaryOp::Minimum => map2(p, q, o, |x, y| x & y),
                 _ => return Err(unsupported(op.mnemonic(), DType::Bool)),
             }
         }
-    })
+    }
+    Ok(())
 }
 
-/// `a op b` elementwise, to bool.
-pub(crate) fn compare(a: &CpuBuffer, b: &CpuBuffer, op: CompareOp) -> Result<HostData> {
+/// `a op b` elementwise, into a bool `out`.
+pub(crate) fn compare(a: &CpuBuffer, b: &CpuBuffer, op: CompareOp, out: Out<'_>) -> Result<()> {
+    let o = out.get::<bool>()?;
     dispatch!(a.dtype(), T => {
         let (p, q) = (a.view::<T>()?, b.view::<T>()?);
-        Ok(HostData::Bool(const_match!(CompareOp, op, OP => map2(p, q, |x: T, y: T| eval::compare(OP, x, y));
-            Eq, Ne, Lt, Le, Gt, Ge; unreachable!())))
-    })
+        const_match!(CompareOp, op, OP => map2(p, q, o, |x: T, y: T| eval::compare(OP, x, y));
+            Eq, Ne, Lt, Le, Gt, Ge; unreachable!())
+    });
+    Ok(())
 }
 
-/// `cond ? a : b` elementwise.
-pub(crate) fn where_(cond: &CpuBuffer, a: &CpuBuffer, b: &CpuBuffer) -> Result<HostData> {
+/// `cond ? a : b` elementwise, into `out`.
+pub(crate) fn where_(cond: &CpuBuffer, a: &CpuBuffer, b: &CpuBuffer, out: Out<'_>) -> Result<()> {
     let c = cond.view::<bool>()?;
     dispatch!(a.dtype(), T => {
         let (p, q) = (a.view::<T>()?, b.view::<T>()?);
-        Ok(T::into_host(map3(c, p, q, |c, x: T, y: T| if c { x } else { y })))
-    })
+        map3(c, p, q, out.get::<T>()?, |c, x: T, y: T| if c { x } else { y })
+    });
+    Ok(())
 }
 
-/// Every element converted to `to` with [`crate::ir::Scalar::cast`] semantics.
-pub(crate) fn cast(x: &CpuBuffer, to: DType) -> Result<HostData> {
+/// Every element converted to `out`'s dtype with [`crate::ir::Scalar::cast`] semantics.
+pub(crate) fn cast(x: &CpuBuffer, out: Out<'_>) -> Result<()> {
     dispatch!(x.dtype(), A => {
         let v = x.view::<A>()?;
-        dispatch!(to, B => Ok(B::into_host(map1(v, cast_elem::<A, B>))))
-    })
+        dispatch!(out.dtype(), B => map1(v, out.get::<B>()?, cast_elem::<A, B>))
+    });
+    Ok(())
 }

@@ -6,9 +6,9 @@
 
 use super::elementwise::{contiguous, fill_chunks};
 use super::layout::Layout;
-use super::storage::dispatch;
+use super::storage::{dispatch, Out};
 use super::CpuBuffer;
-use crate::ir::{DType, Element, HostData, NodeId, Shape};
+use crate::ir::{DType, NodeId, Shape};
 use crate::{Error, Result};
 
 /// The index operand as row-major `i64`s.
@@ -38,7 +38,7 @@ fn base_layout(x: &Layout, shape: &Shape, dim: usize) -> Layout {
 }
 
 /// `out[i][j][k] = x[i][idx[i][j][k]][k]` for `dim = 1` (torch.gather).
-pub(crate) fn gather(x: &CpuBuffer, idx: &CpuBuffer, dim: usize, node: NodeId) -> Result<HostData> {
+pub(crate) fn gather(x: &CpuBuffer, idx: &CpuBuffer, dim: usize, node: NodeId, out: Out<'_>) -> Result<()> {
     let ix = indices(idx)?;
     let size = *x.shape().0.get(dim).ok_or_else(|| Error::Backend("cpu: gather dim out of range".into()))?;
     check("gather", &ix, dim, size, node)?;
@@ -47,21 +47,27 @@ pub(crate) fn gather(x: &CpuBuffer, idx: &CpuBuffer, dim: usize, node: NodeId) -
     }
     let base = base_layout(x.layout(), idx.shape(), dim);
     let sd = x.layout().strides[dim];
+    fits(out.len(), ix.len(), "gather")?;
     dispatch!(x.dtype(), T => {
         let v = x.view::<T>()?;
-        let mut out = vec![T::default(); ix.len()];
-        fill_chunks(&mut out, |st, c| {
+        fill_chunks(out.get::<T>()?, |st, c| {
             let mut it = base.offsets(st);
             for (o, &i) in c.iter_mut().zip(&ix[st..]) {
                 *o = v.data[it.next_offset() + i as usize * sd];
             }
         });
-        Ok(T::into_host(out))
+        Ok(())
     })
 }
 
 /// The slices of `x` along `dim` named by a 1-D index (torch.index_select).
-pub(crate) fn index_select(x: &CpuBuffer, idx: &CpuBuffer, dim: usize, node: NodeId) -> Result<HostData> {
+pub(crate) fn index_select(
+    x: &CpuBuffer,
+    idx: &CpuBuffer,
+    dim: usize,
+    node: NodeId,
+    out: Out<'_>,
+) -> Result<()> {
     let ix = indices(idx)?;
     let size =
         *x.shape().0.get(dim).ok_or_else(|| Error::Backend("cpu: index_select dim out of range".into()))?;
@@ -73,31 +79,43 @@ pub(crate) fn index_select(x: &CpuBuffer, idx: &CpuBuffer, dim: usize, node: Nod
     coord_strides[dim] = 1;
     let coord = Layout { shape: shape.clone(), strides: coord_strides, offset: 0 };
     let sd = x.layout().strides[dim];
+    fits(out.len(), shape.numel(), "index_select")?;
     dispatch!(x.dtype(), T => {
         let v = x.view::<T>()?;
-        let mut out = vec![T::default(); shape.numel()];
-        fill_chunks(&mut out, |st, c| {
+        fill_chunks(out.get::<T>()?, |st, c| {
             let (mut it, mut co) = (base.offsets(st), coord.offsets(st));
             for o in c {
                 let b = it.next_offset();
                 *o = v.data[b + ix[co.next_offset()] as usize * sd];
             }
         });
-        Ok(T::into_host(out))
+        Ok(())
     })
 }
 
-/// The operands joined along `dim`.
-pub(crate) fn cat(parts: &[&CpuBuffer], dim: usize, out_shape: &Shape) -> Result<HostData> {
-    let first = parts.first().ok_or_else(|| Error::Backend("cpu: cat of nothing".into()))?;
+/// The output has exactly the elements the kernel writes.
+fn fits(have: usize, want: usize, op: &str) -> Result<()> {
+    if have != want {
+        return Err(Error::Backend(format!("cpu: {op} output of {have} elements, {want} expected")));
+    }
+    Ok(())
+}
+
+/// The operands joined along `dim`, into `out`.
+pub(crate) fn cat(parts: &[&CpuBuffer], dim: usize, out_shape: &Shape, out: Out<'_>) -> Result<()> {
+    if parts.is_empty() {
+        return Err(Error::Backend("cpu: cat of nothing".into()));
+    }
     if dim >= out_shape.rank() {
         return Err(Error::Backend("cpu: cat dim out of range".into()));
     }
     let outer: usize = out_shape.0[..dim].iter().product();
     let inner: usize = out_shape.0[dim + 1..].iter().product();
     let total = out_shape.0[dim];
-    dispatch!(first.dtype(), T => {
-        let mut out = vec![T::default(); out_shape.numel()];
+    fits(out.len(), out_shape.numel(), "cat")?;
+    let dtype = out.dtype();
+    dispatch!(dtype, T => {
+        let out = out.get::<T>()?;
         let mut at = 0;
         for p in parts {
             let d = p.shape().0.get(dim).copied().unwrap_or(0);
@@ -113,6 +131,9 @@ pub(crate) fn cat(parts: &[&CpuBuffer], dim: usize, out_shape: &Shape) -> Result
             }
             at += d;
         }
-        Ok(T::into_host(out))
+        if at != total {
+            return Err(Error::Backend(format!("cpu: cat operands do not fill {out_shape}")));
+        }
+        Ok(())
     })
 }

@@ -11,9 +11,9 @@
 
 use super::elementwise::{map1, PAR_THRESHOLD};
 use super::layout::Layout;
-use super::storage::{Elem, View};
+use super::storage::{Elem, Out, View};
 use super::CpuBuffer;
-use crate::ir::{DType, Element, HostData, Shape};
+use crate::ir::{DType, Shape};
 use crate::{Error, Result};
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -198,15 +198,20 @@ fn check_fits<T>(v: &View<'_, T>) -> Result<()> {
 }
 
 /// `C = A x B` through `matrixmultiply` (`T` is f32 or f64).
-fn gemm_float<T: GemmFloat>(a: View<'_, T>, b: View<'_, T>) -> Result<Vec<T>> {
+fn gemm_float<T: GemmFloat>(a: View<'_, T>, b: View<'_, T>, out: &mut [T]) -> Result<()> {
     check_fits(&a)?;
     check_fits(&b)?;
     let p = Problem::new(a.layout, b.layout)?;
     let (m, k, n) = (p.m, p.k, p.n);
     let nb = p.a_base.len();
-    let mut out = vec![T::default(); nb * m * n];
-    if m == 0 || n == 0 || k == 0 || nb == 0 {
-        return Ok(out);
+    check_out(out, nb * m * n)?;
+    if m == 0 || n == 0 || nb == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        // An empty sum: every output is zero.
+        out.fill(T::default());
+        return Ok(());
     }
     // check_fits proved every offset of each layout, so every element of
     // every batch item's problem, is inside its storage (gemm_rows' contract).
@@ -223,17 +228,24 @@ fn gemm_float<T: GemmFloat>(a: View<'_, T>, b: View<'_, T>) -> Result<Vec<T>> {
             gemm_rows(m, k, n, opa(i), opb(i), dst, true);
         }
     }
-    Ok(out)
+    Ok(())
+}
+
+fn check_out<T>(out: &[T], n: usize) -> Result<()> {
+    if out.len() != n {
+        return Err(Error::Backend(format!("cpu: matmul output of {} elements, {n} expected", out.len())));
+    }
+    Ok(())
 }
 
 /// `C = A x B` for integer dtypes, wrapping.
-fn matmul_int<T: Elem>(a: View<'_, T>, b: View<'_, T>) -> Result<Vec<T>> {
+fn matmul_int<T: Elem>(a: View<'_, T>, b: View<'_, T>, out: &mut [T]) -> Result<()> {
     let p = Problem::new(a.layout, b.layout)?;
     let (m, k, n) = (p.m, p.k, p.n);
     let nb = p.a_base.len();
-    let mut out = vec![T::default(); nb * m * n];
+    check_out(out, nb * m * n)?;
     if m == 0 || n == 0 {
-        return Ok(out);
+        return Ok(());
     }
     let row = |r: usize, dst: &mut [T]| {
         let (bi, i) = (r / m, r % m);
@@ -258,41 +270,45 @@ fn matmul_int<T: Elem>(a: View<'_, T>, b: View<'_, T>) -> Result<Vec<T>> {
     } else {
         out.chunks_mut(n).enumerate().for_each(|(r, dst)| row(r, dst));
     }
-    Ok(out)
+    Ok(())
 }
 
 /// `C = A x B` in `f32` for a half-precision dtype: both operands widened
-/// (into contiguous copies), multiplied, left for the caller to round once.
+/// (into contiguous copies), multiplied, each result rounded once into `out`.
 fn widened<T: Elem>(
-    a: &CpuBuffer,
-    b: &CpuBuffer,
     va: View<'_, T>,
     vb: View<'_, T>,
+    out: &mut [T],
     to_f32: fn(T) -> f32,
-) -> Result<Vec<f32>> {
-    let (la, lb) = (Layout::contiguous(a.shape().clone()), Layout::contiguous(b.shape().clone()));
-    let (wa, wb) = (map1(va, to_f32), map1(vb, to_f32));
-    gemm_float(View { data: &wa, layout: &la }, View { data: &wb, layout: &lb })
+    from_f32: fn(f32) -> T,
+) -> Result<()> {
+    let (la, lb) = (Layout::contiguous(va.layout.shape.clone()), Layout::contiguous(vb.layout.shape.clone()));
+    let mut wa = vec![0f32; la.numel()];
+    let mut wb = vec![0f32; lb.numel()];
+    map1(va, &mut wa, to_f32);
+    map1(vb, &mut wb, to_f32);
+    let mut c = vec![0f32; out.len()];
+    gemm_float(View { data: &wa, layout: &la }, View { data: &wb, layout: &lb }, &mut c)?;
+    for (o, v) in out.iter_mut().zip(c) {
+        *o = from_f32(v);
+    }
+    Ok(())
 }
 
-/// `[.., m, k] x [.., k, n]` with equal batch dims, any strides.
-pub(crate) fn matmul(a: &CpuBuffer, b: &CpuBuffer) -> Result<HostData> {
-    Ok(match a.dtype() {
-        DType::F32 => f32::into_host(gemm_float(a.view::<f32>()?, b.view::<f32>()?)?),
-        DType::F64 => f64::into_host(gemm_float(a.view::<f64>()?, b.view::<f64>()?)?),
-        DType::F16 => {
-            let c = widened(a, b, a.view::<f16>()?, b.view::<f16>()?, f16::to_f32)?;
-            HostData::F16(c.into_iter().map(f16::from_f32).collect())
-        }
+/// `[.., m, k] x [.., k, n]` with equal batch dims, any strides, into `out`.
+pub(crate) fn matmul(a: &CpuBuffer, b: &CpuBuffer, out: Out<'_>) -> Result<()> {
+    match a.dtype() {
+        DType::F32 => gemm_float(a.view::<f32>()?, b.view::<f32>()?, out.get()?),
+        DType::F64 => gemm_float(a.view::<f64>()?, b.view::<f64>()?, out.get()?),
+        DType::F16 => widened(a.view::<f16>()?, b.view::<f16>()?, out.get()?, f16::to_f32, f16::from_f32),
         DType::BF16 => {
-            let c = widened(a, b, a.view::<bf16>()?, b.view::<bf16>()?, bf16::to_f32)?;
-            HostData::BF16(c.into_iter().map(bf16::from_f32).collect())
+            widened(a.view::<bf16>()?, b.view::<bf16>()?, out.get()?, bf16::to_f32, bf16::from_f32)
         }
-        DType::U8 => u8::into_host(matmul_int(a.view::<u8>()?, b.view::<u8>()?)?),
-        DType::I32 => i32::into_host(matmul_int(a.view::<i32>()?, b.view::<i32>()?)?),
-        DType::I64 => i64::into_host(matmul_int(a.view::<i64>()?, b.view::<i64>()?)?),
-        DType::Bool => return Err(Error::Backend("cpu: matmul is not defined on bool".into())),
-    })
+        DType::U8 => matmul_int(a.view::<u8>()?, b.view::<u8>()?, out.get()?),
+        DType::I32 => matmul_int(a.view::<i32>()?, b.view::<i32>()?, out.get()?),
+        DType::I64 => matmul_int(a.view::<i64>()?, b.view::<i64>()?, out.get()?),
+        DType::Bool => Err(Error::Backend("cpu: matmul is not defined on bool".into())),
+    }
 }
 
 /// A plain `C = A x B` on row-major `f32`/`f64` slices, for conv's GEMMs.

@@ -8,9 +8,9 @@
 
 use super::elementwise::{CHUNK, PAR_THRESHOLD};
 use super::layout::Offsets;
-use super::storage::{dispatch, Elem, View};
+use super::storage::{dispatch, Elem, Out, View};
 use super::CpuBuffer;
-use crate::ir::{Element, HostData, ReduceOp};
+use crate::ir::{Element, ReduceOp};
 use crate::{Error, Result};
 use rayon::prelude::*;
 
@@ -64,13 +64,14 @@ fn reduce_split<T: Elem, P: Send, O: Elem>(
     dims: &[usize],
     part: impl Fn(Lane<'_, T>, usize) -> P + Sync,
     combine: impl Fn(Vec<P>) -> O,
-) -> Vec<O> {
+    out: &mut [O],
+) {
     let (ks, kst, rs, rst) = split_dims(x, dims);
     let n_out: usize = ks.iter().product();
     let lane_len: usize = rs.iter().product();
     let mut kept = Offsets::new(&ks, &kst, x.layout.offset, 0);
-    (0..n_out)
-        .map(|_| {
+    for o in out.iter_mut().take(n_out) {
+        *o = {
             let base = kept.next_offset();
             let parts: Vec<P> = (0..lane_len.div_ceil(CHUNK))
                 .into_par_iter()
@@ -81,8 +82,8 @@ fn reduce_split<T: Elem, P: Send, O: Elem>(
                 })
                 .collect();
             combine(parts)
-        })
-        .collect()
+        };
+    }
 }
 
 /// One output per lane: `f(lane)` for every position of the kept dims.
@@ -90,12 +91,14 @@ fn reduce_with<T: Elem, O: Elem>(
     x: View<'_, T>,
     dims: &[usize],
     f: impl Fn(Lane<'_, T>) -> O + Sync,
-) -> Vec<O> {
+    out: &mut [O],
+) {
     let l = x.layout;
     let (ks, kst, rs, rst) = split_dims(x, dims);
     let n_out: usize = ks.iter().product();
     let lane_len: usize = rs.iter().product();
-    let mut out = vec![O::default(); n_out];
+    let n = n_out.min(out.len());
+    let out = &mut out[..n];
     let run = |start: usize, chunk: &mut [O]| {
         let mut kept = Offsets::new(&ks, &kst, l.offset, start);
         let mut lane = Offsets::new(&rs, &rst, 0, 0);
@@ -108,9 +111,8 @@ fn reduce_with<T: Elem, O: Elem>(
         let per = (CHUNK / lane_len.max(1)).max(1);
         out.par_chunks_mut(per).enumerate().for_each(|(i, c)| run(i * per, c));
     } else {
-        run(0, &mut out);
+        run(0, out);
     }
-    out
 }
 
 #[inline(always)]
@@ -157,9 +159,9 @@ fn indexed<T: Copy>(lane: Lane<'_, T>, first: usize) -> impl Iterator<Item = (i6
     lane.enumerate().map(move |(i, v)| ((first + i) as i64, v))
 }
 
-/// Reduces `dims` of `x` with `op`; the output is row-major over the kept
+/// Reduces `dims` of `x` with `op` into `out`, row-major over the kept
 /// dims (so `keepdim` changes only the shape, which the node carries).
-pub(crate) fn reduce(x: &CpuBuffer, op: ReduceOp, dims: &[usize]) -> Result<HostData> {
+pub(crate) fn reduce(x: &CpuBuffer, op: ReduceOp, dims: &[usize], out: Out<'_>) -> Result<()> {
     let lane_len: usize = dims.iter().filter_map(|&d| x.shape().0.get(d)).product();
     let n_out = x.shape().numel() / lane_len.max(1);
     let split = use_split(n_out, lane_len);
@@ -170,36 +172,46 @@ pub(crate) fn reduce(x: &CpuBuffer, op: ReduceOp, dims: &[usize]) -> Result<Host
         let fsum = |l: Lane<'_, T>| l.map(T::to_f64).sum::<f64>();
         let isum = |l: Lane<'_, T>| l.fold(0i64, |a, b| a.wrapping_add(b.to_i64()));
         let mean = |s: f64| T::from_f64(s / lane_len as f64);
-        Ok(match op {
-            ReduceOp::Sum if T::DTYPE.is_float() && split => {
-                T::into_host(reduce_split(v, dims, |l, _| fsum(l), |p| T::from_f64(f64_sum(p))))
+        match op {
+            ReduceOp::ArgMax => {
+                let o = out.get::<i64>()?;
+                if split {
+                    reduce_split(v, dims, |l, st| argmax(indexed(l, st)), |p| argmax(p.into_iter()).0, o)
+                } else {
+                    reduce_with(v, dims, |l| argmax(indexed(l, 0)).0, o)
+                }
             }
-            ReduceOp::Sum if T::DTYPE.is_float() => T::into_host(reduce_with(v, dims, |l| T::from_f64(fsum(l)))),
-            ReduceOp::Sum if T::DTYPE.is_int() && split => {
-                T::into_host(reduce_split(v, dims, |l, _| isum(l), |p| T::from_i64(int_sum(p))))
-            }
-            ReduceOp::Sum if T::DTYPE.is_int() => T::into_host(reduce_with(v, dims, |l| T::from_i64(isum(l)))),
-            ReduceOp::Mean if T::DTYPE.is_float() && split => {
-                T::into_host(reduce_split(v, dims, |l, _| fsum(l), |p| mean(f64_sum(p))))
-            }
-            ReduceOp::Mean if T::DTYPE.is_float() => T::into_host(reduce_with(v, dims, |l| mean(fsum(l)))),
-            ReduceOp::Max | ReduceOp::Min if split => {
-                let want_max = op == ReduceOp::Max;
-                T::into_host(reduce_split(v, dims, |l, _| extreme(l, want_max), |p| extreme(p.into_iter(), want_max)))
-            }
-            ReduceOp::Max => T::into_host(reduce_with(v, dims, |l| extreme(l, true))),
-            ReduceOp::Min => T::into_host(reduce_with(v, dims, |l| extreme(l, false))),
-            ReduceOp::ArgMax if split => {
-                HostData::I64(reduce_split(v, dims, |l, st| argmax(indexed(l, st)), |p| argmax(p.into_iter()).0))
-            }
-            ReduceOp::ArgMax => HostData::I64(reduce_with(v, dims, |l| argmax(indexed(l, 0)).0)),
             _ => {
-                return Err(Error::Backend(format!(
-                    "cpu: {} is not defined on {}",
-                    op.mnemonic(),
-                    T::DTYPE
-                )))
+                let o = out.get::<T>()?;
+                match op {
+                    ReduceOp::Sum if T::DTYPE.is_float() && split => {
+                        reduce_split(v, dims, |l, _| fsum(l), |p| T::from_f64(f64_sum(p)), o)
+                    }
+                    ReduceOp::Sum if T::DTYPE.is_float() => reduce_with(v, dims, |l| T::from_f64(fsum(l)), o),
+                    ReduceOp::Sum if T::DTYPE.is_int() && split => {
+                        reduce_split(v, dims, |l, _| isum(l), |p| T::from_i64(int_sum(p)), o)
+                    }
+                    ReduceOp::Sum if T::DTYPE.is_int() => reduce_with(v, dims, |l| T::from_i64(isum(l)), o),
+                    ReduceOp::Mean if T::DTYPE.is_float() && split => {
+                        reduce_split(v, dims, |l, _| fsum(l), |p| mean(f64_sum(p)), o)
+                    }
+                    ReduceOp::Mean if T::DTYPE.is_float() => reduce_with(v, dims, |l| mean(fsum(l)), o),
+                    ReduceOp::Max | ReduceOp::Min if split => {
+                        let want_max = op == ReduceOp::Max;
+                        reduce_split(v, dims, |l, _| extreme(l, want_max), |p| extreme(p.into_iter(), want_max), o)
+                    }
+                    ReduceOp::Max => reduce_with(v, dims, |l| extreme(l, true), o),
+                    ReduceOp::Min => reduce_with(v, dims, |l| extreme(l, false), o),
+                    _ => {
+                        return Err(Error::Backend(format!(
+                            "cpu: {} is not defined on {}",
+                            op.mnemonic(),
+                            T::DTYPE
+                        )))
+                    }
+                }
             }
-        })
+        }
+        Ok(())
     })
 }

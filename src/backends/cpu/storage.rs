@@ -1,23 +1,33 @@
 //! Typed, reference-counted element storage and the element trait kernels
 //! are generic over.
 //!
-//! A [`Storage`] owns one typed vector (a [`HostData`]) and reports its size
-//! to the backend's [`DeviceStats`] when created and when dropped, so the
-//! counters see every allocation however many views share it.
+//! A [`Storage`] either owns one typed vector (a [`HostData`]), reporting
+//! its size to the backend's [`DeviceStats`] when created and when dropped
+//! (so the counters see every allocation however many views share it), or
+//! names a range of a plan's arena (counted once, with the arena).
 
+use super::arena::Arena;
 use super::layout::Layout;
 use crate::backends::DeviceStats;
 use crate::ir::{DType, Element, HostData, Scalar};
 use crate::{Error, Result};
 use half::{bf16, f16};
+use std::marker::PhantomData;
 use std::sync::Arc;
 
-/// One allocation: typed elements plus the counters to credit on drop.
+/// Where a storage's elements are.
+#[derive(Debug)]
+enum Backing {
+    /// Its own vector, credited to the counters on creation and drop.
+    Owned { data: HostData, bytes: u64, stats: Arc<DeviceStats> },
+    /// `len` elements of `dtype` at byte `offset` of a plan's arena.
+    Arena { arena: Arc<Arena>, offset: usize, len: usize, dtype: DType },
+}
+
+/// One allocation (or one arena range): typed elements.
 #[derive(Debug)]
 pub struct Storage {
-    data: HostData,
-    bytes: u64,
-    stats: Arc<DeviceStats>,
+    backing: Backing,
 }
 
 impl Storage {
@@ -25,28 +35,189 @@ impl Storage {
     pub(crate) fn new(data: HostData, stats: &Arc<DeviceStats>) -> Arc<Storage> {
         let bytes = (data.len() * data.dtype().size()) as u64;
         stats.allocated(bytes);
-        Arc::new(Storage { data, bytes, stats: stats.clone() })
+        Arc::new(Storage { backing: Backing::Owned { data, bytes, stats: stats.clone() } })
     }
 
-    /// The elements.
-    pub(crate) fn data(&self) -> &HostData {
-        &self.data
+    /// The `len` elements of `T` at byte `offset` of `arena`, which the
+    /// executor has just written (checked to fit the arena here).
+    pub(crate) fn in_arena<T: Elem>(arena: &Arc<Arena>, offset: usize, len: usize) -> Result<Arc<Storage>> {
+        arena.check_range::<T>(offset, len)?;
+        Ok(Arc::new(Storage {
+            backing: Backing::Arena { arena: arena.clone(), offset, len, dtype: T::DTYPE },
+        }))
+    }
+
+    /// The element type.
+    pub(crate) fn dtype(&self) -> DType {
+        match &self.backing {
+            Backing::Owned { data, .. } => data.dtype(),
+            Backing::Arena { dtype, .. } => *dtype,
+        }
+    }
+
+    /// True when the elements live in a plan's arena.
+    pub(crate) fn is_arena(&self) -> bool {
+        matches!(self.backing, Backing::Arena { .. })
+    }
+
+    /// The arena and byte range of an arena storage.
+    #[cfg(test)]
+    pub(crate) fn arena_range(&self) -> Option<(&Arc<Arena>, usize, usize)> {
+        match &self.backing {
+            Backing::Arena { arena, offset, len, dtype } => Some((arena, *offset, len * dtype.size())),
+            Backing::Owned { .. } => None,
+        }
+    }
+
+    /// The elements, typed as they are stored.
+    pub(crate) fn host_slice(&self) -> Result<HostSlice<'_>> {
+        dispatch!(self.dtype(), T => self.slice::<T>().map(T::host_slice))
+    }
+
+    /// The elements, or a backend error naming the dtype mismatch.
+    pub(crate) fn slice<T: Elem>(&self) -> Result<&[T]> {
+        match &self.backing {
+            Backing::Owned { data, .. } => typed::<T>(data),
+            Backing::Arena { arena, offset, len, dtype } => {
+                if *dtype != T::DTYPE {
+                    return Err(Error::Backend(format!("cpu: expected {} storage, found {dtype}", T::DTYPE)));
+                }
+                // SAFETY: `in_arena` checked that the range fits the arena
+                // and is aligned for `T` (= `dtype`). Its bytes hold valid
+                // `T`s: the arena starts zeroed and the executor zeroes a
+                // bool range before handing it to a kernel. Nobody writes
+                // them while this slice lives: the executor only makes an
+                // arena storage after its node has run, and the plan (checked
+                // at compile: ranges of a node and its operands are disjoint,
+                // and `ir::verify` checks that no two simultaneously live
+                // values overlap) writes no overlapping range until every
+                // reader of this value has finished.
+                Ok(unsafe { arena.slice::<T>(*offset, *len) })
+            }
+        }
     }
 }
 
 impl Drop for Storage {
     fn drop(&mut self) {
-        self.stats.freed(self.bytes);
-        super::pool::give_back(std::mem::replace(&mut self.data, HostData::U8(Vec::new())));
+        if let Backing::Owned { data, bytes, stats } = &mut self.backing {
+            stats.freed(*bytes);
+            super::pool::give_back(std::mem::replace(data, HostData::U8(Vec::new())));
+        }
+    }
+}
+
+/// Borrowed typed elements, whatever backs them (an owned vector or a
+/// range of a plan's arena): what fused kernels read operands through.
+#[derive(Clone, Copy, Debug)]
+#[allow(missing_docs)]
+pub(crate) enum HostSlice<'a> {
+    F16(&'a [f16]),
+    BF16(&'a [bf16]),
+    F32(&'a [f32]),
+    F64(&'a [f64]),
+    U8(&'a [u8]),
+    I32(&'a [i32]),
+    I64(&'a [i64]),
+    Bool(&'a [bool]),
+}
+
+impl<'a> HostSlice<'a> {
+    /// The elements as `T`, or a backend error naming the mismatch.
+    pub(crate) fn typed<T: Elem>(self) -> Result<&'a [T]> {
+        T::from_host_slice(self).ok_or_else(|| {
+            Error::Backend(format!("cpu: expected {} storage, found {}", T::DTYPE, self.dtype()))
+        })
+    }
+
+    /// The element type.
+    pub(crate) fn dtype(self) -> DType {
+        match self {
+            HostSlice::F16(_) => DType::F16,
+            HostSlice::BF16(_) => DType::BF16,
+            HostSlice::F32(_) => DType::F32,
+            HostSlice::F64(_) => DType::F64,
+            HostSlice::U8(_) => DType::U8,
+            HostSlice::I32(_) => DType::I32,
+            HostSlice::I64(_) => DType::I64,
+            HostSlice::Bool(_) => DType::Bool,
+        }
+    }
+
+    /// The number of elements.
+    pub(crate) fn len(self) -> usize {
+        dispatch!(self.dtype(), T => self.typed::<T>().map_or(0, <[T]>::len))
+    }
+}
+
+impl<'a> From<&'a HostData> for HostSlice<'a> {
+    fn from(h: &'a HostData) -> HostSlice<'a> {
+        match h {
+            HostData::F16(v) => HostSlice::F16(v),
+            HostData::BF16(v) => HostSlice::BF16(v),
+            HostData::F32(v) => HostSlice::F32(v),
+            HostData::F64(v) => HostSlice::F64(v),
+            HostData::U8(v) => HostSlice::U8(v),
+            HostData::I32(v) => HostSlice::I32(v),
+            HostData::I64(v) => HostSlice::I64(v),
+            HostData::Bool(v) => HostSlice::Bool(v),
+        }
+    }
+}
+
+/// A kernel's output: a mutable slice of the node's dtype with the type
+/// erased, so that kernels are compiled once, not once per output type.
+/// [`Out::get`] gives the slice back at the type the kernel computed.
+pub(crate) struct Out<'a> {
+    ptr: *mut u8,
+    len: usize,
+    dtype: DType,
+    _borrow: PhantomData<&'a mut [u8]>,
+}
+
+impl<'a> Out<'a> {
+    /// Wraps `out`, borrowing it for `'a`.
+    pub(crate) fn new<T: Elem>(out: &'a mut [T]) -> Out<'a> {
+        Out { ptr: out.as_mut_ptr().cast(), len: out.len(), dtype: T::DTYPE, _borrow: PhantomData }
+    }
+
+    /// The element type.
+    pub(crate) fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The element count.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The slice as `T`, which must be its element type.
+    pub(crate) fn get<T: Elem>(self) -> Result<&'a mut [T]> {
+        if T::DTYPE != self.dtype {
+            return Err(Error::Backend(format!(
+                "cpu: the kernel writes {} into {} output",
+                T::DTYPE,
+                self.dtype
+            )));
+        }
+        // SAFETY: `Elem` is implemented by exactly one Rust type per dtype
+        // (it is crate-private), so `T` is the type `new` erased: the
+        // pointer, length, alignment and validity carry over; the borrow
+        // of `'a` is the one `new` took, and `self` is consumed.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<T>(), self.len) })
     }
 }
 
 /// A typed element of CPU storage: the conversions kernels need, with
 /// the semantics of [`Scalar::cast`] (floats via `f64`, integers via `i64`
 /// wrapping, non-zero is `true`).
-pub(crate) trait Elem: Element + Default + PartialOrd + std::fmt::Debug {
+pub(crate) trait Elem: Element + Default + 'static + PartialOrd + std::fmt::Debug {
     /// The elements of `h`, if it holds this type.
     fn slice(h: &HostData) -> Option<&[Self]>;
+    /// The elements of a borrowed typed slice, if it holds this type.
+    fn from_host_slice(h: HostSlice<'_>) -> Option<&[Self]>;
+    /// A slice of this type as a [`HostSlice`].
+    fn host_slice(s: &[Self]) -> HostSlice<'_>;
     /// Widens to `f64` (bool is 0/1).
     fn to_f64(self) -> f64;
     /// Converts to `i64` (floats truncate and saturate, as `Scalar::as_i64`).
@@ -69,6 +240,15 @@ macro_rules! elem_float {
                     HostData::$variant(v) => Some(v),
                     _ => None,
                 }
+            }
+            fn from_host_slice(h: HostSlice<'_>) -> Option<&[Self]> {
+                match h {
+                    HostSlice::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn host_slice(s: &[Self]) -> HostSlice<'_> {
+                HostSlice::$variant(s)
             }
             #[inline(always)]
             fn to_f64(self) -> f64 {
@@ -114,6 +294,15 @@ macro_rules! elem_int {
                     _ => None,
                 }
             }
+            fn from_host_slice(h: HostSlice<'_>) -> Option<&[Self]> {
+                match h {
+                    HostSlice::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn host_slice(s: &[Self]) -> HostSlice<'_> {
+                HostSlice::$variant(s)
+            }
             #[inline(always)]
             fn to_f64(self) -> f64 {
                 self as f64
@@ -153,6 +342,15 @@ impl Elem for bool {
             HostData::Bool(v) => Some(v),
             _ => None,
         }
+    }
+    fn from_host_slice(h: HostSlice<'_>) -> Option<&[Self]> {
+        match h {
+            HostSlice::Bool(v) => Some(v),
+            _ => None,
+        }
+    }
+    fn host_slice(s: &[Self]) -> HostSlice<'_> {
+        HostSlice::Bool(s)
     }
     #[inline(always)]
     fn to_f64(self) -> f64 {

@@ -3,7 +3,7 @@
 //! over the operand's actual buffer.
 
 use super::super::layout::Layout;
-use super::super::storage::{dispatch, from_scalar, typed};
+use super::super::storage::{dispatch, from_scalar, HostSlice};
 use super::super::CpuBuffer;
 use super::ops;
 use crate::ir::{DType, Element, Graph, HostData, NodeId, Op, Scalar, Shape};
@@ -59,7 +59,7 @@ pub(super) fn resolve<'a>(
                 .copied()
                 .flatten()
                 .ok_or_else(|| Error::Backend(format!("cpu: fused operand {k} is missing")))?;
-            (Data::Arg(b, b.storage.data()), b.layout.clone())
+            (Data::Arg(b, b.storage.host_slice()?), b.layout.clone())
         }
         Source::Full(v) => {
             let one = dispatch!(dtype, E => E::into_host(vec![from_scalar::<E>(v)]));
@@ -76,7 +76,7 @@ pub(super) fn resolve<'a>(
                 Some(r) => r,
                 None => {
                     let dense = dispatch!(dtype, E => {
-                        let from = typed::<E>(data.get())?;
+                        let from = data.get().typed::<E>()?;
                         let mut o = vec![E::default(); layout.numel()];
                         ops::gather(from, &layout, 0, &mut o);
                         E::into_host(o)
@@ -99,15 +99,15 @@ pub(super) fn resolve<'a>(
 
 /// Storage a leaf reads: an operand's, or one made for this run.
 pub(super) enum Data<'a> {
-    Arg(&'a CpuBuffer, &'a HostData),
+    Arg(&'a CpuBuffer, HostSlice<'a>),
     Owned(HostData),
 }
 
 impl Data<'_> {
-    pub fn get(&self) -> &HostData {
+    pub fn get(&self) -> HostSlice<'_> {
         match self {
-            Data::Arg(_, h) => h,
-            Data::Owned(h) => h,
+            Data::Arg(_, h) => *h,
+            Data::Owned(h) => HostSlice::from(h),
         }
     }
 }

@@ -54,6 +54,7 @@ mod leaf;
 mod ops;
 
 use super::layout::Layout;
+use super::storage::HostSlice;
 use super::storage::{dispatch, typed, Elem};
 use super::{CpuBuffer, Storage};
 use crate::backends::DeviceStats;
@@ -402,7 +403,7 @@ impl FusedKernel {
                 Step::Leaf(l) => {
                     let (data, layout) = resolve(l, ins.dtype, args)?;
                     if layout.numel() > 0 && layout.strides.iter().all(|&s| s == 0) {
-                        let one = dispatch!(ins.dtype, E => E::into_host(vec![typed::<E>(data.get())?[layout.offset]]));
+                        let one = dispatch!(ins.dtype, E => E::into_host(vec![data.get().typed::<E>()?[layout.offset]]));
                         Src::Splat(one)
                     } else if layout.is_contiguous() {
                         Src::Dense(data, layout.offset)
@@ -440,7 +441,16 @@ impl FusedKernel {
             Data::Arg(b, _) => b.with_layout(l),
             Data::Owned(h) => CpuBuffer { storage: Storage::new(h, &stats), layout: l },
         };
-        Ok(Mm::Done(super::matmul::matmul(&buffer(da, la), &buffer(db, lb))?))
+        let (a, b) = (buffer(da, la), buffer(db, lb));
+        let (sa, sb) = (a.shape().0.clone(), b.shape().0.clone());
+        let numel =
+            sa[..sa.len().saturating_sub(1)].iter().product::<usize>() * sb.last().copied().unwrap_or(1);
+        let product = dispatch!(dtype, E => {
+            let mut v = vec![E::default(); numel];
+            super::matmul::matmul(&a, &b, super::storage::Out::new(&mut v))?;
+            E::into_host(v)
+        });
+        Ok(Mm::Done(product))
     }
 
     /// Per-task scratch: one vector per step, constants filled once.
@@ -456,7 +466,7 @@ impl FusedKernel {
                     let v = typed::<E>(one).ok().and_then(|s| s.first().copied()).unwrap_or_default();
                     E::into_host(vec![v; len(ins.class)])
                 })),
-                (_, Mm::Done(h), Step::MatMul(..)) => Val::Ref(h, 0),
+                (_, Mm::Done(h), Step::MatMul(..)) => Val::Ref(h.into(), 0),
                 (_, Mm::Gemm { .. }, Step::MatMul(..)) => Val::Gemm(0),
                 _ => Val::Own(ops::scratch(ins.dtype, len(ins.class))),
             })
@@ -474,10 +484,10 @@ impl FusedKernel {
         let Mm::Gemm { a, b, p, dtype } = &ready.mm else { return Ok(()) };
         let len = n_rows * p.n;
         if *dtype == DType::F32 {
-            let (x, y) = (typed::<f32>(a.get())?, typed::<f32>(b.get())?);
+            let (x, y) = (a.get().typed::<f32>()?, b.get().typed::<f32>()?);
             ops::with_out::<f32>(&mut task.gemm, len, |d| p.rows(x, y, r0, n_rows, d))
         } else {
-            let (x, y) = (typed::<f64>(a.get())?, typed::<f64>(b.get())?);
+            let (x, y) = (a.get().typed::<f64>()?, b.get().typed::<f64>()?);
             ops::with_out::<f64>(&mut task.gemm, len, |d| p.rows(x, y, r0, n_rows, d))
         }
     }
@@ -507,7 +517,7 @@ impl FusedKernel {
                 (Step::Leaf(_), Src::Splat(_)) => continue,
                 (Step::MatMul(..), _) => {
                     task.vals[i] = match &ready.mm {
-                        Mm::Done(h) => Val::Ref(h, start),
+                        Mm::Done(h) => Val::Ref(h.into(), start),
                         _ => Val::Gemm(gemm_at),
                     };
                     continue;
@@ -544,7 +554,7 @@ impl FusedKernel {
         match &ins.step {
             Step::Leaf(_) => match src {
                 Src::Strided(data, layout) => dispatch!(d, E => {
-                    let from = typed::<E>(data.get())?;
+                    let from = data.get().typed::<E>()?;
                     ops::with_out::<E>(dst, len, |o| {
                         ops::gather(from, layout, start, o);
                         Ok(())
@@ -598,7 +608,7 @@ enum Val<'r> {
     /// Task scratch (first `len` elements).
     Own(HostData),
     /// Elements of run-wide storage from an offset.
-    Ref(&'r HostData, usize),
+    Ref(HostSlice<'r>, usize),
     /// The task's GEMM buffer from an offset.
     Gemm(usize),
 }
@@ -612,9 +622,9 @@ struct Task<'r> {
 impl Task<'_> {
     fn arg(&self, slot: usize) -> Arg<'_> {
         match &self.vals[slot] {
-            Val::Own(h) => Arg { h, start: 0 },
-            Val::Ref(h, start) => Arg { h, start: *start },
-            Val::Gemm(start) => Arg { h: &self.gemm, start: *start },
+            Val::Own(h) => Arg { h: h.into(), start: 0 },
+            Val::Ref(h, start) => Arg { h: *h, start: *start },
+            Val::Gemm(start) => Arg { h: (&self.gemm).into(), start: *start },
         }
     }
 }

@@ -9,7 +9,7 @@
 //! or not.
 
 use super::super::layout::{Layout, Offsets};
-use super::super::storage::{cast_elem, dispatch, typed, Elem};
+use super::super::storage::{cast_elem, dispatch, Elem, HostSlice};
 use crate::ir::eval::{self, Real};
 use crate::ir::{BinaryOp, CompareOp, DType, HostData, ReduceOp, UnaryOp};
 use crate::{Error, Result};
@@ -18,7 +18,7 @@ use half::{bf16, f16};
 /// A borrowed operand: elements `start..` of some typed storage.
 #[derive(Clone, Copy)]
 pub(super) struct Arg<'v> {
-    pub h: &'v HostData,
+    pub h: HostSlice<'v>,
     pub start: usize,
 }
 
@@ -26,7 +26,8 @@ impl<'v> Arg<'v> {
     /// The `len` elements as `T`, or an error (never a panic) if the
     /// storage is of another type or too short.
     pub fn get<T: Elem>(self, len: usize) -> Result<&'v [T]> {
-        typed::<T>(self.h)?
+        self.h
+            .typed::<T>()?
             .get(self.start..self.start + len)
             .ok_or_else(|| Error::Backend("cpu: fused operand shorter than its block".into()))
     }

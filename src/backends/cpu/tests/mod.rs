@@ -347,3 +347,5 @@ fn ill_typed_plans_are_refused_at_compile() {
         Some(format!("backend error: cpu: {e} (expand): cannot broadcast [2,3] to [3]").as_str())
     );
 }
+
+mod planned;

@@ -1,0 +1,492 @@
+//! Compiling a plan for the CPU: operand positions, use counts, where each
+//! value's bytes go, the stream schedule, and the checks that make running
+//! it sound whatever the planner wrote.
+//!
+//! # Placements
+//!
+//! Without a memory table every value is [`Place::Auto`]: inputs are the
+//! bound buffers, constants one element broadcast, views share their
+//! operand's storage, and every kernel writes a fresh (pooled) allocation
+//! freed after its last use. With a memory table, `Arena` values are written
+//! into their range of the plan's arena ([`Place::Arena`]); `Input`,
+//! `Constant`, `Alias` and `Output` values behave as `Auto` does (an output
+//! that would be a view into the arena is copied out when it is computed:
+//! the next run reuses the arena).
+//!
+//! # Why the arena is sound
+//!
+//! A kernel writes an arena range through a `&mut [T]` while it reads its
+//! operands through `&[T]`s. Checked here, at compile time: every range lies
+//! inside the arena, is aligned for its dtype and has exactly the value's
+//! bytes; no operand of a node (through any chain of views) overlaps the
+//! node's own range, except the one operand a kernel overwrites in place,
+//! which the kernel then reads from its output and never through a second
+//! slice; no graph output is an arena value. With one stream the kernels run
+//! one at a time, so these checks alone keep every `&mut` exclusive. With
+//! several streams, kernels of different streams run at once; that no two
+//! values sharing bytes are written or read at once is the plan's
+//! post-condition, checked by [`crate::ir::verify`] (which compile runs on
+//! every planned graph) and again by the executor itself (`hazards.rs`,
+//! against the events), along with the cross-stream operand order and the
+//! absence of deadlocks.
+
+use super::arena::Arena;
+use super::fused::FusedKernel;
+use super::hazards::RunOrder;
+use crate::backends::DeviceStats;
+use crate::ir::{DType, Graph, Node, NodeId, Op, Placement, Plan, Shape};
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Where a step's value goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Place {
+    /// As without a plan: the bound input, a broadcast constant, a view, or
+    /// a fresh allocation of its own.
+    Auto,
+    /// `len` elements at byte `offset` of the arena.
+    Arena { offset: usize, len: usize },
+    /// The bytes of operand `slot` (an arena range), overwritten in place.
+    InPlaceOf { slot: usize, offset: usize, len: usize },
+}
+
+/// One step of a compiled plan.
+pub(super) struct Step {
+    pub id: NodeId,
+    /// Positions (in `order`) of the operands, in slot order.
+    pub operands: Vec<usize>,
+    pub place: Place,
+    /// True for a graph output: its value must not stay in the arena.
+    pub output: bool,
+    /// Events (indices) this step waits for before it starts.
+    pub waits: Vec<usize>,
+    /// Events this step signals after it finishes.
+    pub records: Vec<usize>,
+    /// Whether the step does work or its value is ready before a run.
+    pub source: SourceKind,
+}
+
+/// What a step costs a stream: nothing (an input or a constant), nothing
+/// beyond its operand (a view), or work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum SourceKind {
+    /// `input` or `full`: bound or made before any kernel runs.
+    Ready,
+    /// A view: ready exactly when its operand is.
+    View,
+    /// Anything else.
+    Work,
+}
+
+/// The per-stream lists of steps when a plan uses more than one stream.
+pub(super) struct Streams {
+    /// Steps whose values are ready before any stream starts (inputs,
+    /// constants and views of them, waiting for no event): the caller runs
+    /// them first, so every stream may read them without an event (the
+    /// stream plan's rule; see `ir::plan`).
+    pub prelude: Vec<usize>,
+    /// Step positions of each stream, in schedule order (prelude excluded).
+    pub lists: Vec<Vec<usize>>,
+    /// How many events the plan records.
+    pub events: usize,
+}
+
+/// A plan prepared for repeated runs.
+pub(super) struct CpuExecutable {
+    pub plan: Arc<Plan>,
+    pub stats: Arc<DeviceStats>,
+    pub steps: Vec<Step>,
+    /// How many times each position is read (operand slots plus outputs).
+    pub uses: Vec<usize>,
+    /// Positions of the graph outputs.
+    pub outputs: Vec<usize>,
+    /// Bytes of the arena, when the plan has arena values.
+    pub arena_bytes: Option<usize>,
+    /// The arena a run takes and gives back (`None` while one runs).
+    pub arena: Mutex<Option<Arc<Arena>>>,
+    /// Present when the plan runs on more than one stream.
+    pub streams: Option<Streams>,
+    /// The compiled kernel of every fused node.
+    pub fused: HashMap<NodeId, FusedKernel>,
+}
+
+fn bad(msg: String) -> Error {
+    Error::Backend(format!("cpu: {msg}"))
+}
+
+impl CpuExecutable {
+    pub(super) fn new(plan: Arc<Plan>, stats: Arc<DeviceStats>) -> Result<CpuExecutable> {
+        let _span = tracing::debug_span!("compile", nodes = plan.order.len()).entered();
+        let pos: HashMap<NodeId, usize> = plan.order.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+        let find = |id: NodeId, what: &str| {
+            pos.get(&id)
+                .copied()
+                .ok_or_else(|| bad(format!("{what} {id} is not in the plan order before its use")))
+        };
+        let mut steps = Vec::with_capacity(plan.order.len());
+        let mut uses = vec![0usize; plan.order.len()];
+        let mut fused = HashMap::new();
+        for (i, &id) in plan.order.iter().enumerate() {
+            if !plan.graph.contains(id) {
+                return Err(bad(format!("plan orders {id}, which is not in its graph")));
+            }
+            let mut operands = Vec::new();
+            for o in plan.graph.operands(id) {
+                let p = find(o, "operand")?;
+                if p >= i {
+                    return Err(bad(format!("operand {o} of {id} runs after it")));
+                }
+                uses[p] += 1;
+                operands.push(p);
+            }
+            if let Op::Buffer(b) = plan.graph.node(id).op {
+                return Err(bad(format!(
+                    "plan contains buffer node {id} (buffer {}); plans bind inputs instead",
+                    b.0
+                )));
+            }
+            check_types(&plan, id, &operands)?;
+            if let Op::Fused(body) = &plan.graph.node(id).op {
+                fused.insert(id, FusedKernel::compile(body, id)?);
+            }
+            let place = Place::Auto;
+            let source = match plan.graph.node(id).op {
+                Op::Input(_) | Op::Full(_) => SourceKind::Ready,
+                ref op if op.is_view() => SourceKind::View,
+                _ => SourceKind::Work,
+            };
+            steps.push(Step { id, operands, place, output: false, waits: vec![], records: vec![], source });
+        }
+        let mut outputs = Vec::new();
+        for &o in plan.graph.outputs() {
+            let p = find(o, "output")?;
+            uses[p] += 1;
+            outputs.push(p);
+            steps[p].output = true;
+        }
+        let tables = plan.graph.tables();
+        if !tables.is_empty() {
+            crate::ir::verify(&plan.graph).map_err(|e| bad(format!("the plan does not verify: {e}")))?;
+            if tables.schedule.as_ref().is_some_and(|s| *s != plan.order) {
+                return Err(bad("the plan's order is not its graph's schedule".into()));
+            }
+        }
+        let arena_bytes = match &tables.memory {
+            Some(mem) => {
+                let bytes = usize::try_from(mem.arena_bytes).map_err(|_| bad("arena too large".into()))?;
+                place_values(&plan, &mut steps, bytes, &fused)?;
+                Some(bytes)
+            }
+            None => None,
+        };
+        let (streams, order) = match &tables.streams {
+            Some(sp) if sp.count > 1 => {
+                let (streams, order) = stream_lists(&pos, &mut steps, sp)?;
+                (Some(streams), order)
+            }
+            Some(sp) if sp.count == 0 => return Err(bad("the stream plan has no streams".into())),
+            _ => (None, RunOrder::sequential(steps.len())),
+        };
+        if arena_bytes.is_some() {
+            super::hazards::check(&plan.graph, &steps, &order)?;
+        }
+        let arena = match arena_bytes {
+            Some(bytes) => Some(Arena::new(bytes, &stats)?),
+            None => None,
+        };
+        tracing::debug!(
+            arena_bytes = arena_bytes.unwrap_or(0),
+            streams = streams.as_ref().map_or(1, |s| s.lists.len()),
+            "compiled"
+        );
+        Ok(CpuExecutable {
+            plan,
+            stats,
+            steps,
+            uses,
+            outputs,
+            arena_bytes,
+            arena: Mutex::new(arena),
+            streams,
+            fused,
+        })
+    }
+}
+
+/// Kernels index storage on the strength of node types; a plan built
+/// without checks must not be able to make them panic.
+fn check_types(plan: &Plan, id: NodeId, operands: &[usize]) -> Result<()> {
+    let node = plan.graph.node(id);
+    let types: Vec<(&Shape, DType)> = operands
+        .iter()
+        .map(|&p| plan.order[p])
+        .map(|o| (&plan.graph.node(o).shape, plan.graph.node(o).dtype))
+        .collect();
+    match crate::ir::infer(&node.op, &types) {
+        Ok(Some((s, d))) if s == node.shape && d == node.dtype => Ok(()),
+        Ok(None) => Ok(()),
+        Ok(Some((s, d))) => Err(bad(format!(
+            "{id} ({}) is declared {}{} but its operands give {d}{s}",
+            node.op.mnemonic(),
+            node.dtype,
+            node.shape
+        ))),
+        Err(e) => Err(bad(format!("{id} ({}): {e}", node.op.mnemonic()))),
+    }
+}
+
+/// True when the executor can compute a node in the bytes of its operand
+/// in `slot`: only a fused kernel that reads that operand element for
+/// element as it writes (it copies each block out before writing it; see
+/// [`FusedKernel::can_run_in_place`]).
+fn can_run_in_place(kernel: Option<&FusedKernel>, slot: usize) -> bool {
+    kernel.is_some_and(|k| k.can_run_in_place(slot))
+}
+
+/// The place of a node whose memory plan computes it in place of an
+/// operand the executor cannot overwrite (see [`can_run_in_place`]): a
+/// fresh allocation of its own. Correct, only not in place: the operand's
+/// range is left as the plan expects, and nothing else is written there.
+/// The memory pass and the kernel apply the same rules, so this is a
+/// safety net, not a path plans are expected to take.
+fn in_place_fallback() -> Place {
+    Place::Auto
+}
+
+/// Fills each step's [`Place`] from the memory table, checking every
+/// placement against its node and the arena (see the module docs).
+fn place_values(
+    plan: &Plan,
+    steps: &mut [Step],
+    arena_bytes: usize,
+    kernels: &HashMap<NodeId, FusedKernel>,
+) -> Result<()> {
+    let graph = &plan.graph;
+    let Some(mem) = graph.tables().memory.as_ref() else { return Ok(()) };
+    let pos: HashMap<NodeId, usize> = steps.iter().enumerate().map(|(i, s)| (s.id, i)).collect();
+    // The arena byte range each step's value reads from, through views.
+    let mut root: Vec<Option<(usize, usize)>> = vec![None; steps.len()];
+    for i in 0..steps.len() {
+        let id = steps[i].id;
+        let node = graph.node(id);
+        let vm =
+            mem.values.get(&id).ok_or_else(|| bad(format!("{id} has no placement in the memory plan")))?;
+        let what = |p: &str| bad(format!("{id} ({}) cannot be placed {p}", node.op.mnemonic()));
+        let place = match (&node.op, &vm.placement) {
+            (Op::Input(_), Placement::Input | Placement::Output) => Place::Auto,
+            (Op::Input(_), _) => return Err(what("anywhere but input")),
+            (Op::Full(_), Placement::Constant | Placement::Output) => Place::Auto,
+            (op, Placement::Alias(target)) if op.is_view() => {
+                check_alias(graph, mem, id, *target)?;
+                Place::Auto
+            }
+            (op, Placement::Output) if op.is_view() => Place::Auto,
+            (_, Placement::Alias(_)) => return Err(what("as an alias (it is not a view)")),
+            (_, Placement::Constant) => return Err(what("as a constant")),
+            (_, Placement::Input) => return Err(what("as an input")),
+            (_, Placement::Output) => Place::Auto,
+            (_, Placement::Arena { offset, bytes, in_place_of }) => {
+                if steps[i].output {
+                    return Err(bad(format!(
+                        "output {id} is placed in the arena, which the next run reuses"
+                    )));
+                }
+                let (offset, len) = arena_range(id, node, *offset, *bytes, arena_bytes)?;
+                match in_place_of {
+                    None => Place::Arena { offset, len },
+                    Some(of) => {
+                        let slot =
+                            graph.operands(id).iter().position(|o| o == of).ok_or_else(|| {
+                                bad(format!("{id} is placed in place of {of}, not an operand"))
+                            })?;
+                        match pos.get(of).map(|&p| steps[p].place) {
+                            Some(
+                                Place::Arena { offset: o, len: l }
+                                | Place::InPlaceOf { offset: o, len: l, .. },
+                            ) if o == offset
+                                && l * graph.node(*of).dtype.size() == len * node.dtype.size() => {}
+                            _ => {
+                                return Err(bad(format!(
+                                    "{id} is placed in place of {of}, whose arena range differs"
+                                )))
+                            }
+                        }
+                        if can_run_in_place(kernels.get(&id), slot) {
+                            Place::InPlaceOf { slot, offset, len }
+                        } else {
+                            in_place_fallback()
+                        }
+                    }
+                }
+            }
+        };
+        steps[i].place = place;
+        let size = node.dtype.size();
+        root[i] = match place {
+            Place::Arena { offset, len } | Place::InPlaceOf { offset, len, .. } => Some((offset, len * size)),
+            Place::Auto if node.op.is_view() => steps[i].operands.first().and_then(|&p| root[p]),
+            Place::Auto => None,
+        };
+        if let Place::Arena { offset, len } | Place::InPlaceOf { offset, len, .. } = place {
+            let (start, end) = (offset, offset + len * size);
+            for (slot, &p) in steps[i].operands.iter().enumerate() {
+                let exempt = matches!(place, Place::InPlaceOf { slot: s, .. } if s == slot);
+                if let Some((o, b)) = root[p] {
+                    if !exempt && o < end && start < o + b && b > 0 && end > start {
+                        return Err(bad(format!(
+                            "{id} is written to arena bytes {start}..{end}, which overlap its operand {} ({o}..{})",
+                            steps[p].id,
+                            o + b
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An alias names the view's operand or a value it is itself a view of.
+fn check_alias(graph: &Graph, mem: &crate::ir::MemoryPlan, id: NodeId, target: NodeId) -> Result<()> {
+    let mut cur = graph.operands(id).first().copied();
+    while let Some(c) = cur {
+        if c == target {
+            return Ok(());
+        }
+        cur = match mem.values.get(&c).map(|v| &v.placement) {
+            Some(Placement::Alias(_)) => graph.operands(c).first().copied(),
+            _ => None,
+        };
+    }
+    Err(bad(format!("{id} is placed as an alias of {target}, which it is not a view of")))
+}
+
+/// The checked arena range of a value: inside the arena, aligned for its
+/// dtype, exactly its bytes. Returns (byte offset, element count).
+fn arena_range(
+    id: NodeId,
+    node: &Node,
+    offset: u64,
+    bytes: u64,
+    arena_bytes: usize,
+) -> Result<(usize, usize)> {
+    let numel = node.shape.numel();
+    let size = node.dtype.size();
+    let want = numel.checked_mul(size);
+    let (offset, bytes) = match (usize::try_from(offset), usize::try_from(bytes)) {
+        (Ok(o), Ok(b)) => (o, b),
+        _ => return Err(bad(format!("{id}: arena range {offset}+{bytes} is too large"))),
+    };
+    if want != Some(bytes) {
+        return Err(bad(format!(
+            "{id} is {}{} ({} bytes) but its arena range has {bytes} bytes",
+            node.dtype,
+            node.shape,
+            want.map_or_else(|| "too many".to_string(), |w| w.to_string())
+        )));
+    }
+    if offset.checked_add(bytes).is_none_or(|end| end > arena_bytes) {
+        return Err(bad(format!(
+            "{id}: arena range {offset}+{bytes} ends past the {arena_bytes}-byte arena"
+        )));
+    }
+    let align = dtype_align(node.dtype);
+    if offset % align != 0 {
+        return Err(bad(format!(
+            "{id}: arena offset {offset} is not aligned for {} ({align} bytes)",
+            node.dtype
+        )));
+    }
+    Ok((offset, numel))
+}
+
+/// The alignment of a dtype's Rust element type.
+fn dtype_align(d: DType) -> usize {
+    super::storage::dispatch!(d, T => std::mem::align_of::<T>())
+}
+
+/// Splits the steps into per-stream lists and attaches events, checking
+/// that every stream and event exists, that every event is recorded on a
+/// step before each of its waiters (so threads that each run their stream
+/// in order never wait on each other in a cycle), and that every operand
+/// on another stream happens before its user.
+fn stream_lists(
+    pos: &HashMap<NodeId, usize>,
+    steps: &mut [Step],
+    sp: &crate::ir::StreamPlan,
+) -> Result<(Streams, RunOrder)> {
+    let count = sp.count as usize;
+    let mut stream = vec![0usize; steps.len()];
+    let mut lists = vec![Vec::new(); count];
+    let mut seq = vec![0usize; steps.len()];
+    for (i, step) in steps.iter().enumerate() {
+        let s =
+            sp.stream_of.get(&step.id).ok_or_else(|| bad(format!("{} has no stream", step.id)))?.0 as usize;
+        if s >= count {
+            return Err(bad(format!("{} is on stream {s} of a {count}-stream plan", step.id)));
+        }
+        stream[i] = s;
+        seq[i] = lists[s].len();
+        lists[s].push(i);
+    }
+    for (e, ev) in sp.events.iter().enumerate() {
+        let after = *pos
+            .get(&ev.after)
+            .ok_or_else(|| bad(format!("event e{e} follows {}, not in the plan", ev.after)))?;
+        steps[after].records.push(e);
+        for w in &ev.waiters {
+            let wp =
+                *pos.get(w).ok_or_else(|| bad(format!("event e{e} is awaited by {w}, not in the plan")))?;
+            if wp <= after {
+                return Err(bad(format!(
+                    "{w} waits for event e{e}, recorded after {} which runs later",
+                    ev.after
+                )));
+            }
+            steps[wp].waits.push(e);
+        }
+    }
+    // Sources that cost nothing are ready before the run (see `prelude`).
+    let mut ready = vec![false; steps.len()];
+    for i in 0..steps.len() {
+        ready[i] = steps[i].waits.is_empty()
+            && match steps[i].source {
+                SourceKind::Ready => true,
+                SourceKind::View => steps[i].operands.first().is_some_and(|&p| ready[p]),
+                SourceKind::Work => false,
+            };
+    }
+    // Vector clocks: clock[i][s] = how many steps of stream s happen before
+    // or at step i.
+    let mut clock: Vec<Vec<usize>> = Vec::with_capacity(steps.len());
+    let mut last_on = vec![None::<usize>; count];
+    for i in 0..steps.len() {
+        let mut c = match last_on[stream[i]] {
+            Some(p) => clock[p].clone(),
+            None => vec![0; count],
+        };
+        for &e in &steps[i].waits {
+            let a = pos[&sp.events[e].after];
+            for (x, y) in c.iter_mut().zip(&clock[a]) {
+                *x = (*x).max(*y);
+            }
+        }
+        for &p in &steps[i].operands {
+            if !ready[p] && c[stream[p]] <= seq[p] {
+                return Err(bad(format!(
+                    "{} on stream {} reads {} of stream {} with no event ordering them",
+                    steps[i].id, stream[i], steps[p].id, stream[p]
+                )));
+            }
+        }
+        c[stream[i]] = seq[i] + 1;
+        clock.push(c);
+        last_on[stream[i]] = Some(i);
+    }
+    let prelude: Vec<usize> = (0..steps.len()).filter(|&i| ready[i]).collect();
+    for list in &mut lists {
+        list.retain(|&i| !ready[i]);
+    }
+    Ok((Streams { prelude, lists, events: sp.events.len() }, RunOrder { stream, seq, clock }))
+}

@@ -1,0 +1,204 @@
+//! One step of a compiled plan: the kernel of its op, written where its
+//! [`Place`] says (a fresh allocation or the plan's arena).
+
+use super::arena::Arena;
+use super::exec::{CpuExecutable, Place, Step};
+use super::storage::{dispatch, Elem, Out, Storage};
+use super::{conv, elementwise, index, pool, reduce, source, CpuBuffer, Layout};
+use crate::backends::{Buffer, RngArgs};
+use crate::ir::{Element, Op, Shape};
+use crate::{Error, Result};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+impl CpuExecutable {
+    /// Runs `step`'s kernel on `args` (its operands, in slot order) and
+    /// returns its value.
+    pub(super) fn launch(
+        &self,
+        step: &Step,
+        args: &[CpuBuffer],
+        inputs: &[Buffer],
+        rng: &RngArgs,
+        arena: Option<&Arc<Arena>>,
+    ) -> Result<CpuBuffer> {
+        let node = self.plan.graph.node(step.id);
+        let shape = &node.shape;
+        let x = || args.first().ok_or_else(|| Error::Backend(format!("cpu: {} has no operand", step.id)));
+        let y = || args.get(1).ok_or_else(|| Error::Backend(format!("cpu: {} lacks operand 1", step.id)));
+        // Runs `$body` with `$out: Out` over the step's destination.
+        macro_rules! write {
+            (|$out:ident| $body:expr) => {
+                dispatch!(node.dtype, T => self.write::<T>(step, arena, |$out: Out<'_>| $body))
+            };
+        }
+        match &node.op {
+            Op::Input(k) => {
+                let b = inputs.get(*k as usize).map(super::cpu).ok_or_else(|| {
+                    Error::Backend(format!("cpu: input {k} is not bound ({} given)", inputs.len()))
+                })?;
+                if b.shape() != shape || b.dtype() != node.dtype {
+                    return Err(Error::Backend(format!(
+                        "cpu: input {k} is {}{} but the plan expects {}{shape}",
+                        b.dtype(),
+                        b.shape(),
+                        node.dtype
+                    )));
+                }
+                Ok(b.clone())
+            }
+            Op::Buffer(_) => Err(Error::Backend(format!("cpu: buffer node {} in a plan", step.id))),
+            // One element viewed with all strides 0: a constant costs one
+            // element of memory whatever its shape, and kernels read it as
+            // they read any broadcast.
+            Op::Full(v) if step.place == Place::Auto => {
+                let one = dispatch!(node.dtype, T => {
+                    let mut data = vec![T::default(); 1];
+                    source::full(*v, Out::new(&mut data));
+                    CpuBuffer::dense(T::into_host(data), Shape::scalar(), &self.stats)?
+                });
+                let layout = one.layout.expand(shape);
+                Ok(one.with_layout(layout))
+            }
+            Op::Full(v) => write!(|out| {
+                source::full(*v, out);
+                Ok(())
+            }),
+            Op::Arange { start, step: inc } => write!(|out| {
+                source::arange(*start, *inc, out);
+                Ok(())
+            }),
+            Op::Random { dist, stream } => {
+                let s = rng.streams.get(*stream as usize).copied().ok_or_else(|| {
+                    Error::Backend(format!(
+                        "cpu: random stream {stream} is not bound ({} given)",
+                        rng.streams.len()
+                    ))
+                })?;
+                write!(|out| source::random(*dist, rng.seed, s, out))
+            }
+            Op::Reshape(_) | Op::Permute(_) | Op::Expand(_) | Op::Slice { .. } => {
+                let a = x()?;
+                let layout = match &node.op {
+                    Op::Reshape(target) => a.layout.reshape(target),
+                    Op::Permute(perm) => Some(a.layout.permute(perm)),
+                    Op::Expand(target) => Some(a.layout.expand(target)),
+                    Op::Slice { dim, start, step: s, len } => Some(a.layout.slice(*dim, *start, *s, *len)),
+                    _ => None,
+                };
+                match (layout, step.place) {
+                    (Some(l), Place::Auto) => Ok(a.with_layout(l)),
+                    (layout, place) => {
+                        // A copy: the plan gave the view bytes of its own, or
+                        // a reshape cannot be a view on this layout.
+                        if place == Place::Auto {
+                            self.stats.view_copies.fetch_add(1, Ordering::Relaxed);
+                        }
+                        // A reshape copies its operand's elements in order;
+                        // any other view copies the view's elements.
+                        let src = match layout {
+                            Some(l) if !matches!(node.op, Op::Reshape(_)) => a.with_layout(l),
+                            _ => a.clone(),
+                        };
+                        write!(|out| {
+                            dispatch!(src.dtype(), S => elementwise::copy_into(src.view::<S>()?, out.get::<S>()?));
+                            Ok(())
+                        })
+                    }
+                }
+            }
+            Op::Unary(u) => write!(|out| elementwise::unary(x()?, *u, out)),
+            Op::Binary(b) => write!(|out| elementwise::binary(x()?, y()?, *b, out)),
+            Op::Compare(c) => write!(|out| elementwise::compare(x()?, y()?, *c, out)),
+            Op::Where => {
+                let z = args.get(2).ok_or_else(|| Error::Backend("cpu: where lacks operand 2".into()))?;
+                write!(|out| elementwise::where_(x()?, y()?, z, out))
+            }
+            Op::Cast(_) => write!(|out| elementwise::cast(x()?, out)),
+            Op::Reduce { op, dims, .. } => write!(|out| reduce::reduce(x()?, *op, dims, out)),
+            Op::MatMul => write!(|out| super::matmul::matmul(x()?, y()?, out)),
+            Op::Conv2d { stride, padding, dilation, groups } => {
+                let p = conv::ConvParams {
+                    stride: *stride,
+                    padding: *padding,
+                    dilation: *dilation,
+                    groups: *groups,
+                };
+                write!(|out| conv::conv2d(x()?, y()?, p, out))
+            }
+            Op::Pool2d { kind, kernel, stride, padding } => {
+                let p = conv::PoolParams { kind: *kind, kernel: *kernel, stride: *stride, padding: *padding };
+                write!(|out| conv::pool2d(x()?, p, out))
+            }
+            Op::Gather { dim } => write!(|out| index::gather(x()?, y()?, *dim, step.id, out)),
+            Op::IndexSelect { dim } => write!(|out| index::index_select(x()?, y()?, *dim, step.id, out)),
+            Op::Cat { dim } => {
+                let parts: Vec<&CpuBuffer> = args.iter().collect();
+                write!(|out| index::cat(&parts, *dim, shape, out))
+            }
+            Op::Fused(_) => {
+                let kernel = self.fused.get(&step.id).ok_or_else(|| {
+                    Error::Backend(format!("cpu: fused {} has no compiled kernel", step.id))
+                })?;
+                let in_place = match step.place {
+                    Place::InPlaceOf { slot, .. } => Some(slot),
+                    _ => None,
+                };
+                let operands: Vec<Option<&CpuBuffer>> =
+                    args.iter().enumerate().map(|(k, a)| (Some(k) != in_place).then_some(a)).collect();
+                dispatch!(node.dtype, T => self.write::<T>(step, arena, |out: Out<'_>| {
+                    kernel.run(&operands, in_place, out.get::<T>()?)
+                }))
+            }
+        }
+    }
+
+    /// Calls `kernel` on the step's destination of `T`s and wraps it as the
+    /// step's value: a fresh (pooled) allocation for [`Place::Auto`], the
+    /// step's arena range otherwise.
+    fn write<T: Elem>(
+        &self,
+        step: &Step,
+        arena: Option<&Arc<Arena>>,
+        kernel: impl FnOnce(Out<'_>) -> Result<()>,
+    ) -> Result<CpuBuffer> {
+        let shape = self.plan.graph.node(step.id).shape.clone();
+        let (offset, len) = match step.place {
+            Place::Auto => {
+                let mut data = pool::vec_for_overwrite::<T>(shape.numel());
+                kernel(Out::new(&mut data))?;
+                return CpuBuffer::dense(T::into_host(data), shape, &self.stats);
+            }
+            Place::Arena { offset, len } | Place::InPlaceOf { offset, len, .. } => (offset, len),
+        };
+        let arena =
+            arena.ok_or_else(|| Error::Backend(format!("cpu: {} is placed in a missing arena", step.id)))?;
+        arena.check_range::<T>(offset, len)?;
+        if len != shape.numel() {
+            return Err(Error::Backend(format!(
+                "cpu: {}: arena range of {len} elements for {shape}",
+                step.id
+            )));
+        }
+        if T::DTYPE == crate::ir::DType::Bool {
+            // SAFETY: as for `slice_mut` below (the same range, before it).
+            unsafe { arena.zero(offset, len) };
+        }
+        // SAFETY: the range is inside the arena and aligned for `T`
+        // (checked just above) and its bytes are valid `T`s (any bit
+        // pattern of the numeric dtypes; bools were just zeroed). No other
+        // slice of these bytes lives while the kernel runs: the operands'
+        // ranges (through views) do not overlap it, save an in-place
+        // operand that is never viewed, which compile checked; other
+        // values sharing bytes with it are not live now (with one stream
+        // they run one at a time; across streams `ir::verify` checked the
+        // plan); no value escapes a run in the arena (outputs are copied
+        // out) and a run holds its arena alone (`Arc::get_mut` in `run`).
+        let out = unsafe { arena.slice_mut::<T>(offset, len) };
+        kernel(Out::new(out))?;
+        Ok(CpuBuffer {
+            storage: Storage::in_arena::<T>(arena, offset, len)?,
+            layout: Layout::contiguous(shape),
+        })
+    }
+}

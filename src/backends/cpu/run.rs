@@ -1,0 +1,258 @@
+//! Running a compiled plan: the values of one run, the arena it takes,
+//! and the threads that run streams concurrently.
+//!
+//! With one stream (or none) the steps run in order on the caller's
+//! thread. With several, each stream's steps run in order on a thread of
+//! their own (`std::thread::scope`; the caller's thread runs stream 0).
+//! A step first waits for its events (a `Mutex` + `Condvar`), runs, then
+//! signals the events recorded after it. Kernels still parallelize on
+//! rayon's pool; the stream threads are not rayon workers, so blocking on
+//! an event never stalls rayon. When the caller itself is a rayon worker,
+//! all streams run in schedule order on it instead (every event is
+//! recorded before its waiters in that order), so it never blocks.
+//!
+//! The first error stops every stream: waiters wake up and bail out, each
+//! stream checks before every step, and the first error is returned. A
+//! panic in a kernel is caught and treated as an error, so no thread is
+//! left waiting for an event that will never come.
+
+use super::arena::Arena;
+use super::exec::CpuExecutable;
+use super::CpuBuffer;
+use crate::backends::{Buffer, Executable, RngArgs};
+use crate::{Error, Result};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+/// The values of one run and how many reads each has left.
+struct Values {
+    values: Vec<Option<CpuBuffer>>,
+    left: Vec<usize>,
+}
+
+/// Cross-stream state: which events have been signalled, and the first
+/// error.
+struct Sync {
+    done: Vec<bool>,
+    error: Option<Error>,
+}
+
+/// The state of one run, shared by its stream threads.
+struct RunState<'a> {
+    values: Mutex<Values>,
+    sync: Mutex<Sync>,
+    cv: Condvar,
+    inputs: &'a [Buffer],
+    rng: &'a RngArgs,
+    arena: Option<&'a Arc<Arena>>,
+}
+
+/// Locks `m`; a poisoned lock (a panic while holding it, which the code
+/// under these locks never does) is taken as is.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Stands in for an error another stream already recorded.
+fn stopped() -> Error {
+    Error::Backend("cpu: stopped by an error on another stream".into())
+}
+
+impl RunState<'_> {
+    /// Records `e` unless an error came first, and wakes every waiter.
+    fn fail(&self, e: Error) {
+        let mut s = lock(&self.sync);
+        if s.error.is_none() {
+            s.error = Some(e);
+        }
+        self.cv.notify_all();
+    }
+
+    fn failed(&self) -> bool {
+        lock(&self.sync).error.is_some()
+    }
+
+    /// Blocks until event `e` is signalled; an error if the run failed.
+    fn wait(&self, e: usize) -> Result<()> {
+        let mut s = lock(&self.sync);
+        loop {
+            if s.error.is_some() {
+                return Err(stopped());
+            }
+            if s.done.get(e).copied().unwrap_or(true) {
+                return Ok(());
+            }
+            s = self.cv.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn signal(&self, e: usize) {
+        let mut s = lock(&self.sync);
+        if let Some(d) = s.done.get_mut(e) {
+            *d = true;
+        }
+        self.cv.notify_all();
+    }
+}
+
+impl CpuExecutable {
+    /// Runs step `i`: takes its operands, launches its kernel, stores its
+    /// value and drops every value read for the last time.
+    fn run_step(&self, i: usize, st: &RunState<'_>) -> Result<()> {
+        let step = &self.steps[i];
+        let args: Vec<CpuBuffer> = {
+            let v = lock(&st.values);
+            step.operands
+                .iter()
+                .map(|&p| {
+                    v.values[p].clone().ok_or_else(|| {
+                        Error::Backend(format!("cpu: operand of {} was freed before use", step.id))
+                    })
+                })
+                .collect::<Result<_>>()?
+        };
+        let node = self.plan.graph.node(step.id);
+        let _launch = tracing::trace_span!("launch", op = node.op.mnemonic(), node = %step.id).entered();
+        let mut out = self.launch(step, &args, st.inputs, st.rng, st.arena)?;
+        drop(args);
+        if step.output && out.storage.is_arena() {
+            // An output viewing arena bytes: the next run overwrites them.
+            out = out.owned_copy(&self.stats)?;
+        }
+        self.stats.nodes_executed.fetch_add(1, Ordering::Relaxed);
+        let mut v = lock(&st.values);
+        v.values[i] = Some(out);
+        for &p in &step.operands {
+            v.left[p] -= 1;
+            if v.left[p] == 0 {
+                v.values[p] = None;
+            }
+        }
+        if v.left[i] == 0 {
+            v.values[i] = None;
+        }
+        Ok(())
+    }
+
+    /// Runs the steps at positions `list` in order, honouring events.
+    fn run_list(&self, list: &[usize], st: &RunState<'_>) -> Result<()> {
+        for &i in list {
+            if st.failed() {
+                return Err(stopped());
+            }
+            for &e in &self.steps[i].waits {
+                st.wait(e)?;
+            }
+            self.run_step(i, st)?;
+            for &e in &self.steps[i].records {
+                st.signal(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Self::run_list`] with errors and panics recorded in `st`.
+    fn run_stream(&self, list: &[usize], st: &RunState<'_>) {
+        match catch_unwind(AssertUnwindSafe(|| self.run_list(list, st))) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => st.fail(e),
+            Err(_) => st.fail(Error::Backend("cpu: a kernel panicked".into())),
+        }
+    }
+
+    /// Runs every step, on one thread or one per stream.
+    fn execute(&self, st: &RunState<'_>) -> Result<()> {
+        match &self.streams {
+            Some(streams) if rayon::current_thread_index().is_none() => {
+                let _span = tracing::debug_span!("streams", count = streams.lists.len()).entered();
+                self.run_list(&streams.prelude, st)?;
+                std::thread::scope(|scope| {
+                    for list in &streams.lists[1..] {
+                        scope.spawn(move || self.run_stream(list, st));
+                    }
+                    self.run_stream(&streams.lists[0], st);
+                });
+                match lock(&st.sync).error.take() {
+                    Some(e) => Err(e),
+                    None => Ok(()),
+                }
+            }
+            _ => {
+                let all: Vec<usize> = (0..self.steps.len()).collect();
+                self.run_list(&all, st)
+            }
+        }
+    }
+
+    /// The arena for one run: the cached one if nobody else holds it, else
+    /// a fresh one (another thread is running this executable right now).
+    fn take_arena(&self) -> Result<Option<Arc<Arena>>> {
+        let Some(bytes) = self.arena_bytes else { return Ok(None) };
+        let cached = lock(&self.arena).take();
+        if let Some(mut a) = cached {
+            if Arc::get_mut(&mut a).is_some() {
+                return Ok(Some(a));
+            }
+        }
+        Ok(Some(Arena::new(bytes, &self.stats)?))
+    }
+
+    /// Keeps `arena` for the next run if no buffer still refers to it.
+    fn give_back_arena(&self, mut arena: Arc<Arena>) {
+        if Arc::get_mut(&mut arena).is_some() {
+            let mut slot = lock(&self.arena);
+            if slot.is_none() {
+                *slot = Some(arena);
+            }
+        }
+    }
+}
+
+impl Executable for CpuExecutable {
+    fn run(&self, inputs: &[Buffer], rng: &RngArgs) -> Result<Vec<Buffer>> {
+        let _run = tracing::debug_span!("run", nodes = self.steps.len(), inputs = inputs.len()).entered();
+        if inputs.len() != self.plan.inputs {
+            return Err(Error::Backend(format!(
+                "cpu: the plan binds {} input(s), {} given",
+                self.plan.inputs,
+                inputs.len()
+            )));
+        }
+        if rng.streams.len() < self.plan.random_streams {
+            return Err(Error::Backend(format!(
+                "cpu: the plan reads {} random stream(s), {} given",
+                self.plan.random_streams,
+                rng.streams.len()
+            )));
+        }
+        let arena = self.take_arena()?;
+        let events = self.streams.as_ref().map_or(0, |s| s.events);
+        let st = RunState {
+            values: Mutex::new(Values { values: vec![None; self.steps.len()], left: self.uses.clone() }),
+            sync: Mutex::new(Sync { done: vec![false; events], error: None }),
+            cv: Condvar::new(),
+            inputs,
+            rng,
+            arena: arena.as_ref(),
+        };
+        let result = self.execute(&st).and_then(|()| {
+            let v = lock(&st.values);
+            self.outputs
+                .iter()
+                .map(|&p| match &v.values[p] {
+                    Some(b) if b.storage.is_arena() => {
+                        Err(Error::Backend("cpu: an output was left in the arena".into()))
+                    }
+                    Some(b) => Ok(Buffer::Cpu(b.clone())),
+                    None => Err(Error::Backend("cpu: an output was freed before the end".into())),
+                })
+                .collect()
+        });
+        drop(st);
+        if let Some(a) = arena {
+            self.give_back_arena(a);
+        }
+        result
+    }
+}
