@@ -117,3 +117,38 @@ fn one_context_used_from_several_threads() {
         }
     });
 }
+
+/// A diamond with two heavy branches: the same values on one stream, on
+/// two (the CPU runs them as concurrent threads), without fusion and with
+/// fast math; each setting compiles its own plan and a second read hits.
+#[test]
+fn streams_fusion_and_fast_math_keep_values_and_key_the_cache() {
+    let data: Vec<f32> = (0..64 * 64).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+    let run = |ctx: &Context| {
+        let x = ctx.tensor(&data, [64, 64]);
+        let a = x.matmul(&x).tanh();
+        let b = (x.exp() * 0.5).matmul(&x.transpose(0, 1));
+        ((a + b) / 4.0).softmax(1).to_vec::<f32>().unwrap()
+    };
+    let base = run(&Context::cpu());
+    for ctx in [Context::cpu().with_streams(2), Context::cpu().with_passes("-fusion")] {
+        assert_eq!(run(&ctx), base);
+        assert_eq!(run(&ctx), base);
+        let s = ctx.stats();
+        assert_eq!((s.compiles, s.cache_hits), (1, 1), "{s:?}");
+    }
+    // The two branches really are on two streams, ordered by an event.
+    let ctx = Context::cpu().with_streams(2);
+    let x = ctx.tensor(&data, [64, 64]);
+    let y = x.matmul(&x).tanh() + (x.exp() * 0.5).matmul(&x.transpose(0, 1));
+    let plan = ctx.explain(&[&y]).unwrap();
+    assert!(plan.starts_with("plan schedule streams=2") && plan.contains("!wait=e0"), "{plan}");
+    // Fast math may multiply by 1/4 instead of dividing: equal here (a power of two).
+    let ctx = Context::cpu().with_fast_math(true);
+    assert_eq!(run(&ctx), base);
+    let ctx = Context::cpu();
+    run(&ctx);
+    let ctx = ctx.with_fast_math(true).with_streams(2);
+    assert_eq!(run(&ctx), base);
+    assert_eq!(ctx.stats().compiles, 2, "a new setting is a new plan");
+}
