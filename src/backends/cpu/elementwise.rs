@@ -205,6 +205,8 @@ macro_rules! all_binary {
             Add, Sub, Mul, Div, Pow, Maximum, Minimum; unreachable!())
     };
 }
+// Shared with the fused kernels (`fused/ops.rs`).
+pub(crate) use {all_binary, all_unary, const_match};
 
 fn unsupported(op: &str, d: DType) -> Error {
     Error::Backend(format!("cpu: {op} is not defined on {d}"))

@@ -148,20 +148,20 @@ fn gemm_rows<T: GemmFloat>(
 }
 
 /// The problem: batch offsets of each operand plus m, k, n and strides.
-struct Problem {
-    a_base: Vec<usize>,
-    b_base: Vec<usize>,
-    m: usize,
-    k: usize,
-    n: usize,
-    a_rs: usize,
-    a_cs: usize,
-    b_rs: usize,
-    b_cs: usize,
+pub(crate) struct Problem {
+    pub(crate) a_base: Vec<usize>,
+    pub(crate) b_base: Vec<usize>,
+    pub(crate) m: usize,
+    pub(crate) k: usize,
+    pub(crate) n: usize,
+    pub(crate) a_rs: usize,
+    pub(crate) a_cs: usize,
+    pub(crate) b_rs: usize,
+    pub(crate) b_cs: usize,
 }
 
 impl Problem {
-    fn new(a: &Layout, b: &Layout) -> Result<Problem> {
+    pub(crate) fn new(a: &Layout, b: &Layout) -> Result<Problem> {
         let r = a.shape.rank();
         if r < 2 || b.shape.rank() != r {
             return Err(Error::Backend(format!("cpu: matmul of {} and {}", a.shape, b.shape)));

@@ -7,34 +7,24 @@
 //! (through [`GemmFloat`]) with the operands' own strides, so a transposed
 //! weight needs no copy. Other dtypes run the unfused matmul kernel once
 //! (widening `f16`/`bf16` to `f32` exactly as it does) and the epilogue
-//! reads its result.
+//! reads its result. The batched problem (bases, sizes, strides) is the
+//! unfused kernel's [`Problem`]; this file adds the checks and the
+//! row-block loop.
 //!
 //! Each output element is a dot product over `k` that `matrixmultiply`
 //! computes the same way whatever block of rows it belongs to, so the
 //! block size changes no result.
 
-use super::super::layout::{Layout, Offsets};
+use super::super::layout::Layout;
 use super::super::matmul::GemmFloat;
+pub(crate) use super::super::matmul::Problem;
 use crate::{Error, Result};
 
-/// A batched `[.., m, k] x [.., k, n]` problem: per batch item the base
-/// offset of each operand, plus sizes and strides (in elements).
-pub(super) struct Problem {
-    a_base: Vec<usize>,
-    b_base: Vec<usize>,
-    pub m: usize,
-    pub k: usize,
-    pub n: usize,
-    a_rs: usize,
-    a_cs: usize,
-    b_rs: usize,
-    b_cs: usize,
-}
-
 impl Problem {
-    /// The problem of two layouts whose extents were checked against
-    /// their storages (`a_len`, `b_len` elements).
-    pub fn new(a: &Layout, a_len: usize, b: &Layout, b_len: usize) -> Result<Problem> {
+    /// The problem of two layouts, after checking that their shapes
+    /// multiply and their extents fit their storages (`a_len`, `b_len`
+    /// elements): what makes the raw-pointer reads in [`Problem::rows`] safe.
+    pub(crate) fn checked(a: &Layout, a_len: usize, b: &Layout, b_len: usize) -> Result<Problem> {
         let r = a.shape.rank();
         let ok = r >= 2
             && b.shape.rank() == r
@@ -45,29 +35,20 @@ impl Problem {
         if !ok {
             return Err(Error::Backend(format!("cpu: fused matmul of {} and {}", a.shape, b.shape)));
         }
-        let batch = &a.shape.0[..r - 2];
-        let nb: usize = batch.iter().product();
-        let bases = |l: &Layout| {
-            let mut it = Offsets::new(batch, &l.strides[..r - 2], l.offset, 0);
-            (0..nb).map(|_| it.next_offset()).collect::<Vec<_>>()
-        };
-        Ok(Problem {
-            a_base: bases(a),
-            b_base: bases(b),
-            m: a.shape.0[r - 2],
-            k: a.shape.0[r - 1],
-            n: b.shape.0[r - 1],
-            a_rs: a.strides[r - 2],
-            a_cs: a.strides[r - 1],
-            b_rs: b.strides[r - 2],
-            b_cs: b.strides[r - 1],
-        })
+        Problem::new(a, b)
     }
 
     /// Rows `r0 .. r0 + rows` of the product (rows counted across the
     /// batch, `batch * m` in all), row-major into `dst` (`rows * n`
     /// elements). Single-threaded: the caller runs blocks in parallel.
-    pub fn rows<T: GemmFloat>(&self, a: &[T], b: &[T], r0: usize, rows: usize, dst: &mut [T]) -> Result<()> {
+    pub(crate) fn rows<T: GemmFloat>(
+        &self,
+        a: &[T],
+        b: &[T],
+        r0: usize,
+        rows: usize,
+        dst: &mut [T],
+    ) -> Result<()> {
         let (m, k, n) = (self.m, self.k, self.n);
         let total = self.a_base.len() * m;
         if dst.len() != rows * n || r0 + rows > total {

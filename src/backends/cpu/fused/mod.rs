@@ -431,7 +431,7 @@ impl FusedKernel {
         let (da, la) = resolve(a, dtype, args)?;
         let (db, lb) = resolve(b, dtype, args)?;
         if matches!(dtype, DType::F32 | DType::F64) {
-            let p = gemm::Problem::new(&la, da.get().len(), &lb, db.get().len())?;
+            let p = gemm::Problem::checked(&la, da.get().len(), &lb, db.get().len())?;
             return Ok(Mm::Gemm { a: da, b: db, p, dtype });
         }
         // Other dtypes: the unfused kernel (f16/bf16 widened to f32 and

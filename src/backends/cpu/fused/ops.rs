@@ -59,33 +59,7 @@ pub(super) fn scratch(dtype: DType, len: usize) -> HostData {
     dispatch!(dtype, T => <T as crate::ir::Element>::into_host(vec![T::default(); len]))
 }
 
-/// Matches a fieldless enum value and runs `$body` with `$C` bound to a
-/// constant of the matched variant, so the loop monomorphizes per variant
-/// (as `elementwise.rs` does; its macros are private to that file).
-macro_rules! const_match {
-    ($ty:ident, $val:expr, $C:ident => $body:expr; $($v:ident),* ; $other:expr) => {
-        #[allow(unreachable_patterns)]
-        match $val {
-            $( $ty::$v => { const $C: $ty = $ty::$v; $body } )*
-            _ => $other,
-        }
-    };
-}
-
-macro_rules! all_unary {
-    ($val:expr, $C:ident => $body:expr) => {
-        const_match!(UnaryOp, $val, $C => $body;
-            Neg, Abs, Exp, Log, Sqrt, Rsqrt, Recip, Sin, Cos, Tanh, Sigmoid, Relu, Gelu, Silu;
-            unreachable!())
-    };
-}
-
-macro_rules! all_binary {
-    ($val:expr, $C:ident => $body:expr) => {
-        const_match!(BinaryOp, $val, $C => $body;
-            Add, Sub, Mul, Div, Pow, Maximum, Minimum; unreachable!())
-    };
-}
+use super::super::elementwise::{all_binary, all_unary, const_match};
 
 #[inline(always)]
 fn map1<A: Copy, O>(d: &mut [O], a: &[A], f: impl Fn(A) -> O) {
