@@ -4,6 +4,7 @@
 //! optimized [`Plan`] and input buffers and returns output buffers.
 
 pub mod cpu;
+pub mod cuda;
 pub mod philox;
 
 use crate::ir::{DType, HostData, Plan, Shape};
@@ -16,6 +17,9 @@ use std::sync::Arc;
 pub enum Buffer {
     /// A CPU tensor (possibly a strided view of shared storage).
     Cpu(cpu::CpuBuffer),
+    /// A dense tensor on a CUDA device.
+    #[cfg(feature = "cuda-backend")]
+    Cuda(cuda::CudaBuffer),
 }
 
 impl Buffer {
@@ -23,6 +27,8 @@ impl Buffer {
     pub fn shape(&self) -> &Shape {
         match self {
             Buffer::Cpu(b) => b.shape(),
+            #[cfg(feature = "cuda-backend")]
+            Buffer::Cuda(b) => b.shape(),
         }
     }
 
@@ -30,8 +36,20 @@ impl Buffer {
     pub fn dtype(&self) -> DType {
         match self {
             Buffer::Cpu(b) => b.dtype(),
+            #[cfg(feature = "cuda-backend")]
+            Buffer::Cuda(b) => b.dtype(),
         }
     }
+}
+
+/// Settings that change how a backend compiles a plan (part of a plan's
+/// identity: a context keys its plan cache on them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CompileOptions {
+    /// Let float32 matrix products and convolutions use TF32 tensor cores
+    /// (10-bit mantissa inputs, float32 accumulation). Off by default:
+    /// float32 means float32 arithmetic. The CPU backend ignores it.
+    pub tf32: bool,
 }
 
 /// The per-run values of a plan's random streams: stream `k` of the plan
@@ -58,6 +76,12 @@ pub struct DeviceStats {
     /// Views that could not be views of their operand's layout (a reshape
     /// of a transpose) and were copied into an allocation of their own.
     pub view_copies: AtomicU64,
+    /// Kernels compiled at run time (NVRTC on CUDA).
+    pub kernel_compiles: AtomicU64,
+    /// Kernels loaded from the on-disk kernel cache instead of compiled.
+    pub kernel_disk_hits: AtomicU64,
+    /// Kernels found already loaded in this process.
+    pub kernel_memory_hits: AtomicU64,
 }
 
 impl DeviceStats {
@@ -78,12 +102,21 @@ impl DeviceStats {
 pub trait Backend: Send + Sync {
     /// A short name (`cpu`).
     fn name(&self) -> &'static str;
+    /// The device in words, for people (`cuda:0 NVIDIA H100 (sm_90)`).
+    fn describe(&self) -> String {
+        self.name().to_string()
+    }
     /// Copies host data (row-major, `shape.numel()` elements) to the device.
     fn upload(&self, data: HostData, shape: &Shape) -> Result<Buffer>;
     /// Copies a buffer to the host, row-major.
     fn download(&self, buffer: &Buffer) -> Result<HostData>;
     /// Compiles a plan into something that can run many times.
     fn compile(&self, plan: Arc<Plan>) -> Result<Arc<dyn Executable>>;
+    /// [`Backend::compile`] with settings; backends without any ignore them.
+    fn compile_with(&self, plan: Arc<Plan>, options: &CompileOptions) -> Result<Arc<dyn Executable>> {
+        let _ = options;
+        self.compile(plan)
+    }
     /// The device counters.
     fn stats(&self) -> Arc<DeviceStats>;
 }
@@ -94,4 +127,27 @@ pub trait Executable: Send + Sync {
     /// per graph output, in order. Bad data found while running (an
     /// out-of-range gather index) is an error, never a panic.
     fn run(&self, inputs: &[Buffer], rng: &RngArgs) -> Result<Vec<Buffer>>;
+
+    /// Starts a run and returns without waiting for the device to finish
+    /// it: [`Pending::wait`] hands over the outputs. A context calls this
+    /// under its lock and waits outside it. Backends that compute on the
+    /// caller's thread (the CPU) finish here.
+    fn launch(&self, inputs: &[Buffer], rng: &RngArgs) -> Result<Box<dyn Pending>> {
+        Ok(Box::new(Ready(self.run(inputs, rng)?)))
+    }
+}
+
+/// A run that was launched: its outputs, once the device is done.
+pub trait Pending: Send {
+    /// Waits for the run and returns one buffer per graph output.
+    fn wait(self: Box<Self>) -> Result<Vec<Buffer>>;
+}
+
+/// A run that has already finished.
+struct Ready(Vec<Buffer>);
+
+impl Pending for Ready {
+    fn wait(self: Box<Self>) -> Result<Vec<Buffer>> {
+        Ok(self.0)
+    }
 }

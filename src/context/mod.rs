@@ -4,7 +4,7 @@
 mod realize;
 
 use crate::backends::cpu::CpuBackend;
-use crate::backends::{Backend, Buffer};
+use crate::backends::{Backend, Buffer, CompileOptions};
 use crate::ir::{BufferId, DType, Graph, NodeId, Op, RegionId, Shape};
 use crate::passes::PipelineConfig;
 use crate::tensor::{Tensor, TensorNode};
@@ -53,6 +53,8 @@ pub(crate) struct State {
     pub(crate) config: Result<PipelineConfig>,
     /// What the passes may do (fast math, streams); part of the cache key.
     pub(crate) options: crate::passes::PassOptions,
+    /// How the backend compiles (TF32); part of the cache key.
+    pub(crate) compile: CompileOptions,
     /// The region new nodes go into.
     pub(crate) region: RegionId,
     pub(crate) cache: PlanCache,
@@ -77,6 +79,15 @@ pub struct Stats {
     pub graph_nodes: usize,
     /// Realized buffers the context holds now.
     pub buffers: usize,
+    /// Device bytes kiln holds now (buffers, arenas, scratch); on CUDA the
+    /// caching allocator's free blocks are not counted.
+    pub live_bytes: u64,
+    /// Kernels compiled at run time (NVRTC on CUDA; 0 on the CPU).
+    pub kernel_compiles: u64,
+    /// Kernels loaded from the on-disk kernel cache instead of compiled.
+    pub kernel_disk_hits: u64,
+    /// Kernels found already loaded in this process.
+    pub kernel_memory_hits: u64,
 }
 
 impl Context {
@@ -84,6 +95,63 @@ impl Context {
     /// `KILN_PASSES` and `KILN_DUMP` are read here.
     pub fn cpu() -> Context {
         Context::with_backend(Box::new(CpuBackend::new()))
+    }
+
+    /// A context on CUDA device `ordinal` (feature `cuda`). A missing
+    /// driver, device or library (NVRTC, cuBLAS, cuBLASLt, cuDNN) is an
+    /// [`Error::Device`] that names what was looked for; so is a build
+    /// without the `cuda` feature.
+    ///
+    /// ```
+    /// use kiln::prelude::*;
+    /// match Context::cuda(0) {
+    ///     Ok(ctx) => assert_eq!(ctx.device(), "cuda"),
+    ///     Err(e) => assert!(matches!(e, Error::Device { .. })),
+    /// }
+    /// ```
+    #[track_caller]
+    pub fn cuda(ordinal: usize) -> Result<Context> {
+        let location = Location::caller();
+        #[cfg(feature = "cuda-backend")]
+        {
+            match crate::backends::cuda::CudaBackend::new(ordinal) {
+                Ok(backend) => Ok(Context::with_backend(Box::new(backend))),
+                Err(message) => Err(Error::Device {
+                    message: format!("cannot use CUDA device {ordinal}: {message}"),
+                    location,
+                }),
+            }
+        }
+        #[cfg(not(feature = "cuda-backend"))]
+        {
+            Err(Error::Device {
+                message: format!(
+                    "cannot use CUDA device {ordinal}: this build of kiln has no CUDA backend (build it with `--features cuda`)"
+                ),
+                location,
+            })
+        }
+    }
+
+    /// The best device here: CUDA device 0 when there is one (and the
+    /// build has the `cuda` feature), else the CPU. Why CUDA was not
+    /// chosen is logged (`tracing`, info level).
+    ///
+    /// ```
+    /// use kiln::prelude::*;
+    /// let ctx = Context::best();
+    /// let x = ctx.arange(0.0f32, 4.0, 1.0);
+    /// assert_eq!((x * 2.0).to_vec::<f32>()?, vec![0.0, 2.0, 4.0, 6.0]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn best() -> Context {
+        match Context::cuda(0) {
+            Ok(ctx) => ctx,
+            Err(e) => {
+                tracing::info!(reason = %e, "no CUDA device; using the CPU");
+                Context::cpu()
+            }
+        }
     }
 
     fn with_backend(backend: Box<dyn Backend>) -> Context {
@@ -96,6 +164,7 @@ impl Context {
             seed: 0,
             config: PipelineConfig::from_env(),
             options: crate::passes::PassOptions::default(),
+            compile: CompileOptions::default(),
             region: RegionId::ROOT,
             cache: PlanCache::default(),
             compiles: 0,
@@ -163,9 +232,23 @@ impl Context {
         self
     }
 
-    /// The backend's name (`cpu`).
+    /// Lets float32 matrix products and convolutions use TF32 tensor cores
+    /// on CUDA (inputs rounded to a 10-bit mantissa, float32 accumulation:
+    /// faster, about 1e-3 relative error). Off by default; the CPU ignores
+    /// it. Plans compiled before stay cached under their own setting.
+    pub fn with_tf32(self, on: bool) -> Context {
+        self.state().compile.tf32 = on;
+        self
+    }
+
+    /// The backend's name (`cpu` or `cuda`).
     pub fn device(&self) -> &'static str {
         self.inner.backend.name()
+    }
+
+    /// The device in words (`cpu`, `cuda:0 NVIDIA H100 80GB HBM3 (sm_90)`).
+    pub fn device_description(&self) -> String {
+        self.inner.backend.describe()
     }
 
     /// Compile, cache and memory counters.
@@ -181,6 +264,10 @@ impl Context {
             peak_bytes: device.peak_bytes.load(Relaxed),
             graph_nodes: state.graph.len(),
             buffers: state.buffers.len(),
+            live_bytes: device.live_bytes.load(Relaxed),
+            kernel_compiles: device.kernel_compiles.load(Relaxed),
+            kernel_disk_hits: device.kernel_disk_hits.load(Relaxed),
+            kernel_memory_hits: device.kernel_memory_hits.load(Relaxed),
         }
     }
 

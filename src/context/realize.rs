@@ -91,8 +91,9 @@ impl Context {
         }
         let extracted = extract(&state.graph, targets);
         let key = format!(
-            ";; {} passes={}\n{}",
+            ";; {} tf32={} passes={}\n{}",
             state.options,
+            state.compile.tf32,
             state.config.as_ref().map(|c| c.enabled_text()).unwrap_or_default(),
             ir::text::print(&extracted.graph)
         );
@@ -106,7 +107,7 @@ impl Context {
                 let mut config = state.config.clone()?;
                 config.options = state.options;
                 let optimized = passes::optimize(extracted.graph, &config)?;
-                let exe = self.inner.backend.compile(Arc::new(Plan::new(optimized)))?;
+                let exe = self.inner.backend.compile_with(Arc::new(Plan::new(optimized)), &state.compile)?;
                 state.compiles += 1;
                 state.cache.plans.insert(key, exe.clone());
                 exe

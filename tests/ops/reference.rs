@@ -5,7 +5,68 @@
 
 use half::{bf16, f16};
 use kiln::prelude::*;
+use std::cell::Cell;
 use std::rc::Rc;
+use std::sync::OnceLock;
+
+// ---------------------------------------------------------------------------
+// Backends: every test runs once per available backend, from one source.
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Which {
+    Cpu,
+    Cuda,
+}
+
+thread_local! {
+    static CURRENT: Cell<Which> = const { Cell::new(Which::Cpu) };
+}
+
+/// The backends of this machine: the CPU, and CUDA device 0 when the build
+/// has the `cuda` feature and a GPU answers. Without one the CUDA runs are
+/// skipped with a message; with `KILN_REQUIRE_CUDA=1` that is a failure.
+fn available() -> &'static [Which] {
+    static AVAILABLE: OnceLock<Vec<Which>> = OnceLock::new();
+    AVAILABLE.get_or_init(|| match Context::cuda(0) {
+        Ok(_) => vec![Which::Cpu, Which::Cuda],
+        Err(e) => {
+            if std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
+                panic!("KILN_REQUIRE_CUDA=1 but CUDA is not usable: {e}");
+            }
+            eprintln!("tests/ops: CUDA skipped ({})", e.to_string().lines().next().unwrap_or_default());
+            vec![Which::Cpu]
+        }
+    })
+}
+
+/// A fresh context on the backend the current [`each_backend`] pass tests.
+pub fn dev() -> Context {
+    match CURRENT.with(Cell::get) {
+        Which::Cpu => Context::cpu(),
+        Which::Cuda => Context::cuda(0).unwrap_or_else(|e| panic!("CUDA went away: {e}")),
+    }
+}
+
+/// Says which backend a failing pass ran on.
+struct Announce(Which);
+
+impl Drop for Announce {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("(this failure is on the {:?} backend)", self.0);
+        }
+        CURRENT.with(|c| c.set(Which::Cpu));
+    }
+}
+
+/// Runs `f` once per available backend; [`dev`] makes its contexts.
+pub fn each_backend(f: impl Fn()) {
+    for &which in available() {
+        CURRENT.with(|c| c.set(which));
+        let _announce = Announce(which);
+        f();
+    }
+}
 
 /// Every float dtype.
 pub const FLOATS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];

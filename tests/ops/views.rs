@@ -54,34 +54,42 @@ fn cases() -> Vec<ViewCase> {
 
 #[test]
 fn views_on_every_dtype() {
-    let ctx = Context::cpu();
-    let mut rng = Rng::new(50);
-    for dtype in DType::ALL {
-        let (t, h) = rand_tensor(&ctx, &mut rng, dtype, &[2, 3, 4]);
-        // Views are exact, so the reference may run on the indices alone.
-        let ids = Nd::from_fn(&[2, 3, 4], |i| (i[0] * 12 + i[1] * 4 + i[2]) as i64);
-        let all = match &h {
-            Host::F(a) => a.to_vec(),
-            Host::I(a) => a.to_vec().into_iter().map(|x| x as f64).collect(),
-        };
-        for (name, view, reference) in cases() {
-            let got = view(&t);
-            let picked = reference(&ids);
-            let want = match &h {
-                Host::F(_) => Host::F(picked.map(|i| all[i as usize])),
-                Host::I(a) => {
-                    let v = a.to_vec();
-                    Host::I(picked.map(|i| v[i as usize]))
-                }
+    each_backend(|| {
+        let ctx = dev();
+        let mut rng = Rng::new(50);
+        for dtype in DType::ALL {
+            let (t, h) = rand_tensor(&ctx, &mut rng, dtype, &[2, 3, 4]);
+            // Views are exact, so the reference may run on the indices alone.
+            let ids = Nd::from_fn(&[2, 3, 4], |i| (i[0] * 12 + i[1] * 4 + i[2]) as i64);
+            let all = match &h {
+                Host::F(a) => a.to_vec(),
+                Host::I(a) => a.to_vec().into_iter().map(|x| x as f64).collect(),
             };
-            check(&got, dtype, &want, 0.0, name);
-            // And the view as an operand of a computation.
-            if dtype == DType::F32 {
-                let doubled = &got * 2.0;
-                check(&doubled, dtype, &Host::F(want.f().map(|x| x * 2.0)), 1.0, &format!("2 * ({name})"));
+            for (name, view, reference) in cases() {
+                let got = view(&t);
+                let picked = reference(&ids);
+                let want = match &h {
+                    Host::F(_) => Host::F(picked.map(|i| all[i as usize])),
+                    Host::I(a) => {
+                        let v = a.to_vec();
+                        Host::I(picked.map(|i| v[i as usize]))
+                    }
+                };
+                check(&got, dtype, &want, 0.0, name);
+                // And the view as an operand of a computation.
+                if dtype == DType::F32 {
+                    let doubled = &got * 2.0;
+                    check(
+                        &doubled,
+                        dtype,
+                        &Host::F(want.f().map(|x| x * 2.0)),
+                        1.0,
+                        &format!("2 * ({name})"),
+                    );
+                }
             }
         }
-    }
+    });
 }
 
 #[test]
@@ -109,16 +117,19 @@ fn views_of_realized_values_copy_nothing() {
 
 #[test]
 fn realized_views_keep_values_when_used_later() {
-    // A view realized first, then used in later computations with its base.
-    let ctx = Context::cpu();
-    let mut rng = Rng::new(52);
-    let a = rand_f(&mut rng, DType::F64, &[5, 7], 1.0);
-    let t = tensor_f(&ctx, DType::F64, &a);
-    let v = t.t().slice(0, 1, 7, 3); // [2, 5]
-    v.realize().unwrap();
-    let s = (&v + &t.narrow(1, 0, 2).t()).sum(&[1], false);
-    let av = a.transpose(0, 1).slice(0, 1, 3, 2);
-    let want =
-        av.zip(&a.slice(1, 0, 1, 2).transpose(0, 1), |x, y| x + y).reduce(&[1], false, |v| v.iter().sum());
-    check_f(&s, DType::F64, &want, 5.0, "view + view after realize");
+    each_backend(|| {
+        // A view realized first, then used in later computations with its base.
+        let ctx = dev();
+        let mut rng = Rng::new(52);
+        let a = rand_f(&mut rng, DType::F64, &[5, 7], 1.0);
+        let t = tensor_f(&ctx, DType::F64, &a);
+        let v = t.t().slice(0, 1, 7, 3); // [2, 5]
+        v.realize().unwrap();
+        let s = (&v + &t.narrow(1, 0, 2).t()).sum(&[1], false);
+        let av = a.transpose(0, 1).slice(0, 1, 3, 2);
+        let want = av
+            .zip(&a.slice(1, 0, 1, 2).transpose(0, 1), |x, y| x + y)
+            .reduce(&[1], false, |v| v.iter().sum());
+        check_f(&s, DType::F64, &want, 5.0, "view + view after realize");
+    });
 }

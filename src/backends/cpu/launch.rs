@@ -36,7 +36,7 @@ impl CpuExecutable {
             Op::Input(k) => {
                 let b = inputs.get(*k as usize).map(super::cpu).ok_or_else(|| {
                     Error::Backend(format!("cpu: input {k} is not bound ({} given)", inputs.len()))
-                })?;
+                })??;
                 if b.shape() != shape || b.dtype() != node.dtype {
                     return Err(Error::Backend(format!(
                         "cpu: input {k} is {}{} but the plan expects {}{shape}",

@@ -132,10 +132,12 @@ impl CpuBackend {
     }
 }
 
-/// The CPU buffer inside a [`Buffer`].
-fn cpu(b: &Buffer) -> &CpuBuffer {
+/// The CPU buffer inside a [`Buffer`]; a buffer of another device is an error.
+fn cpu(b: &Buffer) -> Result<&CpuBuffer> {
     match b {
-        Buffer::Cpu(c) => c,
+        Buffer::Cpu(c) => Ok(c),
+        #[allow(unreachable_patterns)]
+        _ => Err(Error::Backend("cpu: a buffer of another device was given to the CPU backend".into())),
     }
 }
 
@@ -157,7 +159,7 @@ impl Backend for CpuBackend {
     }
 
     fn download(&self, buffer: &Buffer) -> Result<HostData> {
-        cpu(buffer).to_host()
+        cpu(buffer)?.to_host()
     }
 
     fn compile(&self, plan: Arc<Plan>) -> Result<Arc<dyn Executable>> {

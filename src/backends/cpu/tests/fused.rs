@@ -330,6 +330,8 @@ fn buffers(be: &CpuBackend, g: &Graph) -> Vec<CpuBuffer> {
         .zip(FusedBody::new(g.clone()).unwrap().input_nodes())
         .map(|(d, i)| match be.upload(d, &g.node(i).shape).unwrap() {
             Buffer::Cpu(c) => c,
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("the CPU backend makes CPU buffers"),
         })
         .collect()
 }

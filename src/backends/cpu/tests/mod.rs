@@ -276,11 +276,17 @@ fn views_share_storage_and_reshape_copies_only_when_needed() {
         .unwrap()
         .run(std::slice::from_ref(&buf), &RngArgs::default())
         .unwrap();
-    let Buffer::Cpu(src) = &buf;
+    let src = match &buf {
+        Buffer::Cpu(c) => c,
+        #[allow(unreachable_patterns)]
+        _ => unreachable!("the CPU backend makes CPU buffers"),
+    };
     let cpu: Vec<_> = out
         .iter()
         .map(|b| match b {
             Buffer::Cpu(c) => c.clone(),
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("the CPU backend makes CPU buffers"),
         })
         .collect();
     assert!(cpu[0].shares_storage(src) && cpu[1].shares_storage(src));

@@ -80,6 +80,8 @@ fn same_as_unplanned(src: &str, seed: u64) -> Vec<HostData> {
 fn arena_of(b: &Buffer) -> Option<(usize, usize)> {
     match b {
         Buffer::Cpu(c) => c.arena_range(),
+        #[allow(unreachable_patterns)]
+        _ => unreachable!("the CPU backend makes CPU buffers"),
     }
 }
 

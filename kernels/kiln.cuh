@@ -1,0 +1,267 @@
+// kiln.cuh: the CUDA C helpers every generated kernel includes.
+//
+// Generated kernels (src/backends/cuda/codegen) compute in a wide type and
+// store in the node's dtype, exactly as the CPU backend does (src/ir/eval.rs):
+// f16/bf16 compute in float and round after every op, integers compute in
+// 64 bits and wrap to their dtype, float->int casts truncate and saturate
+// (NaN -> 0), comparisons with NaN are false except `ne`, max/min let NaN
+// win. Nothing here includes a CUDA header: NVRTC compiles it as it is, so
+// a machine needs only the driver and libnvrtc, not a toolkit.
+//
+// Sections: storage types and conversions, integer arithmetic, float
+// helpers, Philox 4x32-10 (the same counters as src/backends/philox.rs),
+// vectorized loads, and warp/block reductions.
+#pragma once
+
+namespace kiln {
+
+typedef long long i64;
+typedef unsigned long long u64;
+typedef unsigned int u32;
+typedef unsigned char u8;
+
+// ---------------------------------------------------------------------------
+// f16 and bf16 are stored as 16 bits; arithmetic happens in float.
+
+struct f16 {
+  unsigned short bits;
+};
+struct bf16 {
+  unsigned short bits;
+};
+
+__device__ __forceinline__ float to_float(f16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.bits));
+  return f;
+}
+__device__ __forceinline__ float to_float(bf16 h) {
+  return __uint_as_float(((u32)h.bits) << 16);
+}
+__device__ __forceinline__ f16 f16_from(float f) {
+  f16 h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ f16 f16_from(double d) {
+  f16 h;
+  asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h.bits) : "d"(d));
+  return h;
+}
+__device__ __forceinline__ bf16 bf16_from(float f) {
+  bf16 h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ bf16 bf16_from(double d) {
+  bf16 h;
+  asm("cvt.rn.bf16.f64 %0, %1;" : "=h"(h.bits) : "d"(d));
+  return h;
+}
+// One rounding to the narrow type, kept in float (what an f16 op stores).
+__device__ __forceinline__ float rnd_f16(float f) { return to_float(f16_from(f)); }
+__device__ __forceinline__ float rnd_bf16(float f) { return to_float(bf16_from(f)); }
+
+__device__ __forceinline__ float nan_f32() { return __int_as_float(0x7fc00000); }
+__device__ __forceinline__ double nan_f64() { return __longlong_as_double(0x7ff8000000000000LL); }
+__device__ __forceinline__ float inf_f32() { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ double inf_f64() { return __longlong_as_double(0x7ff0000000000000LL); }
+
+// ---------------------------------------------------------------------------
+// Float -> integer, as Rust's `as`: truncate toward zero, saturate, NaN -> 0.
+
+__device__ __forceinline__ i64 f2i64(double v) {
+  if (v != v) return 0;
+  if (v >= 9223372036854775807.0) return 9223372036854775807LL;
+  if (v <= -9223372036854775808.0) return (i64)(-9223372036854775807LL - 1);
+  return (i64)v;
+}
+__device__ __forceinline__ int f2i32(double v) {
+  if (v != v) return 0;
+  if (v >= 2147483647.0) return 2147483647;
+  if (v <= -2147483648.0) return (int)(-2147483647 - 1);
+  return (int)v;
+}
+__device__ __forceinline__ u8 f2u8(double v) {
+  if (v != v) return 0;
+  if (v >= 255.0) return 255;
+  if (v <= 0.0) return 0;
+  return (u8)v;
+}
+
+// ---------------------------------------------------------------------------
+// Integer arithmetic in 64 bits that wraps (two's complement), never traps.
+
+__device__ __forceinline__ i64 iadd(i64 a, i64 b) { return (i64)((u64)a + (u64)b); }
+__device__ __forceinline__ i64 isub(i64 a, i64 b) { return (i64)((u64)a - (u64)b); }
+__device__ __forceinline__ i64 imul(i64 a, i64 b) { return (i64)((u64)a * (u64)b); }
+__device__ __forceinline__ i64 ineg(i64 a) { return (i64)(0ULL - (u64)a); }
+__device__ __forceinline__ i64 iabs(i64 a) { return a < 0 ? ineg(a) : a; }
+// Truncating division; x / 0 = 0 and MIN / -1 = MIN (wrapping).
+__device__ __forceinline__ i64 idiv(i64 a, i64 b) {
+  if (b == 0) return 0;
+  if (b == -1) return ineg(a);
+  return a / b;
+}
+// Wrapping power; a negative exponent gives 1/a truncated.
+__device__ __forceinline__ i64 ipow(i64 a, i64 b) {
+  if (b < 0) {
+    if (a == 1) return 1;
+    if (a == -1) return (b % 2 == 0) ? 1 : -1;
+    return 0;
+  }
+  if (b > 4294967295LL) b = 4294967295LL;
+  u64 base = (u64)a, acc = 1;
+  u64 e = (u64)b;
+  while (e) {
+    if (e & 1) acc *= base;
+    base *= base;
+    e >>= 1;
+  }
+  return (i64)acc;
+}
+
+// ---------------------------------------------------------------------------
+// NaN-propagating maximum and minimum (torch.maximum / torch.minimum).
+
+__device__ __forceinline__ float fmaxn(float a, float b) { return (a != a || b != b) ? nan_f32() : (a > b ? a : b); }
+__device__ __forceinline__ float fminn(float a, float b) { return (a != a || b != b) ? nan_f32() : (a < b ? a : b); }
+__device__ __forceinline__ double fmaxn(double a, double b) { return (a != a || b != b) ? nan_f64() : (a > b ? a : b); }
+__device__ __forceinline__ double fminn(double a, double b) { return (a != a || b != b) ? nan_f64() : (a < b ? a : b); }
+
+// ---------------------------------------------------------------------------
+// Philox 4x32-10, exactly as src/backends/philox.rs defines it: key
+// (seed lo, seed hi), counter (index lo, index hi, stream lo, stream hi).
+
+struct u32x4 {
+  u32 x, y, z, w;
+};
+
+__device__ __forceinline__ u32x4 philox(u64 seed, u64 stream, u64 index) {
+  u32 c0 = (u32)index, c1 = (u32)(index >> 32), c2 = (u32)stream, c3 = (u32)(stream >> 32);
+  u32 k0 = (u32)seed, k1 = (u32)(seed >> 32);
+#pragma unroll
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    u64 p0 = (u64)0xD2511F53u * c0;
+    u64 p1 = (u64)0xCD9E8D57u * c2;
+    u32 hi0 = (u32)(p0 >> 32), lo0 = (u32)p0;
+    u32 hi1 = (u32)(p1 >> 32), lo1 = (u32)p1;
+    u32 n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+    c0 = n0;
+    c1 = lo1;
+    c2 = n2;
+    c3 = lo0;
+  }
+  u32x4 r = {c0, c1, c2, c3};
+  return r;
+}
+
+// 53 random bits from two words, in [0, 1).
+__device__ __forceinline__ double uniform53(u32 a, u32 b) {
+  return (double)((((u64)a) << 21) ^ (((u64)b) >> 11)) * (1.0 / 9007199254740992.0);
+}
+__device__ __forceinline__ double uniform(u64 seed, u64 stream, u64 i) {
+  u32x4 r = philox(seed, stream, i);
+  return uniform53(r.x, r.y);
+}
+// Box-Muller, cosine branch, in double.
+__device__ __forceinline__ double normal(u64 seed, u64 stream, u64 i) {
+  u32x4 r = philox(seed, stream, i);
+  double u1 = 1.0 - uniform53(r.x, r.y);
+  double u2 = uniform53(r.z, r.w);
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+// ---------------------------------------------------------------------------
+// Vectorized access: four consecutive elements in one load or store, for
+// pointers aligned to four elements (16 bytes for f32, 8 for f16).
+
+template <class T>
+struct __align__(sizeof(T) * 4) vec4 {
+  T v[4];
+};
+
+template <class T>
+__device__ __forceinline__ vec4<T> load4(const T* p) {
+  return *reinterpret_cast<const vec4<T>*>(p);
+}
+template <class T>
+__device__ __forceinline__ void store4(T* p, vec4<T> v) {
+  *reinterpret_cast<vec4<T>*>(p) = v;
+}
+
+// ---------------------------------------------------------------------------
+// Reductions over a group of GROUP threads: 1 (a thread per row), 32 (a warp
+// per row) or the whole block (GROUP == blockDim.x, a multiple of 32). Every
+// thread of the group gets the result; the order of combination is fixed, so
+// results do not vary from run to run.
+
+struct Sum {
+  template <class T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct ISum {
+  __device__ __forceinline__ i64 operator()(i64 a, i64 b) const { return iadd(a, b); }
+};
+// NaN wins; otherwise the larger (smaller) value.
+struct Max {
+  template <class T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return (a != a) ? a : ((b != b) ? b : (b > a ? b : a)); }
+};
+struct Min {
+  template <class T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return (a != a) ? a : ((b != b) ? b : (b < a ? b : a)); }
+};
+
+// A value and its index, for argmax: the first maximum, the first NaN.
+template <class T>
+struct Arg {
+  T v;
+  i64 i;
+};
+struct ArgMax {
+  template <class T>
+  __device__ __forceinline__ Arg<T> operator()(Arg<T> a, Arg<T> b) const {
+    bool an = a.v != a.v, bn = b.v != b.v;
+    if (an && bn) return a.i <= b.i ? a : b;
+    if (an) return a;
+    if (bn) return b;
+    if (b.v > a.v || (b.v == a.v && b.i < a.i)) return b;
+    return a;
+  }
+};
+
+__device__ __forceinline__ double shfl_xor(double v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+__device__ __forceinline__ float shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+__device__ __forceinline__ i64 shfl_xor(i64 v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+__device__ __forceinline__ int shfl_xor(int v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+__device__ __forceinline__ bool shfl_xor(bool v, int m) { return __shfl_xor_sync(0xffffffffu, (int)v, m) != 0; }
+template <class T>
+__device__ __forceinline__ Arg<T> shfl_xor(Arg<T> a, int m) {
+  Arg<T> r;
+  r.v = shfl_xor(a.v, m);
+  r.i = shfl_xor(a.i, m);
+  return r;
+}
+
+template <int GROUP, class T, class Op>
+__device__ __forceinline__ T group_reduce(T v, Op op) {
+  if (GROUP == 1) return v;
+#pragma unroll
+  for (int o = (GROUP < 32 ? GROUP : 32) / 2; o > 0; o >>= 1) v = op(v, shfl_xor(v, o));
+  if (GROUP <= 32) return v;
+  __shared__ T partial[32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // the previous reduction's readers are done with `partial`
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  T r = partial[0];
+  for (int w = 1; w < GROUP / 32; ++w) r = op(r, partial[w]);
+  return r;
+}
+
+}  // namespace kiln

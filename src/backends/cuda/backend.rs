@@ -1,0 +1,191 @@
+//! [`CudaBackend`] and [`CudaBuffer`]: the [`Backend`] the context talks
+//! to, and the dense device tensors it hands out.
+
+use super::device::{raw, Device};
+use super::exec::CudaExecutable;
+use super::memory::DeviceAlloc;
+use crate::backends::{Backend, Buffer, CompileOptions, DeviceStats, Executable};
+use crate::ir::{DType, HostData, Plan, Shape};
+use crate::{Error, Result};
+use cudarc::driver::result;
+use half::{bf16, f16};
+use std::sync::Arc;
+
+/// A tensor on a CUDA device: a dense, row-major allocation (every buffer
+/// the backend hands out is dense, so compiled plans know their inputs'
+/// layouts). Cloning shares the allocation; buffers never change once made.
+#[derive(Clone, Debug)]
+pub struct CudaBuffer {
+    pub(super) alloc: Arc<DeviceAlloc>,
+    shape: Shape,
+    dtype: DType,
+}
+
+impl CudaBuffer {
+    pub(super) fn new(alloc: Arc<DeviceAlloc>, shape: Shape, dtype: DType) -> CudaBuffer {
+        CudaBuffer { alloc, shape, dtype }
+    }
+
+    /// The logical shape.
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The device address of the first element.
+    pub(super) fn ptr(&self) -> u64 {
+        self.alloc.ptr()
+    }
+
+    /// Bytes of the elements.
+    pub(super) fn bytes(&self) -> u64 {
+        self.shape.numel() as u64 * self.dtype.size() as u64
+    }
+}
+
+/// The CUDA buffer inside a [`Buffer`].
+pub(crate) fn cuda(b: &Buffer) -> Result<&CudaBuffer> {
+    match b {
+        Buffer::Cuda(c) => Ok(c),
+        Buffer::Cpu(_) => Err(Error::Device {
+            message: "a CPU buffer was given to the CUDA backend".into(),
+            location: crate::Location::caller(),
+        }),
+    }
+}
+
+/// One CUDA device as a kiln backend.
+pub struct CudaBackend {
+    dev: Arc<Device>,
+    stats: Arc<DeviceStats>,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaBackend({} {})", self.dev.name, self.dev.arch)
+    }
+}
+
+impl CudaBackend {
+    /// Opens CUDA device `ordinal`. A missing driver, device or library is
+    /// an error message naming what was looked for.
+    pub fn new(ordinal: usize) -> std::result::Result<CudaBackend, String> {
+        let stats = Arc::new(DeviceStats::default());
+        // cudarc's loaders panic on a library they cannot find; the checks
+        // in Device::open come first, and this catches what they miss.
+        let opened = std::panic::catch_unwind(|| Device::open(ordinal, stats.clone()))
+            .unwrap_or_else(|_| Err("the CUDA libraries could not be loaded".into()))?;
+        Ok(CudaBackend { dev: Arc::new(opened), stats })
+    }
+
+    /// The device's name and architecture (`NVIDIA H100 80GB HBM3 (sm_90)`).
+    pub fn device_name(&self) -> String {
+        format!("{} ({})", self.dev.name, self.dev.arch)
+    }
+
+    /// Bytes the caching allocator holds for reuse (not in use).
+    pub fn cached_bytes(&self) -> u64 {
+        self.dev.pool.cached_bytes()
+    }
+}
+
+/// The bytes of host data, as a byte slice of its elements.
+fn host_bytes(data: &HostData) -> &[u8] {
+    fn bytes<T>(v: &[T]) -> &[u8] {
+        // SAFETY: plain-old-data elements (numbers, half types, bools)
+        // viewed as their bytes.
+        unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+    }
+    match data {
+        HostData::F16(v) => bytes(v),
+        HostData::BF16(v) => bytes(v),
+        HostData::F32(v) => bytes(v),
+        HostData::F64(v) => bytes(v),
+        HostData::U8(v) => bytes(v),
+        HostData::I32(v) => bytes(v),
+        HostData::I64(v) => bytes(v),
+        HostData::Bool(v) => bytes(v),
+    }
+}
+
+/// Reads `n` elements of `dtype` at `ptr` into host data (the stream that
+/// wrote them has finished).
+fn read_host(ptr: u64, n: usize, dtype: DType) -> Result<HostData> {
+    fn read<T: Copy + Default>(ptr: u64, n: usize) -> Result<Vec<T>> {
+        let mut v = vec![T::default(); n];
+        if n > 0 {
+            // SAFETY: the allocation holds `n` elements of T's size.
+            unsafe { result::memcpy_dtoh_sync(&mut v, ptr) }
+                .map_err(|e| Error::Backend(format!("cuda: copying to the host: {e:?}")))?;
+        }
+        Ok(v)
+    }
+    Ok(match dtype {
+        DType::F16 => HostData::F16(read::<u16>(ptr, n)?.into_iter().map(f16::from_bits).collect()),
+        DType::BF16 => HostData::BF16(read::<u16>(ptr, n)?.into_iter().map(bf16::from_bits).collect()),
+        DType::F32 => HostData::F32(read(ptr, n)?),
+        DType::F64 => HostData::F64(read(ptr, n)?),
+        DType::U8 => HostData::U8(read(ptr, n)?),
+        DType::I32 => HostData::I32(read(ptr, n)?),
+        DType::I64 => HostData::I64(read(ptr, n)?),
+        DType::Bool => HostData::Bool(read::<u8>(ptr, n)?.into_iter().map(|b| b != 0).collect()),
+    })
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn describe(&self) -> String {
+        format!("cuda:{} {}", self.dev.ctx.ordinal(), self.device_name())
+    }
+
+    fn upload(&self, data: HostData, shape: &Shape) -> Result<Buffer> {
+        if data.len() != shape.numel() {
+            return Err(Error::Backend(format!(
+                "upload: {} {} elements do not match shape {shape} ({} elements)",
+                data.len(),
+                data.dtype(),
+                shape.numel()
+            )));
+        }
+        let dtype = data.dtype();
+        let bytes = host_bytes(&data);
+        let alloc = self.dev.pool.alloc(bytes.len() as u64)?;
+        if !bytes.is_empty() {
+            let ls = self.dev.launch()?;
+            // SAFETY: the allocation has `bytes.len()` bytes; pageable host
+            // memory is staged before the call returns; stream 0 orders the
+            // copy before every later use.
+            unsafe { result::memcpy_htod_async(alloc.ptr(), bytes, raw(&ls.streams[0])) }
+                .map_err(|e| Error::Backend(format!("cuda: copying to the device: {e:?}")))?;
+        }
+        Ok(Buffer::Cuda(CudaBuffer::new(Arc::new(alloc), shape.clone(), dtype)))
+    }
+
+    fn download(&self, buffer: &Buffer) -> Result<HostData> {
+        let b = cuda(buffer)?;
+        let stream = self.dev.launch()?.streams[0].clone();
+        stream.synchronize().map_err(|e| Error::Backend(format!("cuda: waiting for the device: {e:?}")))?;
+        self.dev.bind()?;
+        read_host(b.ptr(), b.shape.numel(), b.dtype)
+    }
+
+    fn compile(&self, plan: Arc<Plan>) -> Result<Arc<dyn Executable>> {
+        self.compile_with(plan, &CompileOptions::default())
+    }
+
+    fn compile_with(&self, plan: Arc<Plan>, options: &CompileOptions) -> Result<Arc<dyn Executable>> {
+        let program = super::lower(&plan, options.tf32)?;
+        Ok(Arc::new(CudaExecutable::new(self.dev.clone(), &plan, program)?))
+    }
+
+    fn stats(&self) -> Arc<DeviceStats> {
+        self.stats.clone()
+    }
+}

@@ -1,0 +1,205 @@
+//! A body graph prepared for code generation: its leaves resolved to
+//! operands and accesses, its compute nodes as C statements.
+//!
+//! Bodies are the graphs of fused nodes, and the one-op graphs the lowering
+//! builds for unfused ops, so one generator serves both. A *leaf* is an
+//! `input k`, a `full`, or a view of a leaf: it is read where it lives (an
+//! operand's buffer through an [`Access`], or a literal), never computed.
+
+use super::expr;
+use super::index::Access;
+use super::types;
+use crate::ir::{DType, Graph, NodeId, Op, Scalar};
+use std::collections::HashMap;
+
+/// Where a kernel operand's elements come from.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Source {
+    /// A pointer parameter of the kernel.
+    Buffer,
+    /// A constant: no memory, a literal in the source.
+    Const(Scalar),
+}
+
+/// One operand of a generated kernel: `input k` of its body.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Operand {
+    /// Where the elements are.
+    pub source: Source,
+    /// How the operand's shape maps onto its storage.
+    pub access: Access,
+    /// Its dtype.
+    pub dtype: DType,
+}
+
+/// A resolved leaf: operand `k` (or a constant) read through `access`.
+#[derive(Clone, Debug)]
+pub(crate) struct Leaf {
+    pub operand: Option<usize>,
+    pub constant: Option<Scalar>,
+    pub access: Access,
+    pub dtype: DType,
+}
+
+impl Leaf {
+    /// The parameter name of its operand.
+    pub fn param(&self) -> String {
+        format!("in{}", self.operand.unwrap_or(0))
+    }
+
+    /// True when every position reads one value (a constant, a broadcast).
+    pub fn is_uniform(&self) -> bool {
+        self.constant.is_some() || self.access.is_uniform()
+    }
+
+    /// The compute value at storage offset `offset` (an expression).
+    pub fn read_at(&self, offset: &str) -> String {
+        match self.constant {
+            Some(c) => types::literal(self.dtype, c),
+            None => types::load(self.dtype, &format!("{}[{offset}]", self.param())),
+        }
+    }
+}
+
+/// A body ready to emit.
+pub(crate) struct Body<'a> {
+    pub g: &'a Graph,
+    /// The nodes the output needs, operands first.
+    pub order: Vec<NodeId>,
+    /// Every leaf node (views of leaves included).
+    pub leaves: HashMap<NodeId, Leaf>,
+    pub output: NodeId,
+}
+
+impl<'a> Body<'a> {
+    /// Resolves the leaves of `g` (one output) against `operands`.
+    pub fn new(g: &'a Graph, operands: &[Operand]) -> Result<Body<'a>, String> {
+        let output = *g.outputs().first().ok_or("a body has one output")?;
+        let order = g.topo_order();
+        let mut leaves: HashMap<NodeId, Leaf> = HashMap::new();
+        for &id in &order {
+            let node = g.node(id);
+            let leaf = match &node.op {
+                Op::Input(k) => {
+                    let o = operands.get(*k as usize).ok_or_else(|| {
+                        format!("{id} reads input {k}, but only {} operand(s)", operands.len())
+                    })?;
+                    if o.access.shape() != &node.shape {
+                        return Err(format!(
+                            "{id}: operand {k} is {} but the body reads {}",
+                            o.access.shape(),
+                            node.shape
+                        ));
+                    }
+                    Some(Leaf {
+                        operand: (o.source == Source::Buffer).then_some(*k as usize),
+                        constant: match o.source {
+                            Source::Const(c) => Some(c),
+                            Source::Buffer => None,
+                        },
+                        access: o.access.clone(),
+                        dtype: node.dtype,
+                    })
+                }
+                Op::Full(v) => Some(Leaf {
+                    operand: None,
+                    constant: Some(*v),
+                    access: Access::strided(crate::backends::cpu::Layout {
+                        shape: node.shape.clone(),
+                        strides: vec![0; node.shape.rank()],
+                        offset: 0,
+                    }),
+                    dtype: node.dtype,
+                }),
+                op if op.is_view() => {
+                    let from = g.operands(id)[0];
+                    leaves.get(&from).map(|l| Leaf {
+                        access: l.access.view(op),
+                        dtype: node.dtype,
+                        ..l.clone()
+                    })
+                }
+                _ => None,
+            };
+            if let Some(l) = leaf {
+                leaves.insert(id, l);
+            }
+        }
+        Ok(Body { g, order, leaves, output })
+    }
+
+    /// The C statement computing compute node `id` into `var`, reading its
+    /// operands through `operand(id) -> expression`.
+    pub fn statement(
+        &self,
+        id: NodeId,
+        var: &str,
+        operand: &dyn Fn(NodeId) -> String,
+    ) -> Result<String, String> {
+        let node = self.g.node(id);
+        let ops = self.g.operands(id);
+        let arg = |k: usize| ops.get(k).map(|&o| operand(o)).ok_or_else(|| format!("{id} lacks operand {k}"));
+        let d = node.dtype;
+        let e = match &node.op {
+            Op::Unary(u) => expr::unary(*u, d, &arg(0)?),
+            Op::Binary(b) => expr::binary(*b, d, &arg(0)?, &arg(1)?),
+            Op::Compare(c) => expr::compare(*c, &arg(0)?, &arg(1)?),
+            Op::Where => expr::select(&arg(0)?, &arg(1)?, &arg(2)?),
+            Op::Cast(to) => expr::convert(self.g.node(ops[0]).dtype, *to, &arg(0)?),
+            // An expand of a computed value: the value itself (a row value
+            // read along its row, or an expand to the same shape).
+            Op::Expand(_) => arg(0)?,
+            op => return Err(format!("{id} ({}) is not an elementwise op", op.mnemonic())),
+        };
+        Ok(format!("const {} {var} = {e};", types::compute(d)))
+    }
+
+    /// True if `id` is a leaf.
+    pub fn is_leaf(&self, id: NodeId) -> bool {
+        self.leaves.contains_key(&id)
+    }
+
+    /// The compute nodes among `order` that `target` needs, stopping at
+    /// leaves and at nodes for which `stop` holds (values already known).
+    pub fn cone(&self, target: NodeId, stop: &dyn Fn(NodeId) -> bool) -> Vec<NodeId> {
+        let mut need: std::collections::HashSet<NodeId> = std::collections::HashSet::new();
+        let mut stack = vec![target];
+        while let Some(n) = stack.pop() {
+            if self.is_leaf(n) || stop(n) || !need.insert(n) {
+                continue;
+            }
+            stack.extend(self.g.operands(n));
+        }
+        self.order.iter().copied().filter(|n| need.contains(n)).collect()
+    }
+}
+
+/// The C declaration of a kernel's pointer parameters: `out` then one per
+/// buffer operand, read-only. `restrict` is left out when the output is
+/// computed in place of an operand (then two parameters alias).
+pub(crate) fn params(out: DType, operands: &[Operand], in_place: bool) -> String {
+    let r = if in_place { "" } else { " __restrict__" };
+    let mut p = vec![format!("{}*{r} out", types::storage(out))];
+    for (k, o) in operands.iter().enumerate() {
+        if o.source == Source::Buffer {
+            p.push(format!("const {}*{r} in{k}", types::storage(o.dtype)));
+        }
+    }
+    p.join(", ")
+}
+
+/// Indices of the operands that are pointer parameters, in order.
+pub(crate) fn buffer_operands(operands: &[Operand]) -> Vec<usize> {
+    operands.iter().enumerate().filter(|(_, o)| o.source == Source::Buffer).map(|(k, _)| k).collect()
+}
+
+/// `int` when every index and offset fits 31 bits, else 64-bit.
+pub(crate) fn index_type(numel: usize, operands: &[Operand]) -> &'static str {
+    let limit = (i32::MAX as u128) / 2;
+    let big = numel as u128 * 2 > limit || operands.iter().any(|o| o.access.extent() > limit);
+    if big {
+        "long long"
+    } else {
+        "int"
+    }
+}

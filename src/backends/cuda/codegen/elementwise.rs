@@ -1,0 +1,113 @@
+//! Elementwise kernels: one grid-stride loop over the output's elements,
+//! every compute node a local variable, leaves read where they live.
+//!
+//! Each thread handles four consecutive elements when the element count is
+//! a multiple of four: operands read densely from a four-aligned offset are
+//! then loaded with one vector load (16 bytes for f32), the output is
+//! stored with one, and other operands are read element by element
+//! (broadcast values are read once per thread, before the loop).
+
+use super::body::{buffer_operands, index_type, params, Body, Operand};
+use super::{types, Kernel, BLOCK};
+use crate::ir::{Graph, NodeId};
+
+/// Elements per thread when vector access is possible.
+const VEC: usize = 4;
+
+/// The kernel computing `body` (an elementwise graph: every compute node
+/// has the output's shape) into a dense output of `numel` elements.
+pub(crate) fn generate(
+    name: &str,
+    g: &Graph,
+    operands: &[Operand],
+    in_place: bool,
+) -> Result<Kernel, String> {
+    let body = Body::new(g, operands)?;
+    let out_node = g.node(body.output);
+    let (out_dtype, numel) = (out_node.dtype, out_node.shape.numel());
+    let index = index_type(numel, operands);
+    let vec = numel % VEC == 0
+        && numel >= VEC
+        && body.leaves.values().all(|l| l.is_uniform() || l.access.dense_base().is_none_or(|b| b % VEC == 0));
+    let step = if vec { VEC } else { 1 };
+
+    let mut src = String::new();
+    src.push_str(&format!(
+        "extern \"C\" __global__ void {name}({}) {{\n",
+        params(out_dtype, operands, in_place)
+    ));
+    src.push_str(&format!("  typedef {index} I;\n  const I n = {numel};\n"));
+    // Broadcast leaves: one read per thread, before the loop.
+    let mut hoisted: Vec<(NodeId, String)> = Vec::new();
+    for &id in &body.order {
+        let Some(leaf) = body.leaves.get(&id) else { continue };
+        if leaf.is_uniform() && leaf.constant.is_none() && needed(&body, id) {
+            let var = format!("u{}", id.index());
+            src.push_str(&format!(
+                "  const {} {var} = {};\n",
+                types::compute(leaf.dtype),
+                leaf.read_at(&leaf.access.offset_of("0"))
+            ));
+            hoisted.push((id, var));
+        }
+    }
+    src.push_str(&format!(
+        "  for (I base = ((I)blockIdx.x * blockDim.x + threadIdx.x) * {step}; base < n; base += (I)gridDim.x * blockDim.x * {step}) {{\n"
+    ));
+    // Dense, aligned leaves: one vector load each.
+    let mut vectors: Vec<(NodeId, String)> = Vec::new();
+    if vec {
+        for &id in &body.order {
+            let Some(leaf) = body.leaves.get(&id) else { continue };
+            if leaf.is_uniform() || !needed(&body, id) {
+                continue;
+            }
+            if let Some(b) = leaf.access.dense_base() {
+                let var = format!("d{}", id.index());
+                let at = if b == 0 { "base".to_string() } else { format!("base + {b}") };
+                src.push_str(&format!(
+                    "    const kiln::vec4<{}> {var} = kiln::load4({} + {at});\n",
+                    types::storage(leaf.dtype),
+                    leaf.param()
+                ));
+                vectors.push((id, var));
+            }
+        }
+        src.push_str(&format!("    kiln::vec4<{}> o;\n", types::storage(out_dtype)));
+        src.push_str(&format!(
+            "#pragma unroll\n    for (int j = 0; j < {VEC}; ++j) {{\n      const I i = base + j;\n"
+        ));
+    } else {
+        src.push_str("    {\n      const I i = base;\n");
+    }
+    let operand = |o: NodeId| -> String {
+        if let Some((_, v)) = hoisted.iter().find(|(h, _)| *h == o) {
+            return v.clone();
+        }
+        if let Some((_, v)) = vectors.iter().find(|(h, _)| *h == o) {
+            return types::load(g.node(o).dtype, &format!("{v}.v[j]"));
+        }
+        match body.leaves.get(&o) {
+            Some(leaf) => leaf.read_at(&leaf.access.offset_of("i")),
+            None => format!("v{}", o.index()),
+        }
+    };
+    for id in body.cone(body.output, &|_| false) {
+        src.push_str(&format!("      {}\n", body.statement(id, &format!("v{}", id.index()), &operand)?));
+    }
+    let result = types::store(out_dtype, &operand(body.output));
+    if vec {
+        src.push_str(&format!(
+            "      o.v[j] = {result};\n    }}\n    kiln::store4(out + base, o);\n  }}\n}}\n"
+        ));
+    } else {
+        src.push_str(&format!("      out[i] = {result};\n    }}\n  }}\n}}\n"));
+    }
+    let threads = numel.div_ceil(step);
+    Ok(Kernel::new(name, src, super::grid_for(threads, BLOCK as usize), BLOCK, buffer_operands(operands)))
+}
+
+/// True when the output needs leaf `id` (bodies may hold dead leaves).
+fn needed(body: &Body<'_>, id: NodeId) -> bool {
+    id == body.output || body.cone(body.output, &|_| false).iter().any(|&n| body.g.operands(n).contains(&id))
+}

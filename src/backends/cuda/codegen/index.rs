@@ -1,0 +1,223 @@
+//! Where an element lives: index arithmetic from a position in a kernel's
+//! domain to a storage offset, generated as C expressions with the shapes
+//! baked in.
+//!
+//! An [`Access`] is a chain of strided layouts. The first stage maps its
+//! multi-index to a storage offset; each later stage maps its multi-index
+//! to a row-major linear index into the previous stage's shape. Views
+//! compose into the last stage (permute, expand and slice always do;
+//! reshape does when the strides allow, PyTorch's view rule). A reshape
+//! that no strides can express starts a new stage, so a kernel can read
+//! any chain of views in place, with a few more divisions, and no view is
+//! ever copied.
+//!
+//! Expressions are minimal for the common cases: adjacent dimensions that
+//! are contiguous with each other merge, size-1 and stride-0 dimensions
+//! vanish, so a dense operand is read at `base + i` and a broadcast row
+//! vector at `i % n`.
+
+use crate::backends::cpu::Layout;
+use crate::ir::{Op, Shape};
+
+/// How to find the element of a position in its storage (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Access {
+    /// Outermost (storage) first; the last stage is indexed by the consumer.
+    stages: Vec<Layout>,
+}
+
+impl Access {
+    /// One strided layout over storage.
+    pub fn strided(layout: Layout) -> Access {
+        Access { stages: vec![layout] }
+    }
+
+    /// The shape a consumer indexes.
+    pub fn shape(&self) -> &Shape {
+        &self.last().shape
+    }
+
+    fn last(&self) -> &Layout {
+        self.stages.last().expect("an access has at least one stage")
+    }
+
+    /// The single strided layout, when no reshape broke the chain.
+    pub fn single(&self) -> Option<&Layout> {
+        (self.stages.len() == 1).then(|| &self.stages[0])
+    }
+
+    /// This access seen through one more view op.
+    pub fn view(&self, op: &Op) -> Access {
+        let mut stages = self.stages.clone();
+        let last = stages.pop().expect("an access has at least one stage");
+        match op {
+            Op::Reshape(target) => match last.reshape(target) {
+                Some(l) => stages.push(l),
+                None => {
+                    stages.push(last);
+                    stages.push(Layout::contiguous(target.clone()));
+                }
+            },
+            Op::Permute(p) => stages.push(last.permute(p)),
+            Op::Expand(t) => stages.push(last.expand(t)),
+            Op::Slice { dim, start, step, len } => stages.push(last.slice(*dim, *start, *step, *len)),
+            _ => stages.push(last),
+        }
+        Access { stages }
+    }
+
+    /// True when every position reads the same element.
+    pub fn is_uniform(&self) -> bool {
+        self.last().strides.iter().zip(&self.last().shape.0).all(|(&s, &d)| s == 0 || d == 1)
+            || self.last().shape.numel() <= 1
+    }
+
+    /// The storage offset of the first element when positions map to
+    /// consecutive elements (`base + i`), else `None`.
+    pub fn dense_base(&self) -> Option<usize> {
+        let l = self.single()?;
+        l.is_contiguous().then_some(l.offset)
+    }
+
+    /// The largest storage offset any position reaches, plus one (0 for an
+    /// empty shape): decides whether 32-bit indices suffice.
+    pub fn extent(&self) -> u128 {
+        let first = &self.stages[0];
+        if first.shape.numel() == 0 {
+            return 0;
+        }
+        first.offset as u128
+            + first
+                .shape
+                .0
+                .iter()
+                .zip(&first.strides)
+                .map(|(&d, &s)| (d as u128 - 1) * s as u128)
+                .sum::<u128>()
+            + 1
+    }
+
+    /// The storage offset (a C expression) of row-major position `lin` of
+    /// the last stage's shape.
+    pub fn offset_of(&self, lin: &str) -> String {
+        let mut expr = lin.to_string();
+        for stage in self.stages.iter().rev() {
+            expr = unravel_dot(&expr, &stage.shape.0, &stage.strides, stage.offset);
+        }
+        expr
+    }
+
+    /// For a single-stage access split at `split`: the offset contributed
+    /// by the leading dims at row-major position `row` of `shape[..split]`
+    /// (base offset included), and by the trailing dims at `col`.
+    pub fn split_offsets(&self, split: usize, row: &str, col: &str) -> Option<(String, String)> {
+        let l = self.single()?;
+        let r = unravel_dot(row, &l.shape.0[..split], &l.strides[..split], l.offset);
+        let c = unravel_dot(col, &l.shape.0[split..], &l.strides[split..], 0);
+        Some((r, c))
+    }
+}
+
+/// `offset + sum(((x / P_d) % D_d) * S_d)` over the merged dims.
+fn unravel_dot(x: &str, shape: &[usize], strides: &[usize], offset: usize) -> String {
+    // Drop size-1 dims, then merge neighbours that are contiguous with each
+    // other (outer stride = inner stride * inner size; zero strides merge too).
+    let mut dims: Vec<(usize, usize)> = Vec::new();
+    for (&d, &s) in shape.iter().zip(strides) {
+        if d == 1 {
+            continue;
+        }
+        if d == 0 {
+            return offset.to_string();
+        }
+        dims.push((d, s));
+    }
+    let mut merged: Vec<(usize, usize)> = Vec::new();
+    for (d, s) in dims {
+        match merged.last_mut() {
+            Some((pd, ps)) if *ps == s * d => {
+                *pd *= d;
+                *ps = s;
+            }
+            _ => merged.push((d, s)),
+        }
+    }
+    let mut terms: Vec<String> = Vec::new();
+    let mut inner = 1usize;
+    let n = merged.len();
+    let mut after: Vec<usize> = vec![1; n];
+    for i in (0..n).rev() {
+        after[i] = inner;
+        inner = inner.saturating_mul(merged[i].0);
+    }
+    for (i, &(d, s)) in merged.iter().enumerate() {
+        if s == 0 {
+            continue;
+        }
+        let mut t = x.to_string();
+        if after[i] != 1 {
+            t = format!("({t} / {})", after[i]);
+        }
+        if i != 0 {
+            t = format!("({t} % {d})");
+        }
+        if s != 1 {
+            t = format!("{t} * {s}");
+        }
+        terms.push(t);
+    }
+    if offset != 0 || terms.is_empty() {
+        terms.insert(0, offset.to_string());
+    }
+    if terms.len() == 1 {
+        terms.pop().unwrap_or_default()
+    } else {
+        format!("({})", terms.join(" + "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dense(s: &[usize]) -> Access {
+        Access::strided(Layout::contiguous(Shape::new(s.to_vec())))
+    }
+
+    #[test]
+    fn dense_is_the_index_itself() {
+        assert_eq!(dense(&[4, 8]).offset_of("i"), "i");
+        assert_eq!(dense(&[4, 8]).dense_base(), Some(0));
+    }
+
+    #[test]
+    fn broadcast_row_and_column() {
+        let row = dense(&[8]).view(&Op::Expand(Shape::new([4, 8])));
+        assert_eq!(row.offset_of("i"), "(i % 8)");
+        let col = dense(&[4, 1]).view(&Op::Expand(Shape::new([4, 8])));
+        assert_eq!(col.offset_of("i"), "(i / 8)");
+        assert!(dense(&[1]).view(&Op::Expand(Shape::new([4, 8]))).is_uniform());
+    }
+
+    #[test]
+    fn transpose_and_slice() {
+        let t = dense(&[3, 5]).view(&Op::Permute(vec![1, 0]));
+        assert_eq!(t.offset_of("i"), "((i / 3) + (i % 3) * 5)");
+        let s = dense(&[9, 5]).view(&Op::Slice { dim: 0, start: 1, step: 2, len: 4 });
+        assert_eq!(s.offset_of("i"), "(5 + (i / 5) * 10 + (i % 5))");
+    }
+
+    #[test]
+    fn reshape_of_a_transpose_adds_a_stage() {
+        let t = dense(&[2, 3]).view(&Op::Permute(vec![1, 0])).view(&Op::Reshape(Shape::new([6])));
+        assert!(t.single().is_none());
+        // position i of [6] is element (i / 2, i % 2) of the [3,2] transpose.
+        assert_eq!(t.offset_of("i"), "((i / 2) + (i % 2) * 3)");
+    }
+
+    #[test]
+    fn split_offsets_separate_rows_and_columns() {
+        let a = dense(&[4, 3, 5]);
+        assert_eq!(a.split_offsets(1, "r", "c"), Some(("r * 15".into(), "c".into())));
+    }
+}

@@ -1,0 +1,68 @@
+//! CUDA C generated from the IR: pure functions from graphs to source
+//! text, with shapes baked in. Nothing here touches a device, so the
+//! generated source of every test graph is an insta snapshot that CI (which
+//! has no GPU) checks, and a change that claims no codegen change shows an
+//! empty diff.
+//!
+//! - [`elementwise`]: fused elementwise bodies, unfused elementwise ops,
+//!   view copies and matmul epilogues: one grid-stride loop, vector loads.
+//! - [`reduction`]: fused row reductions (softmax, layer norm) and every
+//!   unfused reduction: a thread, warp or block per row.
+//! - [`ops`]: the ops no library runs and that are no body: random numbers,
+//!   ranges, fills, gather, index_select, concatenation, integer matmul.
+//!
+//! Every kernel is `extern "C" __global__ void <name>(out, in0, in1, ...)`
+//! with one pointer per buffer operand; its source starts with
+//! `#include "kiln.cuh"` (`kernels/kiln.cuh`, inlined when compiled).
+
+pub(crate) mod body;
+pub(crate) mod elementwise;
+mod expr;
+pub(crate) mod index;
+pub(crate) mod ops;
+pub(crate) mod reduction;
+pub(crate) mod types;
+
+/// The helpers every kernel includes (`kernels/kiln.cuh`).
+pub const KILN_CUH: &str = include_str!("../../../../kernels/kiln.cuh");
+
+/// The line that includes [`KILN_CUH`]; replaced by its text when compiled.
+pub const INCLUDE: &str = "#include \"kiln.cuh\"\n";
+
+/// Threads per block of the one-dimensional kernels.
+pub(crate) const BLOCK: u32 = 256;
+
+/// Blocks at most in a grid; kernels loop over the rest (grid-stride).
+const MAX_GRID: usize = 65_536;
+
+/// A generated kernel and how to launch it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kernel {
+    /// The entry point's name.
+    pub name: String,
+    /// The whole source, starting with the `kiln.cuh` include.
+    pub source: String,
+    /// Blocks (x).
+    pub grid: u32,
+    /// Threads per block (x).
+    pub block: u32,
+    /// Which operands (by index) are pointer parameters after `out`, in order.
+    pub params: Vec<usize>,
+}
+
+impl Kernel {
+    pub(crate) fn new(name: &str, body: String, grid: u32, block: u32, params: Vec<usize>) -> Kernel {
+        Kernel { name: name.to_string(), source: format!("{INCLUDE}{body}"), grid, block, params }
+    }
+
+    /// The source NVRTC compiles: the include replaced by `kiln.cuh`.
+    pub fn compilable_source(&self) -> String {
+        self.source.replacen(INCLUDE, &format!("{KILN_CUH}\n"), 1)
+    }
+}
+
+/// Blocks for `work` units of `per_block` each, at least 1, at most [`MAX_GRID`].
+pub(crate) fn grid_for(work: usize, per_block: usize) -> u32 {
+    let per = per_block.max(1);
+    work.div_ceil(per).clamp(1, MAX_GRID) as u32
+}

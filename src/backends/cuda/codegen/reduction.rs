@@ -1,0 +1,363 @@
+//! Row-reduction kernels: softmax, layer norm, and any reduction.
+//!
+//! The domain `D` splits into rows (`D[..split]`) and columns
+//! (`D[split..]`). A *group* of threads owns a row: one thread for short
+//! rows (up to 16 columns), a warp for rows up to 1024 columns, the whole
+//! block beyond that. For every reduction of the body the group runs over
+//! the row's columns, each thread accumulating its columns, then combines
+//! across the group (`kiln::group_reduce`: warp shuffles, and shared memory
+//! between warps). Values computed per row (the max, the sum, `rsqrt(var +
+//! eps)`) are then known to every thread of the group; the output is
+//! written in a last pass over the columns, or once per row.
+//!
+//! When each thread has at most 16 columns, operands read by several
+//! passes are kept in registers after the first pass: softmax reads its
+//! input once and writes its output once. Float sums accumulate in double
+//! (as the CPU backend does), integer sums wrap.
+
+use super::body::{buffer_operands, index_type, params, Body, Leaf, Operand};
+use super::{types, Kernel};
+use crate::ir::{DType, Graph, NodeId, Op, ReduceOp, Shape};
+use std::collections::HashMap;
+use std::fmt::Write;
+
+/// Whether a body node is known per row or per element of the domain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    Leaf,
+    Row,
+    Full,
+}
+
+/// Threads that own one row, for rows of `cols` columns.
+fn group_for(cols: usize) -> usize {
+    if cols <= 16 {
+        1
+    } else if cols <= 1024 {
+        32
+    } else {
+        // About 8 columns per thread, 128 to 1024 threads.
+        (cols.div_ceil(8)).next_power_of_two().clamp(128, 1024)
+    }
+}
+
+/// Columns per thread at most for the unrolled, register-caching loops.
+const MAX_ITEMS: usize = 16;
+/// Registers (values) per thread at most for cached operands.
+const MAX_CACHED: usize = 64;
+
+/// The kernel computing a reduction `body` over `domain` split at `split`.
+pub(crate) fn generate(
+    name: &str,
+    g: &Graph,
+    operands: &[Operand],
+    domain: &Shape,
+    split: usize,
+) -> Result<Kernel, String> {
+    let body = Body::new(g, operands)?;
+    let rows: usize = domain.0[..split].iter().product();
+    let cols: usize = domain.0[split..].iter().product();
+    let class = classify(&body, domain);
+    let group = group_for(cols);
+    let (block, rows_per_block) = if group >= 128 { (group, 1) } else { (256, 256 / group) };
+    let items = cols.div_ceil(group);
+    let unrolled = items <= MAX_ITEMS;
+    let index = index_type(rows * cols.max(1), operands);
+    let out_node = g.node(body.output);
+    let out_dtype = out_node.dtype;
+
+    // Column passes: one per reduction, plus the output's if it is per element.
+    let reductions: Vec<NodeId> =
+        body.order.iter().copied().filter(|&n| matches!(g.node(n).op, Op::Reduce { .. })).collect();
+    let mut passes: Vec<NodeId> = reductions.iter().map(|&r| g.operands(r)[0]).collect();
+    let full_output = class[&body.output] != Class::Row;
+    if full_output {
+        passes.push(body.output);
+    }
+    // Operands read in more than one pass stay in registers.
+    let mut uses: HashMap<NodeId, usize> = HashMap::new();
+    for &p in &passes {
+        let mut seen = leaves_of(&body, p, &class);
+        seen.sort();
+        seen.dedup();
+        for l in seen {
+            *uses.entry(l).or_default() += 1;
+        }
+    }
+    let mut cached: Vec<NodeId> = Vec::new();
+    if unrolled {
+        for &id in &body.order {
+            let cacheable = body.leaves.get(&id).is_some_and(|l| l.operand.is_some() && !l.is_uniform());
+            if cacheable
+                && uses.get(&id).copied().unwrap_or(0) >= 2
+                && (cached.len() + 1) * items <= MAX_CACHED
+            {
+                cached.push(id);
+            }
+        }
+    }
+
+    let mut src = String::new();
+    let p = params(out_dtype, operands, false);
+    let _ = writeln!(src, "extern \"C\" __global__ void {name}({p}) {{");
+    let _ = writeln!(src, "  typedef {index} I;\n  const I R = {rows}, C = {cols};");
+    let _ = writeln!(src, "  const int lane = threadIdx.x % {group};");
+    let mut gen = Gen {
+        body: &body,
+        class: &class,
+        split,
+        cached: &cached,
+        loaded: Vec::new(),
+        unrolled,
+        items,
+        group,
+        cols,
+    };
+    // Broadcast operands: read once.
+    for &id in &body.order {
+        if let Some(l) = body.leaves.get(&id) {
+            if l.operand.is_some() && l.is_uniform() {
+                let v = l.read_at(&l.access.offset_of("0"));
+                let _ = writeln!(src, "  const {} u{} = {v};", types::compute(l.dtype), id.index());
+            }
+        }
+    }
+    let _ = writeln!(
+        src,
+        "  for (I row = (I)blockIdx.x * {rows_per_block} + threadIdx.x / {group}; row < R; row += (I)gridDim.x * {rows_per_block}) {{"
+    );
+    for &id in &body.order {
+        if let Some(l) = body.leaves.get(&id) {
+            if let (Some(_), false, Some(_)) = (l.operand, l.is_uniform(), l.access.single()) {
+                let (rb, _) = l.access.split_offsets(split, "row", "0").unwrap_or_default();
+                let _ = writeln!(src, "    const I rb{} = {rb};", id.index());
+            }
+        }
+    }
+    for &id in &cached {
+        let l = &body.leaves[&id];
+        let _ = writeln!(src, "    {} c{}[{items}];", types::compute(l.dtype), id.index());
+    }
+    for &id in &body.order {
+        match (class[&id], &g.node(id).op) {
+            (Class::Row, Op::Reduce { op, .. }) => gen.reduction(&mut src, id, *op)?,
+            (Class::Row, _) => {
+                let s = body.statement(id, &format!("r{}", id.index()), &|o| gen.row_operand(o))?;
+                let _ = writeln!(src, "    {s}");
+            }
+            _ => {}
+        }
+    }
+    if full_output {
+        let out = body.output;
+        gen.column_pass(&mut src, out, &|gen, src, col_value| {
+            let v = types::store(out_dtype, &col_value(gen, out));
+            let _ = writeln!(src, "        out[row * C + col] = {v};");
+        })?;
+    } else {
+        let v = types::store(out_dtype, &gen.row_operand(body.output));
+        let _ = writeln!(src, "    if (lane == 0) out[row] = {v};");
+    }
+    src.push_str("  }\n}\n");
+    let grid = super::grid_for(rows, rows_per_block);
+    Ok(Kernel::new(name, src, grid, block as u32, buffer_operands(operands)))
+}
+
+/// Per-row or per-element, decided by structure (see the module docs of
+/// `ir::fused`): reductions are per row, an expand of a per-row value is
+/// per element, an op is per element if any operand is, per row if any
+/// operand is, and an op of leaves alone goes by its shape.
+fn classify(body: &Body<'_>, domain: &Shape) -> HashMap<NodeId, Class> {
+    let mut class = HashMap::new();
+    for &id in &body.order {
+        let node = body.g.node(id);
+        let c = if body.is_leaf(id) {
+            Class::Leaf
+        } else if matches!(node.op, Op::Reduce { .. }) {
+            Class::Row
+        } else if matches!(node.op, Op::Expand(_)) {
+            Class::Full
+        } else {
+            let ops: Vec<Class> = body.g.operands(id).iter().map(|o| class[o]).collect();
+            if ops.contains(&Class::Full) {
+                Class::Full
+            } else if ops.contains(&Class::Row) {
+                Class::Row
+            } else if node.shape == *domain {
+                Class::Full
+            } else {
+                Class::Row
+            }
+        };
+        class.insert(id, c);
+    }
+    class
+}
+
+/// The leaves a column pass computing `target` reads.
+fn leaves_of(body: &Body<'_>, target: NodeId, class: &HashMap<NodeId, Class>) -> Vec<NodeId> {
+    let mut out = Vec::new();
+    if body.is_leaf(target) {
+        out.push(target);
+    }
+    for n in body.cone(target, &|n| class[&n] == Class::Row) {
+        out.extend(body.g.operands(n).into_iter().filter(|o| body.is_leaf(*o)));
+    }
+    out
+}
+
+/// Emission state: which cached operands the passes so far have loaded.
+struct Gen<'b, 'a> {
+    body: &'b Body<'a>,
+    class: &'b HashMap<NodeId, Class>,
+    split: usize,
+    cached: &'b [NodeId],
+    loaded: Vec<NodeId>,
+    unrolled: bool,
+    items: usize,
+    group: usize,
+    cols: usize,
+}
+
+type ColValue<'x> = &'x dyn Fn(&Gen<'_, '_>, NodeId) -> String;
+
+impl Gen<'_, '_> {
+    /// A value in the row context (per-row values and leaves at column 0).
+    fn row_operand(&self, id: NodeId) -> String {
+        match self.body.leaves.get(&id) {
+            Some(l) => self.leaf_at(id, l, None),
+            None => format!("r{}", id.index()),
+        }
+    }
+
+    /// A leaf's value at the current row and `col` (None: column 0).
+    fn leaf_at(&self, id: NodeId, l: &Leaf, col: Option<&str>) -> String {
+        if l.constant.is_some() {
+            return l.read_at("0");
+        }
+        if l.is_uniform() {
+            return format!("u{}", id.index());
+        }
+        match (l.access.single(), col) {
+            (Some(_), None) => l.read_at(&format!("rb{}", id.index())),
+            (Some(_), Some(c)) => {
+                let (_, co) = l.access.split_offsets(self.split, "row", c).unwrap_or_default();
+                l.read_at(&format!("rb{} + {co}", id.index()))
+            }
+            (None, c) => l.read_at(&l.access.offset_of(&format!("(row * C + {})", c.unwrap_or("0")))),
+        }
+    }
+
+    /// A value inside a column pass.
+    fn col_operand(&self, id: NodeId) -> String {
+        match (self.class[&id], self.body.leaves.get(&id)) {
+            (Class::Row, _) => format!("r{}", id.index()),
+            (_, Some(l)) if self.cached.contains(&id) && self.loaded.contains(&id) => {
+                let _ = l;
+                format!("c{}[it]", id.index())
+            }
+            (_, Some(l)) => self.leaf_at(id, l, Some("col")),
+            _ => format!("v{}", id.index()),
+        }
+    }
+
+    /// One pass over the row's columns computing `target` per column, then
+    /// `finish(target's value)` inside the loop.
+    fn column_pass(
+        &mut self,
+        src: &mut String,
+        target: NodeId,
+        finish: &dyn Fn(&Gen<'_, '_>, &mut String, ColValue<'_>),
+    ) -> Result<(), String> {
+        let (items, group) = (self.items, self.group);
+        if self.unrolled {
+            let _ = writeln!(src, "#pragma unroll\n    for (int it = 0; it < {items}; ++it) {{");
+            let _ = writeln!(src, "      const I col = lane + it * {group};");
+            if !self.cols_exact() {
+                let _ = writeln!(src, "      if (col < C) {{");
+            } else {
+                let _ = writeln!(src, "      {{");
+            }
+        } else {
+            let _ = writeln!(src, "    for (I col = lane; col < C; col += {group}) {{\n      {{");
+        }
+        // Load the cached operands this pass is the first to read.
+        let reads = leaves_of(self.body, target, self.class);
+        for &id in self.cached {
+            if reads.contains(&id) && !self.loaded.contains(&id) {
+                let l = &self.body.leaves[&id];
+                let v = self.leaf_at(id, l, Some("col"));
+                let _ = writeln!(src, "        c{}[it] = {v};", id.index());
+                self.loaded.push(id);
+            }
+        }
+        let class = self.class;
+        for n in self.body.cone(target, &|n| class[&n] == Class::Row) {
+            let s = self.body.statement(n, &format!("v{}", n.index()), &|o| self.col_operand(o))?;
+            let _ = writeln!(src, "        {s}");
+        }
+        finish(self, src, &|gen, id| gen.col_operand(id));
+        src.push_str("      }\n    }\n");
+        Ok(())
+    }
+
+    fn cols_exact(&self) -> bool {
+        self.items * self.group == self.cols
+    }
+
+    /// A reduction node: accumulate over the columns, combine across the
+    /// group, settle to the node's dtype as `r<id>`.
+    fn reduction(&mut self, src: &mut String, id: NodeId, op: ReduceOp) -> Result<(), String> {
+        let g = self.body.g;
+        let x = g.operands(id)[0];
+        let xd = g.node(x).dtype;
+        let d = g.node(id).dtype;
+        let ct = types::compute(xd);
+        let float = xd.is_float();
+        let (acc_ty, init, combine, functor) = match op {
+            ReduceOp::Sum | ReduceOp::Mean if float => {
+                ("double".to_string(), "-0.0".to_string(), "acc += (double)({X});".to_string(), "kiln::Sum()")
+            }
+            ReduceOp::Sum | ReduceOp::Mean => (
+                "kiln::i64".into(),
+                "0".into(),
+                "acc = kiln::iadd(acc, (kiln::i64)({X}));".into(),
+                "kiln::ISum()",
+            ),
+            ReduceOp::Max => (
+                ct.to_string(),
+                types::lowest(xd, true),
+                "acc = kiln::Max()(acc, {X});".into(),
+                "kiln::Max()",
+            ),
+            ReduceOp::Min => (
+                ct.to_string(),
+                types::lowest(xd, false),
+                "acc = kiln::Min()(acc, {X});".into(),
+                "kiln::Min()",
+            ),
+            ReduceOp::ArgMax => (
+                format!("kiln::Arg<{ct}>"),
+                format!("{{{}, (kiln::i64)9223372036854775807LL}}", types::lowest(xd, true)),
+                format!("acc = kiln::ArgMax()(acc, kiln::Arg<{ct}>{{{{X}}, (kiln::i64)col}});"),
+                "kiln::ArgMax()",
+            ),
+        };
+        let acc = format!("a{}", id.index());
+        let _ = writeln!(src, "    {acc_ty} {acc} = {init};");
+        let combine = combine.replace("acc", &acc);
+        self.column_pass(src, x, &|gen, src, value| {
+            let _ = writeln!(src, "        {}", combine.replace("{X}", &value(gen, x)));
+        })?;
+        let _ = writeln!(src, "    {acc} = kiln::group_reduce<{}>({acc}, {functor});", self.group);
+        let value = match op {
+            ReduceOp::Sum if float => types::cast(DType::F64, d, &acc),
+            ReduceOp::Mean => types::cast(DType::F64, d, &format!("({acc} / (double)C)")),
+            ReduceOp::Sum => types::settle(d, &acc),
+            ReduceOp::Max | ReduceOp::Min => acc.clone(),
+            ReduceOp::ArgMax => format!("{acc}.i"),
+        };
+        let _ = writeln!(src, "    const {} r{} = {value};", types::compute(d), id.index());
+        Ok(())
+    }
+}

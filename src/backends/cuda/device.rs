@@ -1,0 +1,284 @@
+//! The device: the CUDA context (with cudarc's event tracking off: the plan
+//! owns synchronization), its streams, the cuBLAS and cuDNN handles with a
+//! workspace per stream, the memory pool and the kernel cache.
+//!
+//! Opening a device first checks that each library can be loaded, so a
+//! machine without a driver, NVRTC, cuBLAS(Lt) or cuDNN gets an error that
+//! names what was looked for instead of a panic inside a lazy loader.
+//!
+//! Everything that enqueues work takes [`Device::launch`], the *launch
+//! lock*: one plan's whole launch (fork, steps, join) is enqueued before
+//! another's, so a stream's cuBLAS and cuDNN workspaces are never used by
+//! two plans at once. The lock covers enqueueing only; the device runs
+//! while nobody holds it.
+
+use super::memory::Pool;
+use super::nvrtc::KernelCache;
+use crate::backends::DeviceStats;
+use crate::{Error, Result};
+use cudarc::cublas::sys as blas_sys;
+use cudarc::cudnn::sys as dnn_sys;
+use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Bytes of cuBLAS workspace per stream (NVIDIA's recommendation for Hopper).
+const BLAS_WORKSPACE: u64 = 32 << 20;
+
+/// One GPU, opened for kiln.
+pub(crate) struct Device {
+    pub ctx: Arc<CudaContext>,
+    /// `sm_90` on an H100.
+    pub arch: String,
+    /// The device's name (`NVIDIA H100 80GB HBM3`).
+    pub name: String,
+    pub pool: Arc<Pool>,
+    pub kernels: KernelCache,
+    pub stats: Arc<DeviceStats>,
+    launch: Mutex<LaunchState>,
+    /// The most bytes of cuDNN workspace a stream may grow to.
+    pub dnn_workspace_limit: u64,
+    /// cuDNN's algorithm choice per convolution shape.
+    pub conv_algos: super::dnn::AlgoCache,
+}
+
+/// What the launch lock guards: streams and library handles.
+pub(crate) struct LaunchState {
+    /// Streams runs use; stream 0 orders everything between plans.
+    pub streams: Vec<Arc<CudaStream>>,
+    /// Streams captures use (never stream 0 itself, so another thread's
+    /// uploads never land in a graph being captured).
+    pub capture: Vec<Arc<CudaStream>>,
+    /// One cuBLAS handle (and workspace) per stream index.
+    pub blas: Vec<BlasHandle>,
+    /// One cuDNN handle (and workspace) per stream index.
+    pub dnn: Vec<DnnHandle>,
+    pub ctx: Arc<CudaContext>,
+    pub pool: Arc<Pool>,
+}
+
+/// A cuBLAS handle with its own workspace.
+pub(crate) struct BlasHandle {
+    pub handle: blas_sys::cublasHandle_t,
+    _workspace: super::memory::DeviceAlloc,
+}
+
+/// A cuDNN handle with a workspace that grows as convolutions need.
+pub(crate) struct DnnHandle {
+    pub handle: dnn_sys::cudnnHandle_t,
+    pub workspace: Option<super::memory::DeviceAlloc>,
+    /// Workspaces this stream outgrew: kept, since captured graphs may
+    /// still use them (see `dnn.rs`).
+    retired: Vec<super::memory::DeviceAlloc>,
+}
+
+// SAFETY: the raw handles are only used under the launch lock.
+unsafe impl Send for LaunchState {}
+
+/// The library names each loader looks for, for error messages.
+fn candidates(lib: &str) -> String {
+    cudarc::get_lib_name_candidates(lib).join(", ")
+}
+
+fn driver_err(what: &str, e: impl std::fmt::Debug) -> Error {
+    Error::Backend(format!("cuda: {what}: {e:?}"))
+}
+
+/// Checks that every library the backend loads is present, before any of
+/// cudarc's lazy loaders (which panic) runs.
+pub(crate) fn check_libraries() -> std::result::Result<(), String> {
+    // SAFETY: these only try to dlopen the library names.
+    let checks: [(&str, &str, bool); 5] = unsafe {
+        [
+            ("the CUDA driver", "cuda", sys::is_culib_present()),
+            ("NVRTC", "nvrtc", cudarc::nvrtc::sys::is_culib_present()),
+            ("cuBLAS", "cublas", blas_sys::is_culib_present()),
+            ("cuBLASLt", "cublasLt", cudarc::cublaslt::sys::is_culib_present()),
+            ("cuDNN", "cudnn", dnn_sys::is_culib_present()),
+        ]
+    };
+    for (what, lib, present) in checks {
+        if !present {
+            return Err(format!(
+                "{what} could not be loaded (looked for {}); install it or add its folder to LD_LIBRARY_PATH",
+                candidates(lib)
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Device {
+    /// Opens device `ordinal`. Every failure is a message, never a panic.
+    pub fn open(ordinal: usize, stats: Arc<DeviceStats>) -> std::result::Result<Device, String> {
+        check_libraries()?;
+        let count = CudaContext::device_count()
+            .map_err(|e| format!("the CUDA driver found no usable device ({e:?})"))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(format!("there is no CUDA device {ordinal}: the driver reports {count} device(s)"));
+        }
+        let ctx =
+            CudaContext::new(ordinal).map_err(|e| format!("cannot open CUDA device {ordinal}: {e:?}"))?;
+        // The executor records exactly the events the stream plan needs;
+        // cudarc's per-buffer events would break graph capture
+        // (CUDA_ERROR_STREAM_CAPTURE_ISOLATION).
+        // SAFETY: called before any allocation or stream of this context.
+        unsafe { ctx.disable_event_tracking() };
+        let (major, minor) = ctx.compute_capability().map_err(|e| format!("{e:?}"))?;
+        let name = ctx.name().unwrap_or_else(|_| format!("CUDA device {ordinal}"));
+        let pool = Pool::new(ctx.clone(), stats.clone());
+        let kernels = KernelCache::new(format!("sm_{major}{minor}"), stats.clone())?;
+        let mut state = LaunchState {
+            streams: Vec::new(),
+            capture: Vec::new(),
+            blas: Vec::new(),
+            dnn: Vec::new(),
+            ctx: ctx.clone(),
+            pool: pool.clone(),
+        };
+        state.ensure_streams(1).map_err(|e| e.to_string())?;
+        Ok(Device {
+            ctx,
+            arch: format!("sm_{major}{minor}"),
+            name,
+            pool,
+            kernels,
+            stats,
+            launch: Mutex::new(state),
+            dnn_workspace_limit: dnn_workspace_limit(),
+            conv_algos: Default::default(),
+        })
+    }
+
+    /// Takes the launch lock (see the module docs), with the context bound
+    /// to this thread.
+    pub fn launch(&self) -> Result<MutexGuard<'_, LaunchState>> {
+        self.ctx.bind_to_thread().map_err(|e| driver_err("binding the context", e))?;
+        Ok(self.launch.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Binds the context to this thread (before raw driver calls).
+    pub fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|e| driver_err("binding the context", e))
+    }
+}
+
+/// `KILN_CUDNN_WORKSPACE_MB` (default 1024): the most workspace bytes a
+/// convolution algorithm may use per stream.
+fn dnn_workspace_limit() -> u64 {
+    std::env::var("KILN_CUDNN_WORKSPACE_MB").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(1024) << 20
+}
+
+impl LaunchState {
+    /// Makes sure `n` run streams and capture streams exist, each with its
+    /// handles.
+    pub fn ensure_streams(&mut self, n: usize) -> Result<()> {
+        while self.streams.len() < n {
+            let s = self.ctx.new_stream().map_err(|e| driver_err("creating a stream", e))?;
+            let c = self.ctx.new_stream().map_err(|e| driver_err("creating a capture stream", e))?;
+            let mut handle = std::ptr::null_mut();
+            // SAFETY: plain handle creation; the handle is destroyed in Drop.
+            let st = unsafe { blas_sys::cublasCreate_v2(&mut handle) };
+            if st != blas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(Error::Backend(format!("cuda: cublasCreate failed: {st:?}")));
+            }
+            let workspace = self.pool.alloc(BLAS_WORKSPACE)?;
+            // SAFETY: the workspace outlives the handle (both in BlasHandle).
+            let st = unsafe {
+                blas_sys::cublasSetWorkspace_v2(handle, workspace.ptr() as *mut _, BLAS_WORKSPACE as usize)
+            };
+            if st != blas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(Error::Backend(format!("cuda: cublasSetWorkspace failed: {st:?}")));
+            }
+            self.blas.push(BlasHandle { handle, _workspace: workspace });
+            let mut dnn = std::ptr::null_mut();
+            // SAFETY: plain handle creation; destroyed in Drop.
+            let st = unsafe { dnn_sys::cudnnCreate(&mut dnn) };
+            if st != dnn_sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+                return Err(Error::Backend(format!("cuda: cudnnCreate failed: {st:?}")));
+            }
+            self.dnn.push(DnnHandle { handle: dnn, workspace: None, retired: Vec::new() });
+            self.streams.push(s);
+            self.capture.push(c);
+        }
+        Ok(())
+    }
+}
+
+impl LaunchState {
+    /// Grows stream `stream`'s cuDNN workspace to at least `bytes`.
+    pub fn grow_dnn_workspace(&mut self, stream: usize, bytes: u64) -> Result<()> {
+        let h = &mut self.dnn[stream];
+        if bytes == 0 || h.workspace.as_ref().is_some_and(|w| w.bytes() >= bytes) {
+            return Ok(());
+        }
+        let new = self.pool.alloc(bytes)?;
+        if let Some(old) = h.workspace.replace(new) {
+            h.retired.push(old);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for LaunchState {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        for s in &self.streams {
+            let _ = s.synchronize();
+        }
+        for b in &self.blas {
+            // SAFETY: created in ensure_streams, used only under the lock.
+            unsafe { blas_sys::cublasDestroy_v2(b.handle) };
+        }
+        for d in &self.dnn {
+            // SAFETY: as above.
+            unsafe { dnn_sys::cudnnDestroy(d.handle) };
+        }
+    }
+}
+
+/// The raw stream handle.
+pub(crate) fn raw(s: &CudaStream) -> sys::CUstream {
+    s.cu_stream()
+}
+
+/// A CUDA event without timing, destroyed when dropped.
+pub(crate) struct Event(sys::CUevent);
+
+// SAFETY: events are plain driver handles; used under the launch lock.
+unsafe impl Send for Event {}
+unsafe impl Sync for Event {}
+
+impl Event {
+    pub fn new() -> Result<Event> {
+        result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map(Event)
+            .map_err(|e| driver_err("creating an event", e))
+    }
+
+    /// Records the event on `stream`.
+    pub fn record(&self, stream: sys::CUstream) -> Result<()> {
+        // SAFETY: a live event and stream of the bound context.
+        unsafe { result::event::record(self.0, stream) }.map_err(|e| driver_err("recording an event", e))
+    }
+
+    /// Makes `stream` wait for the event's last record.
+    pub fn wait_on(&self, stream: sys::CUstream) -> Result<()> {
+        // SAFETY: as above.
+        unsafe { result::stream::wait_event(stream, self.0, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
+            .map_err(|e| driver_err("waiting for an event", e))
+    }
+
+    /// Blocks the host until the event's last record completed.
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: as above.
+        unsafe { result::event::synchronize(self.0) }.map_err(|e| driver_err("waiting for the device", e))
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: the event is ours; the driver defers the destruction
+        // until pending work that records it completes.
+        let _ = unsafe { result::event::destroy(self.0) };
+    }
+}

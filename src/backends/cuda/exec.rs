@@ -1,0 +1,391 @@
+//! A compiled plan on the device: its program's kernels loaded, its
+//! arena, scratch and parameter block allocated, its cuDNN descriptors
+//! made, and the enqueueing of its steps on the planned streams.
+//!
+//! # A run
+//!
+//! Under the device's launch lock: the parameter block (seed, random
+//! stream numbers, index-check status) is copied in on stream 0; streams
+//! `1..n` wait for stream 0 (the *fork*); every step waits for its events,
+//! enqueues its launches on its stream and records its events; streams
+//! `1..n` are joined back into stream 0; a completion event is recorded.
+//! The first run of a plan runs eagerly; later runs replay a CUDA graph
+//! captured from exactly this enqueueing (`graph.rs`). A plan with index
+//! checks reads their status back before `launch` returns; otherwise the
+//! host never waits until the caller asks for the results.
+
+use super::device::{raw, Device, Event, LaunchState};
+use super::dnn::{self, ConvPlan, PoolPlan};
+use super::graph::Graphs;
+use super::memory::DeviceAlloc;
+use super::program::{Launch, Loc, Output, Program, Region};
+use super::{blas, CudaBuffer};
+use crate::backends::{Buffer, Executable, Pending, RngArgs};
+use crate::ir::Plan;
+use crate::{Error, Result};
+use cudarc::driver::{result, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+/// A plan compiled for one device.
+pub(crate) struct CudaExecutable {
+    pub dev: Arc<Device>,
+    pub program: Program,
+    functions: Vec<CudaFunction>,
+    convs: HashMap<(usize, usize), ConvPlan>,
+    pools: HashMap<(usize, usize), PoolPlan>,
+    arena: Option<DeviceAlloc>,
+    scratch: Option<DeviceAlloc>,
+    params: DeviceAlloc,
+    events: Vec<Event>,
+    fork: Event,
+    joins: Vec<Event>,
+    pub state: Mutex<Graphs>,
+}
+
+/// Where each region is for one run (or one captured graph).
+pub(crate) struct Bindings {
+    pub arena: u64,
+    pub scratch: u64,
+    pub params: u64,
+    pub inputs: Vec<u64>,
+    pub outs: Vec<u64>,
+}
+
+impl Bindings {
+    fn ptr(&self, l: Loc) -> u64 {
+        let base = match l.region {
+            Region::Arena => self.arena,
+            Region::Scratch => self.scratch,
+            Region::Params => self.params,
+            Region::Input(k) => self.inputs.get(k as usize).copied().unwrap_or(0),
+            Region::Out(k) => self.outs.get(k as usize).copied().unwrap_or(0),
+        };
+        base + l.offset
+    }
+}
+
+/// The prelude's launches are keyed under this step index.
+const PRELUDE: usize = usize::MAX;
+
+fn bad(msg: impl std::fmt::Display) -> Error {
+    Error::Backend(format!("cuda: {msg}"))
+}
+
+impl CudaExecutable {
+    pub fn new(dev: Arc<Device>, plan: &Plan, program: Program) -> Result<CudaExecutable> {
+        let _span = tracing::debug_span!("compile", backend = "cuda", steps = program.steps.len()).entered();
+        dev.bind()?;
+        let mut functions = Vec::with_capacity(program.kernels.len());
+        for k in &program.kernels {
+            functions.push(dev.kernels.get(&dev.ctx, k)?);
+        }
+        let alloc = |bytes: u64| -> Result<Option<DeviceAlloc>> {
+            if bytes == 0 {
+                Ok(None)
+            } else {
+                dev.pool.alloc(bytes).map(Some)
+            }
+        };
+        let arena = alloc(program.arena_bytes)?;
+        let scratch = alloc(program.scratch_bytes)?;
+        let params = dev.pool.alloc(program.params_bytes.max(8))?;
+        let mut convs = HashMap::new();
+        let mut pools = HashMap::new();
+        {
+            let mut ls = dev.launch()?;
+            ls.ensure_streams(program.streams as usize)?;
+            let launches = program.prelude.iter().enumerate().map(|(j, l)| (PRELUDE, j, 0usize, l)).chain(
+                program.steps.iter().enumerate().flat_map(|(i, s)| {
+                    s.launches.iter().enumerate().map(move |(j, l)| (i, j, s.stream as usize, l))
+                }),
+            );
+            for (i, j, stream, l) in launches {
+                match l {
+                    Launch::Conv(c) => {
+                        let plan = ConvPlan::new(
+                            ls.dnn[stream].handle,
+                            c,
+                            dev.dnn_workspace_limit,
+                            &dev.conv_algos,
+                        )?;
+                        ls.grow_dnn_workspace(stream, plan.workspace)?;
+                        convs.insert((i, j), plan);
+                    }
+                    Launch::Pool(p) => {
+                        pools.insert((i, j), PoolPlan::new(p)?);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let events = (0..program.events).map(|_| Event::new()).collect::<Result<Vec<_>>>()?;
+        let joins = (1..program.streams).map(|_| Event::new()).collect::<Result<Vec<_>>>()?;
+        let _ = plan;
+        Ok(CudaExecutable {
+            functions,
+            convs,
+            pools,
+            arena,
+            scratch,
+            params,
+            events,
+            fork: Event::new()?,
+            joins,
+            state: Mutex::new(Graphs::new(program.inputs.len())),
+            program,
+            dev,
+        })
+    }
+
+    /// Bindings with the executable's own regions and the given inputs and outputs.
+    pub fn bindings(&self, inputs: Vec<u64>, outs: Vec<u64>) -> Bindings {
+        Bindings {
+            arena: self.arena.as_ref().map_or(0, DeviceAlloc::ptr),
+            scratch: self.scratch.as_ref().map_or(0, DeviceAlloc::ptr),
+            params: self.params.ptr(),
+            inputs,
+            outs,
+        }
+    }
+
+    /// The run's parameter block: seed, stream numbers, reset statuses.
+    fn params_block(&self, rng: &RngArgs) -> Vec<u64> {
+        let mut p = Vec::with_capacity((self.program.params_bytes / 8) as usize);
+        p.push(rng.seed);
+        p.extend(rng.streams.iter().take(self.program.random_streams));
+        p.resize(1 + self.program.random_streams, 0);
+        for _ in &self.program.checks {
+            p.push(u64::MAX);
+            p.push(0);
+        }
+        p
+    }
+
+    /// Copies the parameter block in on stream 0.
+    pub fn write_params(&self, ls: &LaunchState, rng: &RngArgs) -> Result<()> {
+        let block = self.params_block(rng);
+        // SAFETY: the block fits the allocation (sized by the program);
+        // pageable memory is staged before the call returns.
+        unsafe { result::memcpy_htod_async(self.params.ptr(), &block, raw(&ls.streams[0])) }
+            .map_err(|e| bad(format!("copying the run's parameters: {e:?}")))
+    }
+
+    /// Enqueues the whole program on `streams` (run or capture streams).
+    pub fn enqueue(&self, ls: &LaunchState, streams: &[Arc<CudaStream>], b: &Bindings) -> Result<()> {
+        let n = self.program.streams as usize;
+        let s0 = raw(&streams[0]);
+        for (j, l) in self.program.prelude.iter().enumerate() {
+            self.launch_one(ls, streams, 0, l, b, (PRELUDE, j))
+                .map_err(|e| bad(format!("an output fill: {e}")))?;
+        }
+        if n > 1 {
+            self.fork.record(s0)?;
+            for s in &streams[1..n] {
+                self.fork.wait_on(raw(s))?;
+            }
+        }
+        for (i, step) in self.program.steps.iter().enumerate() {
+            let idx = step.stream as usize;
+            let s = raw(&streams[idx]);
+            let _span = tracing::trace_span!("launch", op = step.op, node = %step.node).entered();
+            for &w in &step.waits {
+                self.events[w as usize].wait_on(s)?;
+            }
+            for (j, l) in step.launches.iter().enumerate() {
+                self.launch_one(ls, streams, idx, l, b, (i, j))
+                    .map_err(|e| Error::Backend(format!("cuda: {} ({}): {e}", step.node, step.op)))?;
+            }
+            for &r in &step.records {
+                self.events[r as usize].record(s)?;
+            }
+        }
+        for (k, s) in streams[1..n].iter().enumerate() {
+            self.joins[k].record(raw(s))?;
+            self.joins[k].wait_on(s0)?;
+        }
+        Ok(())
+    }
+
+    fn launch_one(
+        &self,
+        ls: &LaunchState,
+        streams: &[Arc<CudaStream>],
+        idx: usize,
+        l: &Launch,
+        b: &Bindings,
+        key: (usize, usize),
+    ) -> std::result::Result<(), String> {
+        let stream = &streams[idx];
+        match l {
+            Launch::Kernel { kernel, args } => {
+                let k = &self.program.kernels[*kernel];
+                let ptrs: Vec<u64> = args.iter().map(|&a| b.ptr(a)).collect();
+                let mut builder = stream.launch_builder(&self.functions[*kernel]);
+                for p in &ptrs {
+                    builder.arg(p);
+                }
+                let cfg = LaunchConfig {
+                    grid_dim: (k.grid, 1, 1),
+                    block_dim: (k.block, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: the kernel's parameters are pointers in this order
+                // (lowering wrote both), each into a region sized for what the
+                // kernel indexes.
+                unsafe { builder.launch(cfg) }.map_err(|e| format!("launching {}: {e:?}", k.name))?;
+            }
+            Launch::Gemm(g) => {
+                blas::gemm(ls.blas[idx].handle, raw(stream), g, b.ptr(g.a.0), b.ptr(g.b.0), b.ptr(g.c.0))
+                    .map_err(|e| e.to_string())?;
+            }
+            Launch::Conv(c) => {
+                let plan = self.convs.get(&key).ok_or("a convolution without its plan")?;
+                let h = &ls.dnn[idx];
+                dnn::set_stream(h.handle, raw(stream)).map_err(|e| e.to_string())?;
+                let ws = h.workspace.as_ref().map_or(0, DeviceAlloc::ptr);
+                plan.run(h.handle, b.ptr(c.x.at), b.ptr(c.w.at), b.ptr(c.y.at), ws)
+                    .map_err(|e| e.to_string())?;
+            }
+            Launch::Pool(p) => {
+                let plan = self.pools.get(&key).ok_or("a pooling without its plan")?;
+                let h = &ls.dnn[idx];
+                dnn::set_stream(h.handle, raw(stream)).map_err(|e| e.to_string())?;
+                plan.run(h.handle, b.ptr(p.x.at), b.ptr(p.y.at)).map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the inputs against the plan: count, shapes and dtypes.
+    fn check_inputs<'b>(&self, inputs: &'b [Buffer]) -> Result<Vec<&'b CudaBuffer>> {
+        if inputs.len() != self.program.inputs.len() {
+            return Err(bad(format!(
+                "the plan binds {} input(s), {} given",
+                self.program.inputs.len(),
+                inputs.len()
+            )));
+        }
+        inputs
+            .iter()
+            .zip(&self.program.inputs)
+            .enumerate()
+            .map(|(k, (b, (shape, dtype)))| {
+                let c = super::cuda(b)?;
+                if c.shape() != shape || c.dtype() != *dtype {
+                    return Err(bad(format!(
+                        "input {k} is {}{} but the plan expects {dtype}{shape}",
+                        c.dtype(),
+                        c.shape()
+                    )));
+                }
+                Ok(c)
+            })
+            .collect()
+    }
+
+    /// Reads the index checks' status and turns a bad index into the error
+    /// the CPU backend gives. Waits for the run.
+    fn read_status(&self, ls_stream: &Arc<CudaStream>) -> Result<()> {
+        if self.program.checks.is_empty() {
+            return Ok(());
+        }
+        ls_stream.synchronize().map_err(|e| bad(format!("running the plan: {e:?}")))?;
+        let mut block = vec![0u64; (self.program.params_bytes / 8) as usize];
+        // SAFETY: the block is the parameter allocation's size; the stream
+        // that wrote it has finished.
+        unsafe { result::memcpy_dtoh_sync(&mut block, self.params.ptr()) }
+            .map_err(|e| bad(format!("reading the index checks: {e:?}")))?;
+        for c in &self.program.checks {
+            let at = (c.status / 8) as usize;
+            if block.get(at).is_some_and(|&p| p != u64::MAX) {
+                let value = block.get(at + 1).copied().unwrap_or(0) as i64;
+                return Err(Error::Runtime(format!(
+                    "{} index {value} is out of range for dim {} of size {} (node {})",
+                    c.op, c.dim, c.size, c.node
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The output buffers of a run from its output slots.
+    fn outputs(&self, inputs: &[&CudaBuffer], outs: &[Arc<DeviceAlloc>]) -> Result<Vec<Buffer>> {
+        self.program
+            .outputs
+            .iter()
+            .map(|o| match o {
+                Output::Input(k) => inputs
+                    .get(*k as usize)
+                    .map(|b| Buffer::Cuda((*b).clone()))
+                    .ok_or_else(|| bad("an output input is missing")),
+                Output::Slot { slot, shape, dtype } => outs
+                    .get(*slot as usize)
+                    .map(|a| Buffer::Cuda(CudaBuffer::new(a.clone(), shape.clone(), *dtype)))
+                    .ok_or_else(|| bad("an output slot is missing")),
+            })
+            .collect()
+    }
+
+    /// Fresh output allocations, one per slot.
+    fn fresh_outs(&self) -> Result<Vec<Arc<DeviceAlloc>>> {
+        self.program.out_slots.iter().map(|&b| self.dev.pool.alloc(b).map(Arc::new)).collect()
+    }
+}
+
+/// A launched run: its outputs, ready once `done` completes.
+struct Launched {
+    outputs: Vec<Buffer>,
+    done: Event,
+}
+
+impl Pending for Launched {
+    fn wait(self: Box<Self>) -> Result<Vec<Buffer>> {
+        self.done.synchronize()?;
+        Ok(self.outputs)
+    }
+}
+
+impl Executable for CudaExecutable {
+    fn run(&self, inputs: &[Buffer], rng: &RngArgs) -> Result<Vec<Buffer>> {
+        self.launch(inputs, rng)?.wait()
+    }
+
+    fn launch(&self, inputs: &[Buffer], rng: &RngArgs) -> Result<Box<dyn Pending>> {
+        let _run = tracing::debug_span!("run", backend = "cuda", steps = self.program.steps.len()).entered();
+        if rng.streams.len() < self.program.random_streams {
+            return Err(bad(format!(
+                "the plan reads {} random stream(s), {} given",
+                self.program.random_streams,
+                rng.streams.len()
+            )));
+        }
+        let ins = self.check_inputs(inputs)?;
+        // One run of this plan at a time: its arena, scratch and parameter
+        // block are shared by its runs (runs of other plans go on).
+        let mut graphs = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let ls = self.dev.launch()?;
+        self.write_params(&ls, rng)?;
+        let outs = match graphs.replay(self, &ls, &ins)? {
+            Some(outs) => outs,
+            None => {
+                let outs = self.fresh_outs()?;
+                let b = self
+                    .bindings(ins.iter().map(|b| b.ptr()).collect(), outs.iter().map(|a| a.ptr()).collect());
+                self.enqueue(&ls, &ls.streams, &b)?;
+                graphs.ran_eagerly();
+                outs
+            }
+        };
+        let done = Event::new()?;
+        done.record(raw(&ls.streams[0]))?;
+        let s0 = ls.streams[0].clone();
+        drop(ls);
+        self.read_status(&s0)?;
+        drop(graphs);
+        self.dev.stats.nodes_executed.fetch_add(self.program.steps.len() as u64, Ordering::Relaxed);
+        let outputs = self.outputs(&ins, &outs)?;
+        Ok(Box::new(Launched { outputs, done }))
+    }
+}

@@ -1,0 +1,336 @@
+//! Lowering a [`Plan`] to a [`Program`]: where every value lives, and what
+//! each step launches. Pure: no device, so every program is a snapshot.
+//!
+//! # Where values live
+//!
+//! Every buffer the CUDA backend hands out is dense, so a value's place is
+//! a region offset and a strided layout over it, known when the plan is
+//! compiled:
+//!
+//! - `input k`: input slot `k`, dense.
+//! - `full`: a constant, no memory; kernels read it as a literal, and it
+//!   is written out only where memory is needed (a library operand, an
+//!   output).
+//! - views: their operand's place under a new layout, no copy (a reshape
+//!   that no strides express is a copy into its own bytes, exactly where
+//!   the memory pass places such a reshape).
+//! - everything else: the memory plan's arena offset (in place of an
+//!   operand where it says so); a graph output's own slot; without a
+//!   memory plan, scratch.
+//!
+//! A graph output that is an input is handed back as it is; one that is a
+//! dense view of an output slot shares it; any other is copied into a slot
+//! of its own right after its value is computed.
+
+mod ops;
+
+use super::codegen::index::Access;
+use super::codegen::Kernel;
+use super::program::{IndexCheck, Launch, Loc, Output, Program, Region, Step};
+use crate::backends::cpu::Layout;
+use crate::ir::{DType, NodeId, Op, Placement, Plan, Scalar, Shape};
+use crate::{Error, Result};
+use std::collections::HashMap;
+
+/// Alignment of scratch values and output slots (bytes).
+const ALIGN: u64 = 256;
+
+/// Where a value's elements are.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Storage {
+    /// Memory at a location.
+    Mem(Loc),
+    /// A constant everywhere.
+    Const(Scalar),
+}
+
+/// A value of the plan: its storage and the layout over it.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Value {
+    pub storage: Storage,
+    pub layout: Layout,
+    pub dtype: DType,
+}
+
+impl Value {
+    fn dense(loc: Loc, shape: Shape, dtype: DType) -> Value {
+        Value { storage: Storage::Mem(loc), layout: Layout::contiguous(shape), dtype }
+    }
+
+    /// True when the elements are row-major dense from the storage start.
+    fn is_dense_at_start(&self) -> bool {
+        self.layout.offset == 0 && self.layout.is_contiguous()
+    }
+}
+
+/// The state of one lowering.
+pub(crate) struct Lowering<'p> {
+    pub plan: &'p Plan,
+    pub values: HashMap<NodeId, Value>,
+    pub kernels: Vec<Kernel>,
+    pub scratch: u64,
+    pub out_slots: Vec<u64>,
+    pub checks: Vec<IndexCheck>,
+    /// Launches of the step being lowered.
+    pub launches: Vec<Launch>,
+    /// The step that computed each value's storage (for output copies).
+    producer: HashMap<NodeId, usize>,
+    /// Graph outputs that got a slot of their own when placed.
+    slot_of: HashMap<NodeId, u32>,
+    tf32: bool,
+}
+
+/// Lowers `plan`; `tf32` lets float32 GEMMs and convolutions use TF32.
+pub fn lower(plan: &Plan, tf32: bool) -> Result<Program> {
+    let mut l = Lowering {
+        plan,
+        values: HashMap::new(),
+        kernels: Vec::new(),
+        scratch: 0,
+        out_slots: Vec::new(),
+        checks: Vec::new(),
+        launches: Vec::new(),
+        producer: HashMap::new(),
+        slot_of: HashMap::new(),
+        tf32,
+    };
+    let graph = &plan.graph;
+    let tables = graph.tables();
+    let mut steps: Vec<Step> = Vec::new();
+    for &id in &plan.order {
+        let node = graph.node(id);
+        l.launches.clear();
+        l.lower_node(id)
+            .map_err(|e| Error::Backend(format!("cuda: lowering {id} ({}): {e}", node.op.mnemonic())))?;
+        let stream = tables.streams.as_ref().and_then(|s| s.stream_of.get(&id)).map_or(0, |s| s.0);
+        steps.push(Step {
+            node: id,
+            op: node.op.mnemonic(),
+            stream,
+            waits: vec![],
+            records: vec![],
+            launches: std::mem::take(&mut l.launches),
+        });
+        if !steps.last().is_some_and(|s| s.launches.is_empty()) {
+            l.producer.insert(id, steps.len() - 1);
+        }
+    }
+    let (streams, events) = match &tables.streams {
+        Some(sp) => {
+            let pos: HashMap<NodeId, usize> = plan.order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+            for (e, ev) in sp.events.iter().enumerate() {
+                let at = *pos
+                    .get(&ev.after)
+                    .ok_or_else(|| bad(format!("event e{e} follows a node not in the plan")))?;
+                steps[at].records.push(e as u32);
+                for w in &ev.waiters {
+                    let wp = *pos
+                        .get(w)
+                        .ok_or_else(|| bad(format!("event e{e} is awaited by {w}, not in the plan")))?;
+                    if wp <= at {
+                        return Err(bad(format!("{w} waits for event e{e}, recorded after {}", ev.after)));
+                    }
+                    steps[wp].waits.push(e as u32);
+                }
+            }
+            (sp.count.max(1), sp.events.len() as u32)
+        }
+        None => (1, 0),
+    };
+    // Graph outputs: handed back, shared, or copied after their producer.
+    let mut prelude = Vec::new();
+    let mut outputs = Vec::new();
+    for &o in graph.outputs() {
+        let v = l.value(o).map_err(bad)?.clone();
+        let node = graph.node(o);
+        let out = match &v.storage {
+            Storage::Mem(Loc { region: Region::Input(k), offset: 0 }) if v.is_dense_at_start() => {
+                Output::Input(*k)
+            }
+            Storage::Mem(Loc { region: Region::Out(s), offset: 0 })
+                if v.is_dense_at_start() && l.out_slots[*s as usize] == bytes(&node.shape, node.dtype) =>
+            {
+                Output::Slot { slot: *s, shape: node.shape.clone(), dtype: node.dtype }
+            }
+            _ => {
+                let slot = l.new_slot(&node.shape, node.dtype);
+                let dst = Loc::new(Region::Out(slot), 0);
+                l.launches.clear();
+                l.copy_into(&v, &node.shape, dst).map_err(bad)?;
+                let copy = std::mem::take(&mut l.launches);
+                match l.root_producer(o) {
+                    Some(step) => steps[step].launches.extend(copy),
+                    None => prelude.extend(copy),
+                }
+                Output::Slot { slot, shape: node.shape.clone(), dtype: node.dtype }
+            }
+        };
+        outputs.push(out);
+    }
+    steps.retain(|s| !s.launches.is_empty() || !s.waits.is_empty() || !s.records.is_empty());
+    let random_streams = plan.random_streams;
+    let params_bytes = 8 * (1 + random_streams as u64) + 16 * l.checks.len() as u64;
+    let inputs = (0..plan.inputs)
+        .map(|k| {
+            plan.order
+                .iter()
+                .map(|&n| graph.node(n))
+                .find(|n| n.op == Op::Input(k as u32))
+                .map(|n| (n.shape.clone(), n.dtype))
+                .unwrap_or((Shape::scalar(), DType::F32))
+        })
+        .collect();
+    Ok(Program {
+        kernels: l.kernels,
+        prelude,
+        steps,
+        arena_bytes: tables.memory.as_ref().map_or(0, |m| m.arena_bytes),
+        scratch_bytes: l.scratch,
+        params_bytes,
+        inputs,
+        out_slots: l.out_slots,
+        outputs,
+        streams,
+        events,
+        random_streams,
+        checks: l.checks,
+    })
+}
+
+fn bad(msg: String) -> Error {
+    Error::Backend(format!("cuda: {msg}"))
+}
+
+/// Bytes of a dense tensor.
+pub(crate) fn bytes(shape: &Shape, dtype: DType) -> u64 {
+    shape.numel() as u64 * dtype.size() as u64
+}
+
+impl Lowering<'_> {
+    pub fn value(&self, id: NodeId) -> Result<&Value, String> {
+        self.values.get(&id).ok_or_else(|| format!("{id} is used before it is computed"))
+    }
+
+    /// The operand values of `id`, in slot order.
+    pub fn operands(&self, id: NodeId) -> Result<Vec<Value>, String> {
+        self.plan.graph.operands(id).iter().map(|&o| self.value(o).cloned()).collect()
+    }
+
+    fn new_slot(&mut self, shape: &Shape, dtype: DType) -> u32 {
+        self.out_slots.push(bytes(shape, dtype));
+        (self.out_slots.len() - 1) as u32
+    }
+
+    /// Bytes of scratch for a new value.
+    pub fn new_scratch(&mut self, bytes: u64) -> Loc {
+        let at = self.scratch.div_ceil(ALIGN) * ALIGN;
+        self.scratch = at + bytes.max(1);
+        Loc::new(Region::Scratch, at)
+    }
+
+    /// A generated kernel's index in the program, reusing an identical one.
+    pub fn kernel(&mut self, k: Kernel) -> usize {
+        match self.kernels.iter().position(|x| x.source == k.source) {
+            Some(i) => i,
+            None => {
+                self.kernels.push(k);
+                self.kernels.len() - 1
+            }
+        }
+    }
+
+    /// Where computed node `id` writes its value (see the module docs).
+    pub fn destination(&mut self, id: NodeId) -> Result<Loc, String> {
+        let graph = &self.plan.graph;
+        let node = graph.node(id);
+        let is_output = graph.outputs().contains(&id);
+        let placement = graph.tables().memory.as_ref().and_then(|m| m.values.get(&id)).map(|v| &v.placement);
+        match placement {
+            Some(Placement::Arena { offset, bytes: b, .. }) => {
+                if *b != bytes(&node.shape, node.dtype) {
+                    return Err(format!(
+                        "its arena range has {b} bytes, not {}",
+                        bytes(&node.shape, node.dtype)
+                    ));
+                }
+                Ok(Loc::new(Region::Arena, *offset))
+            }
+            Some(Placement::Output) | None if is_output => {
+                let slot = self.new_slot(&node.shape, node.dtype);
+                self.slot_of.insert(id, slot);
+                Ok(Loc::new(Region::Out(slot), 0))
+            }
+            Some(Placement::Output) | None => Ok(self.new_scratch(bytes(&node.shape, node.dtype))),
+            Some(p) => Err(format!("a computed value cannot be placed as {p:?}")),
+        }
+    }
+
+    /// The step whose launches computed the storage `id` reads (following views).
+    fn root_producer(&self, id: NodeId) -> Option<usize> {
+        let mut cur = id;
+        loop {
+            if let Some(&s) = self.producer.get(&cur) {
+                return Some(s);
+            }
+            let node = self.plan.graph.node(cur);
+            if !node.op.is_view() {
+                return None;
+            }
+            cur = *self.plan.graph.operands(cur).first()?;
+        }
+    }
+
+    fn lower_node(&mut self, id: NodeId) -> Result<(), String> {
+        let node = self.plan.graph.node(id).clone();
+        let value = match &node.op {
+            Op::Input(k) => Value::dense(Loc::new(Region::Input(*k), 0), node.shape.clone(), node.dtype),
+            Op::Buffer(b) => return Err(format!("buffer {} in a plan (plans bind inputs)", b.0)),
+            Op::Full(v) => Value {
+                storage: Storage::Const(*v),
+                layout: Layout { shape: node.shape.clone(), strides: vec![0; node.shape.rank()], offset: 0 },
+                dtype: node.dtype,
+            },
+            op if op.is_view() => self.lower_view(id, op)?,
+            _ => {
+                let dst = self.destination(id)?;
+                self.lower_compute(id, dst)?;
+                Value::dense(dst, node.shape.clone(), node.dtype)
+            }
+        };
+        self.values.insert(id, value);
+        Ok(())
+    }
+
+    /// A view: its operand's storage under a new layout, or a copy when
+    /// no strides express it (or the memory plan gave it bytes of its own).
+    fn lower_view(&mut self, id: NodeId, op: &Op) -> Result<Value, String> {
+        let node = self.plan.graph.node(id);
+        let from = self.operands(id)?.remove(0);
+        let viewed = match op {
+            Op::Reshape(t) => from.layout.reshape(t),
+            Op::Permute(p) => Some(from.layout.permute(p)),
+            Op::Expand(t) => Some(from.layout.expand(t)),
+            Op::Slice { dim, start, step, len } => Some(from.layout.slice(*dim, *start, *step, *len)),
+            _ => None,
+        };
+        let own_bytes = matches!(
+            self.plan.graph.tables().memory.as_ref().and_then(|m| m.values.get(&id)).map(|v| &v.placement),
+            Some(Placement::Arena { .. })
+        );
+        match (viewed, &from.storage) {
+            (_, Storage::Const(c)) => Ok(Value {
+                storage: Storage::Const(*c),
+                layout: Layout { shape: node.shape.clone(), strides: vec![0; node.shape.rank()], offset: 0 },
+                dtype: node.dtype,
+            }),
+            (Some(layout), _) if !own_bytes => Ok(Value { layout, ..from }),
+            _ => {
+                // A copy: read the operand through the view, write densely.
+                let dst = self.destination(id)?;
+                let src = Access::strided(from.layout.clone()).view(op);
+                self.copy_access(&from, src, &node.shape, node.dtype, dst)?;
+                Ok(Value::dense(dst, node.shape.clone(), node.dtype))
+            }
+        }
+    }
+}

@@ -1,0 +1,513 @@
+//! The launches of each op: which generated kernel or library call, with
+//! which operands. `mod.rs` decides where values live; this file decides
+//! what runs.
+
+use super::{bytes, Lowering, Storage, Value};
+use crate::backends::cpu::Layout;
+use crate::backends::cuda::codegen::body::{Operand, Source};
+use crate::backends::cuda::codegen::index::Access;
+use crate::backends::cuda::codegen::{elementwise, ops, reduction, Kernel};
+use crate::backends::cuda::program::{Conv, Epilogue, Gemm, IndexCheck, Launch, Loc, Pool, Region, Tensor4};
+use crate::ir::{DType, FusedBody, FusedKind, Graph, Node, NodeId, Op, Placement, RegionId, Scalar, Shape};
+
+impl Lowering<'_> {
+    /// Launches computing node `id` into `dst` (dense).
+    pub(super) fn lower_compute(&mut self, id: NodeId, dst: Loc) -> Result<(), String> {
+        let node = self.plan.graph.node(id).clone();
+        let ops = self.operands(id)?;
+        if node.shape.numel() == 0 {
+            return Ok(());
+        }
+        match &node.op {
+            Op::Fused(body) => self.fused(id, body, &ops, dst),
+            op if op.is_elementwise() => {
+                let g = one_op_body(&node, &ops);
+                let in_place = self.in_place(id);
+                self.body_kernel("elementwise", &g, &ops, dst, in_place, None)
+            }
+            Op::Reduce { op, dims, .. } => {
+                let x = &ops[0];
+                let rank = x.layout.shape.rank();
+                let kept: Vec<usize> = (0..rank).filter(|d| !dims.contains(d)).collect();
+                let perm: Vec<usize> = kept.iter().chain(dims.iter()).copied().collect();
+                let domain = Shape(perm.iter().map(|&d| x.layout.shape.0[d]).collect());
+                let split = kept.len();
+                let mut g = Graph::new();
+                let input = g.add_unchecked(leaf_node(Op::Input(0), &x.layout.shape, x.dtype), &[]);
+                let p = g.add_unchecked(leaf_node(Op::Permute(perm), &domain, x.dtype), &[input]);
+                let r = g.add_unchecked(
+                    Node {
+                        op: Op::Reduce { op: *op, dims: (split..rank).collect(), keepdim: false },
+                        shape: Shape(domain.0[..split].to_vec()),
+                        dtype: node.dtype,
+                        region: RegionId::ROOT,
+                    },
+                    &[p],
+                );
+                g.set_outputs(vec![r]);
+                self.body_kernel("reduce", &g, &ops, dst, false, Some((&domain, split)))
+            }
+            Op::MatMul => {
+                let (a, b) = (ops[0].clone(), ops[1].clone());
+                self.matmul(&a, &b, &node.shape, node.dtype, dst, Epilogue::None)
+            }
+            Op::Conv2d { stride, padding, dilation, groups } => {
+                let x = self.library_operand(&ops[0], false)?;
+                let w = self.library_operand(&ops[1], true)?;
+                self.launches.push(Launch::Conv(Conv {
+                    dtype: node.dtype,
+                    x: tensor4(&x)?,
+                    w: tensor4(&w)?,
+                    y: tensor4(&Value::dense(dst, node.shape.clone(), node.dtype))?,
+                    stride: *stride,
+                    padding: *padding,
+                    dilation: *dilation,
+                    groups: *groups,
+                    tf32: self.tf32,
+                }));
+                Ok(())
+            }
+            Op::Pool2d { kind, kernel, stride, padding } => {
+                let x = self.library_operand(&ops[0], false)?;
+                self.launches.push(Launch::Pool(Pool {
+                    dtype: node.dtype,
+                    kind: *kind,
+                    x: tensor4(&x)?,
+                    y: tensor4(&Value::dense(dst, node.shape.clone(), node.dtype))?,
+                    kernel: *kernel,
+                    stride: *stride,
+                    padding: *padding,
+                }));
+                Ok(())
+            }
+            Op::Gather { dim } | Op::IndexSelect { dim } => {
+                let gather = matches!(node.op, Op::Gather { .. });
+                self.index(id, gather, *dim, &ops, &node.shape, dst)
+            }
+            Op::Cat { dim } => {
+                let parts: Vec<Operand> = ops.iter().map(operand).collect();
+                let k = self.add_kernel("cat", |n| Ok(ops::cat(n, &parts, *dim, &node.shape)))?;
+                let mut args = vec![dst];
+                args.extend(buffer_locs(&ops));
+                self.launches.push(Launch::Kernel { kernel: k, args });
+                Ok(())
+            }
+            Op::Random { dist, stream } => {
+                let numel = node.shape.numel();
+                let k = self.add_kernel("random", |n| {
+                    Ok(ops::random(n, node.dtype, numel, *dist, *stream as usize))
+                })?;
+                self.launches
+                    .push(Launch::Kernel { kernel: k, args: vec![dst, Loc::new(Region::Params, 0)] });
+                Ok(())
+            }
+            Op::Arange { start, step } => {
+                let numel = node.shape.numel();
+                let k =
+                    self.add_kernel("arange", |n| Ok(ops::arange(n, node.dtype, numel, *start, *step)))?;
+                self.launches.push(Launch::Kernel { kernel: k, args: vec![dst] });
+                Ok(())
+            }
+            op => Err(format!("the CUDA backend has no kernel for {}", op.mnemonic())),
+        }
+    }
+
+    /// True when the memory plan computes `id` in place of an operand.
+    fn in_place(&self, id: NodeId) -> bool {
+        matches!(
+            self.plan.graph.tables().memory.as_ref().and_then(|m| m.values.get(&id)).map(|v| &v.placement),
+            Some(Placement::Arena { in_place_of: Some(_), .. })
+        )
+    }
+
+    /// Adds a kernel generated under a placeholder name, renamed
+    /// `<kind>_<hash of its source>` so that names are stable and identical
+    /// kernels are one.
+    pub(super) fn add_kernel(
+        &mut self,
+        kind: &str,
+        gen: impl FnOnce(&str) -> Result<Kernel, String>,
+    ) -> Result<usize, String> {
+        const PLACEHOLDER: &str = "KILN_KERNEL_NAME";
+        let mut k = gen(PLACEHOLDER)?;
+        let hash = fnv1a(k.source.as_bytes()) as u32;
+        let name = format!("{kind}_{hash:08x}");
+        k.source = k.source.replace(PLACEHOLDER, &name);
+        k.name = name;
+        Ok(self.kernel(k))
+    }
+
+    /// An elementwise (or, with a domain, reduction) kernel of body `g`
+    /// over `ops`, writing `dst`.
+    fn body_kernel(
+        &mut self,
+        kind: &str,
+        g: &Graph,
+        ops: &[Value],
+        dst: Loc,
+        in_place: bool,
+        reduction: Option<(&Shape, usize)>,
+    ) -> Result<(), String> {
+        let operands: Vec<Operand> = ops.iter().map(operand).collect();
+        let k = match reduction {
+            Some((domain, split)) => {
+                self.add_kernel(kind, |n| reduction::generate(n, g, &operands, domain, split))?
+            }
+            None => self.add_kernel(kind, |n| elementwise::generate(n, g, &operands, in_place))?,
+        };
+        let mut args = vec![dst];
+        args.extend(buffer_locs(ops));
+        self.launches.push(Launch::Kernel { kernel: k, args });
+        Ok(())
+    }
+
+    fn fused(&mut self, id: NodeId, body: &FusedBody, ops: &[Value], dst: Loc) -> Result<(), String> {
+        match body.kind() {
+            FusedKind::Elementwise => {
+                let in_place = self.in_place(id);
+                self.body_kernel("fused_elementwise", body.graph(), ops, dst, in_place, None)
+            }
+            FusedKind::Reduction { domain, split } => {
+                self.body_kernel("fused_reduction", body.graph(), ops, dst, false, Some((domain, *split)))
+            }
+            FusedKind::MatMul { matmul } => {
+                let g = body.graph();
+                let mm = *matmul;
+                let node = g.node(mm).clone();
+                let args = g.operands(mm);
+                let a = self.leaf_value(g, args[0], ops)?;
+                let b = self.leaf_value(g, args[1], ops)?;
+                self.matmul(&a, &b, &node.shape, node.dtype, dst, Epilogue::None)?;
+                if body.output() != mm {
+                    // The epilogue reads the product where the GEMM left it
+                    // and overwrites it element for element.
+                    let (epi, extra) = replace_with_input(g, mm, body.inputs());
+                    let mut epi_ops = ops.to_vec();
+                    epi_ops.push(Value::dense(dst, node.shape.clone(), node.dtype));
+                    debug_assert_eq!(extra, epi_ops.len() - 1);
+                    self.body_kernel("matmul_epilogue", &epi, &epi_ops, dst, true, None)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The value of a body leaf (an input, a constant, or views of one).
+    fn leaf_value(&mut self, g: &Graph, id: NodeId, ops: &[Value]) -> Result<Value, String> {
+        let node = g.node(id).clone();
+        match &node.op {
+            Op::Input(k) => ops.get(*k as usize).cloned().ok_or_else(|| format!("body input {k} is missing")),
+            Op::Full(v) => Ok(Value {
+                storage: Storage::Const(*v),
+                layout: Layout { shape: node.shape.clone(), strides: vec![0; node.shape.rank()], offset: 0 },
+                dtype: node.dtype,
+            }),
+            op if op.is_view() => {
+                let from = self.leaf_value(g, g.operands(id)[0], ops)?;
+                if let Storage::Const(c) = from.storage {
+                    return Ok(Value {
+                        storage: Storage::Const(c),
+                        layout: Layout {
+                            shape: node.shape.clone(),
+                            strides: vec![0; node.shape.rank()],
+                            offset: 0,
+                        },
+                        dtype: node.dtype,
+                    });
+                }
+                let viewed = match op {
+                    Op::Reshape(t) => from.layout.reshape(t),
+                    Op::Permute(p) => Some(from.layout.permute(p)),
+                    Op::Expand(t) => Some(from.layout.expand(t)),
+                    Op::Slice { dim, start, step, len } => Some(from.layout.slice(*dim, *start, *step, *len)),
+                    _ => None,
+                };
+                match viewed {
+                    Some(layout) => Ok(Value { layout, ..from }),
+                    None => {
+                        let access = Access::strided(from.layout.clone()).view(op);
+                        let dst = self.new_scratch(bytes(&node.shape, node.dtype));
+                        self.copy_access(&from, access, &node.shape, node.dtype, dst)?;
+                        Ok(Value::dense(dst, node.shape.clone(), node.dtype))
+                    }
+                }
+            }
+            op => Err(format!("{id} ({}) is not a leaf of the matmul body", op.mnemonic())),
+        }
+    }
+
+    /// `value` read through `access` (over `shape`) into dense `dst`.
+    pub(super) fn copy_access(
+        &mut self,
+        value: &Value,
+        access: Access,
+        shape: &Shape,
+        dtype: DType,
+        dst: Loc,
+    ) -> Result<(), String> {
+        let numel = shape.numel();
+        if numel == 0 {
+            return Ok(());
+        }
+        if let Storage::Const(c) = value.storage {
+            let k = self.add_kernel("fill", |n| Ok(ops::fill(n, dtype, numel, c)))?;
+            self.launches.push(Launch::Kernel { kernel: k, args: vec![dst] });
+            return Ok(());
+        }
+        let mut g = Graph::new();
+        let input = g.add_unchecked(leaf_node(Op::Input(0), shape, dtype), &[]);
+        g.set_outputs(vec![input]);
+        let operands = vec![Operand { source: Source::Buffer, access, dtype }];
+        let k = self.add_kernel("copy", |n| elementwise::generate(n, &g, &operands, false))?;
+        let Storage::Mem(at) = value.storage else { unreachable!("constants returned above") };
+        self.launches.push(Launch::Kernel { kernel: k, args: vec![dst, at] });
+        Ok(())
+    }
+
+    /// `value` copied densely into `dst`.
+    pub(super) fn copy_into(&mut self, value: &Value, shape: &Shape, dst: Loc) -> Result<(), String> {
+        self.copy_access(value, Access::strided(value.layout.clone()), shape, value.dtype, dst)
+    }
+
+    /// `value` as a dense tensor in scratch.
+    fn materialize(&mut self, value: &Value) -> Result<Value, String> {
+        let shape = value.layout.shape.clone();
+        let dst = self.new_scratch(bytes(&shape, value.dtype));
+        self.copy_into(value, &shape, dst)?;
+        Ok(Value::dense(dst, shape, value.dtype))
+    }
+
+    /// A cuDNN operand: in memory with positive strides (`dense`: packed).
+    fn library_operand(&mut self, v: &Value, dense: bool) -> Result<Value, String> {
+        let ok = matches!(v.storage, Storage::Mem(_))
+            && if dense { v.layout.is_contiguous() } else { v.layout.strides.iter().all(|&s| s > 0) };
+        if ok {
+            Ok(v.clone())
+        } else {
+            self.materialize(v)
+        }
+    }
+
+    /// `a . b` into `dst`: cuBLAS for float dtypes (views of transposes are
+    /// read as they are), a generated kernel for integers.
+    fn matmul(
+        &mut self,
+        a: &Value,
+        b: &Value,
+        shape: &Shape,
+        dtype: DType,
+        dst: Loc,
+        epilogue: Epilogue,
+    ) -> Result<(), String> {
+        let r = shape.rank();
+        let k = a.layout.shape.0[r - 1];
+        if shape.numel() == 0 {
+            return Ok(());
+        }
+        if k == 0 {
+            let numel = shape.numel();
+            let kid = self.add_kernel("fill", |n| Ok(ops::fill(n, dtype, numel, Scalar::Int(0))))?;
+            self.launches.push(Launch::Kernel { kernel: kid, args: vec![dst] });
+            return Ok(());
+        }
+        let a = match a.storage {
+            Storage::Const(_) => self.materialize(a)?,
+            _ => a.clone(),
+        };
+        let b = match b.storage {
+            Storage::Const(_) => self.materialize(b)?,
+            _ => b.clone(),
+        };
+        if !dtype.is_float() {
+            let (oa, ob) = (operand(&a), operand(&b));
+            let kid = self.add_kernel("int_matmul", |n| Ok(ops::int_matmul(n, &oa, &ob, shape)))?;
+            let mut args = vec![dst];
+            args.extend(buffer_locs(&[a, b]));
+            self.launches.push(Launch::Kernel { kernel: kid, args });
+            return Ok(());
+        }
+        let (m, n) = (shape.0[r - 2], shape.0[r - 1]);
+        let batch: usize = shape.0[..r - 2].iter().product();
+        let a = match gemm_operand(&a) {
+            Some(_) => a,
+            None => self.materialize(&a)?,
+        };
+        let b = match gemm_operand(&b) {
+            Some(_) => b,
+            None => self.materialize(&b)?,
+        };
+        let (ta, lda_a, sa) = gemm_operand(&a).ok_or("a dense operand is not a GEMM operand")?;
+        let (tb, ldb_b, sb) = gemm_operand(&b).ok_or("a dense operand is not a GEMM operand")?;
+        let size = dtype.size() as u64;
+        let at = |v: &Value| match v.storage {
+            Storage::Mem(l) => Ok(l.plus(v.layout.offset as u64 * size)),
+            Storage::Const(_) => Err("a constant GEMM operand".to_string()),
+        };
+        // out^T (n x m) = b^T (n x k) . a^T (k x m) in column-major terms.
+        self.launches.push(Launch::Gemm(Gemm {
+            dtype,
+            transa: tb,
+            transb: ta,
+            m: n,
+            n: m,
+            k,
+            a: (at(&b)?, ldb_b, sb),
+            b: (at(&a)?, lda_a, sa),
+            c: (dst, n, m * n),
+            batch,
+            epilogue,
+            tf32: self.tf32,
+        }));
+        Ok(())
+    }
+
+    /// Gather or index_select with the index check's status.
+    fn index(
+        &mut self,
+        id: NodeId,
+        gather: bool,
+        dim: usize,
+        ops: &[Value],
+        out: &Shape,
+        dst: Loc,
+    ) -> Result<(), String> {
+        let x = operand(&ops[0]);
+        let idx = operand(&ops[1]);
+        let status_at = 8 * (1 + self.plan.random_streams as u64) + 16 * self.checks.len() as u64;
+        let status = Loc::new(Region::Params, status_at);
+        let op = if gather { "gather" } else { "index_select" };
+        let main = if gather {
+            self.add_kernel(op, |n| Ok(ops::gather(n, &x, &idx, dim)))?
+        } else {
+            self.add_kernel(op, |n| Ok(ops::index_select(n, &x, &idx, dim, out)))?
+        };
+        let mut args = vec![dst];
+        args.extend(buffer_locs(ops));
+        args.push(status);
+        self.launches.push(Launch::Kernel { kernel: main, args });
+        let access = ops::index_access(gather, &idx, dim, out);
+        let report = self.add_kernel("index_report", |n| Ok(ops::index_report(n, &idx, &access)))?;
+        let mut args = vec![status];
+        if let Storage::Mem(l) = ops[1].storage {
+            args.push(l);
+        }
+        self.launches.push(Launch::Kernel { kernel: report, args });
+        self.checks.push(IndexCheck {
+            node: id,
+            op,
+            dim,
+            size: ops[0].layout.shape.0[dim],
+            status: status_at,
+        });
+        Ok(())
+    }
+}
+
+/// A GEMM operand `[.., r, c]`: (read column-major, leading dimension,
+/// batch stride), or `None` when its strides need a copy first.
+fn gemm_operand(v: &Value) -> Option<(bool, usize, usize)> {
+    let l = &v.layout;
+    let rank = l.shape.rank();
+    let (r, c) = (l.shape.0[rank - 2], l.shape.0[rank - 1]);
+    let (sr, sc) = (l.strides[rank - 2], l.strides[rank - 1]);
+    let (trans, ld) = if (c == 1 || sc == 1) && (r == 1 || sr >= c) {
+        (false, if r == 1 { c.max(1) } else { sr })
+    } else if (r == 1 || sr == 1) && (c == 1 || sc >= r) {
+        (true, if c == 1 { r.max(1) } else { sc })
+    } else {
+        return None;
+    };
+    // The batch dims must be one evenly strided run (stride 0 broadcasts).
+    let mut batch: Option<(usize, usize)> = None; // (count, stride) of the merged run
+    for d in (0..rank - 2).rev() {
+        let (n, s) = (l.shape.0[d], l.strides[d]);
+        if n == 1 {
+            continue;
+        }
+        batch = match batch {
+            None => Some((n, s)),
+            Some((cnt, st)) if s == st * cnt => Some((cnt * n, st)),
+            Some(_) => return None,
+        };
+    }
+    Some((trans, ld, batch.map_or(0, |(_, s)| s)))
+}
+
+/// A cuDNN 4-d descriptor of a value in memory.
+fn tensor4(v: &Value) -> Result<Tensor4, String> {
+    let Storage::Mem(at) = v.storage else { return Err("a constant cuDNN operand".into()) };
+    let l = &v.layout;
+    if l.shape.rank() != 4 {
+        return Err(format!("cuDNN needs a 4-d tensor, got {}", l.shape));
+    }
+    let d = |i: usize| l.shape.0[i];
+    let s = |i: usize| l.strides[i];
+    Ok(Tensor4 {
+        at: at.plus(l.offset as u64 * v.dtype.size() as u64),
+        dims: [d(0), d(1), d(2), d(3)],
+        strides: [s(0).max(1), s(1).max(1), s(2).max(1), s(3).max(1)],
+    })
+}
+
+fn leaf_node(op: Op, shape: &Shape, dtype: DType) -> Node {
+    Node { op, shape: shape.clone(), dtype, region: RegionId::ROOT }
+}
+
+/// A body of one elementwise op over `input k` leaves.
+fn one_op_body(node: &Node, ops: &[Value]) -> Graph {
+    let mut g = Graph::new();
+    let inputs: Vec<NodeId> = ops
+        .iter()
+        .enumerate()
+        .map(|(k, v)| g.add_unchecked(leaf_node(Op::Input(k as u32), &v.layout.shape, v.dtype), &[]))
+        .collect();
+    let out = g.add_unchecked(Node { region: RegionId::ROOT, ..node.clone() }, &inputs);
+    g.set_outputs(vec![out]);
+    g
+}
+
+/// `g` with node `replaced` turned into `input k` (its shape and dtype):
+/// a matmul body's epilogue reading the product. Returns `k`.
+fn replace_with_input(g: &Graph, replaced: NodeId, k: usize) -> (Graph, usize) {
+    let mut out = Graph::new();
+    let mut map: std::collections::HashMap<NodeId, NodeId> = std::collections::HashMap::new();
+    for id in g.topo_order() {
+        let node = g.node(id);
+        let new = if id == replaced {
+            out.add_unchecked(leaf_node(Op::Input(k as u32), &node.shape, node.dtype), &[])
+        } else {
+            let operands: Vec<NodeId> = g.operands(id).iter().map(|o| map[o]).collect();
+            out.add_unchecked(Node { region: RegionId::ROOT, ..node.clone() }, &operands)
+        };
+        map.insert(id, new);
+    }
+    out.set_outputs(g.outputs().iter().map(|o| map[o]).collect());
+    (out, k)
+}
+
+/// A value as a kernel operand.
+fn operand(v: &Value) -> Operand {
+    Operand {
+        source: match v.storage {
+            Storage::Mem(_) => Source::Buffer,
+            Storage::Const(c) => Source::Const(c),
+        },
+        access: Access::strided(v.layout.clone()),
+        dtype: v.dtype,
+    }
+}
+
+/// The locations of the values in memory, in order (kernel pointer args).
+fn buffer_locs(vs: &[Value]) -> Vec<Loc> {
+    vs.iter()
+        .filter_map(|v| match v.storage {
+            Storage::Mem(l) => Some(l),
+            Storage::Const(_) => None,
+        })
+        .collect()
+}
+
+/// 64-bit FNV-1a (stable names for generated kernels).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}

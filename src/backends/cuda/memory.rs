@@ -1,0 +1,185 @@
+//! Device memory: a caching allocator for persistent buffers, arenas and
+//! scratch, so a loop does not call `cuMemAlloc` every iteration.
+//!
+//! Blocks are rounded up to a size class (512 bytes below 1 MiB, 2 MiB
+//! above) and a freed block goes back to its class's free list, where the
+//! next allocation of that class takes it. Reuse is *stream-ordered*: every
+//! plan joins all its streams into stream 0 before it ends, and uploads,
+//! downloads and input copies run on stream 0, so work that reuses a block
+//! is always ordered after the last work that read it (as in PyTorch's
+//! caching allocator for one stream). When an allocation fails, every
+//! cached block is released and the allocation tried once more; if it
+//! still fails the error says how much was asked for and how much the
+//! device had free, and nothing is left half allocated.
+//!
+//! Counters: `live_bytes` are bytes in blocks kiln holds (buffers, arenas,
+//! scratch), `peak_bytes` their maximum; cached blocks count as neither.
+
+use crate::backends::DeviceStats;
+use crate::{Error, Result};
+use cudarc::driver::{result, sys, CudaContext};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The caching allocator of one device.
+pub(crate) struct Pool {
+    ctx: Arc<CudaContext>,
+    free: Mutex<HashMap<u64, Vec<sys::CUdeviceptr>>>,
+    /// Bytes of the blocks in `free`.
+    cached: AtomicU64,
+    next_id: AtomicU64,
+    stats: Arc<DeviceStats>,
+}
+
+/// A block of device memory; back to its pool's free list when dropped.
+pub(crate) struct DeviceAlloc {
+    ptr: sys::CUdeviceptr,
+    class: u64,
+    bytes: u64,
+    id: u64,
+    pool: Arc<Pool>,
+}
+
+impl std::fmt::Debug for DeviceAlloc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceAlloc(#{} {} bytes at {:#x})", self.id, self.bytes, self.ptr)
+    }
+}
+
+/// The size class of a request: the bytes the block really has.
+fn class_of(bytes: u64) -> u64 {
+    const SMALL: u64 = 512;
+    const LARGE: u64 = 2 << 20;
+    let b = bytes.max(1);
+    if b < (1 << 20) {
+        b.div_ceil(SMALL) * SMALL
+    } else {
+        b.div_ceil(LARGE) * LARGE
+    }
+}
+
+impl Pool {
+    pub fn new(ctx: Arc<CudaContext>, stats: Arc<DeviceStats>) -> Arc<Pool> {
+        Arc::new(Pool {
+            ctx,
+            free: Mutex::new(HashMap::new()),
+            cached: AtomicU64::new(0),
+            next_id: AtomicU64::new(1),
+            stats,
+        })
+    }
+
+    /// A block of at least `bytes` bytes (contents undefined).
+    pub fn alloc(self: &Arc<Pool>, bytes: u64) -> Result<DeviceAlloc> {
+        let class = class_of(bytes);
+        let reused = self.free.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&class).and_then(Vec::pop);
+        let ptr = match reused {
+            Some(p) => {
+                self.cached.fetch_sub(class, Ordering::Relaxed);
+                p
+            }
+            None => self.fresh(class, bytes)?,
+        };
+        self.stats.allocated(class);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        Ok(DeviceAlloc { ptr, class, bytes, id, pool: self.clone() })
+    }
+
+    fn fresh(&self, class: u64, asked: u64) -> Result<sys::CUdeviceptr> {
+        self.ctx.bind_to_thread().map_err(|e| Error::Backend(format!("cuda: {e:?}")))?;
+        let size = usize::try_from(class).map_err(|_| Error::OutOfMemory(format!("cuda: {asked} bytes")))?;
+        // SAFETY: a plain device allocation in the bound context.
+        match unsafe { result::malloc_sync(size) } {
+            Ok(p) => Ok(p),
+            Err(_) => {
+                self.release_cached();
+                // SAFETY: as above.
+                unsafe { result::malloc_sync(size) }.map_err(|e| {
+                    let (free, total) = result::mem_get_info().unwrap_or((0, 0));
+                    Error::OutOfMemory(format!(
+                        "cuda device {}: asked for {asked} bytes ({} MiB) with {} MiB free of {} MiB ({e:?})",
+                        self.ctx.ordinal(),
+                        asked >> 20,
+                        free >> 20,
+                        total >> 20
+                    ))
+                })
+            }
+        }
+    }
+
+    /// Frees every cached block (the device then has them back).
+    pub fn release_cached(&self) {
+        let blocks: Vec<(u64, Vec<sys::CUdeviceptr>)> =
+            self.free.lock().unwrap_or_else(|e| e.into_inner()).drain().collect();
+        if blocks.is_empty() {
+            return;
+        }
+        let _ = self.ctx.bind_to_thread();
+        for (class, ptrs) in blocks {
+            for p in ptrs {
+                // SAFETY: a block this pool allocated and no buffer holds.
+                // cuMemFree waits for work that may still use it.
+                let _ = unsafe { result::free_sync(p) };
+                self.cached.fetch_sub(class, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Bytes held in cached (free) blocks.
+    pub fn cached_bytes(&self) -> u64 {
+        self.cached.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.release_cached();
+    }
+}
+
+impl DeviceAlloc {
+    /// The device address.
+    pub fn ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    /// The bytes asked for.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// A number no other allocation of this process shares (input slots
+    /// remember which buffer they hold a copy of by it).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+impl Drop for DeviceAlloc {
+    fn drop(&mut self) {
+        self.pool.stats.freed(self.class);
+        self.pool
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(self.class)
+            .or_default()
+            .push(self.ptr);
+        self.pool.cached.fetch_add(self.class, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::class_of;
+
+    #[test]
+    fn size_classes() {
+        assert_eq!(class_of(0), 512);
+        assert_eq!(class_of(513), 1024);
+        assert_eq!(class_of(1 << 20), 2 << 20);
+        assert_eq!(class_of((2 << 20) + 1), 4 << 20);
+    }
+}
