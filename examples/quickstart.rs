@@ -2,10 +2,13 @@
 //! lazily, run when a value is read, and the optimized graph printed; then
 //! a two-layer MLP forward pass with a cross-entropy loss, whose planned
 //! memory (arena, lower bound, one allocation per value) is printed too.
+//! It runs on the best device here: CUDA device 0 when there is one (and
+//! kiln was built with `--features cuda`), else the CPU.
 use kiln::prelude::*;
 
 fn main() -> kiln::Result<()> {
-    let ctx = Context::cpu().with_seed(7);
+    let ctx = Context::best().with_seed(7);
+    println!("device: {}", ctx.device_description());
     let x = ctx.randn([64, 784]); // f32 by default
     let w = ctx.randn([784, 128]) * 0.05;
     let b = ctx.zeros([128]);
@@ -28,5 +31,10 @@ fn main() -> kiln::Result<()> {
     let kernels = plan.lines().filter(|l| l.starts_with('%') && !l.contains("= input")).count();
     println!("MLP forward + loss = {value:.4}, {kernels} top-level nodes; memory plan:");
     println!("{}", plan.lines().next().unwrap_or_default());
+    let s = ctx.stats();
+    println!(
+        "plans compiled: {}, cache hits: {}, kernels compiled: {} (from the disk cache: {})",
+        s.compiles, s.cache_hits, s.kernel_compiles, s.kernel_disk_hits
+    );
     Ok(())
 }

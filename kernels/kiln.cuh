@@ -30,6 +30,40 @@ struct bf16 {
   unsigned short bits;
 };
 
+#ifdef KILN_EMULATE
+// The CPU emulator (kernels/emulate.h): GCC's _Float16 converts with one
+// correct rounding; bf16 rounds to nearest even on the float's bits.
+__device__ __forceinline__ float to_float(f16 h) {
+  _Float16 x;
+  memcpy(&x, &h.bits, 2);
+  return (float)x;
+}
+__device__ __forceinline__ float to_float(bf16 h) { return __uint_as_float(((u32)h.bits) << 16); }
+__device__ __forceinline__ f16 f16_from(float f) {
+  _Float16 x = (_Float16)f;
+  f16 h;
+  memcpy(&h.bits, &x, 2);
+  return h;
+}
+__device__ __forceinline__ f16 f16_from(double d) {
+  _Float16 x = (_Float16)d;
+  f16 h;
+  memcpy(&h.bits, &x, 2);
+  return h;
+}
+__device__ __forceinline__ bf16 bf16_from(float f) {
+  u32 u;
+  memcpy(&u, &f, 4);
+  bf16 h;
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    h.bits = (unsigned short)((u >> 16) | 0x40);
+  } else {
+    h.bits = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+  return h;
+}
+__device__ __forceinline__ bf16 bf16_from(double d) { return bf16_from((float)d); }
+#else
 __device__ __forceinline__ float to_float(f16 h) {
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.bits));
@@ -58,6 +92,7 @@ __device__ __forceinline__ bf16 bf16_from(double d) {
   asm("cvt.rn.bf16.f64 %0, %1;" : "=h"(h.bits) : "d"(d));
   return h;
 }
+#endif
 // One rounding to the narrow type, kept in float (what an f16 op stores).
 __device__ __forceinline__ float rnd_f16(float f) { return to_float(f16_from(f)); }
 __device__ __forceinline__ float rnd_bf16(float f) { return to_float(bf16_from(f)); }

@@ -9,6 +9,9 @@
 //! values share a byte unless every reader of the first happens before the
 //! second is written (or the second is computed in place of the first);
 //! and that the planned graph computes what the input did on the CPU.
+//! The first 100 graphs also run, planned, on the CUDA backend when a GPU
+//! is there (and on the CUDA emulator with `KILN_TEST_EMULATE=1`), against
+//! the CPU's values.
 
 use kiln::backends::cpu::CpuBackend;
 use kiln::backends::{Backend, RngArgs};
@@ -215,7 +218,7 @@ fn data(shape: &Shape, dtype: DType, seed: u64) -> HostData {
     }
 }
 
-fn run(backend: &CpuBackend, g: &Graph) -> Vec<Vec<f64>> {
+fn run(backend: &dyn Backend, g: &Graph) -> Vec<Vec<f64>> {
     let mut slots: BTreeMap<u32, (Shape, DType)> = BTreeMap::new();
     for id in g.node_ids() {
         if let Op::Input(k) = g.node(id).op {
@@ -262,9 +265,36 @@ fn layout_sizes(dump: &std::path::Path) -> (u64, u64) {
     (number_after("greedy by size "), number_after("first fit in schedule order "))
 }
 
+/// Backends besides the CPU that random graphs also run on.
+fn other_backends() -> &'static [Box<dyn Backend>] {
+    static OTHERS: std::sync::OnceLock<Vec<Box<dyn Backend>>> = std::sync::OnceLock::new();
+    OTHERS.get_or_init(|| {
+        #[allow(unused_mut)]
+        let mut others: Vec<Box<dyn Backend>> = Vec::new();
+        #[cfg(feature = "cuda-backend")]
+        match kiln::backends::cuda::CudaBackend::new(0) {
+            Ok(b) => others.push(Box::new(b)),
+            Err(e) if std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1") => {
+                panic!("KILN_REQUIRE_CUDA=1 but CUDA is not usable: {e}")
+            }
+            Err(e) => eprintln!("plan_props: CUDA skipped ({e})"),
+        }
+        #[cfg(feature = "cuda-emulator")]
+        if std::env::var("KILN_TEST_EMULATE").is_ok_and(|v| v == "1") {
+            others.push(Box::new(kiln::backends::cuda::emulate::EmulatedCuda::new()));
+        }
+        others
+    })
+}
+
+/// Random graphs run so far on the other backends (the first 100 do).
+static OTHER_RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 fn check_graph(graph: &Graph) -> Result<(), TestCaseError> {
     let backend = CpuBackend::new();
     let want = run(&backend, graph);
+    let others = other_backends();
+    let on_others = !others.is_empty() && OTHER_RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < 100;
     for streams in 1..=3u32 {
         // One-stream runs dump, to read the memory pass's note on layouts.
         let dump = std::env::temp_dir().join(format!(
@@ -282,6 +312,19 @@ fn check_graph(graph: &Graph) -> Result<(), TestCaseError> {
         for (w, g) in want.iter().zip(&got) {
             for (a, b) in w.iter().zip(g) {
                 prop_assert!(a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-6 + 1e-5 * b.abs());
+            }
+        }
+        for other in others.iter().filter(|_| on_others) {
+            let got = run(other.as_ref(), &out);
+            prop_assert_eq!(want.len(), got.len());
+            for (w, g) in want.iter().zip(&got) {
+                for (a, b) in w.iter().zip(g) {
+                    prop_assert!(
+                        a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-5 + 1e-4 * b.abs(),
+                        "{} streams={streams}: {a} vs the CPU's {b}",
+                        other.name()
+                    );
+                }
             }
         }
         if streams == 1 {

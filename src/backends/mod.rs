@@ -44,12 +44,25 @@ impl Buffer {
 
 /// Settings that change how a backend compiles a plan (part of a plan's
 /// identity: a context keys its plan cache on them).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CompileOptions {
     /// Let float32 matrix products and convolutions use TF32 tensor cores
     /// (10-bit mantissa inputs, float32 accumulation). Off by default:
     /// float32 means float32 arithmetic. The CPU backend ignores it.
     pub tf32: bool,
+    /// Capture a plan into a CUDA graph and replay it (the default, unless
+    /// `KILN_CUDA_GRAPHS=0`); off, every run launches its kernels one by
+    /// one. The CPU backend ignores it.
+    pub cuda_graphs: bool,
+}
+
+impl Default for CompileOptions {
+    /// No TF32; CUDA graphs unless `KILN_CUDA_GRAPHS` is `0`, `off` or `false`.
+    fn default() -> CompileOptions {
+        let graphs =
+            !matches!(std::env::var("KILN_CUDA_GRAPHS").as_deref(), Ok("0") | Ok("off") | Ok("false"));
+        CompileOptions { tf32: false, cuda_graphs: graphs }
+    }
 }
 
 /// The per-run values of a plan's random streams: stream `k` of the plan
@@ -119,6 +132,20 @@ pub trait Backend: Send + Sync {
     }
     /// The device counters.
     fn stats(&self) -> Arc<DeviceStats>;
+    /// A timer of device work (CUDA events on the stream that orders every
+    /// run), or `None` where work runs on the caller's thread (the CPU).
+    fn timer(&self) -> Result<Option<Box<dyn DeviceTimer>>> {
+        Ok(None)
+    }
+}
+
+/// Times the device work enqueued between [`DeviceTimer::start`] and
+/// [`DeviceTimer::stop`] (for benchmarks: `Context::device_timer`).
+pub trait DeviceTimer: Send {
+    /// Marks the start (records an event on the device's ordering stream).
+    fn start(&mut self) -> Result<()>;
+    /// Marks the end, waits for it, and returns the milliseconds between.
+    fn stop(&mut self) -> Result<f64>;
 }
 
 /// A compiled plan.

@@ -154,6 +154,15 @@ impl Context {
         }
     }
 
+    /// A context whose plans run as the CUDA backend would run them, on
+    /// the CPU: the same lowering and generated kernels (compiled with
+    /// g++), library calls as reference loops. For developing the CUDA
+    /// backend without a GPU (feature `cuda-emulator`); slow.
+    #[cfg(feature = "cuda-emulator")]
+    pub fn cuda_emulated() -> Context {
+        Context::with_backend(Box::new(crate::backends::cuda::emulate::EmulatedCuda::new()))
+    }
+
     fn with_backend(backend: Box<dyn Backend>) -> Context {
         let state = State {
             graph: Graph::new(),
@@ -241,9 +250,23 @@ impl Context {
         self
     }
 
+    /// Whether plans on CUDA are captured into CUDA graphs and replayed
+    /// (the default, unless `KILN_CUDA_GRAPHS=0`), or launched kernel by
+    /// kernel every run. Results are the same either way.
+    pub fn with_cuda_graphs(self, on: bool) -> Context {
+        self.state().compile.cuda_graphs = on;
+        self
+    }
+
     /// The backend's name (`cpu` or `cuda`).
     pub fn device(&self) -> &'static str {
         self.inner.backend.name()
+    }
+
+    /// A timer of device work (CUDA events), for benchmarks; `None` on the
+    /// CPU, where a read's wall-clock time is its work.
+    pub fn device_timer(&self) -> Result<Option<Box<dyn crate::backends::DeviceTimer>>> {
+        self.inner.backend.timer()
     }
 
     /// The device in words (`cpu`, `cuda:0 NVIDIA H100 80GB HBM3 (sm_90)`).

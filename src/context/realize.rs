@@ -91,9 +91,10 @@ impl Context {
         }
         let extracted = extract(&state.graph, targets);
         let key = format!(
-            ";; {} tf32={} passes={}\n{}",
+            ";; {} tf32={} graphs={} passes={}\n{}",
             state.options,
             state.compile.tf32,
+            state.compile.cuda_graphs,
             state.config.as_ref().map(|c| c.enabled_text()).unwrap_or_default(),
             ir::text::print(&extracted.graph)
         );

@@ -16,6 +16,10 @@ use std::sync::OnceLock;
 enum Which {
     Cpu,
     Cuda,
+    /// The CUDA backend's programs on the CPU (`KILN_TEST_EMULATE=1` with
+    /// `--features cuda-emulator`).
+    #[allow(dead_code)]
+    Emulated,
 }
 
 thread_local! {
@@ -27,15 +31,25 @@ thread_local! {
 /// skipped with a message; with `KILN_REQUIRE_CUDA=1` that is a failure.
 fn available() -> &'static [Which] {
     static AVAILABLE: OnceLock<Vec<Which>> = OnceLock::new();
-    AVAILABLE.get_or_init(|| match Context::cuda(0) {
-        Ok(_) => vec![Which::Cpu, Which::Cuda],
-        Err(e) => {
-            if std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
-                panic!("KILN_REQUIRE_CUDA=1 but CUDA is not usable: {e}");
+    AVAILABLE.get_or_init(|| {
+        #[allow(unused_mut)]
+        let mut which = match Context::cuda(0) {
+            Ok(_) => vec![Which::Cpu, Which::Cuda],
+            Err(e) => {
+                if std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
+                    panic!("KILN_REQUIRE_CUDA=1 but CUDA is not usable: {e}");
+                }
+                eprintln!("tests/ops: CUDA skipped ({})", e.to_string().lines().next().unwrap_or_default());
+                vec![Which::Cpu]
             }
-            eprintln!("tests/ops: CUDA skipped ({})", e.to_string().lines().next().unwrap_or_default());
-            vec![Which::Cpu]
+        };
+        if std::env::var("KILN_TEST_EMULATE").is_ok_and(|v| v == "1") {
+            #[cfg(feature = "cuda-emulator")]
+            which.push(Which::Emulated);
+            #[cfg(not(feature = "cuda-emulator"))]
+            panic!("KILN_TEST_EMULATE=1 needs --features cuda-emulator");
         }
+        which
     })
 }
 
@@ -44,6 +58,10 @@ pub fn dev() -> Context {
     match CURRENT.with(Cell::get) {
         Which::Cpu => Context::cpu(),
         Which::Cuda => Context::cuda(0).unwrap_or_else(|e| panic!("CUDA went away: {e}")),
+        #[cfg(feature = "cuda-emulator")]
+        Which::Emulated => Context::cuda_emulated(),
+        #[cfg(not(feature = "cuda-emulator"))]
+        Which::Emulated => unreachable!("only with the cuda-emulator feature"),
     }
 }
 

@@ -182,10 +182,14 @@ impl Backend for CudaBackend {
 
     fn compile_with(&self, plan: Arc<Plan>, options: &CompileOptions) -> Result<Arc<dyn Executable>> {
         let program = super::lower(&plan, options.tf32)?;
-        Ok(Arc::new(CudaExecutable::new(self.dev.clone(), &plan, program)?))
+        Ok(Arc::new(CudaExecutable::new(self.dev.clone(), &plan, program, options.cuda_graphs)?))
     }
 
     fn stats(&self) -> Arc<DeviceStats> {
         self.stats.clone()
+    }
+
+    fn timer(&self) -> Result<Option<Box<dyn crate::backends::DeviceTimer>>> {
+        Ok(Some(Box::new(super::device::Timer::new(self.dev.clone())?)))
     }
 }

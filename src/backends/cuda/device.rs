@@ -282,3 +282,59 @@ impl Drop for Event {
         let _ = unsafe { result::event::destroy(self.0) };
     }
 }
+
+/// CUDA events around work on stream 0 (see [`crate::backends::DeviceTimer`]).
+pub(crate) struct Timer {
+    dev: Arc<Device>,
+    start: sys::CUevent,
+    end: sys::CUevent,
+}
+
+// SAFETY: plain event handles of the device's context.
+unsafe impl Send for Timer {}
+
+impl Timer {
+    pub fn new(dev: Arc<Device>) -> Result<Timer> {
+        dev.bind()?;
+        let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
+        let start = result::event::create(flags).map_err(|e| driver_err("creating an event", e))?;
+        let end = result::event::create(flags).map_err(|e| driver_err("creating an event", e))?;
+        Ok(Timer { dev, start, end })
+    }
+}
+
+impl crate::backends::DeviceTimer for Timer {
+    fn start(&mut self) -> Result<()> {
+        let ls = self.dev.launch()?;
+        // SAFETY: a live event and stream of the bound context.
+        unsafe { result::event::record(self.start, raw(&ls.streams[0])) }
+            .map_err(|e| driver_err("recording", e))
+    }
+
+    fn stop(&mut self) -> Result<f64> {
+        {
+            let ls = self.dev.launch()?;
+            // SAFETY: as above.
+            unsafe { result::event::record(self.end, raw(&ls.streams[0])) }
+                .map_err(|e| driver_err("recording", e))?;
+        }
+        // SAFETY: both events were recorded.
+        unsafe {
+            result::event::synchronize(self.end).map_err(|e| driver_err("waiting", e))?;
+            result::event::elapsed(self.start, self.end)
+                .map(|ms| ms as f64)
+                .map_err(|e| driver_err("timing", e))
+        }
+    }
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        let _ = self.dev.bind();
+        // SAFETY: created in `new`.
+        unsafe {
+            let _ = result::event::destroy(self.start);
+            let _ = result::event::destroy(self.end);
+        }
+    }
+}

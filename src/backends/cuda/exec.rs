@@ -74,7 +74,7 @@ fn bad(msg: impl std::fmt::Display) -> Error {
 }
 
 impl CudaExecutable {
-    pub fn new(dev: Arc<Device>, plan: &Plan, program: Program) -> Result<CudaExecutable> {
+    pub fn new(dev: Arc<Device>, plan: &Plan, program: Program, graphs: bool) -> Result<CudaExecutable> {
         let _span = tracing::debug_span!("compile", backend = "cuda", steps = program.steps.len()).entered();
         dev.bind()?;
         let mut functions = Vec::with_capacity(program.kernels.len());
@@ -133,7 +133,7 @@ impl CudaExecutable {
             events,
             fork: Event::new()?,
             joins,
-            state: Mutex::new(Graphs::new(program.inputs.len())),
+            state: Mutex::new(Graphs::new(program.inputs.len(), graphs)),
             program,
             dev,
         })
@@ -316,9 +316,9 @@ impl CudaExecutable {
             .outputs
             .iter()
             .map(|o| match o {
-                Output::Input(k) => inputs
+                Output::Input { k, shape } => inputs
                     .get(*k as usize)
-                    .map(|b| Buffer::Cuda((*b).clone()))
+                    .map(|b| Buffer::Cuda(CudaBuffer::new(b.alloc.clone(), shape.clone(), b.dtype())))
                     .ok_or_else(|| bad("an output input is missing")),
                 Output::Slot { slot, shape, dtype } => outs
                     .get(*slot as usize)

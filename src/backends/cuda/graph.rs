@@ -1,5 +1,6 @@
 //! CUDA graphs: a plan's second run captures all its streams into one
-//! graph, and later runs replay it (`KILN_CUDA_GRAPHS=0` turns this off).
+//! graph, and later runs replay it (`KILN_CUDA_GRAPHS=0` or
+//! `Context::with_cuda_graphs(false)` turns this off).
 //!
 //! # Inputs
 //!
@@ -61,19 +62,11 @@ pub(crate) struct Graphs {
 // executable's lock and the device's launch lock.
 unsafe impl Send for Graphs {}
 
-/// Whether the environment allows graphs (`KILN_CUDA_GRAPHS=0` does not).
-fn graphs_enabled() -> bool {
-    !matches!(std::env::var("KILN_CUDA_GRAPHS").as_deref(), Ok("0") | Ok("off") | Ok("false"))
-}
-
 impl Graphs {
-    pub fn new(inputs: usize) -> Graphs {
-        Graphs {
-            enabled: graphs_enabled(),
-            runs: 0,
-            slots: (0..inputs).map(|_| None).collect(),
-            sets: Vec::new(),
-        }
+    /// Graph state for a plan of `inputs` inputs; `enabled` as the
+    /// context's [`crate::backends::CompileOptions::cuda_graphs`] says.
+    pub fn new(inputs: usize, enabled: bool) -> Graphs {
+        Graphs { enabled, runs: 0, slots: (0..inputs).map(|_| None).collect(), sets: Vec::new() }
     }
 
     /// Counts an eager run.

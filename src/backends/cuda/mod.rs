@@ -14,6 +14,8 @@
 //!   `exec.rs`, `graph.rs`).
 
 pub mod codegen;
+#[cfg(feature = "cuda-emulator")]
+pub mod emulate;
 pub mod lower;
 pub mod program;
 
@@ -43,3 +45,15 @@ pub(crate) use backend::cuda;
 pub use backend::{CudaBackend, CudaBuffer};
 #[cfg(feature = "cuda-backend")]
 pub use nvrtc::cache_dir;
+
+/// Free and total bytes of CUDA device `ordinal` as the driver reports
+/// them (tests compare them before a context is made and after it is
+/// dropped).
+#[cfg(feature = "cuda-backend")]
+pub fn memory_info(ordinal: usize) -> crate::Result<(usize, usize)> {
+    let err = |e: &dyn std::fmt::Debug| crate::Error::Backend(format!("cuda: {e:?}"));
+    device::check_libraries().map_err(crate::Error::Backend)?;
+    let ctx = cudarc::driver::CudaContext::new(ordinal).map_err(|e| err(&e))?;
+    ctx.bind_to_thread().map_err(|e| err(&e))?;
+    cudarc::driver::result::mem_get_info().map_err(|e| err(&e))
+}

@@ -211,8 +211,14 @@ pub enum Output {
         /// Its dtype.
         dtype: DType,
     },
-    /// Input `k`, handed back as it is.
-    Input(u32),
+    /// Input `k`'s buffer, handed back as it is (read as `shape`: a
+    /// reshape of an input shares its bytes).
+    Input {
+        /// The input.
+        k: u32,
+        /// The output's shape.
+        shape: Shape,
+    },
 }
 
 /// A lowered plan (see the module docs).
@@ -377,7 +383,7 @@ impl fmt::Display for Program {
         for (i, o) in self.outputs.iter().enumerate() {
             match o {
                 Output::Slot { slot, shape, dtype } => writeln!(f, "output {i}: out{slot} {dtype}{shape}")?,
-                Output::Input(k) => writeln!(f, "output {i}: in{k}")?,
+                Output::Input { k, shape } => writeln!(f, "output {i}: in{k} as {shape}")?,
             }
         }
         for k in &self.kernels {

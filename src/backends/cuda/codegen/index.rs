@@ -112,6 +112,9 @@ impl Access {
     /// (base offset included), and by the trailing dims at `col`.
     pub fn split_offsets(&self, split: usize, row: &str, col: &str) -> Option<(String, String)> {
         let l = self.single()?;
+        if split > l.shape.rank() {
+            return None;
+        }
         let r = unravel_dot(row, &l.shape.0[..split], &l.strides[..split], l.offset);
         let c = unravel_dot(col, &l.shape.0[split..], &l.strides[split..], 0);
         Some((r, c))

@@ -58,6 +58,17 @@ pub(crate) fn generate(
     let rows: usize = domain.0[..split].iter().product();
     let cols: usize = domain.0[split..].iter().product();
     let class = classify(&body, domain);
+    // Leaves read directly (the rest are only viewed further).
+    let read: Vec<NodeId> = body
+        .order
+        .iter()
+        .copied()
+        .filter(|&id| {
+            body.is_leaf(id)
+                && (id == body.output
+                    || body.order.iter().any(|&n| !body.is_leaf(n) && g.operands(n).contains(&id)))
+        })
+        .collect();
     let group = group_for(cols);
     let (block, rows_per_block) = if group >= 128 { (group, 1) } else { (256, 256 / group) };
     let items = cols.div_ceil(group);
@@ -86,7 +97,7 @@ pub(crate) fn generate(
     }
     let mut cached: Vec<NodeId> = Vec::new();
     if unrolled {
-        for &id in &body.order {
+        for &id in &read {
             let cacheable = body.leaves.get(&id).is_some_and(|l| l.operand.is_some() && !l.is_uniform());
             if cacheable
                 && uses.get(&id).copied().unwrap_or(0) >= 2
@@ -114,7 +125,7 @@ pub(crate) fn generate(
         cols,
     };
     // Broadcast operands: read once.
-    for &id in &body.order {
+    for &id in &read {
         if let Some(l) = body.leaves.get(&id) {
             if l.operand.is_some() && l.is_uniform() {
                 let v = l.read_at(&l.access.offset_of("0"));
@@ -126,7 +137,7 @@ pub(crate) fn generate(
         src,
         "  for (I row = (I)blockIdx.x * {rows_per_block} + threadIdx.x / {group}; row < R; row += (I)gridDim.x * {rows_per_block}) {{"
     );
-    for &id in &body.order {
+    for &id in &read {
         if let Some(l) = body.leaves.get(&id) {
             if let (Some(_), false, Some(_)) = (l.operand, l.is_uniform(), l.access.single()) {
                 let (rb, _) = l.access.split_offsets(split, "row", "0").unwrap_or_default();

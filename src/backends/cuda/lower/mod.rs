@@ -145,7 +145,7 @@ pub fn lower(plan: &Plan, tf32: bool) -> Result<Program> {
         let node = graph.node(o);
         let out = match &v.storage {
             Storage::Mem(Loc { region: Region::Input(k), offset: 0 }) if v.is_dense_at_start() => {
-                Output::Input(*k)
+                Output::Input { k: *k, shape: node.shape.clone() }
             }
             Storage::Mem(Loc { region: Region::Out(s), offset: 0 })
                 if v.is_dense_at_start() && l.out_slots[*s as usize] == bytes(&node.shape, node.dtype) =>

@@ -1,0 +1,326 @@
+//! A CPU emulation of the CUDA backend, for developing it without a GPU
+//! (feature `cuda-emulator`; needs g++).
+//!
+//! It runs exactly what the CUDA backend would run: the plan is lowered to
+//! the same [`Program`] and the same generated kernels, compiled with g++
+//! against `kernels/emulate.h` (a block's threads are POSIX threads with
+//! real barriers and warp shuffles), and the library calls are carried out
+//! by straightforward loops from their descriptors (`library.rs`), which
+//! also checks the transposes, leading dimensions and strides lowering
+//! chose. Memory regions start filled with `0xff` bytes (NaN), so an
+//! element nothing wrote shows up. The op suite runs on it with
+//! `KILN_TEST_EMULATE=1 cargo test --features cuda-emulator --test ops`.
+//!
+//! What it cannot check: speed, races between real threads of a warp,
+//! streams running concurrently, cuBLAS/cuDNN themselves.
+
+mod library;
+
+use super::codegen::{INCLUDE, KILN_CUH};
+use super::program::{Launch, Loc, Output, Program, Region};
+use crate::backends::cpu::CpuBackend;
+use crate::backends::{Backend, Buffer, CompileOptions, DeviceStats, Executable, RngArgs};
+use crate::ir::{DType, HostData, Plan, Shape};
+use crate::{Error, Result};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// The emulator's C++ shim.
+const EMULATE_H: &str = include_str!("../../../../kernels/emulate.h");
+
+/// The CUDA backend's programs, run on the CPU (see the module docs).
+#[derive(Debug, Default)]
+pub struct EmulatedCuda {
+    cpu: CpuBackend,
+}
+
+impl EmulatedCuda {
+    /// A new emulated device.
+    pub fn new() -> EmulatedCuda {
+        EmulatedCuda { cpu: CpuBackend::new() }
+    }
+}
+
+impl Backend for EmulatedCuda {
+    fn name(&self) -> &'static str {
+        "cuda-emulated"
+    }
+
+    fn upload(&self, data: HostData, shape: &Shape) -> Result<Buffer> {
+        self.cpu.upload(data, shape)
+    }
+
+    fn download(&self, buffer: &Buffer) -> Result<HostData> {
+        self.cpu.download(buffer)
+    }
+
+    fn compile(&self, plan: Arc<Plan>) -> Result<Arc<dyn Executable>> {
+        self.compile_with(plan, &CompileOptions::default())
+    }
+
+    fn compile_with(&self, plan: Arc<Plan>, options: &CompileOptions) -> Result<Arc<dyn Executable>> {
+        let program = super::lower(&plan, options.tf32)?;
+        let library = build(&program)?;
+        Ok(Arc::new(Emulated { program, library, cpu: CpuBackend::new() }))
+    }
+
+    fn stats(&self) -> Arc<DeviceStats> {
+        self.cpu.stats()
+    }
+}
+
+/// A compiled program: its kernels in one shared library.
+struct Emulated {
+    program: Program,
+    library: Option<libloading::Library>,
+    cpu: CpuBackend,
+}
+
+/// 256-byte aligned bytes, filled with `0xff`.
+struct Region256 {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl Region256 {
+    fn new(bytes: u64) -> Result<Region256> {
+        let size = usize::try_from(bytes.max(1)).map_err(|_| Error::OutOfMemory(format!("{bytes} bytes")))?;
+        let layout = std::alloc::Layout::from_size_align(size, 256)
+            .map_err(|_| Error::OutOfMemory(format!("{bytes} bytes")))?;
+        // SAFETY: a non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            return Err(Error::OutOfMemory(format!("emulator: {bytes} bytes")));
+        }
+        // SAFETY: `size` bytes were just allocated.
+        unsafe { std::ptr::write_bytes(ptr, 0xff, size) };
+        Ok(Region256 { ptr, layout })
+    }
+
+    fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: allocated with this layout, initialized.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for Region256 {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+/// The emulator's global state (barriers, grid size) admits one launch at a time.
+static LAUNCH: Mutex<()> = Mutex::new(());
+
+type LaunchFn = unsafe extern "C" fn(i32, u32, u32, *mut *mut std::ffi::c_void) -> i32;
+
+impl Executable for Emulated {
+    fn run(&self, inputs: &[Buffer], rng: &RngArgs) -> Result<Vec<Buffer>> {
+        let p = &self.program;
+        if inputs.len() != p.inputs.len() {
+            return Err(Error::Backend(format!("emulator: {} inputs for {}", inputs.len(), p.inputs.len())));
+        }
+        let mut ins = Vec::new();
+        for (b, (shape, dtype)) in inputs.iter().zip(&p.inputs) {
+            let host = self.cpu.download(b)?;
+            if b.shape() != shape || host.dtype() != *dtype {
+                return Err(Error::Backend(format!(
+                    "emulator: an input is {}{} but the plan expects {dtype}{shape}",
+                    host.dtype(),
+                    b.shape()
+                )));
+            }
+            let bytes = host_bytes(&host);
+            let r = Region256::new(bytes.len() as u64)?;
+            // SAFETY: the region has at least `bytes.len()` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), r.ptr, bytes.len()) };
+            ins.push(r);
+        }
+        let arena = Region256::new(p.arena_bytes)?;
+        let scratch = Region256::new(p.scratch_bytes)?;
+        let params = Region256::new(p.params_bytes.max(8))?;
+        let mut block: Vec<u64> = vec![rng.seed];
+        block.extend(rng.streams.iter().take(p.random_streams));
+        block.resize(1 + p.random_streams, 0);
+        for _ in &p.checks {
+            block.extend([u64::MAX, 0]);
+        }
+        // SAFETY: the parameter region has params_bytes >= 8 * block.len().
+        unsafe { std::ptr::copy_nonoverlapping(block.as_ptr(), params.ptr as *mut u64, block.len()) };
+        let outs = p.out_slots.iter().map(|&b| Region256::new(b)).collect::<Result<Vec<_>>>()?;
+        let resolve = |l: Loc| -> u64 {
+            let base = match l.region {
+                Region::Arena => arena.addr(),
+                Region::Scratch => scratch.addr(),
+                Region::Params => params.addr(),
+                Region::Input(k) => ins.get(k as usize).map_or(0, Region256::addr),
+                Region::Out(k) => outs.get(k as usize).map_or(0, Region256::addr),
+            };
+            base + l.offset
+        };
+        let launches = p.prelude.iter().chain(p.steps.iter().flat_map(|s| s.launches.iter()));
+        for l in launches {
+            self.launch(l, &resolve)?;
+        }
+        let status: &[u64] =
+            // SAFETY: the parameter region holds `block.len()` u64s.
+            unsafe { std::slice::from_raw_parts(params.ptr as *const u64, block.len()) };
+        for c in &p.checks {
+            let at = (c.status / 8) as usize;
+            if status[at] != u64::MAX {
+                return Err(Error::Runtime(format!(
+                    "{} index {} is out of range for dim {} of size {} (node {})",
+                    c.op,
+                    status[at + 1] as i64,
+                    c.dim,
+                    c.size,
+                    c.node
+                )));
+            }
+        }
+        p.outputs
+            .iter()
+            .map(|o| match o {
+                Output::Input { k, shape } => {
+                    let data = self.cpu.download(&inputs[*k as usize])?;
+                    self.cpu.upload(data, shape)
+                }
+                Output::Slot { slot, shape, dtype } => {
+                    let data = from_bytes(outs[*slot as usize].bytes(), shape.numel(), *dtype);
+                    self.cpu.upload(data, shape)
+                }
+            })
+            .collect()
+    }
+}
+
+impl Emulated {
+    fn launch(&self, l: &Launch, resolve: &dyn Fn(Loc) -> u64) -> Result<()> {
+        match l {
+            Launch::Kernel { kernel, args } => {
+                let lib = self
+                    .library
+                    .as_ref()
+                    .ok_or_else(|| Error::Backend("emulator: no kernels built".into()))?;
+                let k = &self.program.kernels[*kernel];
+                let mut ptrs: Vec<*mut std::ffi::c_void> =
+                    args.iter().map(|&a| resolve(a) as *mut _).collect();
+                let _one = LAUNCH.lock().unwrap_or_else(|e| e.into_inner());
+                // SAFETY: the symbol has this signature (written by `build`);
+                // every pointer is into a region lowering sized for it.
+                let rc = unsafe {
+                    let f: libloading::Symbol<LaunchFn> =
+                        lib.get(b"kiln_emu_launch").map_err(|e| Error::Backend(format!("emulator: {e}")))?;
+                    f(*kernel as i32, k.grid, k.block, ptrs.as_mut_ptr())
+                };
+                if rc != 0 {
+                    return Err(Error::Backend(format!("emulator: launching {} failed ({rc})", k.name)));
+                }
+                Ok(())
+            }
+            Launch::Gemm(g) => library::gemm(g, resolve),
+            Launch::Conv(c) => library::conv(c, resolve),
+            Launch::Pool(p) => library::pool(p, resolve),
+        }
+    }
+}
+
+fn host_bytes(data: &HostData) -> Vec<u8> {
+    fn b<T: Copy>(v: &[T]) -> Vec<u8> {
+        // SAFETY: plain-old-data elements viewed as bytes.
+        unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }.to_vec()
+    }
+    match data {
+        HostData::F16(v) => b(v),
+        HostData::BF16(v) => b(v),
+        HostData::F32(v) => b(v),
+        HostData::F64(v) => b(v),
+        HostData::U8(v) => b(v),
+        HostData::I32(v) => b(v),
+        HostData::I64(v) => b(v),
+        HostData::Bool(v) => v.iter().map(|&x| x as u8).collect(),
+    }
+}
+
+fn from_bytes(bytes: &[u8], n: usize, dtype: DType) -> HostData {
+    let size = dtype.size();
+    let el = |i: usize| &bytes[i * size..(i + 1) * size];
+    match dtype {
+        DType::F16 => HostData::F16((0..n).map(|i| half::f16::from_le_bytes([el(i)[0], el(i)[1]])).collect()),
+        DType::BF16 => {
+            HostData::BF16((0..n).map(|i| half::bf16::from_le_bytes([el(i)[0], el(i)[1]])).collect())
+        }
+        DType::F32 => {
+            HostData::F32((0..n).map(|i| f32::from_le_bytes(el(i).try_into().unwrap_or([0; 4]))).collect())
+        }
+        DType::F64 => {
+            HostData::F64((0..n).map(|i| f64::from_le_bytes(el(i).try_into().unwrap_or([0; 8]))).collect())
+        }
+        DType::U8 => HostData::U8(bytes[..n].to_vec()),
+        DType::I32 => {
+            HostData::I32((0..n).map(|i| i32::from_le_bytes(el(i).try_into().unwrap_or([0; 4]))).collect())
+        }
+        DType::I64 => {
+            HostData::I64((0..n).map(|i| i64::from_le_bytes(el(i).try_into().unwrap_or([0; 8]))).collect())
+        }
+        DType::Bool => HostData::Bool(bytes[..n].iter().map(|&b| b != 0).collect()),
+    }
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// Builds (or finds) the shared library of a program's kernels.
+fn build(program: &Program) -> Result<Option<libloading::Library>> {
+    if program.kernels.is_empty() {
+        return Ok(None);
+    }
+    let mut src = format!("{EMULATE_H}\n{KILN_CUH}\n");
+    for k in &program.kernels {
+        src.push_str(&k.source.replacen(INCLUDE, "", 1));
+    }
+    for (i, k) in program.kernels.iter().enumerate() {
+        src.push_str(&format!("static void body{i}(void** a) {{ emu::invoke({}, a); }}\n", k.name));
+    }
+    src.push_str("extern \"C\" int kiln_emu_launch(int k, unsigned grid, unsigned block, void** args) {\n  switch (k) {\n");
+    for i in 0..program.kernels.len() {
+        src.push_str(&format!("    case {i}: return emu::run(grid, block, body{i}, args);\n"));
+    }
+    src.push_str("  }\n  return 3;\n}\n");
+    let dir = std::env::var_os("KILN_EMU_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("kiln-emu"));
+    std::fs::create_dir_all(&dir)?;
+    let hash = fnv1a(src.as_bytes());
+    let so = dir.join(format!("{hash:016x}.so"));
+    if !so.exists() {
+        let cpp = dir.join(format!("{hash:016x}.{}.cpp", std::process::id()));
+        std::fs::write(&cpp, &src)?;
+        let tmp = dir.join(format!("{hash:016x}.{}.so", std::process::id()));
+        let out = std::process::Command::new("g++")
+            .args(["-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-w", "-o"])
+            .arg(&tmp)
+            .arg(&cpp)
+            .output()
+            .map_err(|e| Error::Backend(format!("emulator: cannot run g++: {e}")))?;
+        if !out.status.success() {
+            return Err(Error::Backend(format!(
+                "emulator: g++ failed on {}:\n{}",
+                cpp.display(),
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        let _ = std::fs::remove_file(&cpp);
+        std::fs::rename(&tmp, &so)?;
+    }
+    // SAFETY: a library this function built from kiln's own sources.
+    let lib =
+        unsafe { libloading::Library::new(&so) }.map_err(|e| Error::Backend(format!("emulator: {e}")))?;
+    Ok(Some(lib))
+}

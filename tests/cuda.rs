@@ -1,0 +1,263 @@
+//! The CUDA backend on a GPU: graph capture and replay, streams, memory,
+//! the kernel caches, random numbers, and errors. Every value is checked
+//! against the CPU backend (and so, through tests/ops, against f64).
+//!
+//! Without a GPU (or without the `cuda` feature) each test says so and
+//! returns; with `KILN_REQUIRE_CUDA=1` that is a failure instead, so a run
+//! on the GPU machine cannot pass by skipping. The op suite itself
+//! (tests/ops) also runs on CUDA; these tests cover what it cannot.
+
+use kiln::prelude::*;
+
+/// A CUDA context, or `None` (with a message) when there is none.
+fn gpu() -> Option<Context> {
+    match Context::cuda(0) {
+        Ok(ctx) => Some(ctx),
+        Err(e) => {
+            if std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
+                panic!("KILN_REQUIRE_CUDA=1 but CUDA is not usable: {e}");
+            }
+            eprintln!("skipped: no CUDA ({})", e.to_string().lines().next().unwrap_or_default());
+            None
+        }
+    }
+}
+
+/// splitmix64 data in [-1, 1).
+fn data(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+#[track_caller]
+fn close(got: &[f32], want: &[f32], rtol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-5 + rtol * w.abs() || (g.is_nan() && w.is_nan()),
+            "{what}: element {i}: {g} vs {w}"
+        );
+    }
+}
+
+/// A small transformer-ish block: layer norm, matmul + bias + gelu,
+/// matmul + residual, softmax; exercises every fused kind.
+fn block(ctx: &Context, x: &[f32], w1: &[f32], w2: &[f32]) -> Result<Vec<f32>> {
+    let x = ctx.tensor(x, [16, 32]);
+    let w1 = ctx.tensor(w1, [32, 64]);
+    let w2 = ctx.tensor(w2, [64, 32]);
+    let g = ctx.ones([32]);
+    let b = ctx.zeros([32]);
+    let h = (x.layer_norm(&g, &b, 1e-5).matmul(&w1) + 0.1).gelu();
+    let y = (&x + h.matmul(&w2)).softmax(1);
+    y.to_vec()
+}
+
+#[test]
+fn replays_match_eager_runs_and_the_cpu_over_100_iterations() -> Result<()> {
+    let Some(cuda) = gpu() else { return Ok(()) };
+    let eager = Context::cuda(0)?.with_cuda_graphs(false);
+    let cpu = Context::cpu();
+    for it in 0..100u64 {
+        let (x, w1, w2) = (data(16 * 32, it), data(32 * 64, 1000 + it % 3), data(64 * 32, 2000));
+        let want = block(&cpu, &x, &w1, &w2)?;
+        let got = block(&cuda, &x, &w1, &w2)?;
+        let plain = block(&eager, &x, &w1, &w2)?;
+        close(&got, &want, 1e-4, &format!("iteration {it}, graphs vs the CPU"));
+        assert_eq!(got, plain, "iteration {it}: a replay differs from the eager run");
+    }
+    let s = cuda.stats();
+    assert_eq!(s.compiles, 1, "one plan for every iteration");
+    assert_eq!(s.cache_hits, 99);
+    Ok(())
+}
+
+#[test]
+fn results_a_user_holds_survive_later_replays() -> Result<()> {
+    let Some(ctx) = gpu() else { return Ok(()) };
+    let mut kept = Vec::new();
+    for it in 0..10u64 {
+        let x = ctx.tensor(&data(1000, it), [1000]);
+        let y = (&x * 2.0).exp();
+        y.realize()?;
+        kept.push((it, y));
+    }
+    for (it, y) in &kept {
+        let want: Vec<f32> = data(1000, *it).iter().map(|v| (v * 2.0).exp()).collect();
+        close(&y.to_vec::<f32>()?, &want, 1e-6, &format!("result {it} read after later runs"));
+    }
+    Ok(())
+}
+
+#[test]
+fn two_and_three_streams_give_the_cpu_values() -> Result<()> {
+    let Some(_) = gpu() else { return Ok(()) };
+    for streams in [2, 3] {
+        let cuda = Context::cuda(0)?.with_streams(streams);
+        let cpu = Context::cpu();
+        let run = |ctx: &Context| -> Result<Vec<f32>> {
+            let x = ctx.tensor(&data(64 * 48, 7), [64, 48]);
+            let a = x.exp().sum(&[1], true);
+            let b = x.tanh().matmul(&x.t());
+            let c = x.sigmoid().max(&[1], true);
+            let d = (b.sum(&[1], true) + &a) * &c;
+            d.to_vec()
+        };
+        let want = run(&cpu)?;
+        for it in 0..3 {
+            close(&run(&cuda)?, &want, 1e-4, &format!("streams={streams}, run {it}"));
+        }
+        let plan = cuda.explain(&[&cuda.tensor(&data(64 * 48, 7), [64, 48]).exp()])?;
+        assert!(plan.starts_with("plan"), "{plan}");
+    }
+    Ok(())
+}
+
+#[cfg(feature = "cuda-backend")]
+#[test]
+fn device_memory_returns_to_its_baseline() -> Result<()> {
+    let Some(_) = gpu() else { return Ok(()) };
+    let (free_before, _) = kiln::backends::cuda::memory_info(0)?;
+    {
+        let ctx = Context::cuda(0)?;
+        let w = ctx.tensor(&data(256 * 256, 3), [256, 256]);
+        let step = |i: u64| -> Result<f32> {
+            let x = ctx.tensor(&data(64 * 256, i % 7), [64, 256]);
+            (x.matmul(&w).relu().softmax(1) * 3.0).sum(&[0, 1], false).item()
+        };
+        for i in 0..10 {
+            step(i)?;
+        }
+        let after_ten = ctx.stats().live_bytes;
+        for i in 10..1000 {
+            step(i)?;
+        }
+        let s = ctx.stats();
+        assert_eq!(s.live_bytes, after_ten, "device bytes grew over 990 iterations");
+        assert!(s.graph_nodes <= 8, "the recording graph grew to {} nodes", s.graph_nodes);
+    }
+    let (free_after, _) = kiln::backends::cuda::memory_info(0)?;
+    let diff = free_before.abs_diff(free_after);
+    assert!(
+        diff <= 8 << 20,
+        "after the context was dropped, {} MiB of device memory are still taken",
+        diff >> 20
+    );
+    Ok(())
+}
+
+#[test]
+fn uniform_numbers_are_the_cpus_bit_for_bit_and_normals_within_ulps() -> Result<()> {
+    let Some(cuda) = gpu() else { return Ok(()) };
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        let draw = |ctx: &Context, normal: bool| -> Result<Vec<f64>> {
+            let t = if normal { ctx.randn_dtype([4099], dtype) } else { ctx.rand_dtype([4099], dtype) };
+            t.cast(DType::F64).to_vec::<f64>()
+        };
+        let cpu = Context::cpu().with_seed(42);
+        let gpu = Context::cuda(0)?.with_seed(42);
+        assert_eq!(draw(&gpu, false)?, draw(&cpu, false)?, "{dtype} uniform numbers differ");
+        let (g, c) = (draw(&gpu, true)?, draw(&cpu, true)?);
+        let ulp = match dtype {
+            DType::F64 => f64::EPSILON,
+            DType::F32 => f32::EPSILON as f64,
+            DType::F16 => 9.77e-4,
+            _ => 7.8e-3,
+        };
+        for (i, (a, b)) in g.iter().zip(&c).enumerate() {
+            assert!((a - b).abs() <= 2.0 * ulp * b.abs().max(1.0), "{dtype} normal {i}: {a} vs {b}");
+        }
+    }
+    let _ = cuda;
+    Ok(())
+}
+
+#[test]
+fn a_bad_gather_index_is_an_error_naming_the_node() -> Result<()> {
+    let Some(ctx) = gpu() else { return Ok(()) };
+    let x = ctx.tensor(&data(12, 1), [3, 4]);
+    let idx = ctx.tensor(&[0i64, 3, 7, 1, 2, 0], [3, 2]);
+    let err = x.gather(1, &idx).to_vec::<f32>().unwrap_err();
+    assert!(matches!(err, Error::Runtime(_)), "{err:?}");
+    assert!(err.to_string().contains("gather index 7 is out of range for dim 1 of size 4"), "{err}");
+    // The context is still usable.
+    assert_eq!((ctx.ones([3]) * 2.0).to_vec::<f32>()?, vec![2.0; 3]);
+    Ok(())
+}
+
+#[test]
+fn running_out_of_device_memory_is_an_error_and_the_context_stays_usable() -> Result<()> {
+    let Some(ctx) = gpu() else { return Ok(()) };
+    let huge = ctx.ones([1usize << 38]) * 2.0; // a TiB of f32
+    let err = huge.sum(&[0], false).item::<f32>().unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory(_)), "{err:?}");
+    assert!(err.to_string().contains("asked for"), "{err}");
+    assert_eq!((ctx.ones([4]) + 1.0).to_vec::<f32>()?, vec![2.0; 4]);
+    Ok(())
+}
+
+#[test]
+fn a_missing_device_is_an_error_naming_it() {
+    let Some(_) = gpu() else { return };
+    let err = Context::cuda(97).err().expect("there is no device 97");
+    assert!(matches!(err, Error::Device { .. }), "{err:?}");
+    assert!(err.to_string().contains("there is no CUDA device 97"), "{err}");
+}
+
+/// The workload the kernel-cache test runs in a child process.
+fn cache_workload() -> Result<kiln::Stats> {
+    let ctx = Context::cuda(0)?;
+    let x = ctx.tensor(&data(64 * 32, 5), [64, 32]);
+    let w = ctx.tensor(&data(32 * 16, 6), [32, 16]);
+    let ln = x.layer_norm(&ctx.ones([32]), &ctx.zeros([32]), 1e-5);
+    (x.matmul(&w).relu().softmax(1).sum(&[1], false) + ln.mean(&[1], false)).to_vec::<f32>()?;
+    Ok(ctx.stats())
+}
+
+#[test]
+fn a_second_process_compiles_no_kernel() -> Result<()> {
+    if std::env::var("KILN_CACHE_CHILD").is_ok() {
+        // The child: run the workload, print the kernel counters.
+        let s = cache_workload()?;
+        println!("KERNELS compiled={} disk={}", s.kernel_compiles, s.kernel_disk_hits);
+        return Ok(());
+    }
+    let Some(_) = gpu() else { return Ok(()) };
+    let dir = std::env::temp_dir().join(format!("kiln-kernel-cache-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let child = || -> (u64, u64) {
+        let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+            .args(["--exact", "a_second_process_compiles_no_kernel", "--nocapture", "--test-threads=1"])
+            .env("KILN_CACHE_CHILD", "1")
+            .env("KILN_CACHE_DIR", &dir)
+            .output()
+            .expect("the child runs");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let line =
+            text.lines().find(|l| l.starts_with("KERNELS")).unwrap_or_else(|| panic!("child said: {text}"));
+        let num = |k: &str| -> u64 {
+            line.split(k)
+                .nth(1)
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(u64::MAX)
+        };
+        (num("compiled="), num("disk="))
+    };
+    let (first_compiled, first_disk) = child();
+    let (second_compiled, second_disk) = child();
+    eprintln!("first process: {first_compiled} compiled, {first_disk} from disk; second: {second_compiled} compiled, {second_disk} from disk");
+    assert!(first_compiled > 0 && first_disk == 0);
+    assert_eq!(second_compiled, 0, "the second process compiled kernels");
+    assert_eq!(second_disk, first_compiled);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
