@@ -38,12 +38,12 @@ pub mod ir;
 pub mod passes;
 mod tensor;
 
-pub use context::{Context, Stats};
+pub use context::{Context, Gradients, RegionStats, Stats, Variable, VariableInfo, Workspace};
 pub use error::{Error, Location, Result};
 pub use ir::{DType, Element};
 pub use tensor::{IntoOperand, Operand, Tensor};
 
 /// What most programs need: `use kiln::prelude::*;`.
 pub mod prelude {
-    pub use crate::{Context, DType, Element, Error, Result, Tensor};
+    pub use crate::{Context, DType, Element, Error, Gradients, Result, Tensor, Variable};
 }
