@@ -97,7 +97,7 @@ pub(super) fn vjp(
             ])
         }
         Op::Pool2d { kind, kernel, stride, padding } => {
-            one(window::pool_grad(b, kind, kernel, stride, padding, xs[0], y, g))
+            one(window::Pool { kind, kernel, stride, padding }.input_grad(b, xs[0], y, g))
         }
         Op::Compare(_) => Ok(vec![None; xs.len()]),
         Op::Fused(_) => {
@@ -207,7 +207,6 @@ fn gelu(b: &mut Builder, x: NodeId, y: NodeId, g: NodeId) -> Built {
     b.mul(g, d)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn binary(
     b: &mut Builder,
     op: BinaryOp,

@@ -82,47 +82,40 @@ impl Conv {
     }
 }
 
-/// The gradient of a pooling with respect to its input `x` (`y` is the result).
-pub(super) fn pool_grad(
-    b: &mut Builder,
-    kind: PoolKind,
-    kernel: [usize; 2],
-    stride: [usize; 2],
-    padding: [usize; 2],
-    x: NodeId,
-    y: NodeId,
-    g: NodeId,
-) -> Built {
-    let xs = b.shape(x);
-    match kind {
-        PoolKind::Avg => {
-            // A depthwise convolution with 1 / (kh kw) everywhere.
-            let (n, c, h, w) = (xs.0[0], xs.0[1], xs.0[2], xs.0[3]);
-            let gs = b.shape(g);
-            let g1 = b.reshape(g, &Shape::new([n * c, 1, gs.0[2], gs.0[3]]))?;
-            let dtype = b.dtype(x);
-            let k = b.full(
-                1.0 / (kernel[0] * kernel[1]) as f64,
-                &Shape::new([1, 1, kernel[0], kernel[1]]),
-                dtype,
-            )?;
-            let conv = Conv { stride, padding, dilation: [1, 1], groups: 1 };
-            let dx = conv.input_grad(b, g1, k, &Shape::new([n * c, 1, h, w]))?;
-            b.reshape(dx, &xs)
+/// A pooling's attributes.
+#[derive(Clone, Copy)]
+pub(super) struct Pool {
+    pub(super) kind: PoolKind,
+    pub(super) kernel: [usize; 2],
+    pub(super) stride: [usize; 2],
+    pub(super) padding: [usize; 2],
+}
+
+impl Pool {
+    /// The gradient with respect to the input `x` (`y` is the result).
+    pub(super) fn input_grad(&self, b: &mut Builder, x: NodeId, y: NodeId, g: NodeId) -> Built {
+        let xs = b.shape(x);
+        let Pool { kind, kernel, stride, padding } = *self;
+        match kind {
+            PoolKind::Avg => {
+                // A depthwise convolution with 1 / (kh kw) everywhere.
+                let (n, c, h, w) = (xs.0[0], xs.0[1], xs.0[2], xs.0[3]);
+                let gs = b.shape(g);
+                let g1 = b.reshape(g, &Shape::new([n * c, 1, gs.0[2], gs.0[3]]))?;
+                let dtype = b.dtype(x);
+                let value = 1.0 / (kernel[0] * kernel[1]) as f64;
+                let k = b.full(value, &Shape::new([1, 1, kernel[0], kernel[1]]), dtype)?;
+                let conv = Conv { stride, padding, dilation: [1, 1], groups: 1 };
+                let dx = conv.input_grad(b, g1, k, &Shape::new([n * c, 1, h, w]))?;
+                b.reshape(dx, &xs)
+            }
+            PoolKind::Max => max_pool_grad(b, self, x, y, g),
         }
-        PoolKind::Max => max_pool_grad(b, kernel, stride, padding, x, y, g),
     }
 }
 
-fn max_pool_grad(
-    b: &mut Builder,
-    kernel: [usize; 2],
-    stride: [usize; 2],
-    padding: [usize; 2],
-    x: NodeId,
-    y: NodeId,
-    g: NodeId,
-) -> Built {
+fn max_pool_grad(b: &mut Builder, pool: &Pool, x: NodeId, y: NodeId, g: NodeId) -> Built {
+    let Pool { kernel, stride, padding, .. } = *pool;
     let xs = b.shape(x);
     let ys = b.shape(y);
     let (hp, wp) = (xs.0[2] + 2 * padding[0], xs.0[3] + 2 * padding[1]);
