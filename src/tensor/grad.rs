@@ -16,6 +16,11 @@ impl Tensor {
     /// it adds to the gradients held (accumulation). A tensor with more
     /// than one element needs a seed: [`Tensor::backward_with`].
     ///
+    /// A value that was already read or realized is a stored buffer, no
+    /// longer the ops that made it, so no gradient flows through it: call
+    /// `backward` before reading the loss (the read then computes the
+    /// loss, the gradients and the updates in one plan).
+    ///
     /// ```
     /// use kiln::prelude::*;
     /// let ctx = Context::cpu();
