@@ -62,6 +62,19 @@ pub enum Error {
         /// Where it happened.
         location: Location,
     },
+    /// Misuse of workspaces, scopes, variables or gradients: leaving a
+    /// scope that is not open, bindings that do not match, a variable
+    /// re-created with another type, a name used twice, a checkpoint that
+    /// does not fit.
+    #[error("workspace error in {op}: {message}\n  at {location}")]
+    Workspace {
+        /// The call that failed (`scope`, `variable`, `load`, ...).
+        op: &'static str,
+        /// What was wrong.
+        message: String,
+        /// Where it was called.
+        location: Location,
+    },
     /// A value found while running (an index out of range).
     #[error("runtime error: {0}")]
     Runtime(String),

@@ -18,6 +18,37 @@
 //! # Ok::<(), kiln::Error>(())
 //! ```
 //!
+//! Variables, scopes and gradients make a training step one graph: the
+//! forward pass, the gradient graph `backward` records, and the `assign`ed
+//! updates compile once and run as one plan (see [`Variable`],
+//! [`Context::scope`], [`Tensor::backward`]).
+//!
+//! ```
+//! use kiln::prelude::*;
+//!
+//! let ctx = Context::cpu().with_seed(0);
+//! let (x, y) = (ctx.randn([64, 8]), ctx.randn([64, 1]));
+//! let mut first = None;
+//! for step in 0..100 {
+//!     let (w, b) = ctx.scope("linear", |ctx| {
+//!         Ok((ctx.variable("w", ctx.randn([8, 1]) * 0.1)?, ctx.variable("b", ctx.zeros([1]))?))
+//!     })?;
+//!     let err = x.matmul(&w) + &b - &y;
+//!     let loss = (&err * &err).mean(&[0, 1], false);
+//!     let grads = loss.backward()?;
+//!     let lr = ctx.scalar(0.1f32 / (1.0 + step as f32 / 50.0)); // data, not a constant
+//!     for (v, g) in grads.iter() {
+//!         v.assign(v - &(g * &lr))?;
+//!     }
+//!     ctx.zero_grad();
+//!     let l = loss.item::<f32>()?; // runs forward, backward and both updates
+//!     first.get_or_insert(l);
+//!     assert!(step < 99 || l < first.unwrap());
+//! }
+//! assert!(ctx.stats().compiles <= 3);
+//! # Ok::<(), kiln::Error>(())
+//! ```
+//!
 //! Errors never panic: an op given operands it cannot take returns a
 //! tensor that carries the error and where it was recorded, and reading it
 //! returns that [`Error`].
@@ -38,12 +69,12 @@ pub mod ir;
 pub mod passes;
 mod tensor;
 
-pub use context::{Context, Stats};
+pub use context::{Context, Gradients, RegionStats, Stats, Variable, VariableInfo, Workspace};
 pub use error::{Error, Location, Result};
 pub use ir::{DType, Element};
 pub use tensor::{IntoOperand, Operand, Tensor};
 
 /// What most programs need: `use kiln::prelude::*;`.
 pub mod prelude {
-    pub use crate::{Context, DType, Element, Error, Result, Tensor};
+    pub use crate::{Context, DType, Element, Error, Gradients, Result, Tensor, Variable};
 }

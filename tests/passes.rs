@@ -45,6 +45,7 @@ pass_test!(fusion, "fusion");
 pass_test!(schedule, "schedule");
 pass_test!(streams, "streams");
 pass_test!(memory, "memory");
+pass_test!(autodiff, "autodiff");
 
 /// Runs one case: parse, run the pass, compare on the CPU, and return the
 /// snapshot text.
@@ -59,7 +60,11 @@ fn check_case(pass: &str, path: &Path) -> String {
     let after_graph =
         run_single(pass, case.graph.clone(), options).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let after = print(&after_graph);
-    check_same_values(path, &case.graph, &after_graph);
+    if pass == "autodiff" {
+        check_gradients(path, &case.graph, &after_graph);
+    } else {
+        check_same_values(path, &case.graph, &after_graph);
+    }
 
     let diff = similar::TextDiff::from_lines(&before, &after);
     let diff = if before == after {
@@ -189,6 +194,58 @@ fn check_same_values(path: &Path, before: &Graph, after: &Graph) {
         for (j, (a, b)) in w.to_f64_vec().into_iter().zip(g.to_f64_vec()).enumerate() {
             let same = a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= atol + rtol * b.abs();
             assert!(same, "{}: output {i} element {j}: before {a}, after {b}", path.display());
+        }
+    }
+}
+
+/// Autodiff appends one gradient per float input slot to the outputs:
+/// the first output (the loss) must be unchanged, and each gradient must
+/// match central finite differences of the input graph's loss (f64 cases,
+/// PyTorch's gradcheck tolerances).
+fn check_gradients(path: &Path, before: &Graph, after: &Graph) {
+    let backend = CpuBackend::new();
+    let mut rng = Rng(seed_of(path));
+    let mut slots: BTreeMap<u32, (Shape, DType)> = BTreeMap::new();
+    for id in before.node_ids() {
+        let node = before.node(id);
+        if let Op::Input(k) = node.op {
+            slots.insert(k, (node.shape.clone(), node.dtype));
+        }
+    }
+    let mut data: Vec<HostData> = slots.values().map(|(s, d)| random_data(&mut rng, s, *d)).collect();
+    let upload = |data: &[HostData]| -> Vec<Buffer> {
+        data.iter().zip(slots.values()).map(|(d, (s, _))| backend.upload(d.clone(), s).unwrap()).collect()
+    };
+    let loss = |data: &[HostData]| -> f64 {
+        run_on_cpu(&backend, before, &upload(data)).unwrap_or_else(|e| panic!("{}: {e}", path.display()))[0]
+            .to_f64_vec()[0]
+    };
+    let outs =
+        run_on_cpu(&backend, after, &upload(&data)).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(outs[0].to_f64_vec()[0], loss(&data), "{}: the loss changed", path.display());
+    let floats: Vec<usize> =
+        slots.values().enumerate().filter(|(_, (_, d))| d.is_float()).map(|(i, _)| i).collect();
+    assert_eq!(outs.len(), 1 + floats.len(), "{}: one gradient per float input", path.display());
+    let h = 1e-6;
+    for (&slot, grad) in floats.iter().zip(&outs[1..]) {
+        let HostData::F64(values) = data[slot].clone() else {
+            panic!("{}: autodiff cases use f64 inputs, so gradients can be checked", path.display())
+        };
+        for (j, &got) in grad.to_f64_vec().iter().enumerate() {
+            let mut probe = values.clone();
+            probe[j] = values[j] + h;
+            data[slot] = HostData::F64(probe.clone());
+            let up = loss(&data);
+            probe[j] = values[j] - h;
+            data[slot] = HostData::F64(probe);
+            let down = loss(&data);
+            data[slot] = HostData::F64(values.clone());
+            let numeric = (up - down) / (2.0 * h);
+            assert!(
+                (got - numeric).abs() <= 1e-5 + 1e-3 * numeric.abs(),
+                "{}: input {slot} element {j}: autodiff {got}, finite differences {numeric}",
+                path.display()
+            );
         }
     }
 }

@@ -1,18 +1,28 @@
 //! The user's device handle: a backend, the recording graph, the random
 //! seed, realized buffers and the cache of compiled plans.
 
+mod checkpoint;
+mod grad;
 mod realize;
+mod scope;
+mod variable;
+mod workspace;
 
 use crate::backends::cpu::CpuBackend;
 use crate::backends::{Backend, Buffer, CompileOptions};
 use crate::ir::{BufferId, DType, Graph, NodeId, Op, RegionId, Shape};
 use crate::passes::PipelineConfig;
-use crate::tensor::{Tensor, TensorNode};
+use crate::tensor::{NodeRef, Tensor, TensorNode};
 use crate::{Error, Location, Result};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
+pub use grad::Gradients;
 pub(crate) use realize::PlanCache;
+pub use variable::Variable;
+pub(crate) use workspace::VarId;
+use workspace::Workspaces;
+pub use workspace::{RegionStats, VariableInfo, Workspace};
 
 /// A device and everything recorded on it. Cheap to clone (a shared
 /// handle); every [`Tensor`] keeps its context alive.
@@ -60,6 +70,9 @@ pub(crate) struct State {
     pub(crate) cache: PlanCache,
     pub(crate) compiles: u64,
     pub(crate) cache_hits: u64,
+    /// Scopes, variables, gradient workspaces, and which nodes are
+    /// variable values (autodiff leaves) or detached.
+    pub(crate) ws: Workspaces,
 }
 
 /// Counters a context keeps; see [`Context::stats`].
@@ -88,6 +101,10 @@ pub struct Stats {
     pub kernel_disk_hits: u64,
     /// Kernels found already loaded in this process.
     pub kernel_memory_hits: u64,
+    /// Per region of the recording graph (scopes, their `grad/` regions):
+    /// nodes recorded there now, and the variables the region's workspace
+    /// holds. Sorted by path; the root region's path is empty.
+    pub regions: Vec<RegionStats>,
 }
 
 impl Context {
@@ -178,6 +195,7 @@ impl Context {
             cache: PlanCache::default(),
             compiles: 0,
             cache_hits: 0,
+            ws: Workspaces::default(),
         };
         Context { inner: Arc::new(Inner { backend, state: Mutex::new(state) }) }
     }
@@ -291,6 +309,7 @@ impl Context {
             kernel_compiles: device.kernel_compiles.load(Relaxed),
             kernel_disk_hits: device.kernel_disk_hits.load(Relaxed),
             kernel_memory_hits: device.kernel_memory_hits.load(Relaxed),
+            regions: state.region_stats(),
         }
     }
 
@@ -310,11 +329,13 @@ impl Context {
     pub(crate) fn record(
         &self,
         op: Op,
-        operands: &[NodeId],
+        operands: &[NodeRef],
         declared: Option<(Shape, DType)>,
         location: Location,
     ) -> Tensor {
         let mut state = self.state();
+        let operands: Vec<NodeId> = operands.iter().map(|&r| state.resolve(r)).collect();
+        let operands = &operands[..];
         let region = state.region;
         let mnemonic = op.mnemonic();
         let op = match op {
@@ -348,7 +369,7 @@ impl Context {
         }
     }
 
-    fn handle(&self, state: &mut State, id: NodeId, shape: Shape, dtype: DType) -> Tensor {
+    pub(crate) fn handle(&self, state: &mut State, id: NodeId, shape: Shape, dtype: DType) -> Tensor {
         let node = Arc::new(TensorNode { ctx: self.clone(), id, shape, dtype });
         state.live.push(Arc::downgrade(&node));
         Tensor::from_node(node)
@@ -356,6 +377,14 @@ impl Context {
 }
 
 impl State {
+    /// The node an operand reads now: itself, or a variable's current value.
+    pub(crate) fn resolve(&self, r: NodeRef) -> NodeId {
+        match r {
+            NodeRef::Node(id) => id,
+            NodeRef::Var(v) => self.ws.value(v),
+        }
+    }
+
     pub(crate) fn add_buffer(&mut self, buffer: Buffer) -> BufferId {
         let id = BufferId(self.next_buffer);
         self.next_buffer += 1;
@@ -363,18 +392,22 @@ impl State {
         id
     }
 
-    /// Drops every node no live tensor needs, and every buffer no node
-    /// reads. Realized nodes have no operands, so a loop that reads a
-    /// value each iteration keeps the graph at a constant size.
+    /// Drops every node no live tensor, variable or gradient workspace
+    /// needs, and every buffer no node reads. Realized nodes have no
+    /// operands, so a loop that reads a value each iteration keeps the
+    /// graph at a constant size.
     pub(crate) fn collect(&mut self) {
         self.live.retain(|w| w.strong_count() > 0);
-        let roots: Vec<NodeId> = self.live.iter().filter_map(|w| w.upgrade()).map(|n| n.id).collect();
+        let mut roots: Vec<NodeId> = self.live.iter().filter_map(|w| w.upgrade()).map(|n| n.id).collect();
+        roots.extend(self.ws.roots());
         let keep: HashSet<NodeId> = self.graph.topo_order_from(&roots).into_iter().collect();
         for id in self.graph.node_ids() {
             if !keep.contains(&id) {
                 self.graph.remove(id);
             }
         }
+        // Removed ids may be reused by later nodes: forget them.
+        self.ws.retain_nodes(|id| keep.contains(&id));
         let used: HashSet<BufferId> = self
             .graph
             .node_ids()

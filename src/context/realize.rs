@@ -59,13 +59,33 @@ pub(crate) fn extract(graph: &Graph, targets: &[NodeId]) -> Extracted {
     Extracted { graph: out, inputs, streams }
 }
 
+/// What a read computes: the nodes read, then the pending variable values
+/// and gradients (assignments recorded before a read run in its plan).
+struct Targets {
+    all: Vec<NodeId>,
+    /// How many of `all` were asked for.
+    read: usize,
+}
+
+fn with_pending(state: &State, targets: &[NodeId]) -> Targets {
+    let mut all = targets.to_vec();
+    for id in state.ws.pending(&state.graph) {
+        if !all.contains(&id) {
+            all.push(id);
+        }
+    }
+    Targets { all, read: targets.len() }
+}
+
 impl Context {
-    /// Computes the given nodes and makes each a buffer node. Returns their
-    /// buffers, in order.
+    /// Computes the given nodes, and every pending variable value and
+    /// gradient in the same plan, and makes each a buffer node. Returns
+    /// the targets' buffers, in order.
     pub(crate) fn realize_nodes(&self, targets: &[NodeId]) -> Result<Vec<Buffer>> {
         let mut state = self.state();
-        let outputs = self.run_locked(&mut state, targets)?;
-        for (&target, buffer) in targets.iter().zip(&outputs) {
+        let targets = with_pending(&state, targets);
+        let mut outputs = self.run_locked(&mut state, &targets.all)?;
+        for (&target, buffer) in targets.all.iter().zip(&outputs) {
             if matches!(state.graph.node(target).op, Op::Buffer(_)) {
                 continue;
             }
@@ -74,6 +94,7 @@ impl Context {
             state.graph.set_operands(target, &[]);
         }
         state.collect();
+        outputs.truncate(targets.read);
         Ok(outputs)
     }
 
@@ -140,6 +161,7 @@ impl Context {
         let targets = tensors.iter().map(|t| t.node_in(self, location)).collect::<Result<Vec<_>>>()?;
         let (extracted, config) = {
             let state = self.state();
+            let targets = with_pending(&state, &targets).all;
             (
                 extract(&state.graph, &targets),
                 state.config.clone().map(|mut c| {
@@ -154,7 +176,9 @@ impl Context {
 
     /// The optimized text IR of the graph that computes `tensors`: one line
     /// per node, `%id: dtype[shape] = op operands attributes @region`, then
-    /// `return`. Realized values appear as `input k`.
+    /// `return`. Realized values appear as `input k`. Pending assignments
+    /// (and held gradients) are part of the graph a read would run, so
+    /// they follow the tensors in the `return` line.
     #[track_caller]
     pub fn explain(&self, tensors: &[&crate::Tensor]) -> Result<String> {
         Ok(ir::text::print(&self.optimized_graph_at(tensors, Location::caller())?))

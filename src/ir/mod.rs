@@ -14,6 +14,18 @@
 //! other: a backend may implement them as a new layout over the same bytes,
 //! but no op ever writes through a view, so aliasing is never observable.
 //!
+//! Variables and assignments are not ops. A graph is a pure function of
+//! its inputs: a variable's value enters as an `input` like any realized
+//! buffer, and an assignment is one more output, whose buffer the context
+//! makes the variable's value after the run (so every read of a plan sees
+//! the values from before it, and every assignment lands after it). Which
+//! outputs are assignments is the context's business; a backend may write
+//! such an output over the input it replaces (buffer donation) without the
+//! graph saying so.
+//!
+//! Gradients are plain nodes too: `passes::autodiff` records them in
+//! `grad/<region>` regions, and they are fused and planned with the rest.
+//!
 //! Elementwise ops take operands of exactly their own shape; broadcasting
 //! is an explicit `expand`. The graph's outputs are the values its caller
 //! asked for. Regions ([`Region`]) form a tree that names and groups nodes;

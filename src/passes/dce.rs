@@ -13,8 +13,8 @@
 //! *Invalidates.* Removed node ids.
 //!
 //! *Assumes.* Every op is pure: nothing but the outputs is observable.
-//! There is no side-effecting op (variable assignment) yet; when one
-//! arrives, its nodes must become roots here.
+//! Variable assignments are outputs (the context adds each pending one to
+//! the graph it extracts), so they are roots here like any other output.
 
 use super::{Changed, Pass, PassCtx};
 use crate::ir::Graph;

@@ -11,6 +11,7 @@
 //! also runs after every pass, and a failure names the pass that broke the
 //! graph.
 
+mod autodiff;
 mod constant_fold;
 mod cse;
 mod dce;
@@ -21,6 +22,7 @@ mod simplify;
 mod streams;
 mod view_fold;
 
+pub use autodiff::{grad_region, gradients, Autodiff, GradRequest};
 pub use constant_fold::ConstantFold;
 pub use cse::Cse;
 pub use dce::Dce;
@@ -223,6 +225,9 @@ impl fmt::Debug for PassInfo {
 }
 
 /// Every pass, once. Names, spans, dump files and toggles come from here.
+/// Every entry but `autodiff` is a [`PIPELINE`] step; autodiff is run by
+/// `Tensor::backward` (and by its `.kir` cases), so toggling it changes
+/// nothing.
 pub static REGISTRY: &[PassInfo] = &[
     PassInfo { pass: &ViewFold, description: "compose chains of views and drop identity views" },
     PassInfo { pass: &ConstantFold, description: "turn nodes of one known value into full constants" },
@@ -236,6 +241,10 @@ pub static REGISTRY: &[PassInfo] = &[
     PassInfo { pass: &Schedule, description: "order the nodes to keep the peak of live bytes low" },
     PassInfo { pass: &Streams, description: "spread independent chains over streams with the fewest events" },
     PassInfo { pass: &Memory, description: "place values in one arena by liveness, in place where safe" },
+    PassInfo {
+        pass: &Autodiff,
+        description: "add reverse-mode gradient nodes (run by Tensor::backward, not by the pipeline)",
+    },
 ];
 
 /// The pipeline, in order: canonicalizing passes, then planning ones.
@@ -500,6 +509,8 @@ mod tests {
         for step in PIPELINE {
             assert!(names.contains(&step.name()), "{} is not registered", step.name());
         }
+        // Autodiff is registered (for its `.kir` cases) but runs on request.
+        assert!(!PIPELINE.iter().any(|p| p.name() == "autodiff"));
         assert_eq!(
             names,
             [
@@ -511,7 +522,8 @@ mod tests {
                 "fusion",
                 "schedule",
                 "streams",
-                "memory"
+                "memory",
+                "autodiff"
             ]
         );
     }

@@ -194,10 +194,10 @@ impl Tensor {
         op: &'static str,
         location: Location,
     ) -> Result<Tensor, Tensor> {
-        let node = self.node().map_err(|_| self.clone())?;
-        let dtype = node.dtype;
+        let (ctx, _) = self.live().map_err(|_| self.clone())?;
+        let dtype = self.dtype();
         match value.fit_to(dtype) {
-            Some(v) => Ok(node.ctx.full_at(Shape::scalar(), v, dtype, location)),
+            Some(v) => Ok(ctx.full_at(Shape::scalar(), v, dtype, location)),
             None => Err(Tensor::failed(Error::DType {
                 op,
                 message: format!(

@@ -12,6 +12,7 @@
 
 mod creation;
 mod elementwise;
+mod grad;
 mod index;
 mod linalg;
 mod operators;
@@ -20,7 +21,7 @@ mod view;
 
 pub use elementwise::{IntoOperand, Operand};
 
-use crate::context::Context;
+use crate::context::{Context, VarId};
 use crate::ir::{DType, Element, NodeId, Op, Shape};
 use crate::{Error, Location, Result};
 use std::fmt;
@@ -45,7 +46,26 @@ pub struct Tensor {
 #[derive(Clone)]
 enum Repr {
     Node(Arc<TensorNode>),
+    /// A variable: every op and read sees its value at that point in the
+    /// program (the value after every earlier `assign`).
+    Var(Arc<VarRef>),
     Failed(Arc<Error>),
+}
+
+/// A handle on a variable of a context (what a `Variable` derefs to).
+pub(crate) struct VarRef {
+    pub(crate) ctx: Context,
+    pub(crate) id: VarId,
+    pub(crate) shape: Shape,
+    pub(crate) dtype: DType,
+}
+
+/// An operand as a live tensor names it: a node, or a variable whose
+/// current node the context looks up when it records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NodeRef {
+    Node(NodeId),
+    Var(VarId),
 }
 
 /// What a live handle points at. The context keeps a weak reference to
@@ -66,10 +86,15 @@ impl Tensor {
         Tensor { repr: Repr::Failed(Arc::new(error)) }
     }
 
+    pub(crate) fn from_var(var: VarRef) -> Tensor {
+        Tensor { repr: Repr::Var(Arc::new(var)) }
+    }
+
     /// The shape. A failed tensor (see [`Tensor::error`]) has shape `[]`.
     pub fn shape(&self) -> &[usize] {
         match &self.repr {
             Repr::Node(n) => n.shape.dims(),
+            Repr::Var(v) => v.shape.dims(),
             Repr::Failed(_) => &[],
         }
     }
@@ -88,6 +113,7 @@ impl Tensor {
     pub fn dtype(&self) -> DType {
         match &self.repr {
             Repr::Node(n) => n.dtype,
+            Repr::Var(v) => v.dtype,
             Repr::Failed(_) => DType::F32,
         }
     }
@@ -96,7 +122,7 @@ impl Tensor {
     /// was given invalid operands.
     pub fn error(&self) -> Option<&Error> {
         match &self.repr {
-            Repr::Node(_) => None,
+            Repr::Node(_) | Repr::Var(_) => None,
             Repr::Failed(e) => Some(e),
         }
     }
@@ -105,25 +131,34 @@ impl Tensor {
     pub fn context(&self) -> Option<&Context> {
         match &self.repr {
             Repr::Node(n) => Some(&n.ctx),
+            Repr::Var(v) => Some(&v.ctx),
             Repr::Failed(_) => None,
         }
     }
 
-    pub(crate) fn node(&self) -> Result<&Arc<TensorNode>> {
+    /// The context and the operand reference, or the tensor's error.
+    pub(crate) fn live(&self) -> Result<(&Context, NodeRef)> {
         match &self.repr {
-            Repr::Node(n) => Ok(n),
+            Repr::Node(n) => Ok((&n.ctx, NodeRef::Node(n.id))),
+            Repr::Var(v) => Ok((&v.ctx, NodeRef::Var(v.id))),
             Repr::Failed(e) => Err((**e).clone()),
         }
+    }
+
+    /// The node the tensor reads now (a variable's current value).
+    pub(crate) fn current_node(&self) -> Result<NodeId> {
+        let (ctx, r) = self.live()?;
+        Ok(ctx.state().resolve(r))
     }
 
     /// The node id, checking the tensor belongs to `ctx`; `location` is
     /// the user's call that asked.
     pub(crate) fn node_in(&self, ctx: &Context, location: Location) -> Result<NodeId> {
-        let n = self.node()?;
-        if !n.ctx.same(ctx) {
+        let (own, _) = self.live()?;
+        if !own.same(ctx) {
             return Err(Error::Device { message: "the tensor belongs to another context".into(), location });
         }
-        Ok(n.id)
+        self.current_node()
     }
 
     pub(crate) fn shape_ir(&self) -> Shape {
@@ -142,11 +177,11 @@ impl Tensor {
         let mut nodes = Vec::with_capacity(operands.len());
         let mut ctx: Option<&Context> = None;
         for t in operands {
-            match &t.repr {
-                Repr::Failed(_) => return (*t).clone(),
-                Repr::Node(n) => {
+            match t.live() {
+                Err(_) => return (*t).clone(),
+                Ok((own, node)) => {
                     if let Some(c) = ctx {
-                        if !c.same(&n.ctx) {
+                        if !c.same(own) {
                             return Tensor::failed(Error::Device {
                                 message: format!(
                                     "{} of tensors from two different contexts; make them on one context",
@@ -156,8 +191,8 @@ impl Tensor {
                             });
                         }
                     }
-                    ctx = Some(&n.ctx);
-                    nodes.push(n.id);
+                    ctx = Some(own);
+                    nodes.push(node);
                 }
             }
         }
@@ -177,21 +212,21 @@ impl Tensor {
 
     /// Realizes and downloads; `op` names the user's call in errors.
     fn read<T: Element>(&self, op: &'static str, location: Location) -> Result<Vec<T>> {
-        let node = self.node()?;
-        if T::DTYPE != node.dtype {
+        let (ctx, _) = self.live()?;
+        if T::DTYPE != self.dtype() {
             return Err(Error::DType {
                 op,
                 message: format!(
                     "the tensor holds {} but {} was asked for; read it as its own type or .cast(DType::{:?}) first",
-                    node.dtype,
+                    self.dtype(),
                     T::DTYPE,
                     T::DTYPE
                 ),
                 location,
             });
         }
-        let buffer = node.ctx.realize_nodes(&[node.id])?.remove(0);
-        let host = node.ctx.inner.backend.download(&buffer)?;
+        let buffer = ctx.realize_nodes(&[self.current_node()?])?.remove(0);
+        let host = ctx.inner.backend.download(&buffer)?;
         T::from_host(host).ok_or_else(|| Error::Backend("the backend returned another dtype".into()))
     }
 
@@ -213,8 +248,8 @@ impl Tensor {
     /// Computes the tensor now and keeps the value: later reads and ops
     /// start from it instead of recomputing it.
     pub fn realize(&self) -> Result<&Tensor> {
-        let node = self.node()?;
-        node.ctx.realize_nodes(&[node.id])?;
+        let (ctx, _) = self.live()?;
+        ctx.realize_nodes(&[self.current_node()?])?;
         Ok(self)
     }
 }
@@ -223,6 +258,7 @@ impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.repr {
             Repr::Node(n) => write!(f, "Tensor({}{}, {})", n.dtype, n.shape, n.id),
+            Repr::Var(v) => write!(f, "Tensor({}{}, variable {})", v.dtype, v.shape, v.id.0),
             Repr::Failed(e) => write!(f, "Tensor(failed: {e})"),
         }
     }

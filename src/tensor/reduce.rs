@@ -155,7 +155,10 @@ impl Tensor {
                 location,
             });
         }
+        // The maximum only keeps exp from overflowing: both functions are
+        // shift-invariant, so it gets no gradient (exact, and cheaper).
         let m = self.reduce_at(ReduceOp::Max, &[dim], true, location);
+        m.mark_detached();
         self.binary_at(m.into_operand_tensor(), BinaryOp::Sub, false, location)
     }
 

@@ -1,0 +1,89 @@
+//! One compiled training step: the quickstart MLP (x[64,784] -> 128 relu
+//! -> 10, log-softmax cross-entropy on soft targets, f32) with `backward`
+//! and a plain SGD update of its four variables through `assign`, the
+//! learning rate a runtime scalar that changes every step. Each iteration
+//! records the step and reads the loss: the whole host path (record,
+//! extract, key, look up, bind) plus one planned run that computes the
+//! loss, the gradients and the four updates. Compared side by side with
+//! the same step unfused (`with_passes("-fusion")`) and with the forward
+//! pass and loss alone. The step's plan line (arena, lower bound, naive)
+//! is printed once.
+use criterion::{criterion_group, criterion_main, Criterion};
+use kiln::prelude::*;
+
+struct Model {
+    params: [(Variable, Variable); 2],
+}
+
+fn setup(ctx: &Context) -> (Model, Tensor, Tensor) {
+    let x = ctx.randn([64, 784]);
+    let rows: Vec<f32> = (0..64 * 10).map(|i| if i % 10 == (i / 10) % 10 { 1.0 } else { 0.0 }).collect();
+    let t = ctx.tensor(&rows, [64, 10]);
+    ctx.realize(&[&x]).expect("inputs");
+    let layer = |name: &str, n_in: usize, n_out: usize| {
+        ctx.scope(name, |ctx| {
+            let w = ctx.variable("w", ctx.randn([n_in, n_out]) * (1.0 / (n_in as f32).sqrt()))?;
+            Ok((w, ctx.variable("b", ctx.zeros([n_out]))?))
+        })
+        .expect("variables")
+    };
+    let params = [layer("layer1", 784, 128), layer("layer2", 128, 10)];
+    (Model { params }, x, t)
+}
+
+fn loss(model: &Model, x: &Tensor, t: &Tensor) -> Tensor {
+    let [(w1, b1), (w2, b2)] = &model.params;
+    let h = (x.matmul(w1) + b1).relu();
+    let z = h.matmul(w2) + b2;
+    -(t * &z.log_softmax(1)).sum(&[1], false).mean(&[0], false)
+}
+
+fn step(ctx: &Context, model: &Model, x: &Tensor, t: &Tensor, lr: f32) -> Tensor {
+    let l = loss(model, x, t);
+    let grads = l.backward().expect("backward");
+    let lr = ctx.scalar(lr);
+    for (v, g) in grads.iter() {
+        v.assign(v - &(g * &lr)).expect("assign");
+    }
+    ctx.zero_grad();
+    l
+}
+
+fn train_step(c: &mut Criterion) {
+    for (name, ctx) in [
+        ("train_step_mlp_784_128_10", Context::cpu().with_seed(3)),
+        ("train_step_mlp_784_128_10_unfused", Context::cpu().with_seed(3).with_passes("-fusion")),
+    ] {
+        let (model, x, t) = setup(&ctx);
+        step(&ctx, &model, &x, &t, 0.1).item::<f32>().expect("first step");
+        let l = step(&ctx, &model, &x, &t, 0.1);
+        let plan = ctx.explain(&[&l]).expect("explain");
+        eprintln!("{name}: {}", plan.lines().next().unwrap_or_default());
+        l.item::<f32>().expect("second step");
+        let mut k = 0u32;
+        c.bench_function(name, |bench| {
+            bench.iter(|| {
+                k += 1;
+                step(&ctx, &model, &x, &t, 0.1 / (1.0 + k as f32 * 1e-3)).item::<f32>().expect("step")
+            })
+        });
+        let s = ctx.stats();
+        eprintln!(
+            "{name}: {} compiles, {} cache hits, {} graph nodes",
+            s.compiles, s.cache_hits, s.graph_nodes
+        );
+    }
+    let ctx = Context::cpu().with_seed(3);
+    let (model, x, t) = setup(&ctx);
+    ctx.sync().expect("init");
+    c.bench_function("forward_loss_mlp_784_128_10", |bench| {
+        bench.iter(|| loss(&model, &x, &t).item::<f32>().expect("loss"))
+    });
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(30);
+    targets = train_step
+}
+criterion_main!(benches);

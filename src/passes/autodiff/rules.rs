@@ -1,0 +1,379 @@
+//! The vector-Jacobian rules: for a node `y = f(x0, x1, ...)` and the
+//! gradient `g` of the loss with respect to `y`, the gradient with respect
+//! to each operand, written with the IR's own ops.
+//!
+//! Elementwise ops see operands of their own shape (broadcasting is an
+//! explicit `expand`, whose rule sums back), so no rule here deals with
+//! broadcasting. Ops whose result is not a float (comparisons, `argmax`,
+//! casts to integers) never receive a gradient; integer and bool operands
+//! (indices, conditions) never get one. Conventions follow PyTorch where a
+//! derivative is undefined: `relu'(0) = 0`, `|x|'(0) = 0`, ties of
+//! `maximum`/`minimum` split the gradient in half, ties of a `max`/`min`
+//! reduction share it evenly, and `d(a^b)/db` is 0 where `a = 0, b >= 0`.
+
+use super::build::{Builder, Built};
+use super::window;
+use crate::ir::{BinaryOp, CompareOp, DType, NodeId, Op, ReduceOp, Shape, UnaryOp};
+
+/// One node's rule: the gradient for each operand slot whose `wanted` is
+/// true (`None` elsewhere). `y` is the node, `g` its gradient.
+pub(super) fn vjp(
+    b: &mut Builder,
+    y: NodeId,
+    g: NodeId,
+    xs: &[NodeId],
+    wanted: &[bool],
+) -> Built<Vec<Option<NodeId>>> {
+    let op = b.g.node(y).op.clone();
+    let one = |r: Built| r.map(|n| vec![Some(n)]);
+    match op {
+        Op::Unary(u) => one(unary(b, u, xs[0], y, g)),
+        Op::Binary(op) => binary(b, op, xs[0], xs[1], y, g, wanted),
+        Op::Where => Ok(vec![
+            None,
+            if wanted[1] { Some(b.keep_where(xs[0], g)?) } else { None },
+            if wanted[2] {
+                let zero = b.zeros_like(g)?;
+                Some(b.select(xs[0], zero, g)?)
+            } else {
+                None
+            },
+        ]),
+        Op::Cast(_) => {
+            let to = b.dtype(xs[0]);
+            one(b.cast(g, to))
+        }
+        Op::Reduce { op, dims, keepdim: _ } => one(reduce(b, op, &dims, xs[0], y, g)),
+        Op::Reshape(_) => {
+            let shape = b.shape(xs[0]);
+            one(b.reshape(g, &shape))
+        }
+        Op::Permute(perm) => {
+            let mut inverse = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inverse[p] = i;
+            }
+            one(b.permute(g, &inverse))
+        }
+        Op::Expand(_) => {
+            let shape = b.shape(xs[0]);
+            one(b.sum_to(g, &shape))
+        }
+        Op::Slice { dim, start, step, len: _ } => {
+            let n = b.shape(xs[0]).0[dim];
+            one(b.place(g, dim, start, step, n, 0.0))
+        }
+        Op::MatMul => Ok(vec![
+            if wanted[0] {
+                let bt = b.transpose_last(xs[1])?;
+                Some(b.matmul(g, bt)?)
+            } else {
+                None
+            },
+            if wanted[1] {
+                let at = b.transpose_last(xs[0])?;
+                Some(b.matmul(at, g)?)
+            } else {
+                None
+            },
+        ]),
+        Op::Cat { dim } => {
+            let mut out = Vec::with_capacity(xs.len());
+            let mut offset = 0;
+            for (&x, &w) in xs.iter().zip(wanted) {
+                let len = b.shape(x).0[dim];
+                out.push(if w { Some(b.slice(g, dim, offset, 1, len)?) } else { None });
+                offset += len;
+            }
+            Ok(out)
+        }
+        Op::Gather { dim } => Ok(vec![Some(gather(b, dim, xs[0], xs[1], g)?), None]),
+        Op::IndexSelect { dim } => Ok(vec![Some(index_select(b, dim, xs[0], xs[1], g)?), None]),
+        Op::Conv2d { stride, padding, dilation, groups } => {
+            let conv = window::Conv { stride, padding, dilation, groups };
+            Ok(vec![
+                if wanted[0] { Some(conv.input_grad(b, g, xs[1], &b.shape(xs[0]))?) } else { None },
+                if wanted[1] { Some(conv.weight_grad(b, g, xs[0], &b.shape(xs[1]))?) } else { None },
+            ])
+        }
+        Op::Pool2d { kind, kernel, stride, padding } => {
+            one(window::Pool { kind, kernel, stride, padding }.input_grad(b, xs[0], y, g))
+        }
+        Op::Compare(_) => Ok(vec![None; xs.len()]),
+        Op::Fused(_) => {
+            Err("a fused node has no gradient rule (autodiff runs on graphs before fusion)".into())
+        }
+        Op::Input(_) | Op::Buffer(_) | Op::Full(_) | Op::Arange { .. } | Op::Random { .. } => Ok(Vec::new()),
+    }
+}
+
+fn unary(b: &mut Builder, op: UnaryOp, x: NodeId, y: NodeId, g: NodeId) -> Built {
+    match op {
+        UnaryOp::Neg => b.neg(g),
+        UnaryOp::Abs => {
+            // sign(x) * g, with sign(0) = 0.
+            let zero = b.zeros_like(x)?;
+            let pos = b.compare(CompareOp::Gt, x, zero)?;
+            let neg = b.compare(CompareOp::Lt, x, zero)?;
+            let minus_g = b.neg(g)?;
+            let low = b.keep_where(neg, minus_g)?;
+            b.select(pos, g, low)
+        }
+        UnaryOp::Exp => b.mul(g, y),
+        UnaryOp::Log => b.div(g, x),
+        // d sqrt(x) = 1 / (2 sqrt(x))
+        UnaryOp::Sqrt => {
+            let half = b.scale(g, 0.5)?;
+            b.div(half, y)
+        }
+        // d x^(-1/2) = -1/2 x^(-3/2) = -1/2 y^3
+        UnaryOp::Rsqrt => {
+            let y2 = b.mul(y, y)?;
+            let y3 = b.mul(y2, y)?;
+            let t = b.mul(g, y3)?;
+            b.scale(t, -0.5)
+        }
+        // d (1/x) = -1/x^2 = -y^2
+        UnaryOp::Recip => {
+            let y2 = b.mul(y, y)?;
+            let t = b.mul(g, y2)?;
+            b.neg(t)
+        }
+        UnaryOp::Sin => {
+            let c = b.unary(UnaryOp::Cos, x)?;
+            b.mul(g, c)
+        }
+        UnaryOp::Cos => {
+            let s = b.unary(UnaryOp::Sin, x)?;
+            let t = b.mul(g, s)?;
+            b.neg(t)
+        }
+        // 1 - tanh^2
+        UnaryOp::Tanh => {
+            let y2 = b.mul(y, y)?;
+            let one = b.full_like(y, 1.0)?;
+            let d = b.sub(one, y2)?;
+            b.mul(g, d)
+        }
+        // s (1 - s)
+        UnaryOp::Sigmoid => {
+            let one = b.full_like(y, 1.0)?;
+            let c = b.sub(one, y)?;
+            let d = b.mul(y, c)?;
+            b.mul(g, d)
+        }
+        UnaryOp::Relu => {
+            let zero = b.zeros_like(x)?;
+            let pos = b.compare(CompareOp::Gt, x, zero)?;
+            b.keep_where(pos, g)
+        }
+        UnaryOp::Gelu => gelu(b, x, y, g),
+        // silu = x s(x); silu' = s (1 + x (1 - s))
+        UnaryOp::Silu => {
+            let s = b.unary(UnaryOp::Sigmoid, x)?;
+            let one = b.full_like(x, 1.0)?;
+            let c = b.sub(one, s)?;
+            let xc = b.mul(x, c)?;
+            let inner = b.add_(one, xc)?;
+            let d = b.mul(s, inner)?;
+            b.mul(g, d)
+        }
+    }
+}
+
+/// `gelu(x) = x Φ(x)`, so `gelu' = Φ(x) + x φ(x)` with `φ(x) = e^(-x²/2) / √(2π)`.
+/// The IR has no `erf`, so `Φ(x)` is read off the forward value as
+/// `gelu(x) / x`, which is exact to rounding except where `x Φ(x)` leaves
+/// the normal range; below a per-dtype threshold (where `Φ(x) = 1/2` to
+/// within the dtype's precision) the rule uses 1/2.
+fn gelu(b: &mut Builder, x: NodeId, y: NodeId, g: NodeId) -> Built {
+    let tiny = match b.dtype(x) {
+        DType::F64 => 1e-150,
+        DType::F32 => 1e-18,
+        _ => 1e-3,
+    };
+    let ax = b.unary(UnaryOp::Abs, x)?;
+    let limit = b.full_like(x, tiny)?;
+    let small = b.compare(CompareOp::Lt, ax, limit)?;
+    let ratio = b.div(y, x)?;
+    let half = b.full_like(x, 0.5)?;
+    let cdf = b.select(small, half, ratio)?;
+    let x2 = b.mul(x, x)?;
+    let e = b.scale(x2, -0.5)?;
+    let e = b.unary(UnaryOp::Exp, e)?;
+    let pdf = b.scale(e, 1.0 / (2.0 * std::f64::consts::PI).sqrt())?;
+    let xpdf = b.mul(x, pdf)?;
+    let d = b.add_(cdf, xpdf)?;
+    b.mul(g, d)
+}
+
+fn binary(
+    b: &mut Builder,
+    op: BinaryOp,
+    x0: NodeId,
+    x1: NodeId,
+    y: NodeId,
+    g: NodeId,
+    wanted: &[bool],
+) -> Built<Vec<Option<NodeId>>> {
+    let (ga, gb): (Option<NodeId>, Option<NodeId>) = match op {
+        BinaryOp::Add => (Some(g), Some(g)),
+        BinaryOp::Sub => (Some(g), if wanted[1] { Some(b.neg(g)?) } else { None }),
+        BinaryOp::Mul => (
+            if wanted[0] { Some(b.mul(g, x1)?) } else { None },
+            if wanted[1] { Some(b.mul(g, x0)?) } else { None },
+        ),
+        // d/da = g / b;  d/db = -g a / b^2 = -(g / b) (a / b)
+        BinaryOp::Div => {
+            let q = b.div(g, x1)?;
+            let gb = if wanted[1] {
+                let t = b.mul(q, y)?;
+                Some(b.neg(t)?)
+            } else {
+                None
+            };
+            (Some(q), gb)
+        }
+        BinaryOp::Pow => {
+            // d/da = b a^(b-1);  d/db = a^b ln a, taken as 0 where a = 0 and b >= 0.
+            let ga = if wanted[0] {
+                let one = b.full_like(x1, 1.0)?;
+                let e = b.sub(x1, one)?;
+                let p = b.binary(BinaryOp::Pow, x0, e)?;
+                let d = b.mul(x1, p)?;
+                Some(b.mul(g, d)?)
+            } else {
+                None
+            };
+            let gb = if wanted[1] {
+                let zero = b.zeros_like(x0)?;
+                let a0 = b.compare(CompareOp::Eq, x0, zero)?;
+                let bnn = b.compare(CompareOp::Ge, x1, zero)?;
+                let cut = b.and(a0, bnn)?;
+                let ln = b.unary(UnaryOp::Log, x0)?;
+                let d = b.mul(y, ln)?;
+                let gd = b.mul(g, d)?;
+                let zero = b.zeros_like(gd)?;
+                Some(b.select(cut, zero, gd)?)
+            } else {
+                None
+            };
+            (ga, gb)
+        }
+        BinaryOp::Maximum | BinaryOp::Minimum => {
+            // The winner takes g; a tie splits it in half.
+            let wins = if op == BinaryOp::Maximum { CompareOp::Gt } else { CompareOp::Lt };
+            let tie = b.compare(CompareOp::Eq, x0, x1)?;
+            let half = b.scale(g, 0.5)?;
+            let zero = b.zeros_like(g)?;
+            let side = |b: &mut Builder, me: NodeId, other: NodeId| -> Built {
+                let win = b.compare(wins, me, other)?;
+                let lose = b.select(tie, half, zero)?;
+                b.select(win, g, lose)
+            };
+            (
+                if wanted[0] { Some(side(b, x0, x1)?) } else { None },
+                if wanted[1] { Some(side(b, x1, x0)?) } else { None },
+            )
+        }
+    };
+    Ok(vec![ga.filter(|_| wanted[0]), gb.filter(|_| wanted[1])])
+}
+
+fn reduce(b: &mut Builder, op: ReduceOp, dims: &[usize], x: NodeId, y: NodeId, g: NodeId) -> Built {
+    let shape = b.shape(x);
+    let spread = b.unreduce(g, dims, &shape)?;
+    match op {
+        ReduceOp::Sum => Ok(spread),
+        ReduceOp::Mean => {
+            let count: usize = dims.iter().map(|&d| shape.0[d]).product();
+            b.scale(spread, 1.0 / count as f64)
+        }
+        ReduceOp::Max | ReduceOp::Min => {
+            // Every position equal to the extreme shares g evenly.
+            let extreme = b.unreduce(y, dims, &shape)?;
+            let hit = b.compare(CompareOp::Eq, x, extreme)?;
+            let dtype = b.dtype(x);
+            let mask = b.cast(hit, dtype)?;
+            let count = b.reduce(ReduceOp::Sum, mask, dims, true)?;
+            let count = b.expand(count, &shape)?;
+            let share = b.div(mask, count)?;
+            b.mul(spread, share)
+        }
+        ReduceOp::ArgMax => Err("argmax has no gradient (its result is an index)".into()),
+    }
+}
+
+/// `one_hot[.., k] = (index[..] == k)` for `k < classes`, in `dtype`: the
+/// index with a new last dim of size `classes`.
+fn one_hot(b: &mut Builder, index: NodeId, classes: usize, dtype: DType) -> Built {
+    let ishape = b.shape(index);
+    let mut column = ishape.clone();
+    column.0.push(1);
+    let mut full = ishape.clone();
+    full.0.push(classes);
+    let idx = b.reshape(index, &column)?;
+    let idx = b.expand(idx, &full)?;
+    let range = b.arange(0, 1, classes, b.dtype(index))?;
+    let mut row = Shape(vec![1; ishape.rank()]);
+    row.0.push(classes);
+    let range = b.reshape(range, &row)?;
+    let range = b.expand(range, &full)?;
+    let hit = b.compare(CompareOp::Eq, idx, range)?;
+    b.cast(hit, dtype)
+}
+
+/// `gather`'s rule, a scatter-add written as a one-hot product:
+/// `dx[.., k, ..] = Σ_i g[.., i, ..] (index[.., i, ..] == k)` along `dim`,
+/// zeros where the index is smaller than `x` in the other dims.
+fn gather(b: &mut Builder, dim: usize, x: NodeId, index: NodeId, g: NodeId) -> Built {
+    let xshape = b.shape(x);
+    let dtype = b.dtype(x);
+    let ishape = b.shape(index);
+    let rank = ishape.rank();
+    let classes = xshape.0[dim];
+    let hot = one_hot(b, index, classes, dtype)?;
+    let hot_shape = b.shape(hot);
+    let mut column = ishape.clone();
+    column.0.push(1);
+    let gc = b.reshape(g, &column)?;
+    let gc = b.expand(gc, &hot_shape)?;
+    let weighted = b.mul(hot, gc)?;
+    // Sum over the gathered positions, then put the class dim where `dim` was.
+    let summed = b.reduce(ReduceOp::Sum, weighted, &[dim], false)?;
+    let mut perm: Vec<usize> = (0..rank - 1).collect();
+    perm.insert(dim, rank - 1);
+    let mut dx = b.permute(summed, &perm)?;
+    for (d, (&have, &want)) in ishape.0.iter().zip(&xshape.0).enumerate() {
+        if d != dim && have < want {
+            dx = b.crop(dx, d, 0, want)?;
+        }
+    }
+    Ok(dx)
+}
+
+/// `index_select`'s rule, `dx = one_hot(index)ᵀ · g` with `dim` moved to
+/// the front: a scatter-add as one matmul.
+fn index_select(b: &mut Builder, dim: usize, x: NodeId, index: NodeId, g: NodeId) -> Built {
+    let xshape = b.shape(x);
+    let dtype = b.dtype(x);
+    let gshape = b.shape(g);
+    let rank = gshape.rank();
+    let (classes, picked) = (xshape.0[dim], gshape.0[dim]);
+    let hot = one_hot(b, index, classes, dtype)?; // [picked, classes]
+    let hot_t = b.transpose_last(hot)?; // [classes, picked]
+    let mut front: Vec<usize> = vec![dim];
+    front.extend((0..rank).filter(|&d| d != dim));
+    let moved = b.permute(g, &front)?;
+    let rest: usize = gshape.0.iter().enumerate().filter(|&(d, _)| d != dim).map(|(_, &n)| n).product();
+    let flat = b.reshape(moved, &Shape::new([picked, rest]))?;
+    let prod = b.matmul(hot_t, flat)?; // [classes, rest]
+    let mut unflat = Shape(front.iter().map(|&d| gshape.0[d]).collect());
+    unflat.0[0] = classes;
+    let back = b.reshape(prod, &unflat)?;
+    let mut inverse = vec![0; rank];
+    for (i, &p) in front.iter().enumerate() {
+        inverse[p] = i;
+    }
+    b.permute(back, &inverse)
+}
