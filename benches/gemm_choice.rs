@@ -6,10 +6,10 @@
 //! unifies features), and with it on every `sgemm` call spawns onto its own
 //! pool, so the two matrixmultiply variants need two builds:
 //!
-//! * `cargo bench --bench gemm_choice --features mm-threading -- --warm-up-time 2 --measurement-time 8`
+//! * `cargo bench --bench gemm_choice --features gemm-choice,mm-threading -- --warm-up-time 2 --measurement-time 8`
 //!   measures `gemm_rayon` and `matrixmultiply_threads` (its own pool,
 //!   `MATMUL_NUM_THREADS` = every logical core);
-//! * `cargo bench --bench gemm_choice -- --warm-up-time 2 --measurement-time 8`
+//! * `cargo bench --bench gemm_choice --features gemm-choice -- --warm-up-time 2 --measurement-time 8`
 //!   measures `gemm_rayon` and `matrixmultiply_rayon_rows` (single-threaded
 //!   matrixmultiply on row blocks of A split across rayon, what kiln runs).
 

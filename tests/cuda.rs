@@ -9,6 +9,13 @@
 
 use kiln::prelude::*;
 
+/// Tests here run one at a time: one of them measures the device's free
+/// memory, which any other test's context would disturb.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A CUDA context, or `None` (with a message) when there is none.
 fn gpu() -> Option<Context> {
     match Context::cuda(0) {
@@ -63,6 +70,7 @@ fn block(ctx: &Context, x: &[f32], w1: &[f32], w2: &[f32]) -> Result<Vec<f32>> {
 
 #[test]
 fn replays_match_eager_runs_and_the_cpu_over_100_iterations() -> Result<()> {
+    let _serial = serial();
     let Some(cuda) = gpu() else { return Ok(()) };
     let eager = Context::cuda(0)?.with_cuda_graphs(false);
     let cpu = Context::cpu();
@@ -82,6 +90,7 @@ fn replays_match_eager_runs_and_the_cpu_over_100_iterations() -> Result<()> {
 
 #[test]
 fn results_a_user_holds_survive_later_replays() -> Result<()> {
+    let _serial = serial();
     let Some(ctx) = gpu() else { return Ok(()) };
     let mut kept = Vec::new();
     for it in 0..10u64 {
@@ -99,6 +108,7 @@ fn results_a_user_holds_survive_later_replays() -> Result<()> {
 
 #[test]
 fn two_and_three_streams_give_the_cpu_values() -> Result<()> {
+    let _serial = serial();
     let Some(_) = gpu() else { return Ok(()) };
     for streams in [2, 3] {
         let cuda = Context::cuda(0)?.with_streams(streams);
@@ -124,7 +134,20 @@ fn two_and_three_streams_give_the_cpu_values() -> Result<()> {
 #[cfg(feature = "cuda-backend")]
 #[test]
 fn device_memory_returns_to_its_baseline() -> Result<()> {
+    let _serial = serial();
     let Some(_) = gpu() else { return Ok(()) };
+    // The CUDA runtime that cuBLAS and cuDNN use keeps the primary context
+    // (and the library kernels it loaded) for the life of the process, so
+    // the baseline is taken after one context has come and gone.
+    let workload = |ctx: &Context, steps: u64| -> Result<()> {
+        let w = ctx.tensor(&data(256 * 256, 3), [256, 256]);
+        for i in 0..steps {
+            let x = ctx.tensor(&data(64 * 256, i % 7), [64, 256]);
+            (x.matmul(&w).relu().softmax(1) * 3.0).sum(&[0, 1], false).item::<f32>()?;
+        }
+        Ok(())
+    };
+    workload(&Context::cuda(0)?, 3)?;
     let (free_before, _) = kiln::backends::cuda::memory_info(0)?;
     {
         let ctx = Context::cuda(0)?;
@@ -136,16 +159,25 @@ fn device_memory_returns_to_its_baseline() -> Result<()> {
         for i in 0..10 {
             step(i)?;
         }
-        let after_ten = ctx.stats().live_bytes;
+        let after_ten = ctx.stats();
         for i in 10..1000 {
             step(i)?;
         }
         let s = ctx.stats();
-        assert_eq!(s.live_bytes, after_ten, "device bytes grew over 990 iterations");
-        assert!(s.graph_nodes <= 8, "the recording graph grew to {} nodes", s.graph_nodes);
+        eprintln!(
+            "after 10 iterations: {} live device bytes, {} graph nodes; after 1000: {} bytes, {} nodes",
+            after_ten.live_bytes, after_ten.graph_nodes, s.live_bytes, s.graph_nodes
+        );
+        assert_eq!(s.live_bytes, after_ten.live_bytes, "device bytes grew over 990 iterations");
+        assert_eq!(s.graph_nodes, after_ten.graph_nodes, "the recording graph grew");
     }
     let (free_after, _) = kiln::backends::cuda::memory_info(0)?;
     let diff = free_before.abs_diff(free_after);
+    eprintln!(
+        "device memory free before the context: {} MiB, after it was dropped: {} MiB",
+        free_before >> 20,
+        free_after >> 20
+    );
     assert!(
         diff <= 8 << 20,
         "after the context was dropped, {} MiB of device memory are still taken",
@@ -156,6 +188,7 @@ fn device_memory_returns_to_its_baseline() -> Result<()> {
 
 #[test]
 fn uniform_numbers_are_the_cpus_bit_for_bit_and_normals_within_ulps() -> Result<()> {
+    let _serial = serial();
     let Some(cuda) = gpu() else { return Ok(()) };
     for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
         let draw = |ctx: &Context, normal: bool| -> Result<Vec<f64>> {
@@ -182,6 +215,7 @@ fn uniform_numbers_are_the_cpus_bit_for_bit_and_normals_within_ulps() -> Result<
 
 #[test]
 fn a_bad_gather_index_is_an_error_naming_the_node() -> Result<()> {
+    let _serial = serial();
     let Some(ctx) = gpu() else { return Ok(()) };
     let x = ctx.tensor(&data(12, 1), [3, 4]);
     let idx = ctx.tensor(&[0i64, 3, 7, 1, 2, 0], [3, 2]);
@@ -195,8 +229,9 @@ fn a_bad_gather_index_is_an_error_naming_the_node() -> Result<()> {
 
 #[test]
 fn running_out_of_device_memory_is_an_error_and_the_context_stays_usable() -> Result<()> {
+    let _serial = serial();
     let Some(ctx) = gpu() else { return Ok(()) };
-    let huge = ctx.ones([1usize << 38]) * 2.0; // a TiB of f32
+    let huge = ctx.rand([1usize << 38]); // a TiB of f32, which no fold can avoid
     let err = huge.sum(&[0], false).item::<f32>().unwrap_err();
     assert!(matches!(err, Error::OutOfMemory(_)), "{err:?}");
     assert!(err.to_string().contains("asked for"), "{err}");
@@ -206,6 +241,7 @@ fn running_out_of_device_memory_is_an_error_and_the_context_stays_usable() -> Re
 
 #[test]
 fn a_missing_device_is_an_error_naming_it() {
+    let _serial = serial();
     let Some(_) = gpu() else { return };
     let err = Context::cuda(97).err().expect("there is no device 97");
     assert!(matches!(err, Error::Device { .. }), "{err:?}");
@@ -241,8 +277,10 @@ fn a_second_process_compiles_no_kernel() -> Result<()> {
             .output()
             .expect("the child runs");
         let text = String::from_utf8_lossy(&out.stdout).to_string();
-        let line =
-            text.lines().find(|l| l.starts_with("KERNELS")).unwrap_or_else(|| panic!("child said: {text}"));
+        let line = text
+            .lines()
+            .find_map(|l| l.split_once("KERNELS").map(|(_, rest)| rest.to_string()))
+            .unwrap_or_else(|| panic!("child said: {text}"));
         let num = |k: &str| -> u64 {
             line.split(k)
                 .nth(1)

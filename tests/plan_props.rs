@@ -220,7 +220,8 @@ fn data(shape: &Shape, dtype: DType, seed: u64) -> HostData {
 
 fn run(backend: &dyn Backend, g: &Graph) -> Vec<Vec<f64>> {
     let mut slots: BTreeMap<u32, (Shape, DType)> = BTreeMap::new();
-    for id in g.node_ids() {
+    // The live inputs: a dead `input k` may have another shape.
+    for id in g.topo_order() {
         if let Op::Input(k) = g.node(id).op {
             slots.insert(k, (g.node(id).shape.clone(), g.node(id).dtype));
         }

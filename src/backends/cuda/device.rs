@@ -56,10 +56,12 @@ pub(crate) struct LaunchState {
     pub pool: Arc<Pool>,
 }
 
-/// A cuBLAS handle with its own workspace.
+/// A cuBLAS handle with its own workspace, and a cuBLASLt handle with its own.
 pub(crate) struct BlasHandle {
     pub handle: blas_sys::cublasHandle_t,
     _workspace: super::memory::DeviceAlloc,
+    pub lt: cudarc::cublaslt::sys::cublasLtHandle_t,
+    pub lt_workspace: super::memory::DeviceAlloc,
 }
 
 /// A cuDNN handle with a workspace that grows as convolutions need.
@@ -189,7 +191,14 @@ impl LaunchState {
             if st != blas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
                 return Err(Error::Backend(format!("cuda: cublasSetWorkspace failed: {st:?}")));
             }
-            self.blas.push(BlasHandle { handle, _workspace: workspace });
+            let mut lt = std::ptr::null_mut();
+            // SAFETY: plain handle creation; destroyed in Drop.
+            let st = unsafe { cudarc::cublaslt::sys::cublasLtCreate(&mut lt) };
+            if st != cudarc::cublaslt::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(Error::Backend(format!("cuda: cublasLtCreate failed: {st:?}")));
+            }
+            let lt_workspace = self.pool.alloc(super::lt::LT_WORKSPACE)?;
+            self.blas.push(BlasHandle { handle, _workspace: workspace, lt, lt_workspace });
             let mut dnn = std::ptr::null_mut();
             // SAFETY: plain handle creation; destroyed in Drop.
             let st = unsafe { dnn_sys::cudnnCreate(&mut dnn) };
@@ -227,7 +236,10 @@ impl Drop for LaunchState {
         }
         for b in &self.blas {
             // SAFETY: created in ensure_streams, used only under the lock.
-            unsafe { blas_sys::cublasDestroy_v2(b.handle) };
+            unsafe {
+                blas_sys::cublasDestroy_v2(b.handle);
+                cudarc::cublaslt::sys::cublasLtDestroy(b.lt);
+            }
         }
         for d in &self.dnn {
             // SAFETY: as above.

@@ -131,7 +131,8 @@ impl Graphs {
 
     /// Captures the plan into a graph writing a new output set.
     fn capture(&mut self, exe: &CudaExecutable, ls: &LaunchState) -> Result<OutputSet> {
-        for (k, (shape, dtype)) in exe.program.inputs.iter().enumerate() {
+        for (k, want) in exe.program.inputs.iter().enumerate() {
+            let Some((shape, dtype)) = want else { continue };
             if self.slots[k].is_none() {
                 let bytes = shape.numel() as u64 * dtype.size() as u64;
                 self.slots[k] = Some((exe.dev.pool.alloc(bytes)?, 0));

@@ -32,6 +32,8 @@ mod exec;
 #[cfg(feature = "cuda-backend")]
 mod graph;
 #[cfg(feature = "cuda-backend")]
+mod lt;
+#[cfg(feature = "cuda-backend")]
 mod memory;
 #[cfg(feature = "cuda-backend")]
 mod nvrtc;

@@ -236,8 +236,9 @@ pub struct Program {
     pub scratch_bytes: u64,
     /// Bytes of the parameter block.
     pub params_bytes: u64,
-    /// Shape and dtype of every input slot.
-    pub inputs: Vec<(Shape, DType)>,
+    /// Shape and dtype of every input slot the plan reads (`None`: a slot
+    /// no live node reads, bound but ignored).
+    pub inputs: Vec<Option<(Shape, DType)>>,
     /// Bytes of every output slot.
     pub out_slots: Vec<u64>,
     /// The graph outputs, in order.

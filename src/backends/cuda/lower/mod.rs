@@ -177,7 +177,6 @@ pub fn lower(plan: &Plan, tf32: bool) -> Result<Program> {
                 .map(|&n| graph.node(n))
                 .find(|n| n.op == Op::Input(k as u32))
                 .map(|n| (n.shape.clone(), n.dtype))
-                .unwrap_or((Shape::scalar(), DType::F32))
         })
         .collect();
     Ok(Program {

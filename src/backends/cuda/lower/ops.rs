@@ -8,7 +8,10 @@ use crate::backends::cuda::codegen::body::{Operand, Source};
 use crate::backends::cuda::codegen::index::Access;
 use crate::backends::cuda::codegen::{elementwise, ops, reduction, Kernel};
 use crate::backends::cuda::program::{Conv, Epilogue, Gemm, IndexCheck, Launch, Loc, Pool, Region, Tensor4};
-use crate::ir::{DType, FusedBody, FusedKind, Graph, Node, NodeId, Op, Placement, RegionId, Scalar, Shape};
+use crate::ir::{
+    BinaryOp, DType, FusedBody, FusedKind, Graph, Node, NodeId, Op, Placement, RegionId, Scalar, Shape,
+    UnaryOp,
+};
 
 impl Lowering<'_> {
     /// Launches computing node `id` into `dst` (dense).
@@ -177,7 +180,8 @@ impl Lowering<'_> {
                 let args = g.operands(mm);
                 let a = self.leaf_value(g, args[0], ops)?;
                 let b = self.leaf_value(g, args[1], ops)?;
-                self.matmul(&a, &b, &node.shape, node.dtype, dst, Epilogue::None)?;
+                let epilogue = self.lt_epilogue(g, mm, body.output(), ops)?;
+                self.matmul(&a, &b, &node.shape, node.dtype, dst, epilogue)?;
                 if body.output() != mm {
                     // The epilogue reads the product where the GEMM left it
                     // and overwrites it element for element.
@@ -190,6 +194,46 @@ impl Lowering<'_> {
                 Ok(())
             }
         }
+    }
+
+    /// The cuBLASLt epilogue a matmul body is (see `lt.rs`): `mm + bias`,
+    /// `relu(mm + bias)` or `relu(mm)`, for a 2-d f32/f16/bf16 product and a
+    /// bias read densely along the columns. The generated epilogue kernel is
+    /// still lowered right after the GEMM; the executor skips it when
+    /// cuBLASLt takes the epilogue.
+    fn lt_epilogue(&mut self, g: &Graph, mm: NodeId, out: NodeId, ops: &[Value]) -> Result<Epilogue, String> {
+        let node = g.node(mm);
+        if node.shape.rank() != 2 || !matches!(node.dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Ok(Epilogue::None);
+        }
+        let (relu, sum) = match &g.node(out).op {
+            Op::Unary(UnaryOp::Relu) => (true, g.operands(out)[0]),
+            _ => (false, out),
+        };
+        if sum == mm {
+            return Ok(if relu { Epilogue::Relu } else { Epilogue::None });
+        }
+        if g.node(sum).op != Op::Binary(BinaryOp::Add) {
+            return Ok(Epilogue::None);
+        }
+        let terms = g.operands(sum);
+        let bias = match (terms[0] == mm, terms[1] == mm) {
+            (true, false) => terms[1],
+            (false, true) => terms[0],
+            _ => return Ok(Epilogue::None),
+        };
+        if !crate::ir::fused::is_leaf_or_leaf_view(g, bias) {
+            return Ok(Epilogue::None);
+        }
+        let v = self.leaf_value(g, bias, ops)?;
+        let Storage::Mem(at) = v.storage else { return Ok(Epilogue::None) };
+        let (m, n) = (node.shape.0[0], node.shape.0[1]);
+        let (s0, s1) = (v.layout.strides[0], v.layout.strides[1]);
+        if !((m == 1 || s0 == 0) && (n == 1 || s1 == 1)) {
+            return Ok(Epilogue::None);
+        }
+        let at = at.plus(v.layout.offset as u64 * node.dtype.size() as u64);
+        Ok(if relu { Epilogue::BiasRelu(at) } else { Epilogue::Bias(at) })
     }
 
     /// The value of a body leaf (an input, a constant, or views of one).

@@ -1,0 +1,220 @@
+//! cuBLASLt: a GEMM with its bias and relu applied in the GEMM's own
+//! epilogue, so the product is written once, finished.
+//!
+//! Lowering marks a matmul whose fused body is `product + bias` (a bias
+//! vector over the output's columns), `relu(product + bias)` or
+//! `relu(product)` (f32, f16, bf16, no batch), and puts the generated
+//! epilogue kernel right after the GEMM. When cuBLASLt's heuristic finds an
+//! algorithm for it, the executor runs the one cuBLASLt call and skips that
+//! kernel; otherwise it runs the plain GEMM and the kernel. GELU is not
+//! among these: cuBLASLt's GELU is the tanh approximation, and kiln's is the
+//! exact (erf) form. A residual stays in the generated epilogue.
+
+use super::program::{Epilogue, Gemm};
+use crate::ir::DType;
+use crate::{Error, Result};
+use cudarc::cublaslt::sys as lt;
+use cudarc::driver::sys::CUstream;
+use std::ffi::c_void;
+
+/// Bytes of cuBLASLt workspace per stream.
+pub(crate) const LT_WORKSPACE: u64 = 32 << 20;
+
+fn check(st: lt::cublasStatus_t, what: &str) -> Result<()> {
+    if st == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Backend(format!("cuda: cuBLASLt {what}: {st:?}")))
+    }
+}
+
+/// A compiled epilogue GEMM: descriptors and the chosen algorithm.
+pub(crate) struct LtPlan {
+    desc: lt::cublasLtMatmulDesc_t,
+    a: lt::cublasLtMatrixLayout_t,
+    b: lt::cublasLtMatrixLayout_t,
+    c: lt::cublasLtMatrixLayout_t,
+    algo: lt::cublasLtMatmulAlgo_t,
+    workspace: usize,
+    bias: bool,
+}
+
+// SAFETY: host-side descriptors, used under the device's launch lock.
+unsafe impl Send for LtPlan {}
+unsafe impl Sync for LtPlan {}
+
+impl LtPlan {
+    /// The plan for `g`, or `None` when cuBLASLt offers no algorithm (the
+    /// plain GEMM and the generated epilogue run instead).
+    pub fn new(handle: lt::cublasLtHandle_t, g: &Gemm) -> Result<Option<LtPlan>> {
+        let (data, compute) = match g.dtype {
+            DType::F32 if g.tf32 => {
+                (lt::cudaDataType::CUDA_R_32F, lt::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32)
+            }
+            DType::F32 => (lt::cudaDataType::CUDA_R_32F, lt::cublasComputeType_t::CUBLAS_COMPUTE_32F),
+            DType::F16 => (lt::cudaDataType::CUDA_R_16F, lt::cublasComputeType_t::CUBLAS_COMPUTE_32F),
+            DType::BF16 => (lt::cudaDataType::CUDA_R_16BF, lt::cublasComputeType_t::CUBLAS_COMPUTE_32F),
+            _ => return Ok(None),
+        };
+        let (epilogue, bias) = match g.epilogue {
+            Epilogue::None => return Ok(None),
+            Epilogue::Relu => (lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU, false),
+            Epilogue::Bias(_) => (lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS, true),
+            Epilogue::BiasRelu(_) => (lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS, true),
+        };
+        if g.batch != 1 {
+            return Ok(None);
+        }
+        // cublasOperation_t as the attribute's int32: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
+        let op = |t: bool| -> i32 { t as i32 };
+        // SAFETY: descriptor creation and setup with values that outlive
+        // the calls; every descriptor is destroyed in Drop.
+        unsafe {
+            let mut desc = std::ptr::null_mut();
+            check(
+                lt::cublasLtMatmulDescCreate(&mut desc, compute, lt::cudaDataType::CUDA_R_32F),
+                "descriptor",
+            )?;
+            let mut plan = LtPlan {
+                desc,
+                a: std::ptr::null_mut(),
+                b: std::ptr::null_mut(),
+                c: std::ptr::null_mut(),
+                algo: std::mem::zeroed(),
+                workspace: 0,
+                bias,
+            };
+            let set = |attr: lt::cublasLtMatmulDescAttributes_t, v: *const c_void, n: usize| {
+                check(lt::cublasLtMatmulDescSetAttribute(desc, attr, v, n), "descriptor attribute")
+            };
+            let (ta, tb) = (op(g.transa), op(g.transb));
+            set(
+                lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                &ta as *const _ as _,
+                std::mem::size_of_val(&ta),
+            )?;
+            set(
+                lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+                &tb as *const _ as _,
+                std::mem::size_of_val(&tb),
+            )?;
+            set(
+                lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                &epilogue as *const _ as _,
+                std::mem::size_of_val(&epilogue),
+            )?;
+            let (ar, ac) = if g.transa { (g.k, g.m) } else { (g.m, g.k) };
+            let (br, bc) = if g.transb { (g.n, g.k) } else { (g.k, g.n) };
+            check(
+                lt::cublasLtMatrixLayoutCreate(&mut plan.a, data, ar as u64, ac as u64, g.a.1 as i64),
+                "layout A",
+            )?;
+            check(
+                lt::cublasLtMatrixLayoutCreate(&mut plan.b, data, br as u64, bc as u64, g.b.1 as i64),
+                "layout B",
+            )?;
+            check(
+                lt::cublasLtMatrixLayoutCreate(&mut plan.c, data, g.m as u64, g.n as u64, g.c.1 as i64),
+                "layout C",
+            )?;
+            let mut pref = std::ptr::null_mut();
+            check(lt::cublasLtMatmulPreferenceCreate(&mut pref), "preference")?;
+            let ws = LT_WORKSPACE;
+            let st = lt::cublasLtMatmulPreferenceSetAttribute(
+                pref,
+                lt::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &ws as *const u64 as _,
+                8,
+            );
+            let mut result: lt::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
+            let mut found = 0;
+            let heuristic = lt::cublasLtMatmulAlgoGetHeuristic(
+                handle,
+                desc,
+                plan.a,
+                plan.b,
+                plan.c,
+                plan.c,
+                pref,
+                1,
+                &mut result,
+                &mut found,
+            );
+            lt::cublasLtMatmulPreferenceDestroy(pref);
+            check(st, "preference attribute")?;
+            if heuristic != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS || found < 1 {
+                return Ok(None);
+            }
+            plan.algo = result.algo;
+            plan.workspace = result.workspaceSize;
+            Ok(Some(plan))
+        }
+    }
+
+    /// Enqueues `D = epilogue(op(A) op(B))` on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(
+        &self,
+        handle: lt::cublasLtHandle_t,
+        stream: CUstream,
+        a: u64,
+        b: u64,
+        c: u64,
+        bias: u64,
+        workspace: u64,
+    ) -> Result<()> {
+        let (one, zero) = (1.0f32, 0.0f32);
+        // SAFETY: the descriptors describe these buffers (lowering sized
+        // them); the bias pointer is set per launch, under the launch lock,
+        // and read by cuBLASLt when it enqueues (a capture bakes it in).
+        unsafe {
+            if self.bias {
+                let p = bias as *const c_void;
+                check(
+                    lt::cublasLtMatmulDescSetAttribute(
+                        self.desc,
+                        lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                        &p as *const _ as _,
+                        std::mem::size_of_val(&p),
+                    ),
+                    "bias pointer",
+                )?;
+            }
+            check(
+                lt::cublasLtMatmul(
+                    handle,
+                    self.desc,
+                    &one as *const f32 as _,
+                    a as *const c_void,
+                    self.a,
+                    b as *const c_void,
+                    self.b,
+                    &zero as *const f32 as _,
+                    c as *const c_void,
+                    self.c,
+                    c as *mut c_void,
+                    self.c,
+                    &self.algo,
+                    workspace as *mut c_void,
+                    self.workspace,
+                    stream as _,
+                ),
+                "matmul",
+            )
+        }
+    }
+}
+
+impl Drop for LtPlan {
+    fn drop(&mut self) {
+        // SAFETY: created in `new` (null ones are skipped by the library).
+        unsafe {
+            for l in [self.a, self.b, self.c] {
+                if !l.is_null() {
+                    lt::cublasLtMatrixLayoutDestroy(l);
+                }
+            }
+            lt::cublasLtMatmulDescDestroy(self.desc);
+        }
+    }
+}
