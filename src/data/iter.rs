@@ -105,8 +105,12 @@ where
 {
     type Item = Result<<I::Item as Stackable>::Output>;
 
+    /// A misfit group's error names the caller's line (a closure here
+    /// would not pass `track_caller` on).
+    #[track_caller]
     fn next(&mut self) -> Option<Self::Item> {
-        self.inner.next().map(|group| group.stack(&self.ctx))
+        let group = self.inner.next()?;
+        Some(group.stack(&self.ctx))
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -128,13 +132,14 @@ pub fn stack<S: Stackable>(ctx: &Context, group: S) -> Result<S::Output> {
     group.stack(ctx)
 }
 
+#[track_caller]
 fn rows<T: Element, R: AsRef<[T]>>(ctx: &Context, group: &[R]) -> Result<Tensor> {
     let len = group.first().map_or(0, |r| r.as_ref().len());
     if let Some((i, r)) = group.iter().enumerate().find(|(_, r)| r.as_ref().len() != len) {
         return Err(Error::Shape {
             op: "stack",
             message: format!(
-                "rows of one batch must have one length: row 0 has {len} values, row {i} has {}",
+                "rows of one batch must have one length: row 0 has {len} value(s), row {i} has {}",
                 r.as_ref().len()
             ),
             location: Location::caller(),
@@ -153,6 +158,7 @@ fn rows<T: Element, R: AsRef<[T]>>(ctx: &Context, group: &[R]) -> Result<Tensor>
 
 impl<T: Element> Stackable for Vec<&[T]> {
     type Output = Tensor;
+    #[track_caller]
     fn stack(self, ctx: &Context) -> Result<Tensor> {
         rows(ctx, &self)
     }
@@ -160,6 +166,7 @@ impl<T: Element> Stackable for Vec<&[T]> {
 
 impl<T: Element> Stackable for Vec<Vec<T>> {
     type Output = Tensor;
+    #[track_caller]
     fn stack(self, ctx: &Context) -> Result<Tensor> {
         rows(ctx, &self)
     }
@@ -169,6 +176,7 @@ macro_rules! stack_numbers {
     ($($t:ty)*) => {$(
         impl Stackable for Vec<$t> {
             type Output = Tensor;
+            #[track_caller]
             fn stack(self, ctx: &Context) -> Result<Tensor> {
                 let t = ctx.tensor(&self, [self.len()]);
                 match t.error() {
@@ -184,6 +192,7 @@ stack_numbers!(f32 f64 i32 i64 u8 bool);
 
 impl<A: Stackable, B: Stackable> Stackable for (A, B) {
     type Output = (A::Output, B::Output);
+    #[track_caller]
     fn stack(self, ctx: &Context) -> Result<(A::Output, B::Output)> {
         Ok((self.0.stack(ctx)?, self.1.stack(ctx)?))
     }

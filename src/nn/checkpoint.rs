@@ -59,9 +59,9 @@ pub fn load(params: &impl Params, path: impl AsRef<Path>) -> Result<()> {
             file.tensor(&name).map_err(|_| fail(format!("{} has no tensor \"{name}\"", path.display())))?;
         if view.dtype() != st_dtype(v.dtype()) || view.shape() != v.shape() {
             return Err(fail(format!(
-                "tensor \"{name}\" is {:?}{:?} in {} but the parameter is {}{}; nothing was loaded",
-                view.dtype(),
-                view.shape(),
+                "tensor \"{name}\" is {}{} in {} but the parameter is {}{}; nothing was loaded",
+                format!("{:?}", view.dtype()).to_lowercase(),
+                Shape::new(view.shape()),
                 path.display(),
                 v.dtype(),
                 Shape::new(v.shape())
