@@ -163,6 +163,10 @@ fn main() -> Result<()> {
         .clone()
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/digits").join(name));
     let steps_per_epoch = train.len() / args.batch;
+    if steps_per_epoch == 0 {
+        eprintln!("digits: --batch {} is larger than the {} training images", args.batch, train.len());
+        std::process::exit(2);
+    }
     let bar = ProgressBar::new((args.epochs * steps_per_epoch) as u64);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} steps {msg}")
@@ -170,7 +174,10 @@ fn main() -> Result<()> {
     );
     let mut rng = Rng::new(1);
     let mut epoch_times = Vec::new();
-    let mut wrote_graph = false;
+    // The graph written is the second step's: the first one also draws
+    // the initial weights (the variables' first values).
+    let graph_step = 1.min((args.epochs * steps_per_epoch).saturating_sub(1));
+    let mut step = 0;
     for epoch in 1..=args.epochs {
         let t0 = Instant::now();
         let (mut sum, mut count) = (0.0f64, 0usize);
@@ -185,14 +192,14 @@ fn main() -> Result<()> {
             if args.ema > 0.0 {
                 ema.update(&model, args.ema)?;
             }
-            if !wrote_graph {
+            if step == graph_step {
                 // Before the read: afterwards the loss is a stored value.
                 let graph = ctx.optimized_graph(&[&loss])?;
                 std::fs::create_dir_all(&out)?;
                 std::fs::write(out.join("train_step.kir"), kiln::ir::text::print(&graph))?;
                 std::fs::write(out.join("train_step.dot"), kiln::ir::dot::to_dot(&graph))?;
-                wrote_graph = true;
             }
+            step += 1;
             sum += loss.item::<f32>()? as f64;
             count += 1;
             bar.inc(1);
