@@ -8,7 +8,14 @@
 //! the same step unfused (`with_passes("-fusion")`) and with the forward
 //! pass and loss alone. The step's plan line (arena, lower bound, naive)
 //! is printed once.
+//!
+//! `train_step_mlp_784_1024x3_10_adamw` is the issue-10 comparison: an
+//! MLP 784-1024-1024-1024-10 (ReLU) built from `kiln::nn`, batch 128,
+//! cross-entropy on integer labels, AdamW through `kiln::optim`, f32;
+//! `benches/jax_baseline.py` times the same step under `jax.jit`.
 use criterion::{criterion_group, criterion_main, Criterion};
+use kiln::nn::{self, Linear, Module, ReLU, Sequential};
+use kiln::optim::{AdamConfig, AdamW, Optimizer};
 use kiln::prelude::*;
 
 struct Model {
@@ -81,9 +88,47 @@ fn train_step(c: &mut Criterion) {
     });
 }
 
+fn big_mlp_adamw(c: &mut Criterion) {
+    let ctx = Context::cpu().with_seed(5);
+    let model = Sequential::new(&ctx, "mlp", |ctx| {
+        Ok(vec![
+            Linear::new(ctx, "0", 784, 1024)?.boxed(),
+            ReLU.boxed(),
+            Linear::new(ctx, "2", 1024, 1024)?.boxed(),
+            ReLU.boxed(),
+            Linear::new(ctx, "4", 1024, 1024)?.boxed(),
+            ReLU.boxed(),
+            Linear::new(ctx, "6", 1024, 10)?.boxed(),
+        ])
+    })
+    .expect("model");
+    let mut opt = AdamW::new(&model, AdamConfig::adamw()).expect("optimizer");
+    let x = ctx.randn([128, 784]);
+    let labels: Vec<i64> = (0..128).map(|i| (i * 7 % 10) as i64).collect();
+    let y = ctx.tensor(&labels, [128]);
+    ctx.realize(&[&x]).expect("inputs");
+    let mut step = || {
+        let loss = nn::cross_entropy(&model.forward(&x).expect("forward"), &y).expect("loss");
+        loss.backward().expect("backward");
+        opt.step().expect("step");
+        opt.zero_grad().expect("zero_grad");
+        loss
+    };
+    step().item::<f32>().expect("first step");
+    let l = step();
+    let plan = ctx.explain(&[&l]).expect("explain");
+    eprintln!("train_step_mlp_784_1024x3_10_adamw: {}", plan.lines().next().unwrap_or_default());
+    l.item::<f32>().expect("second step");
+    c.bench_function("train_step_mlp_784_1024x3_10_adamw", |bench| {
+        bench.iter(|| step().item::<f32>().expect("step"))
+    });
+    let s = ctx.stats();
+    eprintln!("train_step_mlp_784_1024x3_10_adamw: {} compiles, {} cache hits", s.compiles, s.cache_hits);
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(30);
-    targets = train_step
+    targets = train_step, big_mlp_adamw
 }
 criterion_main!(benches);

@@ -75,6 +75,18 @@ pub enum Error {
         /// Where it was called.
         location: Location,
     },
+    /// An argument a module, loss, optimizer or data utility cannot take
+    /// (a dropout probability of 1.5, a batch size of 0, a negative
+    /// learning rate, an optimizer given no parameters).
+    #[error("invalid argument to {op}: {message}\n  at {location}")]
+    Argument {
+        /// The call that was given it (`Dropout::new`, `AdamW::new`, ...).
+        op: &'static str,
+        /// What was wrong, and the range that is accepted.
+        message: String,
+        /// Where it was called.
+        location: Location,
+    },
     /// A value found while running (an index out of range).
     #[error("runtime error: {0}")]
     Runtime(String),
