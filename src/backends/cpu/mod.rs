@@ -21,6 +21,7 @@ mod exec;
 mod fused;
 mod hazards;
 mod index;
+mod lanes;
 mod launch;
 mod layout;
 mod matmul;

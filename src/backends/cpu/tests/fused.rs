@@ -402,26 +402,3 @@ fn bad_runs_are_errors() {
     );
     assert!(msg(kernel.run(&[Some(&bufs[0]), Some(&bufs[1])], Some(0), &mut out)).contains("pass None"));
 }
-
-/// A rough timing, not a benchmark: softmax over `[2048,1024]` f32 fused
-/// and unfused. Run with
-/// `cargo test --release --lib fused_softmax_timing -- --ignored --nocapture`.
-#[test]
-#[ignore]
-fn fused_softmax_timing() {
-    let g = parse(&wrap(&sized(SOFTMAX, "f32", 2048, 1024).replace("[R,1]", "[2048,1]"))).unwrap();
-    let inputs = inputs_of(&g);
-    for (name, graph) in [("fused", g.clone()), ("unfused", inline_fused(&g))] {
-        let be = CpuBackend::new();
-        let exe = be.compile(Arc::new(Plan::new(graph))).unwrap();
-        let buf = be.upload(inputs[0].clone(), &Shape::new([2048, 1024])).unwrap();
-        let mut times = Vec::new();
-        for _ in 0..20 {
-            let t = std::time::Instant::now();
-            exe.run(std::slice::from_ref(&buf), &RngArgs::default()).unwrap();
-            times.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-        times.sort_by(f64::total_cmp);
-        println!("softmax [2048,1024] f32 {name}: median {:.2} ms, min {:.2} ms", times[10], times[0]);
-    }
-}
