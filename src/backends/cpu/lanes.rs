@@ -60,21 +60,55 @@ fn sum_slice<T: Elem>(lane: &[T]) -> f64 {
 /// The sum of a dense lane, in `f64` (see the module docs for the order).
 pub(crate) fn sum_f64<T: Elem>(lane: &[T]) -> f64 {
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports avx2 (checked just above).
-        return unsafe { sum_avx2(lane) };
+    if let Some(l) = as_f32(lane) {
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports avx2 (checked just above).
+            return unsafe { sum_f32_avx2(l) };
+        }
     }
     sum_slice(lane)
 }
 
-/// [`sum_slice`] compiled for AVX2 (same operations, wider vectors).
+/// `lane` as `&[f32]` when `T` is `f32`.
+fn as_f32<T: Elem>(lane: &[T]) -> Option<&[f32]> {
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
+        // SAFETY: `T` is `f32` (the same type id), so the slice is a `&[f32]`.
+        Some(unsafe { std::slice::from_raw_parts(lane.as_ptr().cast::<f32>(), lane.len()) })
+    } else {
+        None
+    }
+}
+
+/// [`sum_slice`] for `f32` with AVX2: partials 0-3, 4-7, 8-11, 12-15 are
+/// four `f64x4` registers, each element converted and added to exactly
+/// the partial [`sum_slice`] adds it to, so the result is the same bits.
 ///
 /// # Safety
 /// The CPU must support `avx2`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn sum_avx2<T: Elem>(lane: &[T]) -> f64 {
-    sum_slice(lane)
+unsafe fn sum_f32_avx2(lane: &[f32]) -> f64 {
+    use std::arch::x86_64::*;
+    let chunks = lane.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    let mut acc = [_mm256_setzero_pd(); 4];
+    for c in chunks {
+        // SAFETY: `c` has 16 elements: two unaligned 8-float loads.
+        let (lo, hi) = unsafe { (_mm256_loadu_ps(c.as_ptr()), _mm256_loadu_ps(c.as_ptr().add(8))) };
+        acc[0] = _mm256_add_pd(acc[0], _mm256_cvtps_pd(_mm256_castps256_ps128(lo)));
+        acc[1] = _mm256_add_pd(acc[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(lo)));
+        acc[2] = _mm256_add_pd(acc[2], _mm256_cvtps_pd(_mm256_castps256_ps128(hi)));
+        acc[3] = _mm256_add_pd(acc[3], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(hi)));
+    }
+    let mut p = [0f64; LANES];
+    for (k, a) in acc.iter().enumerate() {
+        // SAFETY: `p[4k..4k+4]` is four f64s.
+        unsafe { _mm256_storeu_pd(p.as_mut_ptr().add(4 * k), *a) };
+    }
+    for (j, v) in rest.iter().enumerate() {
+        p[j] += *v as f64;
+    }
+    combine(p)
 }
 
 #[inline(always)]
@@ -139,13 +173,17 @@ pub(crate) fn extreme<T: Elem>(lane: &[T], want_max: bool) -> T {
         return T::default();
     }
     #[cfg(target_arch = "x86_64")]
-    let (best, nan) = if is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports avx2 (checked just above).
-        unsafe { extreme_avx2(lane, want_max) }
-    } else {
-        extreme_lanes(lane, want_max)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
+    if let Some(l) = as_f32(lane) {
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports avx2 (checked just above).
+            let (best, nan) = unsafe { extreme_f32_avx2(l, want_max) };
+            if !nan && best != 0.0 {
+                // `T` is `f32`: the round trip through `f64` is exact.
+                return T::from_f64(best as f64);
+            }
+            return extreme_iter(lane.iter().copied(), want_max);
+        }
+    }
     let (best, nan) = extreme_lanes(lane, want_max);
     if nan || (T::DTYPE.is_float() && best == T::default()) {
         return extreme_iter(lane.iter().copied(), want_max);
@@ -153,14 +191,41 @@ pub(crate) fn extreme<T: Elem>(lane: &[T], want_max: bool) -> T {
     best
 }
 
-/// [`extreme_lanes`] compiled for AVX2.
+/// [`extreme_lanes`] for `f32` with AVX2: `max_ps(v, m)` is `v > m ? v :
+/// m` lane by lane, the same select, and NaNs are flagged per lane.
 ///
 /// # Safety
 /// The CPU must support `avx2`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn extreme_avx2<T: Elem>(lane: &[T], want_max: bool) -> (T, bool) {
-    extreme_lanes(lane, want_max)
+unsafe fn extreme_f32_avx2(lane: &[f32], want_max: bool) -> (f32, bool) {
+    use std::arch::x86_64::*;
+    let chunks = lane.chunks_exact(MAX_LANES);
+    let rest = chunks.remainder();
+    let mut m = _mm256_set1_ps(lane[0]);
+    let mut nan = _mm256_setzero_ps();
+    for c in chunks {
+        // SAFETY: `c` has 8 elements.
+        let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+        m = if want_max { _mm256_max_ps(v, m) } else { _mm256_min_ps(v, m) };
+    }
+    let mut lanes = [0f32; MAX_LANES];
+    // SAFETY: `lanes` is eight f32s.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), m) };
+    let mut any_nan = _mm256_movemask_ps(nan) != 0 || lane[0].is_nan();
+    for (j, &v) in rest.iter().enumerate() {
+        any_nan |= v.is_nan();
+        let better = if want_max { v > lanes[j] } else { v < lanes[j] };
+        lanes[j] = if better { v } else { lanes[j] };
+    }
+    let mut best = lanes[0];
+    for &v in &lanes[1..] {
+        if (want_max && v > best) || (!want_max && v < best) {
+            best = v;
+        }
+    }
+    (best, any_nan)
 }
 
 #[cfg(test)]

@@ -47,9 +47,11 @@
 //! [`BLOCK`] is 4096 elements: a block of a few `f32` nodes (16 KB each)
 //! stays in L1/L2, and the per-block cost (one dispatch per node) is small
 //! next to 4096 elements of work. It is fixed, never derived from the
-//! thread count, so results never depend on it. A matmul body multiplies
-//! [`GEMM_ROWS`] rows at a time and runs the epilogue on that product in
-//! blocks of [`BLOCK`] elements while it is in cache.
+//! thread count, so results never depend on it. A matmul body computes its
+//! whole product first with the unfused (parallel) GEMM, into a buffer the
+//! kernel keeps, and runs the epilogue over it in blocks: the GEMM splits
+//! its work over every core however few rows the product has (an MLP with
+//! batch 128), which a GEMM per row block could not.
 //!
 //! # Semantics
 //!
@@ -60,7 +62,6 @@
 //! long rows of few-row tensors in parallel segments, so those sums may
 //! differ in the last bits.
 
-mod gemm;
 mod leaf;
 mod ops;
 mod run;
@@ -76,8 +77,6 @@ use std::sync::Mutex;
 
 /// Elements of a full-size node per block (see the module docs).
 pub(crate) const BLOCK: usize = 4096;
-/// Rows of a matmul body's product computed per GEMM call.
-pub(crate) const GEMM_ROWS: usize = 128;
 
 /// Whether a node holds one value per element of the domain or per row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,20 +157,18 @@ pub(crate) struct FusedKernel {
     inputs: Vec<(Shape, DType)>,
     /// Whether operand `k` may be computed in place (see [`FusedKernel::run`]).
     in_place_ok: Vec<bool>,
-    /// Rows per block of the loop.
+    /// Rows per block of the loop (one block per parallel task).
     block_rows: usize,
-    /// Rows per parallel task (blocks of a matmul body's GEMM).
-    task_rows: usize,
     /// Scratch sets not leased by a running task (see the module docs).
     pool: Mutex<Vec<Scratch>>,
+    /// A matmul body's product buffer, between runs.
+    product: Mutex<Option<HostData>>,
 }
 
-/// One task's scratch: a vector per step (empty until a block needs it)
-/// and the GEMM product of a matmul body.
+/// One task's scratch: a vector per step (empty until a block needs it).
 #[derive(Debug)]
 struct Scratch {
     vals: Vec<HostData>,
-    gemm: HostData,
 }
 
 impl FusedKernel {
@@ -335,7 +332,6 @@ impl FusedKernel {
             })
             .collect();
         let block_rows = (BLOCK / cols.max(1)).clamp(1, rows.max(1));
-        let task_rows = if mm.is_some() { block_rows.max(GEMM_ROWS.min(rows.max(1))) } else { block_rows };
         Ok(FusedKernel {
             node,
             kind,
@@ -352,8 +348,8 @@ impl FusedKernel {
             inputs,
             in_place_ok,
             block_rows,
-            task_rows,
             pool: Mutex::new(Vec::new()),
+            product: Mutex::new(None),
         })
     }
 

@@ -157,7 +157,7 @@ pub(super) fn with_out<O: Elem>(
     len: usize,
     f: impl FnOnce(&mut [O]) -> Result<()>,
 ) -> Result<()> {
-    if O::vec_mut(dst).is_none() && dst.len() == 0 {
+    if O::vec_mut(dst).is_none() && dst.is_empty() {
         *dst = O::into_host(Vec::new());
     }
     let found = dst.dtype();
@@ -305,26 +305,12 @@ pub(super) fn unary(op: UnaryOp, dtype: DType, a: Arg<'_>, dst: &mut Dst<'_, '_>
                 all_unary!(op, OP => zip1_f32(d, x, b.cols, |v| f32::unary(OP, v)));
             })
         }
-        DType::F64 => {
-            let r;
-            all_unary!(op, OP => r = run!(f64, |v: f64| f64::unary(OP, v)));
-            r
-        }
-        DType::F16 => {
-            let r;
-            all_unary!(op, OP => r = run!(f16, |v: f16| f16::from_f32(f32::unary(OP, v.to_f32()))));
-            r
-        }
-        DType::BF16 => {
-            let r;
-            all_unary!(op, OP => r = run!(bf16, |v: bf16| bf16::from_f32(f32::unary(OP, v.to_f32()))));
-            r
-        }
+        DType::F64 => all_unary!(op, OP => run!(f64, |v: f64| f64::unary(OP, v))),
+        DType::F16 => all_unary!(op, OP => run!(f16, |v: f16| f16::from_f32(f32::unary(OP, v.to_f32())))),
+        DType::BF16 => all_unary!(op, OP => run!(bf16, |v: bf16| bf16::from_f32(f32::unary(OP, v.to_f32())))),
         DType::U8 | DType::I32 | DType::I64 => dispatch!(dtype, T => {
-            let mut r = Err(unsupported(op.mnemonic(), dtype));
-            const_match!(UnaryOp, op, OP => r = run!(T, |v: T| T::from_i64(eval::unary_int(OP, v.to_i64())));
-                Neg, Abs, Relu; ());
-            r
+            const_match!(UnaryOp, op, OP => run!(T, |v: T| T::from_i64(eval::unary_int(OP, v.to_i64())));
+                Neg, Abs, Relu; Err(unsupported(op.mnemonic(), dtype)))
         }),
         DType::Bool => Err(unsupported(op.mnemonic(), DType::Bool)),
     }
@@ -352,25 +338,13 @@ pub(super) fn binary(
                 all_binary!(op, OP => zip2_f32(d, x, y, b.cols, |p, q| f32::binary(OP, p, q)));
             })
         }
-        DType::F64 => {
-            let r;
-            all_binary!(op, OP => r = run!(f64, |p: f64, q: f64| f64::binary(OP, p, q)));
-            r
-        }
-        DType::F16 => {
-            let r;
-            all_binary!(op, OP => r = run!(f16, |p: f16, q: f16| {
-                f16::from_f32(f32::binary(OP, p.to_f32(), q.to_f32()))
-            }));
-            r
-        }
-        DType::BF16 => {
-            let r;
-            all_binary!(op, OP => r = run!(bf16, |p: bf16, q: bf16| {
-                bf16::from_f32(f32::binary(OP, p.to_f32(), q.to_f32()))
-            }));
-            r
-        }
+        DType::F64 => all_binary!(op, OP => run!(f64, |p: f64, q: f64| f64::binary(OP, p, q))),
+        DType::F16 => all_binary!(op, OP => run!(f16, |p: f16, q: f16| {
+            f16::from_f32(f32::binary(OP, p.to_f32(), q.to_f32()))
+        })),
+        DType::BF16 => all_binary!(op, OP => run!(bf16, |p: bf16, q: bf16| {
+            bf16::from_f32(f32::binary(OP, p.to_f32(), q.to_f32()))
+        })),
         DType::U8 | DType::I32 | DType::I64 => dispatch!(dtype, T => {
             all_binary!(op, OP => run!(T, |p: T, q: T| T::from_i64(eval::binary_int(OP, p.to_i64(), q.to_i64()))))
         }),
@@ -493,6 +467,52 @@ pub(super) fn reduce(op: ReduceOp, dtype: DType, a: Arg<'_>, dst: &mut Dst<'_, '
     })
 }
 
+/// Copies `src` into `dst` with non-temporal (streaming) stores where the
+/// CPU has them, so a large output is written without first being read
+/// into the cache, and without evicting what the kernel still reads; the
+/// caller fences (`stream_fence`) before anyone else reads `dst`. The
+/// element types kernels write are plain bytes (numbers and `bool`), so a
+/// byte copy is a copy.
+pub(super) fn stream_copy<T: Elem>(dst: &mut [T], src: &[T]) {
+    let n = dst.len().min(src.len()) * std::mem::size_of::<T>();
+    // SAFETY: both ranges are `n` bytes of live slices (`&mut` and `&`, so
+    // disjoint); every `T` here is plain data, any byte copy of which is valid.
+    let (d, s) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), n),
+            std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), n),
+        )
+    };
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+        let head = d.as_ptr().align_offset(16).min(n);
+        d[..head].copy_from_slice(&s[..head]);
+        let body = (n - head) / 16 * 16;
+        for i in (head..head + body).step_by(16) {
+            // SAFETY: `i..i + 16` is inside both slices, and `d + i` is
+            // 16-byte aligned (`head` aligned it); SSE2 is baseline x86_64.
+            unsafe {
+                let v = _mm_loadu_si128(s.as_ptr().add(i).cast::<__m128i>());
+                _mm_stream_si128(d.as_mut_ptr().add(i).cast::<__m128i>(), v);
+            }
+        }
+        d[head + body..].copy_from_slice(&s[head + body..]);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    d.copy_from_slice(s);
+}
+
+/// Orders this thread's streaming stores before its later stores (so the
+/// task's completion, which rayon publishes, comes after its output).
+pub(super) fn stream_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE2 is baseline on x86_64; a fence has no other effect.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+}
+
 /// Elements `start .. start + dst.len()` (row-major logical order) of a
 /// strided view, copied into `dst`. Walks the innermost dim as runs (a
 /// slice copy at stride 1, a fill at stride 0), so an expanded bias or a
@@ -529,5 +549,36 @@ pub(super) fn gather<T: Copy>(data: &[T], l: &Layout, start: usize, dst: &mut [T
         }
         done += take;
         j = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every head and tail length around the 16-byte stores, for element
+    /// sizes 1, 4 and 8.
+    #[test]
+    fn stream_copy_copies_every_element_at_any_alignment() {
+        let src: Vec<f64> = (0..100).map(|i| i as f64 * 1.5 - 7.0).collect();
+        let f32s: Vec<f32> = src.iter().map(|&v| v as f32).collect();
+        let bytes: Vec<u8> = (0..100).map(|i| (i * 37 % 251) as u8).collect();
+        for start in 0..5 {
+            for len in [0, 1, 3, 4, 5, 15, 16, 17, 33, 64, 95 - start] {
+                let mut d = vec![0f64; 100];
+                stream_copy(&mut d[start..start + len], &src[start..start + len]);
+                let mut e = vec![0f32; 100];
+                stream_copy(&mut e[start..start + len], &f32s[start..start + len]);
+                let mut b = [0u8; 100];
+                stream_copy(&mut b[start..start + len], &bytes[start..start + len]);
+                stream_fence();
+                for i in 0..100 {
+                    let inside = (start..start + len).contains(&i);
+                    assert_eq!(d[i], if inside { src[i] } else { 0.0 }, "f64 {start}+{len} at {i}");
+                    assert_eq!(e[i], if inside { f32s[i] } else { 0.0 }, "f32 {start}+{len} at {i}");
+                    assert_eq!(b[i], if inside { bytes[i] } else { 0 }, "u8 {start}+{len} at {i}");
+                }
+            }
+        }
     }
 }

@@ -7,35 +7,28 @@ use super::super::storage::{dispatch, Elem, HostSlice, Out};
 use super::super::{CpuBuffer, Storage};
 use super::leaf::{resolve, Data, Leaf, Source, Src};
 use super::ops::{self, Arg, Blk, Dst};
-use super::{gemm, Class, FusedKernel, Instr, Opnd, Scratch, Step};
+use super::{Class, FusedKernel, Instr, Opnd, Scratch, Step};
 use crate::backends::DeviceStats;
 use crate::ir::{DType, Element, HostData};
 use crate::{Error, Result};
 use rayon::prelude::*;
 use std::sync::Arc;
 
+/// Outputs at least this large are written with streaming stores: they
+/// cannot stay in this machine's caches anyway (32 MB of L3 for both
+/// cores), so reading each line in before overwriting it (what a plain
+/// store does) would only add a third of the memory traffic.
+const STREAM_BYTES: usize = 32 << 20;
+
 /// Below this much work (elements of the domain) a kernel runs on one thread.
 const PAR_WORK: usize = super::super::elementwise::PAR_THRESHOLD;
-
-/// The matmul of a matmul body for this run.
-enum Mm<'a> {
-    None,
-    /// f32/f64: multiplied per task block.
-    Gemm {
-        a: Data<'a>,
-        b: Data<'a>,
-        p: gemm::Problem,
-        dtype: DType,
-    },
-    /// Other dtypes: the whole product, computed up front.
-    Done(HostData),
-}
 
 /// Everything a run shares across tasks.
 struct Ready<'a> {
     /// How each leaf is read (by leaf index).
     srcs: Vec<Src<'a>>,
-    mm: Mm<'a>,
+    /// The product of a matmul body, computed before the loop.
+    product: Option<HostData>,
 }
 
 /// Where a leaf's or the product's value for the current block is (every
@@ -46,8 +39,6 @@ enum Val<'r> {
     Arg(Arg<'r>),
     /// The step's scratch (flat).
     Scratch,
-    /// The task's GEMM product from an offset (flat).
-    Gemm(usize),
 }
 
 /// The values of one block that are not scratch: the leaves', and the product's.
@@ -124,25 +115,33 @@ impl FusedKernel {
         if in_place.is_some_and(|k| k >= args.len()) {
             return Err(err("the in-place operand is out of range".into()));
         }
-        let tasks = self.rows.div_ceil(self.task_rows);
+        let tasks = self.rows.div_ceil(self.block_rows);
         let _span = tracing::trace_span!("fused", node = %self.node, kind = self.kind, tasks).entered();
         if out.is_empty() {
             return Ok(());
         }
         let ready = self.prepare(args, in_place)?;
         let per_row = if self.out_class == Class::Full { self.cols } else { 1 };
-        let task_len = self.task_rows * per_row;
-        let ready = &ready;
-        if self.rows.saturating_mul(self.cols.max(1)) >= PAR_WORK && tasks > 1 {
-            out.par_chunks_mut(task_len)
-                .enumerate()
-                .try_for_each_init(|| self.lease(), |lease, (i, c)| self.work(ready, lease, i, c, per_row))
-        } else {
-            let mut lease = self.lease();
-            out.chunks_mut(task_len)
-                .enumerate()
-                .try_for_each(|(i, c)| self.work(ready, &mut lease, i, c, per_row))
+        let stream = std::mem::size_of_val(out) >= STREAM_BYTES;
+        let task_len = self.block_rows * per_row;
+        let r = {
+            let ready = &ready;
+            if self.rows.saturating_mul(self.cols.max(1)) >= PAR_WORK && tasks > 1 {
+                out.par_chunks_mut(task_len).enumerate().try_for_each_init(
+                    || self.lease(),
+                    |lease, (i, c)| self.work(ready, lease, i, c, per_row, stream),
+                )
+            } else {
+                let mut lease = self.lease();
+                out.chunks_mut(task_len)
+                    .enumerate()
+                    .try_for_each(|(i, c)| self.work(ready, &mut lease, i, c, per_row, stream))
+            }
+        };
+        if let (Some(p), Ok(mut slot)) = (ready.product, self.product.lock()) {
+            *slot = Some(p);
         }
+        r
     }
 
     /// A scratch set from the pool, or a new (empty) one.
@@ -150,13 +149,12 @@ impl FusedKernel {
         let pooled = self.pool.lock().ok().and_then(|mut p| p.pop());
         let scratch = pooled.unwrap_or_else(|| Scratch {
             vals: self.instrs.iter().map(|ins| ops::scratch(ins.dtype)).collect(),
-            gemm: HostData::U8(Vec::new()),
         });
         let vals = Vals { leaves: vec![Val::Scratch; self.leaves.len()], product: Val::Scratch };
         Lease { kernel: self, scratch: Some(scratch), vals }
     }
 
-    /// Task `i` (rows `i * task_rows ..`), whose output is `chunk`.
+    /// Task `i` (rows `i * block_rows ..`), whose output is `chunk`.
     fn work<'r, T: Elem>(
         &self,
         ready: &'r Ready<'_>,
@@ -164,20 +162,16 @@ impl FusedKernel {
         i: usize,
         chunk: &mut [T],
         per_row: usize,
+        stream: bool,
     ) -> Result<()> {
         let scratch =
             lease.scratch.as_mut().ok_or_else(|| Error::Backend("cpu: fused scratch missing".into()))?;
-        let r_begin = i * self.task_rows;
-        let n_rows = chunk.len() / per_row;
-        self.gemm(ready, scratch, r_begin, n_rows)?;
-        let mut r = 0;
-        while r < n_rows {
-            let nb = self.block_rows.min(n_rows - r);
-            let o = &mut chunk[r * per_row..(r + nb) * per_row];
-            self.block(ready, scratch, &mut lease.vals, r_begin + r, r * self.cols, nb, o)?;
-            r += nb;
+        let nb = chunk.len() / per_row;
+        let r = self.block(ready, scratch, &mut lease.vals, i * self.block_rows, nb, chunk, stream);
+        if stream {
+            ops::stream_fence();
         }
-        Ok(())
+        r
     }
 
     /// Resolves every leaf against this run's operands.
@@ -200,13 +194,13 @@ impl FusedKernel {
                 _ => Src::None,
             });
         }
-        let mut mm = Mm::None;
+        let mut product = None;
         for ins in &self.instrs {
             if let Step::MatMul(a, b) = &ins.step {
-                mm = self.prepare_matmul(a, b, ins.dtype, args)?;
+                product = Some(self.product(a, b, ins.dtype, args)?);
             }
         }
-        Ok(Ready { srcs, mm })
+        Ok(Ready { srcs, product })
     }
 
     /// How a leaf with this storage and layout is read: in place where
@@ -240,54 +234,31 @@ impl FusedKernel {
         Ok(Src::Strided(data, layout))
     }
 
-    fn prepare_matmul<'a>(
-        &self,
-        a: &Leaf,
-        b: &Leaf,
-        dtype: DType,
-        args: &[Option<&'a CpuBuffer>],
-    ) -> Result<Mm<'a>> {
+    /// The whole product of a matmul body, by the unfused kernel (f32 on
+    /// the parallel packed GEMM; f16/bf16 widened to f32 and rounded once;
+    /// integers wrapping), into the kernel's product buffer (reused by
+    /// every run); the epilogue then reads it block by block.
+    fn product(&self, a: &Leaf, b: &Leaf, dtype: DType, args: &[Option<&CpuBuffer>]) -> Result<HostData> {
         let (da, la) = resolve(a, dtype, args)?;
         let (db, lb) = resolve(b, dtype, args)?;
-        if matches!(dtype, DType::F32 | DType::F64) {
-            let p = gemm::Problem::checked(&la, da.get().len(), &lb, db.get().len())?;
-            return Ok(Mm::Gemm { a: da, b: db, p, dtype });
-        }
-        // Other dtypes: the unfused kernel (f16/bf16 widened to f32 and
-        // rounded once, integers wrapping), then the epilogue reads it.
         let stats = Arc::new(DeviceStats::default());
-        let buffer = |d: Data<'a>, l: Layout| match d {
+        let buffer = |d: Data<'_>, l: Layout| match d {
             Data::Arg(b, _) => b.with_layout(l),
             Data::Owned(h) => CpuBuffer { storage: Storage::new(h, &stats), layout: l },
         };
         let (a, b) = (buffer(da, la), buffer(db, lb));
-        let (sa, sb) = (a.shape().0.clone(), b.shape().0.clone());
-        let numel =
-            sa[..sa.len().saturating_sub(1)].iter().product::<usize>() * sb.last().copied().unwrap_or(1);
-        let product = dispatch!(dtype, E => {
-            let mut v = vec![E::default(); numel];
+        let numel = self.rows * self.cols;
+        let reuse = self.product.lock().ok().and_then(|mut p| p.take());
+        Ok(dispatch!(dtype, E => {
+            let mut v = reuse.and_then(E::from_host).unwrap_or_default();
+            v.resize(numel, E::default());
             super::super::matmul::matmul(&a, &b, Out::new(&mut v))?;
             E::into_host(v)
-        });
-        Ok(Mm::Done(product))
+        }))
     }
 
-    /// The product rows `r0 .. r0 + n_rows` into the task's GEMM buffer
-    /// (matmul bodies with an f32/f64 matmul; a no-op otherwise).
-    fn gemm(&self, ready: &Ready<'_>, scratch: &mut Scratch, r0: usize, n_rows: usize) -> Result<()> {
-        let Mm::Gemm { a, b, p, dtype } = &ready.mm else { return Ok(()) };
-        let len = n_rows * p.n;
-        if *dtype == DType::F32 {
-            let (x, y) = (a.get().typed::<f32>()?, b.get().typed::<f32>()?);
-            ops::with_out::<f32>(&mut scratch.gemm, len, |d| p.rows(x, y, r0, n_rows, d))
-        } else {
-            let (x, y) = (a.get().typed::<f64>()?, b.get().typed::<f64>()?);
-            ops::with_out::<f64>(&mut scratch.gemm, len, |d| p.rows(x, y, r0, n_rows, d))
-        }
-    }
-
-    /// One block: rows `r0 .. r0 + nb`, whose product (matmul bodies)
-    /// starts at element `gemm_at` of the task's GEMM buffer.
+    /// One block: rows `r0 .. r0 + nb`. With `stream`, the output step
+    /// writes scratch and the block is streamed out (see [`STREAM_BYTES`]).
     #[allow(clippy::too_many_arguments)]
     fn block<'r, T: Elem>(
         &self,
@@ -295,9 +266,9 @@ impl FusedKernel {
         scratch: &mut Scratch,
         vals: &mut Vals<'r>,
         r0: usize,
-        gemm_at: usize,
         nb: usize,
         out: &mut [T],
+        stream: bool,
     ) -> Result<()> {
         let cols = self.cols;
         let mut out = Out::new(out);
@@ -346,13 +317,14 @@ impl FusedKernel {
                     };
                 }
                 Step::MatMul(..) => {
-                    vals.product = match &ready.mm {
-                        Mm::Done(h) => Val::Arg(Arg::Flat(h.into(), start)),
-                        _ => Val::Gemm(gemm_at),
-                    };
+                    let h = ready
+                        .product
+                        .as_ref()
+                        .ok_or_else(|| Error::Backend("cpu: fused product missing".into()))?;
+                    vals.product = Val::Arg(Arg::Flat(h.into(), start));
                 }
                 _ => {
-                    let to_out = i == self.output;
+                    let to_out = i == self.output && !stream;
                     let mut own = std::mem::replace(&mut scratch.vals[i], HostData::U8(Vec::new()));
                     let r = {
                         let mut dst = if to_out { Dst::Out(&mut out) } else { Dst::Scratch(&mut own) };
@@ -365,14 +337,18 @@ impl FusedKernel {
             }
         }
         if !direct {
-            // The output is a leaf or the product itself: copy it out.
+            // The output is a leaf or the product itself, or is streamed:
+            // copy it out.
             let ins = &self.instrs[self.output];
             let blk = match self.out_class {
                 Class::Full => Blk { rows: nb, cols },
                 Class::Row => Blk { rows: nb, cols: 1 },
             };
             let a = self.arg(vals, scratch, Opnd { slot: self.output, per_row: false });
-            ops::copy(ins.dtype, a, &mut Dst::Out(&mut out), blk)?;
+            match a.typed::<T>(blk)? {
+                ops::TArg::Flat(src) if stream => ops::stream_copy(out.reborrow().get::<T>()?, src),
+                _ => ops::copy(ins.dtype, a, &mut Dst::Out(&mut out), blk)?,
+            }
         }
         Ok(())
     }
@@ -413,7 +389,6 @@ impl FusedKernel {
         let flat = match val {
             Val::Arg(a) => a,
             Val::Scratch => Arg::Flat(HostSlice::from(&scratch.vals[o.slot]), 0),
-            Val::Gemm(at) => Arg::Flat(HostSlice::from(&scratch.gemm), at),
         };
         match (flat, o.per_row) {
             (Arg::Flat(h, s), true) => Arg::PerRow(h, s),
