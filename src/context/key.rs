@@ -363,7 +363,13 @@ mod tests {
     fn key(ctx: &Context, t: &Tensor) -> PlanKey {
         let id = t.node_in(ctx, crate::Location::caller()).expect("live tensor");
         let w = Walker::default().walk(&ctx.state().graph, &[id]);
-        PlanKey { passes: String::new(), options: PassOptions::default(), hash: w.hash, words: w.words }
+        PlanKey {
+            passes: String::new(),
+            options: PassOptions::default(),
+            compile: CompileOptions::default(),
+            hash: w.hash,
+            words: w.words,
+        }
     }
 
     #[test]
@@ -446,7 +452,11 @@ mod tests {
         let ids = |ts: &[&Tensor]| -> Vec<NodeId> {
             ts.iter().map(|t| t.node_in(&ctx, crate::Location::caller()).unwrap()).collect()
         };
-        let walk = |ts: &[&Tensor]| Walker::default().walk(&ctx.state().graph, &ids(ts)).words;
+        // The ids first: `node_in` takes the context's lock too.
+        let walk = |ts: &[&Tensor]| {
+            let ids = ids(ts);
+            Walker::default().walk(&ctx.state().graph, &ids).words
+        };
         assert_ne!(walk(&[&a, &b]), walk(&[&b, &a]));
         assert_ne!(walk(&[&a, &b]), walk(&[&a]));
         assert_ne!(walk(&[&a, &a]), walk(&[&a]));
