@@ -1,11 +1,17 @@
-//! CPU backend benchmarks. Compare with `python3 benches/numpy_baseline.py`
-//! run in the same session (see README).
+//! CPU backend benchmarks. Compare with `benches/jax_baseline.py` (jax.jit
+//! and numpy) run alternately in the same session: `benches/side_by_side.sh`.
 //!
 //! - matmul 1024^3 f32;
+//! - an MLP forward pass (784-1024-1024-1024-10, batch 128, relu);
 //! - the 8-op elementwise chain on 2^24 f32, with fusion on and off
-//!   (`with_passes("-fusion")`, what `KILN_PASSES=-fusion` does);
-//! - softmax and layer norm over the last dim of [2048, 1024] f32, fusion
-//!   on and off.
+//!   (`with_passes("-fusion")`, what `KILN_PASSES=-fusion` does), and
+//!   `tanh(x*1.5+0.5)*sigmoid(x) + x*x`;
+//! - softmax and layer norm over the last dim of [2048, 1024] and
+//!   [8192, 4096] f32 (the smaller with fusion on and off), next to
+//!   `copy`: a plain two-thread copy of the same bytes into an already
+//!   written buffer, the machine's copy bandwidth the row kernels are
+//!   measured against (a row kernel also reads its input once and writes
+//!   its output once).
 //!
 //! Each read realizes one cached plan: the timed work is the plan's run.
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -62,28 +68,91 @@ fn elementwise_chain(c: &mut Criterion) {
 }
 
 fn softmax_and_layer_norm(c: &mut Criterion) {
-    for fused in [true, false] {
-        let ctx = context(fused, 3);
-        let x = ctx.randn([2048, 1024]);
-        let w = ctx.randn([1024]);
-        let b = ctx.randn([1024]);
-        ctx.realize(&[&x, &w, &b]).expect("realize inputs");
-        c.bench_function(&format!("softmax_2048x1024_f32/{}", label(fused)), |bench| {
+    for (rows, cols) in [(2048, 1024), (8192, 4096)] {
+        for fused in [true, false] {
+            if !fused && rows > 2048 {
+                continue;
+            }
+            let ctx = context(fused, 3);
+            let x = ctx.randn([rows, cols]);
+            let w = ctx.randn([cols]);
+            let b = ctx.randn([cols]);
+            ctx.realize(&[&x, &w, &b]).expect("realize inputs");
+            let suffix = if fused { String::new() } else { "/unfused".to_string() };
+            c.bench_function(&format!("softmax_{rows}x{cols}_f32{suffix}"), |bench| {
+                bench.iter(|| {
+                    x.softmax(1).realize().expect("softmax");
+                })
+            });
+            c.bench_function(&format!("layer_norm_{rows}x{cols}_f32{suffix}"), |bench| {
+                bench.iter(|| {
+                    x.layer_norm(&w, &b, 1e-5).realize().expect("layer_norm");
+                })
+            });
+        }
+        // The machine's copy bandwidth for the same bytes: two threads
+        // (one per core, as the kernels use), each copying half.
+        let src: Vec<f32> = (0..rows * cols).map(|i| (i % 1013) as f32).collect();
+        let mut dst = vec![0f32; rows * cols];
+        c.bench_function(&format!("copy_{rows}x{cols}_f32"), |bench| {
             bench.iter(|| {
-                x.softmax(1).realize().expect("softmax");
-            })
-        });
-        c.bench_function(&format!("layer_norm_2048x1024_f32/{}", label(fused)), |bench| {
-            bench.iter(|| {
-                x.layer_norm(&w, &b, 1e-5).realize().expect("layer_norm");
+                let half = src.len() / 2;
+                let (d0, d1) = dst.split_at_mut(half);
+                std::thread::scope(|s| {
+                    s.spawn(|| d1.copy_from_slice(&src[half..]));
+                    d0.copy_from_slice(&src[..half]);
+                });
+                std::hint::black_box(&dst);
             })
         });
     }
 }
 
+/// `tanh(x*1.5+0.5)*sigmoid(x) + x*x` on 2^24 f32 (the chain).
+fn tanh_sigmoid_chain(c: &mut Criterion) {
+    let ctx = context(true, 2);
+    let x = ctx.randn([1 << 24]);
+    x.realize().expect("realize input");
+    c.bench_function("chain_tanh_sigmoid_2^24_f32", |bench| {
+        bench.iter(|| {
+            ((&x * 1.5 + 0.5).tanh() * x.sigmoid() + &x * &x).realize().expect("chain");
+        })
+    });
+}
+
+/// An MLP forward pass: 784-1024-1024-1024-10, batch 128, relu after each
+/// hidden layer (weights and input realized, as jax's are device arrays).
+fn mlp_forward(c: &mut Criterion) {
+    let ctx = Context::cpu().with_seed(4);
+    let sizes = [784, 1024, 1024, 1024, 10];
+    let mut params = Vec::new();
+    for win in sizes.windows(2) {
+        let w = ctx.randn([win[0], win[1]]) * (1.0 / (win[0] as f64).sqrt());
+        let b = ctx.randn([win[1]]) * 0.1;
+        params.push((w, b));
+    }
+    let x = ctx.randn([128, 784]);
+    for (w, b) in &params {
+        ctx.realize(&[w, b]).expect("realize params");
+    }
+    x.realize().expect("realize input");
+    c.bench_function("mlp_forward_b128", |bench| {
+        bench.iter(|| {
+            let mut h = x.clone();
+            for (k, (w, b)) in params.iter().enumerate() {
+                h = h.matmul(w) + b;
+                if k + 1 < params.len() {
+                    h = h.relu();
+                }
+            }
+            h.realize().expect("mlp");
+        })
+    });
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(10);
-    targets = matmul_1024, elementwise_chain, softmax_and_layer_norm
+    targets = matmul_1024, mlp_forward, elementwise_chain, tanh_sigmoid_chain, softmax_and_layer_norm
 }
 criterion_main!(benches);

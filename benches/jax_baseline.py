@@ -1,96 +1,124 @@
-"""The issue-10 training step under jax.jit, to compare with
-`cargo bench --bench train -- train_step_mlp_784_1024x3_10_adamw`:
-an MLP 784-1024-1024-1024-10 (ReLU), batch 128, cross-entropy on integer
-labels, AdamW (PyTorch's defaults: lr 1e-3, betas 0.9/0.999, eps 1e-8,
-weight decay 0.01, bias-corrected), f32, on the CPU. Parameters and
-optimizer state are donated to the step, as a training loop does.
-Prints the median of the timed steps (after warm-up and the compile,
-which is reported separately).
+"""jax.jit (XLA:CPU) and numpy baselines for benches/overhead.rs and benches/cpu.rs.
 
-    pip install jax            # CPU wheel
-    python3 benches/jax_baseline.py [--steps N]
+Same sizes, same ops, same dtypes (f32). Each case is compiled once (a
+warm-up call), then timed as a cached call that waits for its result
+(`block_until_ready`), median of many calls, as criterion times kiln.
+
+    python3 benches/jax_baseline.py [group ...]
+
+Groups: overhead, rows, matmul, mlp, chain (all when none is given).
+`benches/side_by_side.sh` alternates them with the kiln benches in one
+run. numpy's matmul runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
+unset, as benches/numpy_baseline.py documents (the side-by-side script
+unsets them).
 """
-import argparse
+import os
 import statistics
+import sys
 import time
 
-import jax
-import jax.numpy as jnp
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-SIZES = [784, 1024, 1024, 1024, 10]
-BATCH = 128
-LR, B1, B2, EPS, WD = 1e-3, 0.9, 0.999, 1e-8, 0.01
-
-
-def init(key):
-    params = []
-    for n_in, n_out in zip(SIZES[:-1], SIZES[1:]):
-        key, kw, kb = jax.random.split(key, 3)
-        bound = 1.0 / n_in**0.5
-        params.append((jax.random.uniform(kw, (n_out, n_in), jnp.float32, -bound, bound),
-                       jax.random.uniform(kb, (n_out,), jnp.float32, -bound, bound)))
-    return params
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 
-def loss_fn(params, x, y):
-    h = x
-    for i, (w, b) in enumerate(params):
-        h = h @ w.T + b
-        if i < len(params) - 1:
-            h = jax.nn.relu(h)
-    logp = jax.nn.log_softmax(h, axis=1)
-    return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
-
-
-def step(params, m, v, t, x, y):
-    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-    t = t + 1
-    bc1 = 1 - B1**t
-    bc2 = 1 - B2**t
-    leaves, tree = jax.tree_util.tree_flatten(params)
-    new_p, new_m, new_v = [], [], []
-    for p, g, mi, vi in zip(leaves, jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(m),
-                            jax.tree_util.tree_leaves(v)):
-        p = p * (1 - LR * WD)
-        mi = B1 * mi + (1 - B1) * g
-        vi = B2 * vi + (1 - B2) * g * g
-        p = p - (LR / bc1) * mi / (jnp.sqrt(vi) / jnp.sqrt(bc2) + EPS)
-        new_p.append(p)
-        new_m.append(mi)
-        new_v.append(vi)
-    unflat = lambda xs: jax.tree_util.tree_unflatten(tree, xs)
-    return unflat(new_p), unflat(new_m), unflat(new_v), t, loss
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=100)
-    args = ap.parse_args()
-    key = jax.random.PRNGKey(0)
-    params = init(key)
-    m = jax.tree_util.tree_map(jnp.zeros_like, params)
-    v = jax.tree_util.tree_map(jnp.zeros_like, params)
-    t = jnp.zeros((), jnp.float32)
-    x = jax.random.normal(jax.random.PRNGKey(1), (BATCH, SIZES[0]), jnp.float32)
-    y = jnp.arange(BATCH, dtype=jnp.int32) * 7 % 10
-    jstep = jax.jit(step, donate_argnums=(0, 1, 2, 3))
-    t0 = time.perf_counter()
-    params, m, v, t, loss = jstep(params, m, v, t, x, y)
-    loss.block_until_ready()
-    compile_s = time.perf_counter() - t0
-    for _ in range(10):
-        params, m, v, t, loss = jstep(params, m, v, t, x, y)
-    loss.block_until_ready()
+def median_seconds(f, min_reps=10, budget=2.0):
+    """Median of timed calls: at least `min_reps`, more while under `budget` s."""
+    f()
     times = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        params, m, v, t, loss = jstep(params, m, v, t, x, y)
-        loss.block_until_ready()
-        times.append(time.perf_counter() - t0)
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}: first call (trace + compile + run) {compile_s * 1e3:.0f} ms")
-    print(f"train_step_mlp_784_1024x3_10_adamw (jax.jit): median {statistics.median(times) * 1e3:.2f} ms "
-          f"over {args.steps} steps (min {min(times) * 1e3:.2f}, max {max(times) * 1e3:.2f}); loss {float(loss):.4f}")
+    start = time.perf_counter()
+    while len(times) < min_reps or (time.perf_counter() - start < budget and len(times) < 100000):
+        t = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
 
+
+def report(name, seconds):
+    if seconds < 1e-3:
+        print(f"jax {jax.__version__}: {name} median {seconds * 1e6:.2f} us", flush=True)
+    else:
+        print(f"jax {jax.__version__}: {name} median {seconds * 1e3:.3f} ms", flush=True)
+
+
+def timed(name, fn, *args, budget=2.0):
+    jitted = jax.jit(fn)
+    jitted(*args).block_until_ready()
+    report(name, median_seconds(lambda: jitted(*args).block_until_ready(), budget=budget))
+
+
+def overhead():
+    # The chain of benches/overhead.rs: y*x, tanh, y+x, sigmoid, repeated.
+    x = jnp.asarray(np.array([0.25], dtype=np.float32))
+    for n in (4, 40, 400, 4000):
+        def chain(x, n=n):
+            y = x
+            for i in range(n):
+                y = (y * x, jnp.tanh(y), y + x, jax.nn.sigmoid(y))[i % 4]
+            return y
+        timed(f"cached_call/{n}", chain, x)
+
+
+def rows():
+    rng = np.random.default_rng(3)
+    for r, c in ((2048, 1024), (8192, 4096)):
+        x = jnp.asarray(rng.standard_normal((r, c), dtype=np.float32))
+        w = jnp.asarray(rng.standard_normal(c, dtype=np.float32))
+        b = jnp.asarray(rng.standard_normal(c, dtype=np.float32))
+
+        def layer_norm(x, w, b):
+            mean = jnp.mean(x, axis=-1, keepdims=True)
+            centered = x - mean
+            var = jnp.mean(centered * centered, axis=-1, keepdims=True)
+            return centered * jax.lax.rsqrt(var + 1e-5) * w + b
+
+        timed(f"softmax_{r}x{c}_f32", lambda x: jax.nn.softmax(x, axis=-1), x)
+        timed(f"layer_norm_{r}x{c}_f32", layer_norm, x, w, b)
+
+
+def matmul():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((1024, 1024), dtype=np.float32)
+    b = rng.standard_normal((1024, 1024), dtype=np.float32)
+    timed("matmul_1024_f32", jnp.matmul, jnp.asarray(a), jnp.asarray(b))
+    mm = median_seconds(lambda: a @ b)
+    print(f"numpy {np.__version__}: matmul_1024_f32 median {mm * 1e3:.3f} ms", flush=True)
+
+
+def mlp():
+    # 784-1024-1024-1024-10, batch 128, relu after each hidden layer.
+    rng = np.random.default_rng(4)
+    sizes = (784, 1024, 1024, 1024, 10)
+    params = []
+    for i, o in zip(sizes, sizes[1:]):
+        w = rng.standard_normal((i, o), dtype=np.float32) * np.float32(1.0 / np.sqrt(i))
+        b = rng.standard_normal(o, dtype=np.float32) * np.float32(0.1)
+        params.append((jnp.asarray(w), jnp.asarray(b)))
+    x = jnp.asarray(rng.standard_normal((128, 784), dtype=np.float32))
+
+    def forward(x, params):
+        h = x
+        for k, (w, b) in enumerate(params):
+            h = h @ w + b
+            if k + 1 < len(params):
+                h = jax.nn.relu(h)
+        return h
+
+    timed("mlp_forward_b128", forward, x, params)
+
+
+def chain():
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal(1 << 24, dtype=np.float32))
+    timed("chain8_2^24_f32", lambda x: jnp.tanh(jnp.exp(-jnp.abs(x * 2.0 + 1.0)) * x - 0.5), x)
+    timed("chain_tanh_sigmoid_2^24_f32", lambda x: jnp.tanh(x * 1.5 + 0.5) * jax.nn.sigmoid(x) + x * x, x)
+
+
+GROUPS = {"overhead": overhead, "rows": rows, "matmul": matmul, "mlp": mlp, "chain": chain}
 
 if __name__ == "__main__":
-    main()
+    print(f"jax {jax.__version__} on {jax.devices()}, numpy {np.__version__}", flush=True)
+    for g in sys.argv[1:] or list(GROUPS):
+        GROUPS[g]()

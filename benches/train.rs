@@ -12,7 +12,7 @@
 //! `train_step_mlp_784_1024x3_10_adamw` is the issue-10 comparison: an
 //! MLP 784-1024-1024-1024-10 (ReLU) built from `kiln::nn`, batch 128,
 //! cross-entropy on integer labels, AdamW through `kiln::optim`, f32;
-//! `benches/jax_baseline.py` times the same step under `jax.jit`.
+//! `benches/jax_train_step.py` times the same step under `jax.jit`.
 use criterion::{criterion_group, criterion_main, Criterion};
 use kiln::nn::{self, Linear, Module, ReLU, Sequential};
 use kiln::optim::{AdamConfig, AdamW, Optimizer};

@@ -3,6 +3,7 @@
 
 mod checkpoint;
 mod grad;
+mod key;
 mod realize;
 mod scope;
 mod variable;
@@ -73,6 +74,9 @@ pub(crate) struct State {
     /// Scopes, variables, gradient workspaces, and which nodes are
     /// variable values (autodiff leaves) or detached.
     pub(crate) ws: Workspaces,
+    /// Nodes a read is computing without the lock (see `realize.rs`):
+    /// roots of collection until the read stores them.
+    pub(crate) in_flight: Vec<NodeId>,
 }
 
 /// Counters a context keeps; see [`Context::stats`].
@@ -196,6 +200,7 @@ impl Context {
             compiles: 0,
             cache_hits: 0,
             ws: Workspaces::default(),
+            in_flight: Vec::new(),
         };
         Context { inner: Arc::new(Inner { backend, state: Mutex::new(state) }) }
     }
@@ -400,7 +405,8 @@ impl State {
         self.live.retain(|w| w.strong_count() > 0);
         let mut roots: Vec<NodeId> = self.live.iter().filter_map(|w| w.upgrade()).map(|n| n.id).collect();
         roots.extend(self.ws.roots());
-        let keep: HashSet<NodeId> = self.graph.topo_order_from(&roots).into_iter().collect();
+        roots.extend_from_slice(&self.in_flight);
+        let keep = self.graph.reachable_from(&roots);
         for id in self.graph.node_ids() {
             if !keep.contains(&id) {
                 self.graph.remove(id);

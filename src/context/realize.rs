@@ -1,62 +1,57 @@
-//! Reading values: extract the subgraph the reads need, compile it (or
-//! find it in the cache), run it, and turn the read nodes into buffers.
+//! Reading values: walk the subgraph the reads need, find its plan in the
+//! cache (or extract and compile it), run it, and turn the read nodes into
+//! buffers.
+//!
+//! # The host path
+//!
+//! A cached read costs one walk over the nodes it needs (the walk also
+//! writes the cache key, see [`super::key`]), one map lookup, binding the
+//! input buffers, the run, and collecting dead nodes. Nothing is printed
+//! and no graph is copied unless the plan must be compiled.
+//!
+//! # Locking
+//!
+//! The context's lock is held to walk, look up or compile, and bind; it is
+//! released while the plan is launched and waited for (so neither the CPU's
+//! work nor a device's holds it), then taken again to store the results.
+//! So other threads record, read and run their own plans while one runs
+//! (two reads of one context overlap; a test shows it). Read targets are
+//! nodes of live tensors, which collection never removes; the pending
+//! variable values and gradients a read also computes are pinned
+//! (`State::in_flight`) until it stores them. If another thread realized a
+//! target meanwhile, its buffer stays and ours is only returned.
 
+use super::key::{extract_walked, KeyHash, PlanKey, Walker};
 use super::{Context, State};
 use crate::backends::{Buffer, Executable, RngArgs};
-use crate::ir::{self, BufferId, Graph, NodeId, Op, Plan};
+use crate::ir::{self, Graph, NodeId, Op, Plan};
 use crate::{passes, Location, Result};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Compiled plans by the text of the graph they were compiled from. The
-/// text holds ops, shapes, dtypes, constants and regions but no buffer
-/// identities or random stream numbers (extraction renumbers both), so the
-/// same computation on new data hits.
+/// Compiled plans by the exact structure of the graph they were compiled
+/// from and the pass settings ([`PlanKey`]): ops, shapes, dtypes,
+/// constants and regions, but no buffer identities or random stream
+/// numbers, so the same computation on new data hits.
 #[derive(Default)]
 pub(crate) struct PlanCache {
-    plans: HashMap<String, Arc<dyn Executable>>,
-}
-
-/// A subgraph ready to compile: its inputs are realized buffers, its
-/// random streams are renumbered from 0.
-pub(crate) struct Extracted {
-    pub(crate) graph: Graph,
-    pub(crate) inputs: Vec<BufferId>,
-    pub(crate) streams: Vec<u64>,
+    plans: HashMap<PlanKey, Arc<dyn Executable>, KeyHash>,
+    walker: Walker,
 }
 
 /// Copies what `targets` need out of the recording graph. The walk is the
 /// graph's structural order, so a loop that records the same computation
 /// each iteration extracts the same graph each time.
-pub(crate) fn extract(graph: &Graph, targets: &[NodeId]) -> Extracted {
-    let mut out = graph.empty_like();
-    let mut map: HashMap<NodeId, NodeId> = HashMap::new();
-    let mut inputs: Vec<BufferId> = Vec::new();
-    let mut streams: Vec<u64> = Vec::new();
-    for id in graph.topo_order_from(targets) {
-        let mut node = graph.node(id).clone();
-        node.op = match node.op {
-            Op::Buffer(b) => {
-                let slot = inputs.iter().position(|&x| x == b).unwrap_or_else(|| {
-                    inputs.push(b);
-                    inputs.len() - 1
-                });
-                Op::Input(slot as u32)
-            }
-            Op::Random { dist, stream } => {
-                let slot = streams.iter().position(|&x| x == stream).unwrap_or_else(|| {
-                    streams.push(stream);
-                    streams.len() - 1
-                });
-                Op::Random { dist, stream: slot as u64 }
-            }
-            op => op,
-        };
-        let operands: Vec<NodeId> = graph.operands(id).iter().map(|o| map[o]).collect();
-        map.insert(id, out.add_unchecked(node, &operands));
-    }
-    out.set_outputs(targets.iter().map(|t| map[t]).collect());
-    Extracted { graph: out, inputs, streams }
+pub(crate) fn extract(graph: &Graph, targets: &[NodeId]) -> Graph {
+    let w = Walker::default().walk(graph, targets);
+    extract_walked(graph, targets, &w.order, &w.inputs, &w.streams)
+}
+
+/// A plan bound to its inputs, ready to run without the lock.
+struct Job {
+    executable: Arc<dyn Executable>,
+    inputs: Vec<Buffer>,
+    rng: RngArgs,
 }
 
 /// What a read computes: the nodes read, then the pending variable values
@@ -80,13 +75,50 @@ fn with_pending(state: &State, targets: &[NodeId]) -> Targets {
 impl Context {
     /// Computes the given nodes, and every pending variable value and
     /// gradient in the same plan, and makes each a buffer node. Returns
-    /// the targets' buffers, in order.
+    /// the targets' buffers, in order. The targets must be nodes of live
+    /// tensors.
     pub(crate) fn realize_nodes(&self, targets: &[NodeId]) -> Result<Vec<Buffer>> {
+        let (job, targets) = {
+            let mut state = self.state();
+            let targets = with_pending(&state, targets);
+            match self.prepare(&mut state, &targets.all)? {
+                Ok(job) => {
+                    // Pinned until the results are stored: a pending node no
+                    // tensor holds must not be collected (and its id reused)
+                    // while the plan runs.
+                    state.in_flight.extend_from_slice(&targets.all);
+                    (job, targets)
+                }
+                Err(mut ready) => {
+                    state.collect();
+                    ready.truncate(targets.read);
+                    return Ok(ready);
+                }
+            }
+        };
+        // Launched and waited for without the lock: the inputs are bound
+        // buffers of finished runs, and an executable orders its own runs,
+        // so nothing here needs the context (see the module docs).
+        let outputs = {
+            let _span = tracing::debug_span!("run", backend = self.inner.backend.name()).entered();
+            job.executable.launch(&job.inputs, &job.rng).and_then(|pending| pending.wait())
+        };
+        drop(job);
         let mut state = self.state();
-        let targets = with_pending(&state, targets);
-        let mut outputs = self.run_locked(&mut state, &targets.all)?;
+        for id in &targets.all {
+            if let Some(k) = state.in_flight.iter().position(|p| p == id) {
+                state.in_flight.swap_remove(k);
+            }
+        }
+        let mut outputs = match outputs {
+            Ok(outputs) => outputs,
+            Err(e) => {
+                state.collect();
+                return Err(e);
+            }
+        };
         for (&target, buffer) in targets.all.iter().zip(&outputs) {
-            if matches!(state.graph.node(target).op, Op::Buffer(_)) {
+            if !state.graph.contains(target) || matches!(state.graph.node(target).op, Op::Buffer(_)) {
                 continue;
             }
             let id = state.add_buffer(buffer.clone());
@@ -98,7 +130,14 @@ impl Context {
         Ok(outputs)
     }
 
-    fn run_locked(&self, state: &mut State, targets: &[NodeId]) -> Result<Vec<Buffer>> {
+    /// Under the lock: the buffers of already realized targets
+    /// (`Ok(Err(..))`), or the plan (from the cache or compiled now) bound
+    /// to its inputs.
+    fn prepare(
+        &self,
+        state: &mut State,
+        targets: &[NodeId],
+    ) -> Result<std::result::Result<Job, Vec<Buffer>>> {
         // Already realized targets need no plan.
         if let Some(ready) = targets
             .iter()
@@ -108,34 +147,36 @@ impl Context {
             })
             .collect::<Option<Vec<Buffer>>>()
         {
-            return Ok(ready);
+            return Ok(Err(ready));
         }
-        let extracted = extract(&state.graph, targets);
-        let key = format!(
-            ";; {} tf32={} graphs={} passes={}\n{}",
-            state.options,
-            state.compile.tf32,
-            state.compile.cuda_graphs,
-            state.config.as_ref().map(|c| c.enabled_text()).unwrap_or_default(),
-            ir::text::print(&extracted.graph)
-        );
+        let walk = state.cache.walker.walk(&state.graph, targets);
+        let passes = state.config.as_ref().map(|c| c.enabled_text()).unwrap_or_default();
+        let key = PlanKey {
+            passes,
+            options: state.options,
+            compile: state.compile,
+            hash: walk.hash,
+            words: walk.words,
+        };
         let executable = match state.cache.plans.get(&key) {
             Some(exe) => {
                 state.cache_hits += 1;
                 exe.clone()
             }
             None => {
-                let _span = tracing::debug_span!("compile", nodes = extracted.graph.len()).entered();
+                let extracted =
+                    extract_walked(&state.graph, targets, &walk.order, &walk.inputs, &walk.streams);
+                let _span = tracing::debug_span!("compile", nodes = extracted.len()).entered();
                 let mut config = state.config.clone()?;
                 config.options = state.options;
-                let optimized = passes::optimize(extracted.graph, &config)?;
+                let optimized = passes::optimize(extracted, &config)?;
                 let exe = self.inner.backend.compile_with(Arc::new(Plan::new(optimized)), &state.compile)?;
                 state.compiles += 1;
-                state.cache.plans.insert(key, exe.clone());
+                state.cache.plans.insert(key.clone(), exe.clone());
                 exe
             }
         };
-        let inputs: Vec<Buffer> = extracted
+        let inputs: Vec<Buffer> = walk
             .inputs
             .iter()
             .map(|b| {
@@ -144,9 +185,9 @@ impl Context {
                 })
             })
             .collect::<Result<_>>()?;
-        let rng = RngArgs { seed: state.seed, streams: extracted.streams };
-        let _span = tracing::debug_span!("run", backend = self.inner.backend.name()).entered();
-        executable.run(&inputs, &rng)
+        state.cache.walker.recycle(walk.order, key.words);
+        let rng = RngArgs { seed: state.seed, streams: walk.streams };
+        Ok(Ok(Job { executable, inputs, rng }))
     }
 
     /// The optimized graph the given tensors would compile to (what
@@ -171,7 +212,7 @@ impl Context {
             )
         };
         let config = config?;
-        passes::optimize(extracted.graph, &config)
+        passes::optimize(extracted, &config)
     }
 
     /// The optimized text IR of the graph that computes `tensors`: one line
@@ -199,9 +240,12 @@ mod tests {
     use super::*;
     use crate::Context;
 
-    fn extract_of(ctx: &Context, t: &crate::Tensor) -> Extracted {
+    /// The extracted graph of reading `t`, and the context streams it reads.
+    fn extract_of(ctx: &Context, t: &crate::Tensor) -> (Graph, Vec<u64>) {
         let id = t.node_in(ctx, crate::Location::caller()).expect("live tensor");
-        extract(&ctx.state().graph, &[id])
+        let graph = &ctx.state().graph;
+        let w = Walker::default().walk(graph, &[id]);
+        (extract(graph, &[id]), w.streams)
     }
 
     #[test]
@@ -210,8 +254,8 @@ mod tests {
         let first = ctx.randn([3]) + ctx.randn([3]);
         let second = ctx.randn([3]) + ctx.randn([3]);
         let (a, b) = (extract_of(&ctx, &first), extract_of(&ctx, &second));
-        assert_eq!(ir::text::print(&a.graph), ir::text::print(&b.graph));
-        assert_eq!((a.streams, b.streams), (vec![0, 1], vec![2, 3]));
+        assert_eq!(ir::text::print(&a.0), ir::text::print(&b.0));
+        assert_eq!((a.1, b.1), (vec![0, 1], vec![2, 3]));
     }
 
     #[test]
@@ -219,7 +263,7 @@ mod tests {
         let ctx = Context::cpu();
         let x = ctx.randn([3]);
         let (a, b) = (extract_of(&ctx, &(&x * 2.0)), extract_of(&ctx, &(&x * 3.0)));
-        assert_ne!(ir::text::print(&a.graph), ir::text::print(&b.graph));
+        assert_ne!(ir::text::print(&a.0), ir::text::print(&b.0));
     }
 
     #[test]
@@ -227,5 +271,89 @@ mod tests {
         fn send_sync<T: Send + Sync>() {}
         send_sync::<Context>();
         send_sync::<crate::Tensor>();
+    }
+}
+
+/// A backend whose runs wait for each other: the test of the lock release.
+#[cfg(test)]
+mod overlap {
+    use crate::backends::cpu::CpuBackend;
+    use crate::backends::{Backend, Buffer, DeviceStats, Executable, RngArgs};
+    use crate::ir::{HostData, Plan, Shape};
+    use crate::{Context, Result};
+    use std::sync::{Arc, Condvar, Mutex};
+    use std::time::Duration;
+
+    /// Runs in progress now, and the most at once.
+    #[derive(Default)]
+    struct Meeting {
+        state: Mutex<(usize, usize)>,
+        cv: Condvar,
+    }
+
+    /// The CPU backend, but every run waits (up to 10 s) until another run
+    /// is in progress too.
+    struct Rendezvous {
+        cpu: CpuBackend,
+        meeting: Arc<Meeting>,
+    }
+
+    struct Gate {
+        inner: Arc<dyn Executable>,
+        meeting: Arc<Meeting>,
+    }
+
+    impl Backend for Rendezvous {
+        fn name(&self) -> &'static str {
+            "rendezvous"
+        }
+        fn upload(&self, data: HostData, shape: &Shape) -> Result<Buffer> {
+            self.cpu.upload(data, shape)
+        }
+        fn download(&self, buffer: &Buffer) -> Result<HostData> {
+            self.cpu.download(buffer)
+        }
+        fn compile(&self, plan: Arc<Plan>) -> Result<Arc<dyn Executable>> {
+            Ok(Arc::new(Gate { inner: self.cpu.compile(plan)?, meeting: self.meeting.clone() }))
+        }
+        fn stats(&self) -> Arc<DeviceStats> {
+            self.cpu.stats()
+        }
+    }
+
+    impl Executable for Gate {
+        fn run(&self, inputs: &[Buffer], rng: &RngArgs) -> Result<Vec<Buffer>> {
+            let m = &self.meeting;
+            let mut s = m.state.lock().unwrap();
+            s.0 += 1;
+            s.1 = s.1.max(s.0);
+            m.cv.notify_all();
+            let (mut s, _) = m.cv.wait_timeout_while(s, Duration::from_secs(10), |s| s.1 < 2).unwrap();
+            s.0 -= 1;
+            drop(s);
+            self.inner.run(inputs, rng)
+        }
+    }
+
+    /// Two threads read two different results of one context: each run
+    /// waits until the other has started, which it can only do if the
+    /// first does not hold the context's lock while it runs.
+    #[test]
+    fn two_reads_of_one_context_run_their_plans_at_once() {
+        let meeting = Arc::new(Meeting::default());
+        let backend = Rendezvous { cpu: CpuBackend::new(), meeting: meeting.clone() };
+        let ctx = Context::with_backend(Box::new(backend));
+        let x = ctx.tensor(&[1.0f32, 2.0, 3.0], [3]);
+        let (a, b) = (&x * 2.0, x.exp().sum_all());
+        let (va, vb) = std::thread::scope(|s| {
+            let ta = s.spawn(|| a.to_vec::<f32>());
+            let tb = s.spawn(|| b.item::<f32>());
+            (ta.join().unwrap(), tb.join().unwrap())
+        });
+        assert_eq!(va.unwrap(), vec![2.0, 4.0, 6.0]);
+        let want = 1f32.exp() + 2f32.exp() + 3f32.exp();
+        assert!((vb.unwrap() - want).abs() < 1e-5 * want);
+        assert_eq!(meeting.state.lock().unwrap().1, 2, "the two plans never ran at the same time");
+        assert_eq!(ctx.stats().compiles, 2);
     }
 }

@@ -66,6 +66,19 @@ pub enum Phase {
     Planned,
 }
 
+/// A set of nodes of one graph ([`Graph::reachable_from`]).
+#[derive(Clone, Debug)]
+pub struct NodeSet {
+    bits: Vec<bool>,
+}
+
+impl NodeSet {
+    /// True if `id` is in the set.
+    pub fn contains(&self, id: &NodeId) -> bool {
+        self.bits.get(id.index()).copied().unwrap_or(false)
+    }
+}
+
 /// One node: what it computes and the type of its result.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
@@ -181,6 +194,42 @@ impl Graph {
             .collect();
         ins.sort_unstable();
         ins.into_iter().map(|(_, n)| n).collect()
+    }
+
+    /// Appends the operands of `id`, in slot order, to `out` (what
+    /// [`Graph::operands`] returns, without allocating: a read walks every
+    /// node of its subgraph with one reused vector).
+    pub fn operands_into(&self, id: NodeId, out: &mut Vec<NodeId>) {
+        let start = out.len();
+        // Slots of the first few operands, to sort without allocating.
+        let mut slots = [0u32; 8];
+        for (i, e) in self.g.edges_directed(id.ix(), Direction::Incoming).enumerate() {
+            out.push(NodeId::from_ix(e.source()));
+            if let Some(s) = slots.get_mut(i) {
+                *s = *e.weight();
+            }
+        }
+        let ops = &mut out[start..];
+        if ops.len() > slots.len() {
+            let sorted = self.operands(id);
+            ops.copy_from_slice(&sorted);
+            return;
+        }
+        // petgraph lists incoming edges newest first: insertion-sort by slot.
+        for i in 1..ops.len() {
+            let mut j = i;
+            while j > 0 && slots[j - 1] > slots[j] {
+                slots.swap(j - 1, j);
+                ops.swap(j - 1, j);
+                j -= 1;
+            }
+        }
+    }
+
+    /// One more than the largest node index in use: ids index arrays of
+    /// this length (a walk's marks).
+    pub fn node_bound(&self) -> usize {
+        petgraph::visit::NodeIndexable::node_bound(&self.g)
     }
 
     /// The distinct users of a node, sorted by id.
@@ -366,6 +415,32 @@ impl Graph {
             }
         }
         order
+    }
+
+    /// Every node some root needs (the roots included), as a set: what
+    /// a context keeps when it collects. One flag per node index, no
+    /// hashing, so collecting after each read of a loop stays cheap.
+    pub fn reachable_from(&self, roots: &[NodeId]) -> NodeSet {
+        let mut bits = vec![false; self.node_bound()];
+        let mut stack: Vec<NodeId> = Vec::new();
+        for &r in roots {
+            if self.contains(r) && !bits[r.index()] {
+                bits[r.index()] = true;
+                stack.push(r);
+            }
+        }
+        let mut operands = Vec::new();
+        while let Some(n) = stack.pop() {
+            operands.clear();
+            self.operands_into(n, &mut operands);
+            for &o in &operands {
+                if !bits[o.index()] {
+                    bits[o.index()] = true;
+                    stack.push(o);
+                }
+            }
+        }
+        NodeSet { bits }
     }
 
     /// True if some path leads from `from` to `to` (following operand to user).

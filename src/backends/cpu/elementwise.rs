@@ -182,13 +182,16 @@ pub(crate) fn contiguous<T: Elem>(a: View<'_, T>) -> Vec<T> {
 /// Matches a fieldless enum value and runs `$body` with `$C` bound to a
 /// constant of the matched variant, so the body monomorphizes per variant.
 macro_rules! const_match {
-    ($ty:ident, $val:expr, $C:ident => $body:expr; $($v:ident),* ; $other:expr) => {
+    ($ty:ident, $val:expr, $C:ident => $body:expr; $($v:ident),* ; $other:expr) => {{
+        // A `let`, so the macro is also an expression (attributes on
+        // expressions are unstable).
         #[allow(unreachable_patterns)]
-        match $val {
+        let value = match $val {
             $( $ty::$v => { const $C: $ty = $ty::$v; $body } )*
             _ => $other,
-        }
-    };
+        };
+        value
+    }};
 }
 
 macro_rules! all_unary {

@@ -1,8 +1,10 @@
 //! Batched matrix multiplication.
 //!
-//! `f32` and `f64` go through `matrixmultiply` (single-threaded `sgemm` /
-//! `dgemm`, parallelised here with rayon: over the batch when there are
-//! many small problems, over row blocks of A for large ones). It takes
+//! `f32` goes through kiln's packed AVX2 kernel (`sgemm.rs`, parallel over
+//! tiles) where the CPU has AVX2+FMA; `f64` (and `f32` elsewhere) through
+//! `matrixmultiply` (single-threaded `sgemm` / `dgemm`, parallelised here
+//! with rayon over row blocks of A). Many small problems run one
+//! single-threaded GEMM per batch item across rayon. It takes
 //! arbitrary row and column strides, so transposed, sliced and stride-0
 //! (expanded) operands need no copy. `f16` and `bf16` are widened to
 //! `f32`, multiplied and rounded once. Integer dtypes use a row-major loop
@@ -82,6 +84,20 @@ macro_rules! gemm_float_impl {
 gemm_float_impl!(f32, matrixmultiply::sgemm);
 gemm_float_impl!(f64, matrixmultiply::dgemm);
 
+/// `s` as `&[f32]` when `T` is `f32`.
+fn as_f32<T: 'static>(s: &[T]) -> Option<&[f32]> {
+    // SAFETY: same type id, so `T` is `f32`.
+    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len()) })
+}
+
+/// `s` as `&mut [f32]` when `T` is `f32`.
+fn as_f32_mut<T: 'static>(s: &mut [T]) -> Option<&mut [f32]> {
+    // SAFETY: same type id, so `T` is `f32`.
+    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<f32>(), s.len()) })
+}
+
 /// One operand of a GEMM: storage, base offset, row and column strides.
 #[derive(Clone, Copy)]
 struct Operand<'a, T> {
@@ -107,6 +123,15 @@ fn gemm_rows<T: GemmFloat>(
     parallel: bool,
 ) {
     debug_assert_eq!(dst.len(), m * n);
+    if let (Some(a32), Some(b32), Some(d32)) = (as_f32(a.data), as_f32(b.data), as_f32_mut(dst)) {
+        if super::sgemm::available() {
+            let ma = super::sgemm::Mat { data: a32, base: a.base, rs: a.rs, cs: a.cs };
+            let mb = super::sgemm::Mat { data: b32, base: b.base, rs: b.rs, cs: b.cs };
+            // Below GEMM_PAR_WORK a rayon split costs more than it saves.
+            super::sgemm::sgemm(m, k, n, ma, mb, d32, parallel && m * n * k >= GEMM_PAR_WORK);
+            return;
+        }
+    }
     // A stride of a dimension of size 1 is never multiplied by a non-zero
     // index; pin it to 0 so the `isize` casts below cannot wrap.
     let st = |d: usize, s: usize| if d == 1 { 0 } else { s as isize };

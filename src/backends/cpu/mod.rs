@@ -1,5 +1,6 @@
 //! The CPU backend: strided buffers over shared typed storage, kernels
-//! parallelized with rayon, matmul and conv through matrixmultiply on rayon row blocks.
+//! parallelized with rayon, matmul and conv through a packed AVX2 `f32`
+//! GEMM (`sgemm.rs`) or matrixmultiply on rayon row blocks (`f64`, other CPUs).
 //!
 //! A [`CpuBuffer`] is an `Arc` of typed storage plus a [`Layout`] (shape,
 //! strides, offset), so view ops (reshape where strides allow, permute,
@@ -21,12 +22,14 @@ mod exec;
 mod fused;
 mod hazards;
 mod index;
+mod lanes;
 mod launch;
 mod layout;
 mod matmul;
 mod pool;
 mod reduce;
 mod run;
+mod sgemm;
 mod source;
 mod storage;
 #[cfg(test)]

@@ -2,11 +2,14 @@
 //!
 //! The input layout is split into kept dimensions (one output element per
 //! position) and reduced dimensions (one lane per output element); each
-//! lane is walked through its strides, so no input is copied. Float sums
-//! accumulate in `f64`; integer sums wrap in the dtype; max/min/argmax let
-//! NaN win, as PyTorch does.
+//! lane is walked through its strides, so no input is copied (lanes that
+//! are dense rows are read as slices). Float sums accumulate in `f64` in
+//! the order `lanes.rs` defines (shared with the fused row kernels);
+//! integer sums wrap in the dtype; max/min/argmax let NaN win, as PyTorch
+//! does.
 
 use super::elementwise::{CHUNK, PAR_THRESHOLD};
+use super::lanes::{self, extreme_iter as extreme};
 use super::layout::Offsets;
 use super::storage::{dispatch, Elem, Out, View};
 use super::CpuBuffer;
@@ -115,30 +118,13 @@ fn reduce_with<T: Elem, O: Elem>(
     }
 }
 
-#[inline(always)]
+/// Index of the first maximum (the first NaN if any) and its value.
 fn is_nan<T: PartialEq>(v: T) -> bool {
     #[allow(clippy::eq_op)]
     let nan = v != v;
     nan
 }
 
-fn extreme<T: Elem>(mut lane: impl Iterator<Item = T>, want_max: bool) -> T {
-    let Some(mut acc) = lane.next() else { return T::default() };
-    if is_nan(acc) {
-        return acc;
-    }
-    for v in lane {
-        if is_nan(v) {
-            return v;
-        }
-        if (want_max && v > acc) || (!want_max && v < acc) {
-            acc = v;
-        }
-    }
-    acc
-}
-
-/// Index of the first maximum (the first NaN if any) and its value.
 fn argmax<T: Elem>(mut lane: impl Iterator<Item = (i64, T)>) -> (i64, T) {
     let Some(mut best) = lane.next() else { return (0, T::default()) };
     if is_nan(best.1) {
@@ -159,6 +145,40 @@ fn indexed<T: Copy>(lane: Lane<'_, T>, first: usize) -> impl Iterator<Item = (i6
     lane.enumerate().map(move |(i, v)| ((first + i) as i64, v))
 }
 
+/// The elements of `x` when it is dense and `dims` are its trailing dims:
+/// then every lane is a row of the slice.
+fn dense_rows<'a, T>(x: &View<'a, T>, dims: &[usize]) -> Option<&'a [T]> {
+    let l = x.layout;
+    let r = l.shape.rank();
+    let trailing = dims.iter().enumerate().all(|(i, &d)| d == r - dims.len() + i);
+    if !trailing || !l.is_contiguous() {
+        return None;
+    }
+    x.data.get(l.offset..l.offset + l.numel())
+}
+
+/// `out[i] = f(row i)` for rows of `lane_len` elements, in parallel when large.
+fn rows_with<T: Elem, O: Elem>(rows: &[T], lane_len: usize, f: impl Fn(&[T]) -> O + Sync, out: &mut [O]) {
+    if lane_len == 0 {
+        out.iter_mut().for_each(|o| *o = f(&[]));
+        return;
+    }
+    let n = (rows.len() / lane_len).min(out.len());
+    let out = &mut out[..n];
+    let run = |start: usize, chunk: &mut [O]| {
+        for (i, o) in chunk.iter_mut().enumerate() {
+            let r = start + i;
+            *o = f(&rows[r * lane_len..(r + 1) * lane_len]);
+        }
+    };
+    if out.len() > 1 && rows.len() >= PAR_THRESHOLD {
+        let per = (CHUNK / lane_len).max(1);
+        out.par_chunks_mut(per).enumerate().for_each(|(i, c)| run(i * per, c));
+    } else {
+        run(0, out);
+    }
+}
+
 /// Reduces `dims` of `x` with `op` into `out`, row-major over the kept
 /// dims (so `keepdim` changes only the shape, which the node carries).
 pub(crate) fn reduce(x: &CpuBuffer, op: ReduceOp, dims: &[usize], out: Out<'_>) -> Result<()> {
@@ -169,7 +189,7 @@ pub(crate) fn reduce(x: &CpuBuffer, op: ReduceOp, dims: &[usize], out: Out<'_>) 
     let int_sum = |parts: Vec<i64>| parts.into_iter().fold(0i64, i64::wrapping_add);
     dispatch!(x.dtype(), T => {
         let v = x.view::<T>()?;
-        let fsum = |l: Lane<'_, T>| l.map(T::to_f64).sum::<f64>();
+        let fsum = |l: Lane<'_, T>| lanes::sum_f64_iter(l.map(T::to_f64));
         let isum = |l: Lane<'_, T>| l.fold(0i64, |a, b| a.wrapping_add(b.to_i64()));
         let mean = |s: f64| T::from_f64(s / lane_len as f64);
         match op {
@@ -183,6 +203,24 @@ pub(crate) fn reduce(x: &CpuBuffer, op: ReduceOp, dims: &[usize], out: Out<'_>) 
             }
             _ => {
                 let o = out.get::<T>()?;
+                if let Some(rows) = dense_rows(&v, dims).filter(|_| !split) {
+                    let done = match op {
+                        ReduceOp::Sum | ReduceOp::Mean if T::DTYPE.is_float() => {
+                            let scale = if op == ReduceOp::Mean { lane_len as f64 } else { 1.0 };
+                            rows_with(rows, lane_len, |l| T::from_f64(lanes::sum_f64(l) / scale), o);
+                            true
+                        }
+                        ReduceOp::Max | ReduceOp::Min => {
+                            let want_max = op == ReduceOp::Max;
+                            rows_with(rows, lane_len, |l| lanes::extreme(l, want_max), o);
+                            true
+                        }
+                        _ => false,
+                    };
+                    if done {
+                        return Ok(());
+                    }
+                }
                 match op {
                     ReduceOp::Sum if T::DTYPE.is_float() && split => {
                         reduce_split(v, dims, |l, _| fsum(l), |p| T::from_f64(f64_sum(p)), o)

@@ -186,6 +186,12 @@ impl<'a> Out<'a> {
         self.dtype
     }
 
+    /// The same slice for a shorter borrow (so a kernel can hand it out
+    /// more than once, one use at a time).
+    pub(crate) fn reborrow(&mut self) -> Out<'_> {
+        Out { ptr: self.ptr, len: self.len, dtype: self.dtype, _borrow: PhantomData }
+    }
+
     /// The element count.
     pub(crate) fn len(&self) -> usize {
         self.len
@@ -214,6 +220,8 @@ impl<'a> Out<'a> {
 pub(crate) trait Elem: Element + Default + 'static + PartialOrd + std::fmt::Debug {
     /// The elements of `h`, if it holds this type.
     fn slice(h: &HostData) -> Option<&[Self]>;
+    /// The vector of `h`, to grow and write, if it holds this type.
+    fn vec_mut(h: &mut HostData) -> Option<&mut Vec<Self>>;
     /// The elements of a borrowed typed slice, if it holds this type.
     fn from_host_slice(h: HostSlice<'_>) -> Option<&[Self]>;
     /// A slice of this type as a [`HostSlice`].
@@ -236,6 +244,12 @@ macro_rules! elem_float {
     ($t:ty, $variant:ident, $to:expr, $from:expr) => {
         impl Elem for $t {
             fn slice(h: &HostData) -> Option<&[Self]> {
+                match h {
+                    HostData::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn vec_mut(h: &mut HostData) -> Option<&mut Vec<Self>> {
                 match h {
                     HostData::$variant(v) => Some(v),
                     _ => None,
@@ -294,6 +308,12 @@ macro_rules! elem_int {
                     _ => None,
                 }
             }
+            fn vec_mut(h: &mut HostData) -> Option<&mut Vec<Self>> {
+                match h {
+                    HostData::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
             fn from_host_slice(h: HostSlice<'_>) -> Option<&[Self]> {
                 match h {
                     HostSlice::$variant(v) => Some(v),
@@ -337,6 +357,12 @@ elem_int!(i32, I32);
 elem_int!(i64, I64);
 
 impl Elem for bool {
+    fn vec_mut(h: &mut HostData) -> Option<&mut Vec<Self>> {
+        match h {
+            HostData::Bool(v) => Some(v),
+            _ => None,
+        }
+    }
     fn slice(h: &HostData) -> Option<&[Self]> {
         match h {
             HostData::Bool(v) => Some(v),

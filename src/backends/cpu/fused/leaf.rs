@@ -118,8 +118,14 @@ pub(super) enum Src<'a> {
     None,
     /// Row-major dense from the offset: read in place.
     Dense(Data<'a>, usize),
-    /// One value everywhere: filled into scratch once per task.
+    /// One value everywhere (its one element).
     Splat(HostData),
+    /// A row of `cols` elements from the offset, the same for every row
+    /// (a bias expanded over rows): read in place.
+    Cols(Data<'a>, usize),
+    /// One value per row from the offset, broadcast along the row: read
+    /// in place.
+    PerRow(Data<'a>, usize),
     /// Gathered per block.
     Strided(Data<'a>, Layout),
     /// The in-place operand: read from the output block.

@@ -1,407 +1,516 @@
 //! The typed loops a fused kernel runs on one block: elementwise ops,
 //! row reductions, row broadcasts, and strided gathers of leaves.
 //!
-//! Every loop reads operand slices of the block's length and writes a
-//! scratch slice of the same length, so the per-element work is a plain
-//! zipped loop that LLVM vectorizes. Element semantics are those of the
-//! unfused kernels ([`crate::ir::eval`], `cast_elem`, the reduction rules of
-//! `reduce.rs`), so an elementwise body gives bit-identical results fused
-//! or not.
+//! # Operands
+//!
+//! A block is `rows` rows of `cols` elements. An operand ([`Arg`]) is one
+//! of: *flat* (one element per element of the block, contiguous), a
+//! *splat* (one value everywhere: a constant), *cols* (one row's worth,
+//! the same for every row: a bias broadcast over rows), or *per-row* (one
+//! value per row, broadcast along it: a row's max or mean). Only flat
+//! operands take memory of the block's size; the broadcasts are read where
+//! they are, never expanded into scratch. When every operand is flat or a
+//! splat, an op is one loop over the whole block; otherwise it is one
+//! loop per row, each operand a row slice or a scalar ([`Seg`]).
+//!
+//! # Semantics
+//!
+//! Element functions are those of the unfused kernels ([`crate::ir::eval`],
+//! `cast_elem`), so an elementwise body is bit-identical fused and
+//! unfused; row reductions are `lanes.rs`'s, as the unfused kernel's.
+//! `f32` loops run in an AVX2+FMA copy when the CPU has them, with the
+//! same results (eval never uses `mul_add`, and Rust does not contract).
 
+use super::super::elementwise::{all_binary, all_unary, const_match};
+use super::super::lanes;
 use super::super::layout::{Layout, Offsets};
-use super::super::storage::{cast_elem, dispatch, Elem, HostSlice};
+use super::super::storage::{cast_elem, dispatch, Elem, HostSlice, Out};
 use crate::ir::eval::{self, Real};
-use crate::ir::{BinaryOp, CompareOp, DType, HostData, ReduceOp, UnaryOp};
+use crate::ir::{BinaryOp, CompareOp, DType, Element, HostData, ReduceOp, UnaryOp};
 use crate::{Error, Result};
 use half::{bf16, f16};
 
-/// A borrowed operand: elements `start..` of some typed storage.
+/// A block's shape: `rows` rows of `cols` elements (`cols` is 1 for a
+/// value with one element per row).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Blk {
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl Blk {
+    pub fn len(self) -> usize {
+        self.rows * self.cols
+    }
+}
+
+/// A borrowed operand of one block (see the module docs).
 #[derive(Clone, Copy)]
-pub(super) struct Arg<'v> {
-    pub h: HostSlice<'v>,
-    pub start: usize,
+pub(super) enum Arg<'v> {
+    /// `len` elements from the offset.
+    Flat(HostSlice<'v>, usize),
+    /// The element at the offset, everywhere.
+    Splat(HostSlice<'v>, usize),
+    /// `cols` elements from the offset, repeated for every row.
+    Cols(HostSlice<'v>, usize),
+    /// `rows` elements from the offset, each repeated along its row.
+    PerRow(HostSlice<'v>, usize),
+}
+
+/// An operand at its element type, checked against the block's size.
+#[derive(Clone, Copy)]
+pub(super) enum TArg<'v, T> {
+    Flat(&'v [T]),
+    Splat(T),
+    Cols(&'v [T]),
+    PerRow(&'v [T]),
+}
+
+/// One row (or the whole block) of an operand: a slice or one value.
+#[derive(Clone, Copy)]
+pub(super) enum Seg<'v, T> {
+    S(&'v [T]),
+    C(T),
+}
+
+fn short() -> Error {
+    Error::Backend("cpu: fused operand shorter than its block".into())
 }
 
 impl<'v> Arg<'v> {
-    /// The `len` elements as `T`, or an error (never a panic) if the
-    /// storage is of another type or too short.
-    pub fn get<T: Elem>(self, len: usize) -> Result<&'v [T]> {
-        self.h
-            .typed::<T>()?
-            .get(self.start..self.start + len)
-            .ok_or_else(|| Error::Backend("cpu: fused operand shorter than its block".into()))
+    /// The operand as `T` for a block of shape `b`, or an error (never a
+    /// panic) if the storage is of another type or too short.
+    pub fn typed<T: Elem>(self, b: Blk) -> Result<TArg<'v, T>> {
+        let take = |h: HostSlice<'v>, s: usize, n: usize| -> Result<&'v [T]> {
+            h.typed::<T>()?.get(s..s + n).ok_or_else(short)
+        };
+        Ok(match self {
+            Arg::Flat(h, s) => TArg::Flat(take(h, s, b.len())?),
+            Arg::Splat(h, s) => TArg::Splat(*h.typed::<T>()?.get(s).ok_or_else(short)?),
+            // With one column these are flat, or a splat.
+            Arg::Cols(h, s) if b.cols == 1 => TArg::Splat(*h.typed::<T>()?.get(s).ok_or_else(short)?),
+            Arg::PerRow(h, s) if b.cols == 1 => TArg::Flat(take(h, s, b.rows)?),
+            Arg::Cols(h, s) => TArg::Cols(take(h, s, b.cols)?),
+            Arg::PerRow(h, s) => TArg::PerRow(take(h, s, b.rows)?),
+        })
+    }
+}
+
+impl<'v, T: Copy> TArg<'v, T> {
+    /// True when the operand reads the same way for the whole block.
+    #[inline(always)]
+    fn uniform(&self) -> bool {
+        matches!(self, TArg::Flat(_) | TArg::Splat(_))
+    }
+
+    /// The whole block (only for a uniform operand; others give row 0).
+    #[inline(always)]
+    fn whole(self) -> Seg<'v, T> {
+        match self {
+            TArg::Flat(x) | TArg::Cols(x) => Seg::S(x),
+            TArg::Splat(v) => Seg::C(v),
+            TArg::PerRow(x) => Seg::C(x[0]),
+        }
+    }
+
+    /// Row `r` of a block with `cols` columns.
+    #[inline(always)]
+    fn row(self, r: usize, cols: usize) -> Seg<'v, T> {
+        match self {
+            TArg::Flat(x) => Seg::S(&x[r * cols..(r + 1) * cols]),
+            TArg::Splat(v) => Seg::C(v),
+            TArg::Cols(x) => Seg::S(x),
+            TArg::PerRow(x) => Seg::C(x[r]),
+        }
+    }
+}
+
+/// Where an op writes its block: task scratch (grown as needed) or the
+/// kernel's output.
+pub(super) enum Dst<'a, 'o> {
+    Scratch(&'a mut HostData),
+    Out(&'a mut Out<'o>),
+}
+
+/// Runs `f` on the first `len` elements of `dst` as `O`.
+pub(super) fn with_dst<O: Elem>(dst: &mut Dst<'_, '_>, len: usize, f: impl FnOnce(&mut [O])) -> Result<()> {
+    match dst {
+        Dst::Scratch(h) => with_out(h, len, |o| {
+            f(o);
+            Ok(())
+        }),
+        Dst::Out(out) => {
+            let o = out.reborrow().get::<O>()?;
+            let o =
+                o.get_mut(..len).ok_or_else(|| Error::Backend("cpu: fused output block too short".into()))?;
+            f(o);
+            Ok(())
+        }
     }
 }
 
 /// Runs `f` on the first `len` elements of `dst` viewed as `O` (growing it
-/// if needed). The scratch is moved out and back, so no typed `&mut`
-/// accessor on [`HostData`] is needed.
+/// if needed; an empty vector of another type, a GEMM buffer's first use,
+/// becomes one of `O`).
 pub(super) fn with_out<O: Elem>(
     dst: &mut HostData,
     len: usize,
     f: impl FnOnce(&mut [O]) -> Result<()>,
 ) -> Result<()> {
-    let h = std::mem::replace(dst, HostData::U8(Vec::new()));
-    let found = h.dtype();
-    let mut v = O::from_host(h).ok_or_else(|| {
+    if O::vec_mut(dst).is_none() && dst.is_empty() {
+        *dst = O::into_host(Vec::new());
+    }
+    let found = dst.dtype();
+    let v = O::vec_mut(dst).ok_or_else(|| {
         Error::Backend(format!("cpu: fused scratch is {found}, the op writes {}", O::DTYPE))
     })?;
     if v.len() < len {
         v.resize(len, O::default());
     }
-    let r = f(&mut v[..len]);
-    *dst = O::into_host(v);
-    r
+    f(&mut v[..len])
 }
 
-/// A zeroed scratch vector of `len` elements of `dtype`.
-pub(super) fn scratch(dtype: DType, len: usize) -> HostData {
-    dispatch!(dtype, T => <T as crate::ir::Element>::into_host(vec![T::default(); len]))
-}
-
-use super::super::elementwise::{all_binary, all_unary, const_match};
-
-#[inline(always)]
-fn map1<A: Copy, O>(d: &mut [O], a: &[A], f: impl Fn(A) -> O) {
-    for (o, &x) in d.iter_mut().zip(a) {
-        *o = f(x);
-    }
+/// An empty scratch vector of `dtype` (it grows to the block on first use).
+pub(super) fn scratch(dtype: DType) -> HostData {
+    dispatch!(dtype, T => <T as crate::ir::Element>::into_host(Vec::new()))
 }
 
 #[inline(always)]
-fn map2<A: Copy, B: Copy, O>(d: &mut [O], a: &[A], b: &[B], f: impl Fn(A, B) -> O) {
-    for ((o, &x), &y) in d.iter_mut().zip(a).zip(b) {
-        *o = f(x, y);
+fn apply1<A: Copy, O>(d: &mut [O], a: Seg<'_, A>, f: &impl Fn(A) -> O)
+where
+    O: Copy,
+{
+    match a {
+        Seg::S(x) => {
+            for (o, &v) in d.iter_mut().zip(x) {
+                *o = f(v);
+            }
+        }
+        Seg::C(v) => d.fill(f(v)),
     }
 }
 
-/// [`map1`] for `f32`, run by an AVX2+FMA copy of the loop when the CPU
-/// has them, as the unfused unary kernel does. Bit-identical to the plain
-/// loop: eval's f32 math never uses `mul_add` and Rust does not contract.
-fn map1_f32(d: &mut [f32], a: &[f32], f: impl Fn(f32) -> f32) {
-    #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU supports avx2 and fma (checked just above).
-        unsafe { map1_f32_avx2(d, a, &f) };
-        return;
+#[inline(always)]
+fn apply2<A: Copy, B: Copy, O: Copy>(d: &mut [O], a: Seg<'_, A>, b: Seg<'_, B>, f: &impl Fn(A, B) -> O) {
+    match (a, b) {
+        (Seg::S(x), Seg::S(y)) => {
+            for ((o, &p), &q) in d.iter_mut().zip(x).zip(y) {
+                *o = f(p, q);
+            }
+        }
+        (Seg::S(x), Seg::C(q)) => {
+            for (o, &p) in d.iter_mut().zip(x) {
+                *o = f(p, q);
+            }
+        }
+        (Seg::C(p), Seg::S(y)) => {
+            for (o, &q) in d.iter_mut().zip(y) {
+                *o = f(p, q);
+            }
+        }
+        (Seg::C(p), Seg::C(q)) => d.fill(f(p, q)),
     }
-    map1(d, a, f)
 }
 
-/// [`map2`] for `f32`, AVX2 when available (see [`map1_f32`]).
-fn map2_f32(d: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
+/// `d = f(a)` over a block of `cols` columns.
+#[inline(always)]
+fn zip1<A: Copy, O: Copy>(d: &mut [O], a: TArg<'_, A>, cols: usize, f: &impl Fn(A) -> O) {
+    if a.uniform() {
+        apply1(d, a.whole(), f);
+    } else {
+        for (r, dr) in d.chunks_mut(cols.max(1)).enumerate() {
+            apply1(dr, a.row(r, cols), f);
+        }
+    }
+}
+
+/// `d = f(a, b)` over a block of `cols` columns.
+#[inline(always)]
+fn zip2<A: Copy, B: Copy, O: Copy>(
+    d: &mut [O],
+    a: TArg<'_, A>,
+    b: TArg<'_, B>,
+    cols: usize,
+    f: &impl Fn(A, B) -> O,
+) {
+    if a.uniform() && b.uniform() {
+        apply2(d, a.whole(), b.whole(), f);
+    } else {
+        for (r, dr) in d.chunks_mut(cols.max(1)).enumerate() {
+            apply2(dr, a.row(r, cols), b.row(r, cols), f);
+        }
+    }
+}
+
+/// [`zip1`] for `f32`, in an AVX2+FMA copy when the CPU has them.
+fn zip1_f32(d: &mut [f32], a: TArg<'_, f32>, cols: usize, f: impl Fn(f32) -> f32) {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
         // SAFETY: the CPU supports avx2 and fma (checked just above).
-        unsafe { map2_f32_avx2(d, a, b, &f) };
+        unsafe { zip1_f32_avx2(d, a, cols, &f) };
         return;
     }
-    map2(d, a, b, f)
+    zip1(d, a, cols, &f)
+}
+
+/// [`zip2`] for `f32`, in an AVX2+FMA copy when the CPU has them.
+fn zip2_f32(d: &mut [f32], a: TArg<'_, f32>, b: TArg<'_, f32>, cols: usize, f: impl Fn(f32, f32) -> f32) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU supports avx2 and fma (checked just above).
+        unsafe { zip2_f32_avx2(d, a, b, cols, &f) };
+        return;
+    }
+    zip2(d, a, b, cols, &f)
 }
 
 /// # Safety
 /// The CPU must support `avx2` and `fma`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn map1_f32_avx2(d: &mut [f32], a: &[f32], f: &impl Fn(f32) -> f32) {
-    for (o, &x) in d.iter_mut().zip(a) {
-        *o = f(x);
-    }
+unsafe fn zip1_f32_avx2(d: &mut [f32], a: TArg<'_, f32>, cols: usize, f: &impl Fn(f32) -> f32) {
+    zip1(d, a, cols, f)
 }
 
 /// # Safety
 /// The CPU must support `avx2` and `fma`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn map2_f32_avx2(d: &mut [f32], a: &[f32], b: &[f32], f: &impl Fn(f32, f32) -> f32) {
-    for ((o, &x), &y) in d.iter_mut().zip(a).zip(b) {
-        *o = f(x, y);
-    }
+unsafe fn zip2_f32_avx2(
+    d: &mut [f32],
+    a: TArg<'_, f32>,
+    b: TArg<'_, f32>,
+    cols: usize,
+    f: &impl Fn(f32, f32) -> f32,
+) {
+    zip2(d, a, b, cols, f)
 }
 
 fn unsupported(op: &str, d: DType) -> Error {
     Error::Backend(format!("cpu: {op} is not defined on {d}"))
 }
 
-/// `dst = op(a)` on `len` elements of `dtype`.
-pub(super) fn unary(op: UnaryOp, dtype: DType, a: Arg<'_>, dst: &mut HostData, len: usize) -> Result<()> {
-    macro_rules! float {
-        ($t:ty) => {{
-            let x = a.get::<$t>(len)?;
-            with_out::<$t>(dst, len, |d| {
-                all_unary!(op, OP => map1(d, x, |v: $t| <$t as Real>::unary(OP, v)));
-                Ok(())
-            })
-        }};
-    }
-    macro_rules! half {
-        ($t:ty) => {{
-            let x = a.get::<$t>(len)?;
-            with_out::<$t>(dst, len, |d| {
-                all_unary!(op, OP => map1(d, x, |v: $t| <$t>::from_f32(f32::unary(OP, v.to_f32()))));
-                Ok(())
-            })
-        }};
-    }
-    macro_rules! int {
-        ($t:ty) => {{
-            let x = a.get::<$t>(len)?;
-            with_out::<$t>(dst, len, |d| {
-                const_match!(UnaryOp, op, OP => map1(d, x, |v: $t| eval::unary_int(OP, v as i64) as $t);
-                    Neg, Abs, Relu; return Err(unsupported(op.mnemonic(), dtype)));
-                Ok(())
-            })
+/// `dst = op(a)` on a block of `dtype`.
+pub(super) fn unary(op: UnaryOp, dtype: DType, a: Arg<'_>, dst: &mut Dst<'_, '_>, b: Blk) -> Result<()> {
+    macro_rules! run {
+        ($t:ty, $f:expr) => {{
+            let x = a.typed::<$t>(b)?;
+            with_dst::<$t>(dst, b.len(), |d| zip1(d, x, b.cols, &$f))
         }};
     }
     match dtype {
         DType::F32 => {
-            let x = a.get::<f32>(len)?;
-            with_out::<f32>(dst, len, |d| {
-                all_unary!(op, OP => map1_f32(d, x, |v: f32| f32::unary(OP, v)));
-                Ok(())
+            let x = a.typed::<f32>(b)?;
+            with_dst::<f32>(dst, b.len(), |d| {
+                all_unary!(op, OP => zip1_f32(d, x, b.cols, |v| f32::unary(OP, v)));
             })
         }
-        DType::F64 => float!(f64),
-        DType::F16 => half!(f16),
-        DType::BF16 => half!(bf16),
-        DType::U8 => int!(u8),
-        DType::I32 => int!(i32),
-        DType::I64 => int!(i64),
+        DType::F64 => all_unary!(op, OP => run!(f64, |v: f64| f64::unary(OP, v))),
+        DType::F16 => all_unary!(op, OP => run!(f16, |v: f16| f16::from_f32(f32::unary(OP, v.to_f32())))),
+        DType::BF16 => all_unary!(op, OP => run!(bf16, |v: bf16| bf16::from_f32(f32::unary(OP, v.to_f32())))),
+        DType::U8 | DType::I32 | DType::I64 => dispatch!(dtype, T => {
+            const_match!(UnaryOp, op, OP => run!(T, |v: T| T::from_i64(eval::unary_int(OP, v.to_i64())));
+                Neg, Abs, Relu; Err(unsupported(op.mnemonic(), dtype)))
+        }),
         DType::Bool => Err(unsupported(op.mnemonic(), DType::Bool)),
     }
 }
 
-/// `dst = a op b` on `len` elements of `dtype`.
+/// `dst = a op b` on a block of `dtype`.
 pub(super) fn binary(
     op: BinaryOp,
     dtype: DType,
     a: Arg<'_>,
-    b: Arg<'_>,
-    dst: &mut HostData,
-    len: usize,
+    c: Arg<'_>,
+    dst: &mut Dst<'_, '_>,
+    b: Blk,
 ) -> Result<()> {
-    macro_rules! float {
-        ($t:ty) => {{
-            let (x, y) = (a.get::<$t>(len)?, b.get::<$t>(len)?);
-            with_out::<$t>(dst, len, |d| {
-                all_binary!(op, OP => map2(d, x, y, |p: $t, q: $t| <$t as Real>::binary(OP, p, q)));
-                Ok(())
-            })
-        }};
-    }
-    macro_rules! half {
-        ($t:ty) => {{
-            let (x, y) = (a.get::<$t>(len)?, b.get::<$t>(len)?);
-            with_out::<$t>(dst, len, |d| {
-                all_binary!(op, OP => map2(d, x, y, |p: $t, q: $t| {
-                    <$t>::from_f32(f32::binary(OP, p.to_f32(), q.to_f32()))
-                }));
-                Ok(())
-            })
-        }};
-    }
-    macro_rules! int {
-        ($t:ty) => {{
-            let (x, y) = (a.get::<$t>(len)?, b.get::<$t>(len)?);
-            with_out::<$t>(dst, len, |d| {
-                all_binary!(op, OP => map2(d, x, y, |p: $t, q: $t| {
-                    eval::binary_int(OP, p as i64, q as i64) as $t
-                }));
-                Ok(())
-            })
+    macro_rules! run {
+        ($t:ty, $f:expr) => {{
+            let (x, y) = (a.typed::<$t>(b)?, c.typed::<$t>(b)?);
+            with_dst::<$t>(dst, b.len(), |d| zip2(d, x, y, b.cols, &$f))
         }};
     }
     match dtype {
         DType::F32 => {
-            let (x, y) = (a.get::<f32>(len)?, b.get::<f32>(len)?);
-            with_out::<f32>(dst, len, |d| {
-                all_binary!(op, OP => map2_f32(d, x, y, |p: f32, q: f32| f32::binary(OP, p, q)));
-                Ok(())
+            let (x, y) = (a.typed::<f32>(b)?, c.typed::<f32>(b)?);
+            with_dst::<f32>(dst, b.len(), |d| {
+                all_binary!(op, OP => zip2_f32(d, x, y, b.cols, |p, q| f32::binary(OP, p, q)));
             })
         }
-        DType::F64 => float!(f64),
-        DType::F16 => half!(f16),
-        DType::BF16 => half!(bf16),
-        DType::U8 => int!(u8),
-        DType::I32 => int!(i32),
-        DType::I64 => int!(i64),
-        DType::Bool => {
-            let (x, y) = (a.get::<bool>(len)?, b.get::<bool>(len)?);
-            with_out::<bool>(dst, len, |d| {
-                match op {
-                    BinaryOp::Maximum => map2(d, x, y, |p, q| p | q),
-                    BinaryOp::Minimum => map2(d, x, y, |p, q| p & q),
-                    _ => return Err(unsupported(op.mnemonic(), DType::Bool)),
-                }
-                Ok(())
-            })
-        }
+        DType::F64 => all_binary!(op, OP => run!(f64, |p: f64, q: f64| f64::binary(OP, p, q))),
+        DType::F16 => all_binary!(op, OP => run!(f16, |p: f16, q: f16| {
+            f16::from_f32(f32::binary(OP, p.to_f32(), q.to_f32()))
+        })),
+        DType::BF16 => all_binary!(op, OP => run!(bf16, |p: bf16, q: bf16| {
+            bf16::from_f32(f32::binary(OP, p.to_f32(), q.to_f32()))
+        })),
+        DType::U8 | DType::I32 | DType::I64 => dispatch!(dtype, T => {
+            all_binary!(op, OP => run!(T, |p: T, q: T| T::from_i64(eval::binary_int(OP, p.to_i64(), q.to_i64()))))
+        }),
+        DType::Bool => match op {
+            BinaryOp::Maximum => run!(bool, |p: bool, q: bool| p | q),
+            BinaryOp::Minimum => run!(bool, |p: bool, q: bool| p & q),
+            _ => Err(unsupported(op.mnemonic(), DType::Bool)),
+        },
     }
 }
 
-/// `dst = a op b` (to bool) on `len` elements; the operands are `of`.
+/// `dst = a op c` (to bool) on a block; the operands are `of`.
 pub(super) fn compare(
     op: CompareOp,
     of: DType,
     a: Arg<'_>,
-    b: Arg<'_>,
-    dst: &mut HostData,
-    len: usize,
+    c: Arg<'_>,
+    dst: &mut Dst<'_, '_>,
+    b: Blk,
 ) -> Result<()> {
     dispatch!(of, T => {
-        let (x, y) = (a.get::<T>(len)?, b.get::<T>(len)?);
-        with_out::<bool>(dst, len, |d| {
-            const_match!(CompareOp, op, OP => map2(d, x, y, |p: T, q: T| eval::compare(OP, p, q));
-                Eq, Ne, Lt, Le, Gt, Ge; unreachable!());
-            Ok(())
+        let (x, y) = (a.typed::<T>(b)?, c.typed::<T>(b)?);
+        with_dst::<bool>(dst, b.len(), |d| {
+            const_match!(CompareOp, op, OP => zip2(d, x, y, b.cols, &|p: T, q: T| eval::compare(OP, p, q));
+                Eq, Ne, Lt, Le, Gt, Ge; ());
         })
     })
 }
 
-/// `dst = cond ? a : b` on `len` elements of `dtype`.
+/// `dst = cond ? a : c` on a block of `dtype`.
 pub(super) fn where_(
     dtype: DType,
     cond: Arg<'_>,
     a: Arg<'_>,
-    b: Arg<'_>,
-    dst: &mut HostData,
-    len: usize,
+    c: Arg<'_>,
+    dst: &mut Dst<'_, '_>,
+    b: Blk,
 ) -> Result<()> {
-    let c = cond.get::<bool>(len)?;
+    let k = cond.typed::<bool>(b)?;
     dispatch!(dtype, T => {
-        let (x, y) = (a.get::<T>(len)?, b.get::<T>(len)?);
-        with_out::<T>(dst, len, |d| {
-            for (((o, &c), &p), &q) in d.iter_mut().zip(c).zip(x).zip(y) {
-                *o = if c { p } else { q };
+        let (x, y) = (a.typed::<T>(b)?, c.typed::<T>(b)?);
+        with_dst::<T>(dst, b.len(), |d| {
+            if k.uniform() && x.uniform() && y.uniform() {
+                select(d, k.whole(), x.whole(), y.whole());
+            } else {
+                for (r, dr) in d.chunks_mut(b.cols.max(1)).enumerate() {
+                    select(dr, k.row(r, b.cols), x.row(r, b.cols), y.row(r, b.cols));
+                }
             }
-            Ok(())
-        })
-    })
-}
-
-/// `dst = cast(a)` from `from` to `to` on `len` elements.
-pub(super) fn cast(from: DType, to: DType, a: Arg<'_>, dst: &mut HostData, len: usize) -> Result<()> {
-    dispatch!(from, A => {
-        let x = a.get::<A>(len)?;
-        dispatch!(to, B => with_out::<B>(dst, len, |d| {
-            map1(d, x, cast_elem::<A, B>);
-            Ok(())
-        }))
-    })
-}
-
-/// A plain copy (an `expand` to the same shape).
-pub(super) fn copy(dtype: DType, a: Arg<'_>, dst: &mut HostData, len: usize) -> Result<()> {
-    dispatch!(dtype, T => {
-        let x = a.get::<T>(len)?;
-        with_out::<T>(dst, len, |d| {
-            d.copy_from_slice(x);
-            Ok(())
-        })
-    })
-}
-
-/// Row `r` of `dst` (`cols` elements) filled with `a[r]`, for `rows` rows.
-pub(super) fn row_expand(
-    dtype: DType,
-    a: Arg<'_>,
-    dst: &mut HostData,
-    rows: usize,
-    cols: usize,
-) -> Result<()> {
-    dispatch!(dtype, T => {
-        let x = a.get::<T>(rows)?;
-        with_out::<T>(dst, rows * cols, |d| {
-            for (r, &v) in x.iter().enumerate() {
-                d[r * cols..(r + 1) * cols].fill(v);
-            }
-            Ok(())
         })
     })
 }
 
 #[inline(always)]
-fn is_nan<T: PartialEq>(v: T) -> bool {
-    #[allow(clippy::eq_op)]
-    let nan = v != v;
-    nan
-}
-
-/// The max (or min) of a lane, the first NaN if any (as `reduce.rs`).
-fn extreme<T: Elem>(lane: &[T], want_max: bool) -> T {
-    let Some((&first, rest)) = lane.split_first() else { return T::default() };
-    if is_nan(first) {
-        return first;
+fn at<T: Copy>(s: Seg<'_, T>, i: usize) -> T {
+    match s {
+        Seg::S(v) => v[i],
+        Seg::C(v) => v,
     }
-    let mut acc = first;
-    for &v in rest {
-        if is_nan(v) {
-            return v;
-        }
-        if (want_max && v > acc) || (!want_max && v < acc) {
-            acc = v;
-        }
+}
+
+fn select<T: Copy>(d: &mut [T], k: Seg<'_, bool>, x: Seg<'_, T>, y: Seg<'_, T>) {
+    for (i, o) in d.iter_mut().enumerate() {
+        *o = if at(k, i) { at(x, i) } else { at(y, i) };
     }
-    acc
 }
 
-/// `dst[r] = op(a[r * cols .. (r + 1) * cols])` for `rows` rows.
-///
-/// Each row is reduced left to right: float sums accumulate in `f64`
-/// (`f16`/`bf16` too) and round once, integer sums wrap, `mean` divides
-/// the `f64` sum by `cols`, `max`/`min` let the first NaN win. This is the
-/// order of the unfused kernel for rows shorter than its split threshold;
-/// longer rows there are summed in segments, so sums may differ in the
-/// last bits.
-pub(super) fn reduce(
-    op: ReduceOp,
-    dtype: DType,
-    a: Arg<'_>,
-    dst: &mut HostData,
-    rows: usize,
-    cols: usize,
-) -> Result<()> {
-    dispatch!(dtype, T => reduce_rows::<T>(op, a, dst, rows, cols))
-}
-
-fn reduce_rows<T: Elem>(
-    op: ReduceOp,
-    a: Arg<'_>,
-    dst: &mut HostData,
-    rows: usize,
-    cols: usize,
-) -> Result<()> {
-    let x = a.get::<T>(rows * cols)?;
-    let lane = |r: usize| &x[r * cols..(r + 1) * cols];
-    with_out::<T>(dst, rows, |d| {
-        let float = T::DTYPE.is_float();
-        match op {
-            ReduceOp::Sum if float => {
-                for (r, o) in d.iter_mut().enumerate() {
-                    *o = T::from_f64(lane(r).iter().map(|&v| v.to_f64()).sum::<f64>());
-                }
-            }
-            ReduceOp::Sum if T::DTYPE.is_int() => {
-                for (r, o) in d.iter_mut().enumerate() {
-                    *o = T::from_i64(lane(r).iter().fold(0i64, |s, &v| s.wrapping_add(v.to_i64())));
-                }
-            }
-            ReduceOp::Mean if float => {
-                for (r, o) in d.iter_mut().enumerate() {
-                    let s = lane(r).iter().map(|&v| v.to_f64()).sum::<f64>();
-                    *o = T::from_f64(s / cols as f64);
-                }
-            }
-            ReduceOp::Max | ReduceOp::Min => {
-                let want_max = op == ReduceOp::Max;
-                for (r, o) in d.iter_mut().enumerate() {
-                    *o = extreme(lane(r), want_max);
-                }
-            }
-            _ => return Err(unsupported(op.mnemonic(), T::DTYPE)),
-        }
-        Ok(())
+/// `dst = cast(a)` from `from` to `to` on a block.
+pub(super) fn cast(from: DType, to: DType, a: Arg<'_>, dst: &mut Dst<'_, '_>, b: Blk) -> Result<()> {
+    dispatch!(from, A => {
+        let x = a.typed::<A>(b)?;
+        dispatch!(to, B => with_dst::<B>(dst, b.len(), |d| zip1(d, x, b.cols, &cast_elem::<A, B>)))
     })
+}
+
+/// The operand's elements, row-major and dense (an `expand` to the same
+/// shape, a row value broadcast along its row, or a body whose output is
+/// a leaf).
+pub(super) fn copy(dtype: DType, a: Arg<'_>, dst: &mut Dst<'_, '_>, b: Blk) -> Result<()> {
+    dispatch!(dtype, T => {
+        let x = a.typed::<T>(b)?;
+        with_dst::<T>(dst, b.len(), |d| match x {
+            TArg::Flat(s) => d.copy_from_slice(s),
+            _ => zip1(d, x, b.cols, &|v: T| v),
+        })
+    })
+}
+
+/// `dst[r] = op(row r of a)` for the block's rows (`b.cols` is the length
+/// of a row). Float sums and means accumulate in `f64` in `lanes.rs`'s
+/// order, integer sums wrap, max/min let the first NaN win: exactly the
+/// unfused kernel's rows.
+pub(super) fn reduce(op: ReduceOp, dtype: DType, a: Arg<'_>, dst: &mut Dst<'_, '_>, b: Blk) -> Result<()> {
+    dispatch!(dtype, T => {
+        let x = a.typed::<T>(b)?;
+        let float = T::DTYPE.is_float();
+        let f: fn(&[T], usize) -> T = match op {
+            ReduceOp::Sum if float => |l, _| <T as Elem>::from_f64(lanes::sum_f64(l)),
+            ReduceOp::Mean if float => |l, n| <T as Elem>::from_f64(lanes::sum_f64(l) / n as f64),
+            ReduceOp::Sum if T::DTYPE.is_int() => |l, _| T::from_i64(l.iter().fold(0i64, |s, &v| s.wrapping_add(v.to_i64()))),
+            ReduceOp::Max => |l, _| lanes::extreme(l, true),
+            ReduceOp::Min => |l, _| lanes::extreme(l, false),
+            _ => return Err(unsupported(op.mnemonic(), T::DTYPE)),
+        };
+        let cols = b.cols;
+        with_dst::<T>(dst, b.rows, |d| {
+            let mut row = Vec::new();
+            for (r, o) in d.iter_mut().enumerate() {
+                *o = match x.row(r, cols) {
+                    Seg::S(lane) => f(lane, cols),
+                    Seg::C(v) => {
+                        // A broadcast reduced: rare, so made concrete.
+                        row.clear();
+                        row.resize(cols, v);
+                        f(&row, cols)
+                    }
+                };
+            }
+        })
+    })
+}
+
+/// Copies `src` into `dst` with non-temporal (streaming) stores where the
+/// CPU has them, so a large output is written without first being read
+/// into the cache, and without evicting what the kernel still reads; the
+/// caller fences (`stream_fence`) before anyone else reads `dst`. The
+/// element types kernels write are plain bytes (numbers and `bool`), so a
+/// byte copy is a copy.
+pub(super) fn stream_copy<T: Elem>(dst: &mut [T], src: &[T]) {
+    let n = dst.len().min(src.len()) * std::mem::size_of::<T>();
+    // SAFETY: both ranges are `n` bytes of live slices (`&mut` and `&`, so
+    // disjoint); every `T` here is plain data, any byte copy of which is valid.
+    let (d, s) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), n),
+            std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), n),
+        )
+    };
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+        let head = d.as_ptr().align_offset(16).min(n);
+        d[..head].copy_from_slice(&s[..head]);
+        let body = (n - head) / 16 * 16;
+        for i in (head..head + body).step_by(16) {
+            // SAFETY: `i..i + 16` is inside both slices, and `d + i` is
+            // 16-byte aligned (`head` aligned it); SSE2 is baseline x86_64.
+            unsafe {
+                let v = _mm_loadu_si128(s.as_ptr().add(i).cast::<__m128i>());
+                _mm_stream_si128(d.as_mut_ptr().add(i).cast::<__m128i>(), v);
+            }
+        }
+        d[head + body..].copy_from_slice(&s[head + body..]);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    d.copy_from_slice(s);
+}
+
+/// Orders this thread's streaming stores before its later stores (so the
+/// task's completion, which rayon publishes, comes after its output).
+pub(super) fn stream_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE2 is baseline on x86_64; a fence has no other effect.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
 }
 
 /// Elements `start .. start + dst.len()` (row-major logical order) of a
@@ -440,5 +549,36 @@ pub(super) fn gather<T: Copy>(data: &[T], l: &Layout, start: usize, dst: &mut [T
         }
         done += take;
         j = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every head and tail length around the 16-byte stores, for element
+    /// sizes 1, 4 and 8.
+    #[test]
+    fn stream_copy_copies_every_element_at_any_alignment() {
+        let src: Vec<f64> = (0..100).map(|i| i as f64 * 1.5 - 7.0).collect();
+        let f32s: Vec<f32> = src.iter().map(|&v| v as f32).collect();
+        let bytes: Vec<u8> = (0..100).map(|i| (i * 37 % 251) as u8).collect();
+        for start in 0..5 {
+            for len in [0, 1, 3, 4, 5, 15, 16, 17, 33, 64, 95 - start] {
+                let mut d = vec![0f64; 100];
+                stream_copy(&mut d[start..start + len], &src[start..start + len]);
+                let mut e = vec![0f32; 100];
+                stream_copy(&mut e[start..start + len], &f32s[start..start + len]);
+                let mut b = [0u8; 100];
+                stream_copy(&mut b[start..start + len], &bytes[start..start + len]);
+                stream_fence();
+                for i in 0..100 {
+                    let inside = (start..start + len).contains(&i);
+                    assert_eq!(d[i], if inside { src[i] } else { 0.0 }, "f64 {start}+{len} at {i}");
+                    assert_eq!(e[i], if inside { f32s[i] } else { 0.0 }, "f32 {start}+{len} at {i}");
+                    assert_eq!(b[i], if inside { bytes[i] } else { 0 }, "u8 {start}+{len} at {i}");
+                }
+            }
+        }
     }
 }

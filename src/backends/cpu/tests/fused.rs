@@ -251,24 +251,37 @@ const LAYERNORM: &str = "
 return %y
 ";
 
+/// Fused row kernels reduce each row in the order `lanes.rs` defines, as
+/// the unfused kernel does, so they agree to the bit; only the unfused
+/// kernel's parallel split of a few very long rows (here `[2, 40000]`)
+/// may differ in the last bits.
 #[test]
 fn softmax_and_layernorm_match_unfused() {
     let sizes = [(37, 1000), (5, 7), (300, 1), (1, 2500), (1, 1), (129, 1030), (2, 40000)];
     for (r, c) in sizes {
+        let split = r < 4 && c >= 32768;
         for d in ["f32", "f64", "f16"] {
             let what = format!("[{r},{c}] {d}");
             check(
                 &sized(SOFTMAX, d, r, c).replace("[R,1]", &format!("[{r},1]")),
-                4.0,
+                if split { 4.0 } else { 0.0 },
                 &format!("softmax {what}"),
             );
             check(
                 &sized(LAYERNORM, d, r, c).replace("[R,1]", &format!("[{r},1]")),
-                8.0,
+                if split { 8.0 } else { 0.0 },
                 &format!("layernorm {what}"),
             );
         }
     }
+}
+
+/// An output of 32 MB or more is streamed out (non-temporal stores from
+/// each block's scratch): the same bits as the unfused graph.
+#[test]
+fn a_streamed_output_matches_unfused() {
+    let (r, c) = (2048, 4096);
+    check(&sized(SOFTMAX, "f32", r, c).replace("[R,1]", &format!("[{r},1]")), 0.0, "streamed softmax");
 }
 
 #[test]
@@ -401,27 +414,4 @@ fn bad_runs_are_errors() {
         msg(kernel.run(&[Some(&bufs[1]), Some(&bufs[1])], None, &mut out)).contains("operand 0 is f32[3]")
     );
     assert!(msg(kernel.run(&[Some(&bufs[0]), Some(&bufs[1])], Some(0), &mut out)).contains("pass None"));
-}
-
-/// A rough timing, not a benchmark: softmax over `[2048,1024]` f32 fused
-/// and unfused. Run with
-/// `cargo test --release --lib fused_softmax_timing -- --ignored --nocapture`.
-#[test]
-#[ignore]
-fn fused_softmax_timing() {
-    let g = parse(&wrap(&sized(SOFTMAX, "f32", 2048, 1024).replace("[R,1]", "[2048,1]"))).unwrap();
-    let inputs = inputs_of(&g);
-    for (name, graph) in [("fused", g.clone()), ("unfused", inline_fused(&g))] {
-        let be = CpuBackend::new();
-        let exe = be.compile(Arc::new(Plan::new(graph))).unwrap();
-        let buf = be.upload(inputs[0].clone(), &Shape::new([2048, 1024])).unwrap();
-        let mut times = Vec::new();
-        for _ in 0..20 {
-            let t = std::time::Instant::now();
-            exe.run(std::slice::from_ref(&buf), &RngArgs::default()).unwrap();
-            times.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-        times.sort_by(f64::total_cmp);
-        println!("softmax [2048,1024] f32 {name}: median {:.2} ms, min {:.2} ms", times[10], times[0]);
-    }
 }
