@@ -3,6 +3,7 @@
 # binaries (built here with ../shared/tools/gpu-bundle into .gpu/) in stages.
 #   bash benches/gpu_session.sh tests        # ops, cuda, plan_props on CUDA
 #   bash benches/gpu_session.sh quickstart   # the README's example via Context::best
+#   bash benches/gpu_session.sh digits       # examples/digits.rs, MLP and --conv
 #   bash benches/gpu_session.sh memcheck     # the CUDA tests under compute-sanitizer
 #   bash benches/gpu_session.sh racecheck
 #   bash benches/gpu_session.sh bench        # benches/gpu.rs + torch_baseline.py, one table
@@ -25,12 +26,19 @@ for stage in "$@"; do
   case $stage in
     tests)
       for t in ${TESTS:-ops cuda plan_props}; do
-        timeout 400 $bin/tests-$t > "$OUT/$t.log" 2>&1 || status=1
+        # --nocapture for cuda: its tests print the figures the notes quote
+        args=(); [[ $t == cuda ]] && args=(--nocapture)
+        timeout 400 $bin/tests-$t "${args[@]}" > "$OUT/$t.log" 2>&1 || status=1
         echo "-- $t"; summary "$OUT/$t.log"
       done ;;
     quickstart)
       timeout 120 $bin/examples-quickstart > "$OUT/quickstart.log" 2>&1 || status=1
       head -3 "$OUT/quickstart.log"; tail -4 "$OUT/quickstart.log" ;;
+    digits)
+      for a in "" --conv; do
+        timeout 240 $bin/examples-digits $a --out "$OUT/digits$a" > "$OUT/digits$a.log" 2>&1 || status=1
+        echo "-- digits $a"; tail -6 "$OUT/digits$a.log"
+      done ;;
     memcheck|racecheck)
       timeout ${SAN_TIMEOUT:-240} compute-sanitizer --tool $stage --report-api-errors no --print-limit 20 $bin/tests-cuda --test-threads=1 > "$OUT/$stage.log" 2>&1 || status=1
       summary "$OUT/$stage.log"; tail -3 "$OUT/$stage.log" ;;

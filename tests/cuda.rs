@@ -266,6 +266,9 @@ fn a_second_process_compiles_no_kernel() -> Result<()> {
         println!("KERNELS compiled={} disk={}", s.kernel_compiles, s.kernel_disk_hits);
         return Ok(());
     }
+    // The parent holds the GPU while its children run: a child's context
+    // would otherwise show up in the memory-baseline test's figures.
+    let _serial = serial();
     let Some(_) = gpu() else { return Ok(()) };
     let dir = std::env::temp_dir().join(format!("kiln-kernel-cache-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
