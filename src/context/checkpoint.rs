@@ -204,7 +204,7 @@ fn set_loaded(
     Ok(())
 }
 
-fn st_dtype(d: DType) -> Dtype {
+pub(crate) fn st_dtype(d: DType) -> Dtype {
     match d {
         DType::F16 => Dtype::F16,
         DType::BF16 => Dtype::BF16,
@@ -250,7 +250,7 @@ fn to_bytes(h: &HostData) -> Vec<u8> {
 
 /// The host data of little-endian bytes, `None` if the length does not fit
 /// the dtype or a bool byte is not 0 or 1.
-fn from_bytes(dtype: DType, bytes: &[u8]) -> Option<HostData> {
+pub(crate) fn from_bytes(dtype: DType, bytes: &[u8]) -> Option<HostData> {
     fn words<const N: usize, T>(bytes: &[u8], f: impl Fn([u8; N]) -> T) -> Option<Vec<T>> {
         if bytes.len() % N != 0 {
             return None;

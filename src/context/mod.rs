@@ -1,7 +1,7 @@
 //! The user's device handle: a backend, the recording graph, the random
 //! seed, realized buffers and the cache of compiled plans.
 
-mod checkpoint;
+pub(crate) mod checkpoint;
 mod grad;
 mod key;
 mod realize;

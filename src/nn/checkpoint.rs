@@ -5,11 +5,12 @@
 //! read exactly the parameters a [`Params`] visits: a model to ship.
 
 use super::Params;
+use crate::context::checkpoint::{from_bytes, st_dtype};
 use crate::ir::HostData;
 use crate::ir::Shape;
 use crate::{DType, Error, Location, Result, Tensor, Variable};
 use half::{bf16, f16};
-use safetensors::{Dtype, SafeTensors};
+use safetensors::SafeTensors;
 use std::path::Path;
 
 /// Writes `params` to `path` (pending assignments run first: this reads
@@ -104,39 +105,4 @@ fn bytes_of(v: &Variable) -> Result<Vec<u8>> {
         DType::I64 => le(v.to_vec::<i64>()?, i64::to_le_bytes),
         DType::Bool => v.to_vec::<bool>()?.into_iter().map(u8::from).collect(),
     })
-}
-
-/// Host data of `dtype` from little-endian bytes, `None` if they do not fit.
-fn from_bytes(dtype: DType, bytes: &[u8]) -> Option<HostData> {
-    fn words<const N: usize, T>(bytes: &[u8], f: impl Fn([u8; N]) -> T) -> Option<Vec<T>> {
-        if bytes.len() % N != 0 {
-            return None;
-        }
-        bytes.chunks_exact(N).map(|c| c.try_into().ok().map(&f)).collect()
-    }
-    Some(match dtype {
-        DType::F16 => HostData::F16(words(bytes, f16::from_le_bytes)?),
-        DType::BF16 => HostData::BF16(words(bytes, bf16::from_le_bytes)?),
-        DType::F32 => HostData::F32(words(bytes, f32::from_le_bytes)?),
-        DType::F64 => HostData::F64(words(bytes, f64::from_le_bytes)?),
-        DType::U8 => HostData::U8(bytes.to_vec()),
-        DType::I32 => HostData::I32(words(bytes, i32::from_le_bytes)?),
-        DType::I64 => HostData::I64(words(bytes, i64::from_le_bytes)?),
-        DType::Bool => {
-            HostData::Bool(bytes.iter().map(|&b| (b <= 1).then_some(b == 1)).collect::<Option<_>>()?)
-        }
-    })
-}
-
-fn st_dtype(d: DType) -> Dtype {
-    match d {
-        DType::F16 => Dtype::F16,
-        DType::BF16 => Dtype::BF16,
-        DType::F32 => Dtype::F32,
-        DType::F64 => Dtype::F64,
-        DType::U8 => Dtype::U8,
-        DType::I32 => Dtype::I32,
-        DType::I64 => Dtype::I64,
-        DType::Bool => Dtype::BOOL,
-    }
 }
