@@ -40,7 +40,7 @@ impl Context {
         let location = Location::caller();
         let path = path.as_ref();
         self.sync()?;
-        let tensors: Vec<(String, DType, Vec<usize>, Vec<u8>)> = {
+        let tensors: Vec<NamedBytes> = {
             let state = self.state();
             let ids = state.ws.subtree_vars(state.ws.current());
             let mut out = Vec::with_capacity(ids.len());
@@ -58,18 +58,9 @@ impl Context {
             }
             out
         };
-        let views = tensors
-            .iter()
-            .map(|(name, dtype, shape, bytes)| {
-                safetensors::tensor::TensorView::new(st_dtype(*dtype), shape.clone(), bytes)
-                    .map(|view| (name.clone(), view))
-            })
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| Error::Io(format!("cannot write {}: {e}", path.display())))?;
         let mut info = std::collections::HashMap::new();
         info.insert("format".to_string(), "kiln workspace".to_string());
-        safetensors::serialize_to_file(views, Some(info), path)
-            .map_err(|e| Error::Io(format!("cannot write {} (save at {location}): {e}", path.display())))
+        write_safetensors(&tensors, Some(info), path, location)
     }
 
     /// Reads a safetensors file and sets the variable each tensor names
@@ -202,6 +193,32 @@ fn set_loaded(
         }
     }
     Ok(())
+}
+
+/// One named tensor as safetensors stores it: name, dtype, shape and
+/// little-endian bytes.
+pub(crate) type NamedBytes = (String, DType, Vec<usize>, Vec<u8>);
+
+/// Writes `tensors` to `path` as a safetensors file; `location` is the
+/// user's `save` call, named in the error.
+pub(crate) fn write_safetensors(
+    tensors: &[NamedBytes],
+    metadata: Option<std::collections::HashMap<String, String>>,
+    path: &Path,
+    location: Location,
+) -> Result<()> {
+    let fail = |e: safetensors::SafeTensorError| {
+        Error::Io(format!("cannot write {} (save at {location}): {e}", path.display()))
+    };
+    let views = tensors
+        .iter()
+        .map(|(name, dtype, shape, bytes)| {
+            safetensors::tensor::TensorView::new(st_dtype(*dtype), shape.clone(), bytes)
+                .map(|view| (name.clone(), view))
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(fail)?;
+    safetensors::serialize_to_file(views, metadata, path).map_err(fail)
 }
 
 pub(crate) fn st_dtype(d: DType) -> Dtype {

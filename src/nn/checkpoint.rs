@@ -5,7 +5,7 @@
 //! read exactly the parameters a [`Params`] visits: a model to ship.
 
 use super::Params;
-use crate::context::checkpoint::{from_bytes, st_dtype};
+use crate::context::checkpoint::{from_bytes, st_dtype, write_safetensors};
 use crate::ir::HostData;
 use crate::ir::Shape;
 use crate::{DType, Error, Location, Result, Tensor, Variable};
@@ -28,16 +28,7 @@ pub fn save(params: &impl Params, path: impl AsRef<Path>) -> Result<()> {
     for v in &vars {
         data.push((v.name(), v.dtype(), v.shape().to_vec(), bytes_of(v)?));
     }
-    let views = data
-        .iter()
-        .map(|(name, dtype, shape, bytes)| {
-            safetensors::tensor::TensorView::new(st_dtype(*dtype), shape.clone(), bytes)
-                .map(|t| (name.clone(), t))
-        })
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| Error::Io(format!("cannot write {} (save at {location}): {e}", path.display())))?;
-    safetensors::serialize_to_file(views, None, path)
-        .map_err(|e| Error::Io(format!("cannot write {} (save at {location}): {e}", path.display())))
+    write_safetensors(&data, None, path, location)
 }
 
 /// Sets every parameter of `params` from the tensor of its name in
