@@ -407,11 +407,8 @@ impl State {
         roots.extend(self.ws.roots());
         roots.extend_from_slice(&self.in_flight);
         let keep = self.graph.reachable_from(&roots);
-        for id in self.graph.node_ids() {
-            if !keep.contains(&id) {
-                self.graph.remove(id);
-            }
-        }
+        let dead: Vec<NodeId> = self.graph.node_ids().into_iter().filter(|&id| !keep.contains(&id)).collect();
+        self.graph.remove_many(&dead);
         // Removed ids may be reused by later nodes: forget them.
         self.ws.retain_nodes(|id| keep.contains(&id));
         let used: HashSet<BufferId> = self

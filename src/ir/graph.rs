@@ -2,10 +2,14 @@
 
 use super::{infer, DType, Op, PlanTables, Shape};
 use petgraph::stable_graph::{NodeIndex, StableGraph};
-use petgraph::visit::EdgeRef;
+use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 use petgraph::Direction;
 use std::collections::HashMap;
 use std::fmt;
+
+/// From this many nodes on, batch edits rebuild the edge lists (see
+/// [`Graph::remove_many`]).
+const REBUILD_EDGES_AT: usize = 1024;
 
 /// Identifies a node in one [`Graph`]. Ids are stable while other nodes
 /// are added and removed.
@@ -282,6 +286,72 @@ impl Graph {
         self.outputs.retain(|&o| o != id);
     }
 
+    /// Removes many nodes and their edges at once.
+    ///
+    /// petgraph's stable graph unlinks an edge by walking its endpoints'
+    /// edge lists (newest edge first), so removing the 200,000 users of one
+    /// shared node one at a time, oldest first, is quadratic. A large batch
+    /// rebuilds the edge lists in one pass instead; a small one removes
+    /// newest first, which unlinks near the heads of the lists.
+    pub fn remove_many(&mut self, ids: &[NodeId]) {
+        if ids.is_empty() {
+            return;
+        }
+        self.invalidate();
+        let gone = self.flags(ids);
+        if ids.len() >= REBUILD_EDGES_AT {
+            self.retain_edges(|source, target| !gone[source] && !gone[target]);
+        }
+        let mut newest_first = ids.to_vec();
+        newest_first.sort_unstable_by_key(|id| std::cmp::Reverse(id.index()));
+        for id in newest_first {
+            self.g.remove_node(id.ix());
+        }
+        self.outputs.retain(|o| !gone[o.index()]);
+    }
+
+    /// [`Graph::set_operands`] to no operands for many nodes at once (they
+    /// become sources), without the quadratic unlinking
+    /// [`Graph::remove_many`] describes.
+    pub fn clear_operands(&mut self, ids: &[NodeId]) {
+        if ids.is_empty() {
+            return;
+        }
+        self.invalidate();
+        if ids.len() >= REBUILD_EDGES_AT {
+            let cleared = self.flags(ids);
+            self.retain_edges(|_, target| !cleared[target]);
+        } else {
+            for &id in ids.iter().rev() {
+                self.set_operands(id, &[]);
+            }
+        }
+    }
+
+    /// One flag per node index, set for `ids`.
+    fn flags(&self, ids: &[NodeId]) -> Vec<bool> {
+        let mut flags = vec![false; self.node_bound()];
+        for id in ids {
+            flags[id.index()] = true;
+        }
+        flags
+    }
+
+    /// Keeps the edges `keep(source index, target index)` accepts, in one
+    /// pass over all edges (the lists are rebuilt, edge weights kept).
+    fn retain_edges(&mut self, keep: impl Fn(usize, usize) -> bool) {
+        let kept: Vec<_> = self
+            .g
+            .edge_references()
+            .filter(|e| keep(e.source().index(), e.target().index()))
+            .map(|e| (e.source(), e.target(), *e.weight()))
+            .collect();
+        self.g.clear_edges();
+        for (source, target, slot) in kept {
+            self.g.add_edge(source, target, slot);
+        }
+    }
+
     /// Every live node id, ascending.
     pub fn node_ids(&self) -> Vec<NodeId> {
         self.g.node_indices().map(NodeId::from_ix).collect()
@@ -388,28 +458,52 @@ impl Graph {
 
     /// [`Graph::topo_order`] from the given roots instead of the outputs.
     pub fn topo_order_from(&self, roots: &[NodeId]) -> Vec<NodeId> {
+        const NEW: u8 = 0;
+        const OPEN: u8 = 1;
+        const DONE: u8 = 2;
         let mut order = Vec::new();
-        let mut state: HashMap<NodeId, bool> = HashMap::new(); // false: open, true: done
+        // One state byte per node index: no hashing. The walk keeps an
+        // explicit stack, so a chain of any length fits; the operands of
+        // every open node sit in one shared vector, `operands[start..end]`.
+        let mut state = vec![NEW; self.node_bound()];
+        let mut operands: Vec<NodeId> = Vec::new();
+        struct Frame {
+            node: NodeId,
+            start: usize,
+            next: usize,
+            end: usize,
+        }
+        let mut stack: Vec<Frame> = Vec::new();
+        let open = |node: NodeId, state: &mut [u8], operands: &mut Vec<NodeId>, stack: &mut Vec<Frame>| {
+            state[node.index()] = OPEN;
+            let start = operands.len();
+            if self.contains(node) {
+                self.operands_into(node, operands);
+            }
+            stack.push(Frame { node, start, next: start, end: operands.len() });
+        };
         for &root in roots {
-            if state.contains_key(&root) {
+            // A root need not be live (verify reports a removed output by
+            // way of this order): it is listed, with no operands.
+            if root.index() >= state.len() {
+                state.resize(root.index() + 1, NEW);
+            }
+            if state[root.index()] != NEW {
                 continue;
             }
-            // Iterative DFS: (node, next operand slot to visit).
-            let mut stack: Vec<(NodeId, Vec<NodeId>, usize)> = vec![(root, self.operands(root), 0)];
-            state.insert(root, false);
-            while let Some((node, operands, next)) = stack.last_mut() {
-                if *next < operands.len() {
-                    let child = operands[*next];
-                    *next += 1;
-                    if let std::collections::hash_map::Entry::Vacant(e) = state.entry(child) {
-                        e.insert(false);
-                        let child_operands = self.operands(child);
-                        stack.push((child, child_operands, 0));
+            open(root, &mut state, &mut operands, &mut stack);
+            while let Some(top) = stack.last_mut() {
+                if top.next < top.end {
+                    let child = operands[top.next];
+                    top.next += 1;
+                    if state[child.index()] == NEW {
+                        open(child, &mut state, &mut operands, &mut stack);
                     }
                 } else {
-                    let node = *node;
-                    state.insert(node, true);
+                    let Frame { node, start, .. } = *top;
+                    state[node.index()] = DONE;
                     order.push(node);
+                    operands.truncate(start);
                     stack.pop();
                 }
             }
@@ -449,8 +543,32 @@ impl Graph {
     }
 
     /// True if the graph has a cycle.
+    ///
+    /// Kahn's algorithm: peel nodes with no unvisited operands; a node left
+    /// over sits on a cycle. Iterative, so a chain of any length is fine
+    /// (petgraph's `is_cyclic_directed` recurses once per node and overflows
+    /// the stack near 30,000 nodes).
     pub fn has_cycle(&self) -> bool {
-        petgraph::algo::is_cyclic_directed(&self.g)
+        let mut pending = vec![0usize; self.node_bound()];
+        let mut ready = Vec::new();
+        for ix in self.g.node_indices() {
+            let n = self.g.neighbors_directed(ix, Direction::Incoming).count();
+            pending[ix.index()] = n;
+            if n == 0 {
+                ready.push(ix);
+            }
+        }
+        let mut peeled = 0;
+        while let Some(ix) = ready.pop() {
+            peeled += 1;
+            for user in self.g.neighbors_directed(ix, Direction::Outgoing) {
+                pending[user.index()] -= 1;
+                if pending[user.index()] == 0 {
+                    ready.push(user);
+                }
+            }
+        }
+        peeled != self.g.node_count()
     }
 
     /// A copy holding only the nodes the outputs need, renumbered densely

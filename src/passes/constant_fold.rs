@@ -59,18 +59,23 @@ impl Pass for ConstantFold {
 
     fn run(&self, graph: &mut Graph, cx: &mut PassCtx) -> Result<Changed> {
         let mut changed = Changed::No;
+        // Folded nodes lose their operand edges all at once at the end
+        // (`fold` looks only at operands' ops, so stale edges of a node
+        // already turned `Full` mislead nothing).
+        let mut folded = Vec::new();
         for id in graph.topo_order() {
             match fold(graph, id) {
                 Fold::Keep => continue,
                 Fold::Value(v) => {
                     graph.node_mut(id).op = Op::Full(v);
-                    graph.set_operands(id, &[]);
+                    folded.push(id);
                 }
                 Fold::Forward(operand) => graph.replace_all_uses(id, operand),
             }
             cx.rewrite();
             changed = Changed::Yes;
         }
+        graph.clear_operands(&folded);
         Ok(changed)
     }
 }

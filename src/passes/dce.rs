@@ -32,15 +32,12 @@ impl Pass for Dce {
 
     fn run(&self, graph: &mut Graph, cx: &mut PassCtx) -> Result<Changed> {
         let live: HashSet<_> = graph.topo_order().into_iter().collect();
-        let mut changed = Changed::No;
-        for id in graph.node_ids() {
-            if !live.contains(&id) {
-                graph.remove(id);
-                cx.rewrite();
-                changed = Changed::Yes;
-            }
+        let dead: Vec<_> = graph.node_ids().into_iter().filter(|id| !live.contains(id)).collect();
+        for _ in &dead {
+            cx.rewrite();
         }
-        Ok(changed)
+        graph.remove_many(&dead);
+        Ok(if dead.is_empty() { Changed::No } else { Changed::Yes })
     }
 }
 

@@ -1,0 +1,4 @@
+//! Robustness: deep graphs, checked shape arithmetic, fuzz corpus replay,
+//! differential tests against an independent f64 evaluator, soak.
+
+mod deep;
