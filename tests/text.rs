@@ -235,6 +235,15 @@ fn parse_error(name: &str, src: &str) {
 #[test]
 fn parse_errors() {
     let x = "%x: f32[2,3] = input 0\n";
+    // Found by fuzzing (issue 11): a schedule listing a node the outputs do
+    // not need parsed, then failed `verify`, and printing it dropped the
+    // node with its `!record`, so the printed text did not parse.
+    parse_error(
+        "text__parse_error_dead_node_in_schedule",
+        "plan schedule streams=2\n%x: f32[2] = input 0 !stream=0\n\
+         %dead: f32[2] = fused %x kind=elementwise !stream=1 !record=e0 {\n    %0: f32[2] = input 0\n    \
+         %1: f32[2] = exp %0\n    return %1\n}\n%y: f32[2] = neg %x !stream=0 !wait=e0\nreturn %y\n",
+    );
     parse_error("text__parse_error_undefined_value", &format!("{x}%1: f32[2,3] = add %x, %7\nreturn %1\n"));
     parse_error("text__parse_error_unknown_op", &format!("{x}%1: f32[2,3] = mull %x, %x\nreturn %1\n"));
     parse_error(

@@ -96,6 +96,8 @@ pub struct Stats {
     pub graph_nodes: usize,
     /// Realized buffers the context holds now.
     pub buffers: usize,
+    /// Compiled plans the context's cache holds now.
+    pub cached_plans: usize,
     /// Device bytes kiln holds now (buffers, arenas, scratch); on CUDA the
     /// caching allocator's free blocks are not counted.
     pub live_bytes: u64,
@@ -310,6 +312,7 @@ impl Context {
             peak_bytes: device.peak_bytes.load(Relaxed),
             graph_nodes: state.graph.len(),
             buffers: state.buffers.len(),
+            cached_plans: state.cache.len(),
             live_bytes: device.live_bytes.load(Relaxed),
             kernel_compiles: device.kernel_compiles.load(Relaxed),
             kernel_disk_hits: device.kernel_disk_hits.load(Relaxed),
@@ -427,7 +430,9 @@ impl State {
 /// Turns an inference message into a dtype or shape error. Inference
 /// messages about element types always mention `dtype`, `cast` or `bool`.
 fn classify(op: &'static str, message: String, location: Location) -> Error {
-    if message.contains("dtype") || message.contains("cast") || message.contains("on bool") {
+    // Whole words: "broadcast" contains "cast" but is a shape matter.
+    let word = |w: &str| message.split(|c: char| !c.is_alphanumeric() && c != '_').any(|x| x == w);
+    if word("dtype") || word("cast") || message.contains("on bool") {
         Error::DType { op, message, location }
     } else {
         Error::Shape { op, message, location }

@@ -39,6 +39,13 @@ pub(crate) struct PlanCache {
     walker: Walker,
 }
 
+impl PlanCache {
+    /// Plans held.
+    pub(crate) fn len(&self) -> usize {
+        self.plans.len()
+    }
+}
+
 /// Copies what `targets` need out of the recording graph. The walk is the
 /// graph's structural order, so a loop that records the same computation
 /// each iteration extracts the same graph each time.

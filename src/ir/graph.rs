@@ -147,6 +147,7 @@ impl Graph {
             Some(t) => t,
             None => declared.ok_or_else(|| format!("{} needs a declared shape and dtype", op.mnemonic()))?,
         };
+        shape.check_addressable(dtype.size(), &dtype.to_string())?;
         Ok(self.add_unchecked(Node { op, shape, dtype, region }, operands))
     }
 

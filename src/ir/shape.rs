@@ -33,6 +33,29 @@ impl Shape {
         self.0.iter().fold(1usize, |a, &d| a.saturating_mul(d))
     }
 
+    /// Checks that a tensor of this shape and `elem_size`-byte elements is
+    /// addressable: its byte size, and the byte span of every suffix of its
+    /// dimensions (what a contiguous stride is, even past a zero dimension),
+    /// fit in `isize::MAX`, the most any allocation or pointer offset can
+    /// be. Past this check, element counts, strides and byte offsets of the
+    /// tensor and of its views cannot overflow. The message names the type
+    /// as `type_name` spells it.
+    pub fn check_addressable(&self, elem_size: usize, type_name: &str) -> Result<(), String> {
+        let mut span = elem_size.max(1);
+        for &d in self.0.iter().rev() {
+            span = match span.checked_mul(d.max(1)) {
+                Some(s) if s <= isize::MAX as usize => s,
+                _ => {
+                    return Err(format!(
+                    "{type_name}{self} is too large to address: its size in bytes exceeds isize::MAX ({})",
+                    isize::MAX
+                ))
+                }
+            };
+        }
+        Ok(())
+    }
+
     /// Row-major strides, in elements.
     pub fn contiguous_strides(&self) -> Vec<usize> {
         let mut strides = vec![0; self.rank()];

@@ -90,6 +90,7 @@ pub(crate) fn check_node(
     shape: &Shape,
     dtype: DType,
 ) -> Result<(), String> {
+    shape.check_addressable(dtype.size(), &dtype.to_string())?;
     match infer(op, operands)? {
         Some((s, d)) => {
             if s != *shape || d != dtype {

@@ -2,3 +2,5 @@
 //! differential tests against an independent f64 evaluator, soak.
 
 mod deep;
+mod limits;
+mod soak;

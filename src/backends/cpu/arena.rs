@@ -14,6 +14,22 @@ use std::alloc::Layout as AllocLayout;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+/// `4.0 TiB`: a byte count for people.
+pub(crate) fn human_bytes(bytes: usize) -> String {
+    let units = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} bytes")
+    } else {
+        format!("{value:.1} {}", units[unit])
+    }
+}
+
 /// Alignment of every arena: enough for any dtype and a cache line.
 pub(crate) const ARENA_ALIGN: usize = 64;
 
@@ -46,7 +62,12 @@ impl Arena {
                 .map_err(|e| Error::Backend(format!("cpu: arena of {bytes} bytes: {e}")))?;
             // SAFETY: `layout` has a non-zero size.
             let raw = unsafe { std::alloc::alloc_zeroed(layout) };
-            NonNull::new(raw).ok_or_else(|| Error::OutOfMemory(format!("cpu: arena of {bytes} bytes")))?
+            NonNull::new(raw).ok_or_else(|| {
+                Error::OutOfMemory(format!(
+                    "cpu: the allocator refused the plan's arena of {bytes} bytes ({})",
+                    human_bytes(bytes)
+                ))
+            })?
         };
         stats.allocated(bytes as u64);
         Ok(Arc::new(Arena { ptr, bytes, stats: stats.clone() }))

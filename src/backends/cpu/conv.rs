@@ -151,7 +151,7 @@ fn pool_in<T: Elem>(x: View<'_, T>, p: PoolParams, out: &mut [T]) -> Result<()> 
     let [ph, pw] = p.padding;
     let oh = window_out(h, kh, sh, ph, 1).ok_or_else(|| bad("pool2d window does not fit".into()))?;
     let ow = window_out(w, kw, sw, pw, 1).ok_or_else(|| bad("pool2d window does not fit".into()))?;
-    let xs = contiguous(x);
+    let xs = contiguous(x)?;
     if out.len() != n * c * oh * ow {
         return Err(bad(format!("pool2d output of {} elements, {} expected", out.len(), n * c * oh * ow)));
     }

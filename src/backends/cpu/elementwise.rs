@@ -170,18 +170,26 @@ pub(crate) fn copy_into<T: Elem>(a: View<'_, T>, out: &mut [T]) {
 }
 
 /// A row-major dense copy of a view (scratch for kernels that need one).
-pub(crate) fn contiguous<T: Elem>(a: View<'_, T>) -> Vec<T> {
+pub(crate) fn contiguous<T: Elem>(a: View<'_, T>) -> Result<Vec<T>> {
     if let Some(s) = dense(&a) {
-        return s.to_vec();
+        return pool::try_to_vec(s);
     }
-    let mut out = pool::vec_for_overwrite::<T>(a.layout.numel());
+    let mut out = pool::vec_for_overwrite::<T>(a.layout.numel())?;
     map1(a, &mut out, |x| x);
-    out
+    Ok(out)
 }
 
 /// Matches a fieldless enum value and runs `$body` with `$C` bound to a
 /// constant of the matched variant, so the body monomorphizes per variant.
+/// Without `; fallback`, the list must name every variant (no fallback
+/// arm, so a new variant is a compile error rather than a run-time panic);
+/// with one, unlisted variants take the fallback.
 macro_rules! const_match {
+    ($ty:ident, $val:expr, $C:ident => $body:expr; $($v:ident),*) => {
+        match $val {
+            $( $ty::$v => { const $C: $ty = $ty::$v; $body } )*
+        }
+    };
     ($ty:ident, $val:expr, $C:ident => $body:expr; $($v:ident),* ; $other:expr) => {{
         // A `let`, so the macro is also an expression (attributes on
         // expressions are unstable).
@@ -197,15 +205,14 @@ macro_rules! const_match {
 macro_rules! all_unary {
     ($val:expr, $C:ident => $body:expr) => {
         const_match!(UnaryOp, $val, $C => $body;
-            Neg, Abs, Exp, Log, Sqrt, Rsqrt, Recip, Sin, Cos, Tanh, Sigmoid, Relu, Gelu, Silu;
-            unreachable!())
+            Neg, Abs, Exp, Log, Sqrt, Rsqrt, Recip, Sin, Cos, Tanh, Sigmoid, Relu, Gelu, Silu)
     };
 }
 
 macro_rules! all_binary {
     ($val:expr, $C:ident => $body:expr) => {
         const_match!(BinaryOp, $val, $C => $body;
-            Add, Sub, Mul, Div, Pow, Maximum, Minimum; unreachable!())
+            Add, Sub, Mul, Div, Pow, Maximum, Minimum)
     };
 }
 // Shared with the fused kernels (`fused/ops.rs`).
@@ -302,7 +309,7 @@ pub(crate) fn compare(a: &CpuBuffer, b: &CpuBuffer, op: CompareOp, out: Out<'_>)
     dispatch!(a.dtype(), T => {
         let (p, q) = (a.view::<T>()?, b.view::<T>()?);
         const_match!(CompareOp, op, OP => map2(p, q, o, |x: T, y: T| eval::compare(OP, x, y));
-            Eq, Ne, Lt, Le, Gt, Ge; unreachable!())
+            Eq, Ne, Lt, Le, Gt, Ge)
     });
     Ok(())
 }

@@ -14,8 +14,8 @@ use crate::{Error, Result};
 /// The index operand as row-major `i64`s.
 fn indices(idx: &CpuBuffer) -> Result<Vec<i64>> {
     match idx.dtype() {
-        DType::I64 => Ok(contiguous(idx.view::<i64>()?)),
-        DType::I32 => Ok(contiguous(idx.view::<i32>()?).into_iter().map(i64::from).collect()),
+        DType::I64 => contiguous(idx.view::<i64>()?),
+        DType::I32 => Ok(contiguous(idx.view::<i32>()?)?.into_iter().map(i64::from).collect()),
         d => Err(Error::Backend(format!("cpu: index dtype must be i64 or i32, got {d}"))),
     }
 }
@@ -120,7 +120,7 @@ pub(crate) fn cat(parts: &[&CpuBuffer], dim: usize, out_shape: &Shape, out: Out<
         for p in parts {
             let d = p.shape().0.get(dim).copied().unwrap_or(0);
             let block = d * inner;
-            let src = contiguous(p.view::<T>()?);
+            let src = contiguous(p.view::<T>()?)?;
             if src.len() != outer * block || at + d > total {
                 return Err(Error::Backend(format!("cpu: cat operand {} does not fit {out_shape}", p.shape())));
             }

@@ -165,7 +165,7 @@ impl CpuExecutable {
         let shape = self.plan.graph.node(step.id).shape.clone();
         let (offset, len) = match step.place {
             Place::Auto => {
-                let mut data = pool::vec_for_overwrite::<T>(shape.numel());
+                let mut data = pool::vec_for_overwrite::<T>(shape.numel())?;
                 kernel(Out::new(&mut data))?;
                 return CpuBuffer::dense(T::into_host(data), shape, &self.stats);
             }

@@ -116,7 +116,7 @@ impl CpuBuffer {
             if v.layout.extent() > v.data.len() {
                 return Err(Error::Backend("cpu: buffer layout exceeds its storage".into()));
             }
-            Ok(<T as crate::ir::Element>::into_host(elementwise::contiguous(v)))
+            Ok(<T as crate::ir::Element>::into_host(elementwise::contiguous(v)?))
         })
     }
 }

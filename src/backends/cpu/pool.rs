@@ -16,6 +16,8 @@
 
 use super::storage::Elem;
 use crate::ir::HostData;
+use crate::{Error, Result};
+use std::alloc::Layout as AllocLayout;
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
@@ -42,20 +44,58 @@ fn lock() -> std::sync::MutexGuard<'static, Pool> {
 
 /// A vector of `n` elements whose contents the caller overwrites
 /// entirely: a pooled one (stale values) if one of this dtype and length
-/// is free, else a fresh zeroed one.
-pub(crate) fn vec_for_overwrite<T: Elem>(n: usize) -> Vec<T> {
+/// is free, else a fresh zeroed one ([`zeroed`]: out of memory is an error).
+pub(crate) fn vec_for_overwrite<T: Elem>(n: usize) -> Result<Vec<T>> {
     if n * T::DTYPE.size() >= MIN_POOLED_BYTES {
         let mut pool = lock();
         if let Some(i) = pool.free.iter().position(|h| h.dtype() == T::DTYPE && h.len() == n) {
             if let Some(h) = pool.free.remove(i) {
                 pool.bytes -= bytes_of(&h);
                 if let Some(v) = T::from_host(h) {
-                    return v;
+                    return Ok(v);
                 }
             }
         }
     }
-    vec![T::default(); n]
+    zeroed(n)
+}
+
+/// `n` zeroed elements, or [`Error::OutOfMemory`] when the allocator says
+/// no: `vec![0; n]` would abort the process instead. Zeroed pages come
+/// from `calloc` (the kernel's zero pages), so a large vector costs no
+/// memset before its writer touches it.
+pub(crate) fn zeroed<T: Elem>(n: usize) -> Result<Vec<T>> {
+    let too_large = || refused(n, T::DTYPE);
+    let layout = AllocLayout::array::<T>(n).map_err(|_| too_large())?;
+    if layout.size() == 0 {
+        return Ok(vec![T::default(); n]);
+    }
+    // SAFETY: `layout` has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+    if ptr.is_null() {
+        return Err(too_large());
+    }
+    // SAFETY: `ptr` comes from the global allocator with the layout of
+    // `[T; n]`, so `Vec` may own and free it with capacity `n`. Every `Elem`
+    // is a float, an integer or `bool`, for which all-zero bytes are a valid
+    // value (zero, `false`), so all `n` elements are initialized.
+    Ok(unsafe { Vec::from_raw_parts(ptr, n, n) })
+}
+
+fn refused(n: usize, dtype: crate::ir::DType) -> Error {
+    let bytes = n.saturating_mul(dtype.size());
+    Error::OutOfMemory(format!(
+        "cpu: the allocator refused a buffer of {n} {dtype} elements ({})",
+        super::arena::human_bytes(bytes)
+    ))
+}
+
+/// A copy of `s`, or [`Error::OutOfMemory`] (see [`zeroed`]).
+pub(crate) fn try_to_vec<T: Elem>(s: &[T]) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(s.len()).map_err(|_| refused(s.len(), T::DTYPE))?;
+    v.extend_from_slice(s);
+    Ok(v)
 }
 
 /// Takes back a freed allocation if it is large enough to be worth keeping.
@@ -87,18 +127,18 @@ mod tests {
         let ptr = v.as_ptr();
         give_back(HostData::F32(v));
         // Another test may take it first; only a hit must be the same buffer.
-        let again: Vec<f32> = vec_for_overwrite(n);
+        let again: Vec<f32> = vec_for_overwrite(n).unwrap();
         assert_eq!(again.len(), n);
         if again.as_ptr() == ptr {
             assert_eq!(again[3], 42.0, "a pooled vector is handed out as it was");
         }
-        let other: Vec<f64> = vec_for_overwrite(n);
+        let other: Vec<f64> = vec_for_overwrite(n).unwrap();
         assert_eq!(other.len(), n);
     }
 
     #[test]
     fn small_allocations_are_not_pooled() {
-        let v: Vec<u8> = vec_for_overwrite(16);
+        let v: Vec<u8> = vec_for_overwrite(16).unwrap();
         assert_eq!(v, vec![0u8; 16]);
         give_back(HostData::U8(v));
         assert!(lock().free.iter().all(|h| h.len() != 16));

@@ -195,7 +195,17 @@ fn parse_lines(lines: &[(usize, &str)], total: usize) -> Result<Graph> {
             "missing `return` line at the end (e.g. `return %3`; `return` alone for no outputs)",
         ));
     }
+    let plan_line = st.plan.as_ref().map(|p| p.line);
     st.attach_tables()?;
+    // Line by line the parser checks each definition; what only the whole
+    // graph shows (a schedule listing a dead node, events that do not
+    // order the streams) is the verifier's, so a parsed graph passes it.
+    crate::ir::verify(&st.graph).map_err(|e| match e {
+        Error::Verify(m) => {
+            parse_err(plan_line.unwrap_or(total.max(1)), format!("the graph does not verify: {m}"))
+        }
+        other => other,
+    })?;
     Ok(st.graph)
 }
 

@@ -369,7 +369,7 @@ pub(super) fn compare(
         let (x, y) = (a.typed::<T>(b)?, c.typed::<T>(b)?);
         with_dst::<bool>(dst, b.len(), |d| {
             const_match!(CompareOp, op, OP => zip2(d, x, y, b.cols, &|p: T, q: T| eval::compare(OP, p, q));
-                Eq, Ne, Lt, Le, Gt, Ge; ());
+                Eq, Ne, Lt, Le, Gt, Ge);
         })
     })
 }
