@@ -27,7 +27,8 @@ fn a_shape_whose_size_overflows_is_a_shape_error_when_recorded() {
     }
     // Ops that compute a larger shape from addressable operands.
     let big = ctx.zeros([1usize << 40]);
-    let err = big.reshape([1usize << 40, 1]).broadcast_to([1usize << 40, 1 << 30]).to_vec::<f32>().unwrap_err();
+    let err =
+        big.reshape([1usize << 40, 1]).broadcast_to([1usize << 40, 1 << 30]).to_vec::<f32>().unwrap_err();
     snap("limits_broadcast_overflow", &err);
     let total =
         big.reshape([1usize << 20, 1 << 20]).cast(DType::F64).broadcast_to([1 << 24, 1 << 20, 1 << 20]);

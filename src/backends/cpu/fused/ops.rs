@@ -485,6 +485,7 @@ pub(super) fn stream_copy<T: Elem>(dst: &mut [T], src: &[T]) {
     };
     #[cfg(target_arch = "x86_64")]
     {
+        #[cfg(not(miri))]
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
         let head = d.as_ptr().align_offset(16).min(n);
         d[..head].copy_from_slice(&s[..head]);
@@ -492,10 +493,15 @@ pub(super) fn stream_copy<T: Elem>(dst: &mut [T], src: &[T]) {
         for i in (head..head + body).step_by(16) {
             // SAFETY: `i..i + 16` is inside both slices, and `d + i` is
             // 16-byte aligned (`head` aligned it); SSE2 is baseline x86_64.
+            #[cfg(not(miri))]
             unsafe {
                 let v = _mm_loadu_si128(s.as_ptr().add(i).cast::<__m128i>());
                 _mm_stream_si128(d.as_mut_ptr().add(i).cast::<__m128i>(), v);
             }
+            // Miri cannot run the streaming store (inline assembly); it
+            // checks the same ranges as plain copies.
+            #[cfg(miri)]
+            d[i..i + 16].copy_from_slice(&s[i..i + 16]);
         }
         d[head + body..].copy_from_slice(&s[head + body..]);
     }
@@ -506,11 +512,14 @@ pub(super) fn stream_copy<T: Elem>(dst: &mut [T], src: &[T]) {
 /// Orders this thread's streaming stores before its later stores (so the
 /// task's completion, which rayon publishes, comes after its output).
 pub(super) fn stream_fence() {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
     // SAFETY: SSE2 is baseline on x86_64; a fence has no other effect.
     unsafe {
         std::arch::x86_64::_mm_sfence()
     };
+    // Miri has no `sfence`; a release fence is what its memory model checks.
+    #[cfg(miri)]
+    std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
 }
 
 /// Elements `start .. start + dst.len()` (row-major logical order) of a
