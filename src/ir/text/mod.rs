@@ -33,6 +33,8 @@
 mod parse;
 mod print;
 
+#[cfg(test)]
+pub(crate) use parse::parse_unverified;
 pub use parse::{parse, parse_test_file, TestFile};
 pub(crate) use print::numbering;
 pub use print::print;
