@@ -38,7 +38,8 @@ const MAX_STEPS: usize = 48;
 /// tolerated in a program that recorded a shape whose byte size overflows
 /// `usize` (issue 11's checked shape arithmetic turns those into
 /// `Error::Shape` at record time; when that lands this list goes empty).
-const KNOWN_OVERFLOW_PANICS: &[&str] = &["capacity overflow", "attempt to multiply with overflow"];
+const KNOWN_OVERFLOW_PANICS: &[&str] =
+    &["capacity overflow", "attempt to multiply with overflow", "attempt to add with overflow"];
 
 // ---------------------------------------------------------------- .kir
 
@@ -528,7 +529,7 @@ impl Run {
     /// Records `t`, made from `inputs`, with the size of its history.
     fn push(&mut self, t: Tensor, inputs: Size) {
         let own = size_of(t.shape(), t.dtype());
-        if own == Size::Overflow || inputs == Size::Overflow || naive_overflow(t.shape(), t.dtype()) {
+        if own == Size::Overflow || inputs == Size::Overflow || unaddressable(t.shape(), t.dtype()) {
             OVERFLOWED.store(true, Ordering::SeqCst);
         }
         self.slots.push(Slot { size: own.max(inputs), t });
@@ -537,7 +538,7 @@ impl Run {
     fn make(&mut self, shape: &[Dim], dt: Dt, f: impl FnOnce(&Context, Vec<usize>, DType) -> Tensor) {
         let (ctx, shape, dtype) = (self.ctx(), dims(shape), dt.get());
         let requested = size_of(&shape, dtype);
-        if requested == Size::Overflow || naive_overflow(&shape, dtype) {
+        if requested == Size::Overflow || unaddressable(&shape, dtype) {
             OVERFLOWED.store(true, Ordering::SeqCst);
         }
         let t = f(&ctx, shape, dtype);
@@ -746,11 +747,16 @@ impl NumelChecked for Tensor {
     }
 }
 
-/// True when multiplying the byte size out left to right overflows, as
-/// for `[usize::MAX, 2, 0]`, which holds nothing: kiln's own products
-/// overflow there too until checked shape arithmetic lands.
-fn naive_overflow(shape: &[usize], dtype: DType) -> bool {
-    shape.iter().try_fold(dtype.size(), |a, &d| a.checked_mul(d)).is_none()
+/// True when the shape is not addressable, the rule of issue 11's checked
+/// shape arithmetic: the byte span of some suffix of its dims (a zero dim
+/// counting as 1, as a contiguous stride does) exceeds `isize::MAX`. So
+/// `[0, usize::MAX, 2]`, which holds nothing, counts: kiln's own stride
+/// and offset products overflow on it until that check lands.
+fn unaddressable(shape: &[usize], dtype: DType) -> bool {
+    let limit = isize::MAX as usize;
+    let span =
+        shape.iter().rev().try_fold(dtype.size(), |a, &d| a.checked_mul(d.max(1)).filter(|&s| s <= limit));
+    span.is_none()
 }
 
 /// The element count, `None` when it overflows; a zero dim makes it 0

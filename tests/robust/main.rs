@@ -2,3 +2,4 @@
 
 mod fuzz_checks;
 mod fuzz_corpus;
+mod fuzz_regressions;
