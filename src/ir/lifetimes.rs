@@ -343,9 +343,11 @@ fn view_strides(op: &Op, shape: &Shape, strides: &[usize], to: &Shape) -> Option
                     .collect(),
             )
         }
-        Op::Slice { dim, step, .. } => {
+        Op::Slice { dim, step, len, .. } => {
+            // With one element or none the stride is never stepped; scaling
+            // it by a step past the end (up to usize::MAX) would overflow.
             let mut s = strides.to_vec();
-            if let Some(d) = s.get_mut(*dim) {
+            if let Some(d) = s.get_mut(*dim).filter(|_| *len > 1) {
                 *d *= step;
             }
             Some(s)

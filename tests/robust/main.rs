@@ -1,6 +1,10 @@
-//! Robustness: deep graphs, checked shape arithmetic, fuzz corpus replay,
-//! differential tests against an independent f64 evaluator, soak.
+//! Robustness: nothing a user does panics, aborts or leaks (issue 11):
+//! deep graphs, checked sizes and allocation failures, fuzz checks and
+//! corpus replay with the fuzzers' regressions, soak and concurrency.
 
 mod deep;
+mod fuzz_checks;
+mod fuzz_corpus;
+mod fuzz_regressions;
 mod limits;
 mod soak;

@@ -68,13 +68,18 @@ impl Layout {
         Layout { shape: target.clone(), strides, offset: self.offset }
     }
 
-    /// `len` elements of `dim` from `start`, every `step`-th.
+    /// `len` elements of `dim` from `start`, every `step`-th. With one
+    /// element or none the stride along `dim` is never stepped, so it stays
+    /// as it was: a step past the end (`usize::MAX` is valid) would make
+    /// it overflow, and walking the view adds it once past the last element.
     pub fn slice(&self, dim: usize, start: usize, step: usize, len: usize) -> Layout {
         let mut out = self.clone();
         if len > 0 {
             out.offset += start * self.strides[dim];
         }
-        out.strides[dim] *= step;
+        if len > 1 {
+            out.strides[dim] *= step;
+        }
         out.shape.0[dim] = len;
         out
     }

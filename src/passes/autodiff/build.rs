@@ -222,6 +222,9 @@ impl Builder<'_> {
     ) -> Built {
         let len = self.shape(x).0[dim];
         let dtype = self.dtype(x);
+        // One element needs no spreading, whatever the step (which may be
+        // past the end, up to usize::MAX: `len * step` would overflow).
+        let step = if len == 1 { 1 } else { step };
         if len == 0 {
             let shape = self.resized(x, dim, n);
             return self.full(fill, &shape, dtype);
