@@ -1,0 +1,3 @@
+//! Robustness: kiln against an independent reference on random programs.
+
+mod differential;
