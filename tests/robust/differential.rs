@@ -3,10 +3,13 @@
 //! element.
 //!
 //! - [`gen`] makes a program from one `u64` seed: 5 to 30 ops over a few
-//!   random inputs of small random shapes (elementwise with broadcasting
-//!   and scalars, comparisons and `where`, casts, reductions, argmax,
-//!   softmax, layer norm, matmul with batch broadcasting, every view, cat,
-//!   stack, gather, index_select, constants, mid-program `realize`).
+//!   fresh random inputs (elementwise with broadcasting and scalars on
+//!   either side, comparisons and `where`, casts, reductions over random
+//!   dims, argmax, softmax, log_softmax, layer norm, matmul with batch
+//!   broadcasting, every view, cat, stack, gather, index_select, conv2d,
+//!   pooling, constants, mid-program `realize`), mostly small tensors,
+//!   some large enough for the CPU backend's blocked, parallel and tiled
+//!   paths.
 //! - [`eval`] evaluates it in f64 on its own strided arrays ([`array`])
 //!   and carries a rigorous error bound per element (its header says how);
 //!   it calls no kiln code.
@@ -14,21 +17,28 @@
 //!
 //! Each configuration is a test: `default`, `streams2`
 //! (`with_streams(2)`), `no_fusion` (`with_passes("-fusion")`),
-//! `fast_math` (`with_fast_math(true)`, bounds for reassociation) and
-//! `f64` (programs whose base dtype is f64). The first four run the same
-//! programs (f32 mostly, some f16 and bf16) for a given seed.
+//! `fast_math` (`with_fast_math(true)`, bounds for the rewrites it
+//! allows) and `f64` (programs whose base dtype is f64). The first four
+//! run the same programs (f32 mostly, some f16 and bf16) for a seed.
+//! Programs share a context in groups of [`PROGRAMS_PER_CONTEXT`], and
+//! every fourth runs again on shuffled inputs from the plan cache.
+//!
+//! The long run: `KILN_DIFF_PROGRAMS=10000 cargo test --release --test
+//! robust differential -- --nocapture` (each test prints its counts: runs,
+//! mismatches, elements compared, and per float dtype the median bound
+//! and the worst error as a fraction of its bound).
 //!
 //! Environment:
-//! - `KILN_DIFF_PROGRAMS=n`: programs per configuration (default 60);
+//! - `KILN_DIFF_PROGRAMS=n`: programs per configuration (default 200);
 //!   `KILN_DIFF_FIRST=s`: the first seed (default 0).
 //! - `KILN_DIFF_SEED=s`: only seed `s`, with its program printed; with
 //!   `KILN_DIFF_SHRINK=1` a failure is also shrunk to a small program that
 //!   fails the same way ([`shrink`]), on a fresh context.
-//! - `KILN_DIFF_DEVICE=cpu|cuda`: one backend only. By default the tests
-//!   run on the CPU and, when `Context::cuda(0)` works, on CUDA too (as
-//!   `tests/ops` does); `KILN_REQUIRE_CUDA=1` makes a missing GPU a
-//!   failure; `KILN_TEST_EMULATE=1` with `--features cuda-emulator` adds
-//!   the emulated CUDA backend.
+//! - `KILN_DIFF_DEVICE=cpu|cuda|emulated`: one backend only. By default
+//!   the tests run on the CPU and, when `Context::cuda(0)` works, on CUDA
+//!   too (as `tests/ops` does); `KILN_REQUIRE_CUDA=1` makes a missing GPU
+//!   a failure; `KILN_TEST_EMULATE=1` (or `emulated`) with `--features
+//!   cuda-emulator` adds the CUDA backend's programs run on the CPU.
 //!
 //! A mismatch (an element outside its bound, a wrong shape or dtype, an
 //! error or a panic from kiln) prints the seed, the configuration, the
@@ -119,7 +129,7 @@ fn devices() -> &'static [Device] {
                 }
             }
         }
-        if std::env::var("KILN_TEST_EMULATE").is_ok_and(|v| v == "1") {
+        if std::env::var("KILN_TEST_EMULATE").is_ok_and(|v| v == "1") || only.as_deref() == Some("emulated") {
             #[cfg(feature = "cuda-emulator")]
             out.push(Device::Emulated);
             #[cfg(not(feature = "cuda-emulator"))]
@@ -381,7 +391,7 @@ const PROGRAMS_PER_CONTEXT: u64 = 50;
 fn run_config(cfg: &Config) {
     let single = env_u64("KILN_DIFF_SEED");
     let first = env_u64("KILN_DIFF_FIRST").unwrap_or(0);
-    let count = env_u64("KILN_DIFF_PROGRAMS").unwrap_or(100);
+    let count = env_u64("KILN_DIFF_PROGRAMS").unwrap_or(200);
     let seeds: Vec<u64> = match single {
         Some(s) => vec![s],
         None => (first..first + count).collect(),
