@@ -177,7 +177,8 @@ impl Context {
                 let mut config = state.config.clone()?;
                 config.options = state.options;
                 let optimized = passes::optimize(extracted, &config)?;
-                let exe = self.inner.backend.compile_with(Arc::new(Plan::new(optimized)), &state.compile)?;
+                let plan = Plan::new(optimized).binding(walk.inputs.len());
+                let exe = self.inner.backend.compile_with(Arc::new(plan), &state.compile)?;
                 state.compiles += 1;
                 state.cache.plans.insert(key.clone(), exe.clone());
                 exe

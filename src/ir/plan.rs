@@ -86,6 +86,16 @@ impl Plan {
         }
         Plan { graph, order, inputs, random_streams }
     }
+
+    /// The plan bound to `inputs` slots per run: those of the graph it
+    /// was optimized from. Passes may remove inputs (folding a `where` on
+    /// a constant condition drops a branch, then DCE its input), and the
+    /// caller still binds every slot of the graph it extracted, so a plan
+    /// must accept slots it no longer reads (a backend leaves them alone).
+    pub fn binding(mut self, inputs: usize) -> Plan {
+        self.inputs = self.inputs.max(inputs);
+        self
+    }
 }
 
 /// Identifies a stream of a [`StreamPlan`] (`0..count`).

@@ -247,9 +247,12 @@ fn can_run_in_place(kernel: Option<&FusedKernel>, slot: usize) -> bool {
 /// The place of a node whose memory plan computes it in place of an
 /// operand the executor cannot overwrite (see [`can_run_in_place`]): a
 /// fresh allocation of its own. Correct, only not in place: the operand's
-/// range is left as the plan expects, and nothing else is written there.
-/// The memory pass and the kernel apply the same rules, so this is a
-/// safety net, not a path plans are expected to take.
+/// range is left as the plan expects, and nothing else is written there
+/// (a node planned in place of this one then writes the range as its own,
+/// see `place_values`). Plans do take this path: the memory pass lets a
+/// fused node overwrite an operand of another dtype of the same byte size
+/// (a cast from i64 to f64; the CUDA kernels compute that in place), but
+/// the CPU kernel reads an in-place operand at the output's dtype.
 fn in_place_fallback() -> Place {
     Place::Auto
 }
@@ -305,17 +308,34 @@ fn place_values(
                                 Place::Arena { offset: o, len: l }
                                 | Place::InPlaceOf { offset: o, len: l, .. },
                             ) if o == offset
-                                && l * graph.node(*of).dtype.size() == len * node.dtype.size() => {}
+                                && l * graph.node(*of).dtype.size() == len * node.dtype.size() =>
+                            {
+                                if can_run_in_place(kernels.get(&id), slot) {
+                                    Place::InPlaceOf { slot, offset, len }
+                                } else {
+                                    in_place_fallback()
+                                }
+                            }
+                            // The operand was planned in this range, in place
+                            // of its own operand, and fell back to a fresh
+                            // allocation: nothing lives in the range now (its
+                            // first value's last reader was that operand, which
+                            // runs before this node), so this node writes it as
+                            // its own.
+                            Some(Place::Auto)
+                                if matches!(
+                                    mem.values.get(of).map(|v| &v.placement),
+                                    Some(Placement::Arena { offset: o, in_place_of: Some(_), .. })
+                                        if usize::try_from(*o) == Ok(offset)
+                                ) =>
+                            {
+                                Place::Arena { offset, len }
+                            }
                             _ => {
                                 return Err(bad(format!(
                                     "{id} is placed in place of {of}, whose arena range differs"
                                 )))
                             }
-                        }
-                        if can_run_in_place(kernels.get(&id), slot) {
-                            Place::InPlaceOf { slot, offset, len }
-                        } else {
-                            in_place_fallback()
                         }
                     }
                 }

@@ -180,13 +180,22 @@ impl CpuExecutable {
                 step.id
             )));
         }
-        if T::DTYPE == crate::ir::DType::Bool {
+        // Bytes the arena last used for another dtype need not be valid
+        // bools, so a bool range is cleared first, except when the step
+        // computes in place: then the range holds the operand the kernel
+        // is about to read, a bool of the same shape (a fused kernel runs
+        // in place only at its output's dtype, `can_run_in_place`), whose
+        // bytes are valid bools already. Clearing it made the kernel read
+        // `false` for every operand element (found by the differential
+        // test, tests/robust/differential/regress.rs).
+        if T::DTYPE == crate::ir::DType::Bool && matches!(step.place, Place::Arena { .. }) {
             // SAFETY: as for `slice_mut` below (the same range, before it).
             unsafe { arena.zero(offset, len) };
         }
         // SAFETY: the range is inside the arena and aligned for `T`
         // (checked just above) and its bytes are valid `T`s (any bit
-        // pattern of the numeric dtypes; bools were just zeroed). No other
+        // pattern of the numeric dtypes; bools were just zeroed, or hold
+        // the in-place operand's bools). No other
         // slice of these bytes lives while the kernel runs: the operands'
         // ranges (through views) do not overlap it, save an in-place
         // operand that is never viewed, which compile checked; other
