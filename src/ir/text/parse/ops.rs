@@ -1,0 +1,292 @@
+//! Op lines: the mnemonic table ([`Kind`]), the `key=value` attributes
+//! after the operands ([`Attrs`]), and building the [`Op`] they describe,
+//! with messages that show a valid example.
+
+use super::clip;
+use crate::ir::{
+    BinaryOp, BufferId, CompareOp, DType, Distribution, FusedBody, Graph, Op, PoolKind, ReduceOp, Scalar,
+    Shape, UnaryOp,
+};
+use std::sync::Arc;
+
+pub(super) enum Attr<'a> {
+    /// A bare word: a positional value (`input 0`) or a flag (`keepdim`).
+    Bare,
+    Word(&'a str),
+    List(Vec<&'a str>),
+}
+
+/// The attributes of one line, consumed by the op builder; whatever is left
+/// is an error.
+pub(super) struct Attrs<'a> {
+    pub(super) items: Vec<(&'a str, Attr<'a>)>,
+}
+
+impl<'a> Attrs<'a> {
+    fn take(&mut self, key: &str, op: &str, example: &str) -> Result<Attr<'a>, String> {
+        let i = self
+            .items
+            .iter()
+            .position(|(k, v)| *k == key && !matches!(v, Attr::Bare))
+            .ok_or_else(|| format!("{op} needs attribute {key}= (e.g. `{example}`)"))?;
+        Ok(self.items.remove(i).1)
+    }
+
+    fn word(&mut self, key: &str, op: &str, example: &str) -> Result<&'a str, String> {
+        match self.take(key, op, example)? {
+            Attr::Word(w) => Ok(w),
+            _ => Err(format!("attribute {key} of {op} takes one value, not a list (e.g. `{example}`)")),
+        }
+    }
+
+    fn usize(&mut self, key: &str, op: &str, example: &str) -> Result<usize, String> {
+        let w = self.word(key, op, example)?;
+        w.parse().map_err(|_| format!("{key} must be a non-negative integer, found '{}'", clip(w)))
+    }
+
+    fn list(&mut self, key: &str, op: &str, example: &str) -> Result<Vec<usize>, String> {
+        match self.take(key, op, example)? {
+            Attr::List(ws) => ws
+                .iter()
+                .map(|w| {
+                    w.parse()
+                        .map_err(|_| format!("{key} must list non-negative integers, found '{}'", clip(w)))
+                })
+                .collect(),
+            _ => Err(format!("attribute {key} of {op} takes a list (e.g. `{example}`)")),
+        }
+    }
+
+    fn pair(&mut self, key: &str, op: &str, example: &str) -> Result<[usize; 2], String> {
+        match self.list(key, op, example)?[..] {
+            [a, b] => Ok([a, b]),
+            _ => Err(format!("{key} of {op} takes two values (height, width), e.g. `{example}`")),
+        }
+    }
+
+    fn flag(&mut self, key: &str) -> bool {
+        match self.items.iter().position(|(k, v)| *k == key && matches!(v, Attr::Bare)) {
+            Some(i) => {
+                self.items.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The one positional word (`input 0`, `full 0.5`).
+    fn positional(&mut self, op: &str, what: &str, example: &str) -> Result<&'a str, String> {
+        let i = self
+            .items
+            .iter()
+            .position(|(_, v)| matches!(v, Attr::Bare))
+            .ok_or_else(|| format!("{op} needs {what} (e.g. `{example}`)"))?;
+        Ok(self.items.remove(i).0)
+    }
+
+    pub(super) fn finish(&self, op: &str) -> Result<(), String> {
+        match self.items.first() {
+            None => Ok(()),
+            Some((k, Attr::Bare)) => Err(format!("unexpected '{}' after {op}", clip(k))),
+            Some((k, _)) => Err(format!("{op} has no attribute '{}'", clip(k))),
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+pub(super) enum Kind {
+    Input,
+    Buffer,
+    Full,
+    Arange,
+    Random(Distribution),
+    Reshape,
+    Permute,
+    Expand,
+    Slice,
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    Compare(CompareOp),
+    Where,
+    Cast,
+    Reduce(ReduceOp),
+    MatMul,
+    Conv2d,
+    Pool(PoolKind),
+    Gather,
+    IndexSelect,
+    Cat,
+    Fused,
+}
+
+const FIXED: &[(&str, Kind)] = &[
+    ("input", Kind::Input),
+    ("buffer", Kind::Buffer),
+    ("full", Kind::Full),
+    ("arange", Kind::Arange),
+    ("rand", Kind::Random(Distribution::Uniform)),
+    ("randn", Kind::Random(Distribution::Normal)),
+    ("reshape", Kind::Reshape),
+    ("permute", Kind::Permute),
+    ("expand", Kind::Expand),
+    ("slice", Kind::Slice),
+    ("where", Kind::Where),
+    ("cast", Kind::Cast),
+    ("matmul", Kind::MatMul),
+    ("conv2d", Kind::Conv2d),
+    ("max_pool2d", Kind::Pool(PoolKind::Max)),
+    ("avg_pool2d", Kind::Pool(PoolKind::Avg)),
+    ("gather", Kind::Gather),
+    ("index_select", Kind::IndexSelect),
+    ("cat", Kind::Cat),
+    ("fused", Kind::Fused),
+];
+
+/// Every mnemonic with its kind, in a fixed order.
+pub(super) fn all_kinds() -> impl Iterator<Item = (&'static str, Kind)> {
+    FIXED
+        .iter()
+        .copied()
+        .chain(UnaryOp::ALL.iter().map(|&u| (u.mnemonic(), Kind::Unary(u))))
+        .chain(BinaryOp::ALL.iter().map(|&b| (b.mnemonic(), Kind::Binary(b))))
+        .chain(CompareOp::ALL.iter().map(|&c| (c.mnemonic(), Kind::Compare(c))))
+        .chain(ReduceOp::ALL.iter().map(|&r| (r.mnemonic(), Kind::Reduce(r))))
+}
+
+pub(super) fn kind_of(mnemonic: &str) -> Option<Kind> {
+    all_kinds().find(|(m, _)| *m == mnemonic).map(|(_, k)| k)
+}
+
+/// The known mnemonic closest to a misspelt one (edit distance <= 2).
+pub(super) fn suggest(word: &str) -> Option<&'static str> {
+    if word.len() > 40 {
+        return None;
+    }
+    // Ties go to a name with the same first letter (`mull` -> `mul`, not `full`).
+    let first = word.chars().next();
+    let (best, d, _) = all_kinds()
+        .map(|(m, _)| (m, edit_distance(word, m), m.chars().next() != first))
+        .min_by_key(|&(_, d, other_start)| (d, other_start))?;
+    (d <= 2 && d < word.chars().count()).then_some(best)
+}
+
+pub(super) fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, &cb) in b.iter().enumerate() {
+            cur.push((prev[j] + usize::from(ca != cb)).min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+pub(super) fn scalar(text: &str, dtype: DType, what: &str) -> Result<Scalar, String> {
+    Scalar::parse(text, dtype).ok_or_else(|| {
+        let hint = match dtype {
+            DType::Bool => " (expected true or false)".to_string(),
+            d if d.is_float() => " (expected a number, inf, -inf or nan)".to_string(),
+            d => format!(" (expected an integer that fits {d})"),
+        };
+        format!("{what} '{}' is not a valid {dtype} value{hint}", clip(text))
+    })
+}
+
+/// A fused op from its parsed body; `kind=` must name the body's kind.
+pub(super) fn fused_op(body: Graph, a: &mut Attrs) -> Result<Op, String> {
+    let body = FusedBody::new(body).map_err(|m| format!("fused body: {m}"))?;
+    let kind = a.word("kind", "fused", "fused %a, %b kind=elementwise {")?;
+    if kind != body.kind().name() {
+        return Err(format!(
+            "the body is a {} kernel, but the line says kind={}",
+            body.kind().name(),
+            clip(kind)
+        ));
+    }
+    Ok(Op::Fused(Arc::new(body)))
+}
+
+pub(super) fn build_op(
+    kind: Kind,
+    m: &str,
+    a: &mut Attrs,
+    shape: &Shape,
+    dtype: DType,
+) -> Result<Op, String> {
+    Ok(match kind {
+        Kind::Input => {
+            let w = a.positional(m, "a slot number", "input 0")?;
+            Op::Input(w.parse().map_err(|_| {
+                format!("input slot must be an integer from 0 to {}, found '{}'", u32::MAX, clip(w))
+            })?)
+        }
+        Kind::Buffer => {
+            let w = a.positional(m, "a buffer id", "buffer 3")?;
+            Op::Buffer(BufferId(
+                w.parse()
+                    .map_err(|_| format!("buffer id must be a non-negative integer, found '{}'", clip(w)))?,
+            ))
+        }
+        Kind::Full => Op::Full(scalar(a.positional(m, "a value", "full 0.5")?, dtype, "full value")?),
+        Kind::Arange => {
+            let start = scalar(a.word("start", m, "arange start=0 step=1")?, dtype, "arange start")?;
+            let step = scalar(a.word("step", m, "arange start=0 step=1")?, dtype, "arange step")?;
+            Op::Arange { start, step }
+        }
+        Kind::Random(dist) => {
+            let w = a.word("stream", m, "randn stream=0")?;
+            let stream = w
+                .parse()
+                .map_err(|_| format!("stream must be a non-negative integer, found '{}'", clip(w)))?;
+            Op::Random { dist, stream }
+        }
+        Kind::Reshape => Op::Reshape(shape.clone()),
+        Kind::Expand => Op::Expand(shape.clone()),
+        Kind::Cast => Op::Cast(dtype),
+        Kind::Permute => Op::Permute(a.list("perm", m, "permute %x perm=[1,0]")?),
+        Kind::Slice => {
+            let ex = "slice %x dim=0 start=0 step=1 len=2";
+            Op::Slice {
+                dim: a.usize("dim", m, ex)?,
+                start: a.usize("start", m, ex)?,
+                step: a.usize("step", m, ex)?,
+                len: a.usize("len", m, ex)?,
+            }
+        }
+        Kind::Unary(u) => Op::Unary(u),
+        Kind::Binary(b) => Op::Binary(b),
+        Kind::Compare(c) => Op::Compare(c),
+        Kind::Where => Op::Where,
+        Kind::MatMul => Op::MatMul,
+        Kind::Reduce(op) => {
+            let dims = a.list("dims", m, &format!("{m} %x dims=[1] keepdim"))?;
+            Op::Reduce { op, dims, keepdim: a.flag("keepdim") }
+        }
+        Kind::Conv2d => {
+            let ex = "conv2d %x, %w stride=[1,1] padding=[0,0] dilation=[1,1] groups=1";
+            Op::Conv2d {
+                stride: a.pair("stride", m, ex)?,
+                padding: a.pair("padding", m, ex)?,
+                dilation: a.pair("dilation", m, ex)?,
+                groups: a.usize("groups", m, ex)?,
+            }
+        }
+        Kind::Pool(kind) => {
+            let ex = format!("{m} %x kernel=[2,2] stride=[2,2] padding=[0,0]");
+            Op::Pool2d {
+                kind,
+                kernel: a.pair("kernel", m, &ex)?,
+                stride: a.pair("stride", m, &ex)?,
+                padding: a.pair("padding", m, &ex)?,
+            }
+        }
+        Kind::Gather => Op::Gather { dim: a.usize("dim", m, "gather %x, %i dim=1")? },
+        Kind::IndexSelect => Op::IndexSelect { dim: a.usize("dim", m, "index_select %x, %i dim=0")? },
+        Kind::Cat => Op::Cat { dim: a.usize("dim", m, "cat %a, %b dim=0")? },
+        Kind::Fused => {
+            return Err("a fused node ends its line with `{`, then its body, then a `}` line".into())
+        }
+    })
+}
