@@ -67,6 +67,10 @@ pub struct Arr {
     data: Rc<Vec<Iv>>,
 }
 
+/// The most elements [`Arr::build`] computes (16 MiB of intervals); the
+/// generator's own limits are far below it.
+pub const BUILD_LIMIT: usize = 1 << 20;
+
 pub fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
@@ -147,8 +151,21 @@ impl Arr {
         out
     }
 
-    /// A new array of `shape` whose element at `idx` is `f(idx)`.
+    /// A new array of `shape` whose element at `idx` is `f(idx)`. An
+    /// array past [`BUILD_LIMIT`] elements is not computed: it is every
+    /// element unknown, through zero strides, so the generator rejects it
+    /// without allocating it (a generated op may ask for gigabytes: an
+    /// outer product of two long vectors).
     pub fn build(shape: &[usize], mut f: impl FnMut(&[usize]) -> Iv) -> Arr {
+        if shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).is_none_or(|n| n > BUILD_LIMIT) {
+            let rank = shape.len();
+            return Arr {
+                shape: shape.to_vec(),
+                strides: vec![0; rank],
+                offset: 0,
+                data: Rc::new(vec![Iv::UNKNOWN]),
+            };
+        }
         let mut data = Vec::with_capacity(numel(shape));
         for_each_index(shape, |idx| data.push(f(idx)));
         Arr::new(shape.to_vec(), data)

@@ -213,8 +213,11 @@ impl Gen {
     /// in range, and (for all but a few elements) a bound narrow against
     /// the value's scale; bools and integers mostly certain.
     fn acceptable(&self, v: &Val) -> bool {
+        if v.arr.numel() > self.size.max_numel() {
+            return false;
+        }
         let vals = v.arr.values();
-        if vals.len() > self.size.max_numel() || vals.iter().any(|x| !x.known()) {
+        if vals.iter().any(|x| !x.known()) {
             return false;
         }
         let loose = if v.dt.is_float() {

@@ -1,6 +1,7 @@
 //! Regression tests: mismatches the differential run found, minimized to
 //! the few ops that show them, each named after what broke.
 
+use half::{bf16, f16};
 use kiln::prelude::*;
 
 /// Seed 74 of the f64 configuration. A bool computed in place of its
@@ -64,4 +65,91 @@ fn in_place_of_a_node_that_could_not_be() -> kiln::Result<()> {
     assert!(plan.matches("!in-place=").count() >= 2, "the case no longer chains in-place nodes:\n{plan}");
     assert_eq!(y.item::<f64>()?, 4.0, "plan:\n{plan}");
     Ok(())
+}
+
+// ------------------------------------------ found on CUDA (run everywhere)
+
+/// Runs `case` on every device the differential tests use (the CPU, and
+/// CUDA when there is one), naming the device in a failure.
+fn on_every_device(case: impl Fn(&Context) -> kiln::Result<()>) {
+    for &device in super::devices() {
+        let ctx = device.context();
+        if let Err(e) = case(&ctx) {
+            panic!("on {device:?}: {e}");
+        }
+    }
+}
+
+/// Small whole numbers from a seed, so every product and sum below is
+/// exact in every float type and results compare with `==`.
+fn whole(n: usize, seed: u64) -> Vec<f32> {
+    (0..n as u64).map(|i| ((i * 7 + seed * 3) % 5) as f32 - 2.0).collect()
+}
+
+/// `a @ b` in f64, row-major, with `a` `[m, k]` and `b` `[k, n]`.
+fn product(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f64> {
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            out[i * n + j] = (0..k).map(|p| a[i * k + p] as f64 * b[p * n + j] as f64).sum();
+        }
+    }
+    out
+}
+
+/// Seeds 782 (default), 471 and 750 (f64) on CUDA. A matmul fused with an
+/// epilogue that casts to a narrower type (`(a @ b * s) as f16`) had its
+/// GEMM write the f32/f64 product into the output's bytes, which the
+/// memory plan sized for the f16/bf16 result: the product ran past them
+/// into the next arena value (782: the broadcast `s`, so every element was
+/// wrong) or past the arena (750: an illegal address, which also ends the
+/// CUDA context; the emulator's heap was corrupted the same way). The
+/// product now goes to scratch unless it fits (`cuda/lower/ops.rs`).
+#[test]
+fn a_product_cast_to_a_narrower_type() {
+    on_every_device(|ctx| {
+        // 782's shape: a batched product, scaled by a pooled value the
+        // plan puts in the arena right after the product's bytes.
+        let (x, w) = (whole(32, 1), whole(6, 2));
+        let scale = ctx.tensor(&[2.0f32, 1.0, -1.0], [1, 1, 3, 1]).max_pool2d(2, 2, 1); // [[2], [1]]
+        let y = (ctx.tensor(&x, [2, 4, 2, 2]).matmul(&ctx.tensor(&w, [2, 3])) * scale).cast(DType::F16);
+        let p = product(&x, &w, 16, 2, 3);
+        let want: Vec<f16> = p
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| f16::from_f64(v * if (i / 3) % 2 == 0 { 2.0 } else { 1.0 }))
+            .collect();
+        assert_eq!(y.to_vec::<f16>()?, want, "f32 product cast to f16");
+        // 750's shape: a @ a^T in f64, cast to bf16, past the end of the arena.
+        let a = whole(12 * 20, 3);
+        let at = ctx.tensor(&a.iter().map(|&v| v as f64).collect::<Vec<_>>(), [12, 20]);
+        let g = at.t().matmul(&at).cast(DType::BF16);
+        let mut a_t = vec![0.0f32; 240];
+        for i in 0..12 {
+            for j in 0..20 {
+                a_t[j * 12 + i] = a[i * 20 + j];
+            }
+        }
+        let want: Vec<bf16> = product(&a_t, &a, 20, 12, 20).iter().map(|&v| bf16::from_f64(v)).collect();
+        assert_eq!(g.to_vec::<bf16>()?, want, "f64 a^T a cast to bf16");
+        Ok(())
+    });
+}
+
+/// Seeds 1152 and 1791 on CUDA: a gather from a constant f16 or bf16
+/// source (`full`, not folded because the index is computed) did not
+/// compile: the kernel stored the constant's float literal into the half
+/// type without converting it (`cuda/codegen/ops.rs`).
+#[test]
+fn a_gather_from_a_constant_half_source() {
+    on_every_device(|ctx| {
+        for dtype in [DType::F16, DType::BF16, DType::F32, DType::I32] {
+            let value = if dtype.is_float() { 0.5f32 } else { 2.0 };
+            let src = ctx.full_dtype([1, 4, 1], value, dtype);
+            let idx = ctx.tensor(&[3i64, 1, 4, 1], [1, 4, 1]).gt(9).cast(DType::I64); // zeros, computed
+            let g = src.gather(0, &idx).cast(DType::F32);
+            assert_eq!(g.to_vec::<f32>()?, vec![value; 4], "{dtype}");
+        }
+        Ok(())
+    });
 }

@@ -170,7 +170,10 @@ fn index_kernel(
         writeln!(src, "      out[i] = {};", types::store(x.dtype, &types::literal(x.dtype, Scalar::Int(0))));
     src.push_str("    } else {\n");
     let read = match x.source {
-        Source::Const(c) => types::literal(x.dtype, c),
+        // A literal is in the compute type (float for f16 and bf16): it is
+        // stored as the output's storage type, as the out-of-range branch
+        // does. A buffer element is already in that type.
+        Source::Const(c) => types::store(x.dtype, &types::literal(x.dtype, c)),
         Source::Buffer => format!("in0[{} + (I)v * {stride}]", base.offset_of("i")),
     };
     let _ = writeln!(src, "      out[i] = {read};\n    }}");

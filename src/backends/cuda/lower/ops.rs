@@ -181,17 +181,24 @@ impl Lowering<'_> {
                 let a = self.leaf_value(g, args[0], ops)?;
                 let b = self.leaf_value(g, args[1], ops)?;
                 let epilogue = self.lt_epilogue(g, mm, body.output(), ops)?;
-                self.matmul(&a, &b, &node.shape, node.dtype, dst, epilogue)?;
-                if body.output() != mm {
-                    // The epilogue reads the product where the GEMM left it
-                    // and overwrites it element for element.
-                    let (epi, extra) = replace_with_input(g, mm, body.inputs());
-                    let mut epi_ops = ops.to_vec();
-                    epi_ops.push(Value::dense(dst, node.shape.clone(), node.dtype));
-                    debug_assert_eq!(extra, epi_ops.len() - 1);
-                    self.body_kernel("matmul_epilogue", &epi, &epi_ops, dst, true, None)?;
+                if body.output() == mm {
+                    return self.matmul(&a, &b, &node.shape, node.dtype, dst, epilogue);
                 }
-                Ok(())
+                // The epilogue reads the product where the GEMM left it. In
+                // `dst` itself, overwriting it element for element, when
+                // the output has the product's shape and element size;
+                // otherwise (a cast to a narrower type, as in `(a @ b) as
+                // f16`) the product does not fit `dst`, whose bytes the
+                // memory plan sized for the output, so it goes to scratch.
+                let out = g.node(body.output());
+                let in_place = out.shape == node.shape && out.dtype.size() == node.dtype.size();
+                let product = if in_place { dst } else { self.new_scratch(bytes(&node.shape, node.dtype)) };
+                self.matmul(&a, &b, &node.shape, node.dtype, product, epilogue)?;
+                let (epi, extra) = replace_with_input(g, mm, body.inputs());
+                let mut epi_ops = ops.to_vec();
+                epi_ops.push(Value::dense(product, node.shape.clone(), node.dtype));
+                debug_assert_eq!(extra, epi_ops.len() - 1);
+                self.body_kernel("matmul_epilogue", &epi, &epi_ops, dst, in_place, None)
             }
         }
     }
