@@ -71,6 +71,12 @@ pub struct Arr {
 /// generator's own limits are far below it.
 pub const BUILD_LIMIT: usize = 1 << 20;
 
+/// Whether an array of `shape` is past [`BUILD_LIMIT`] (or its count
+/// overflows).
+fn too_big(shape: &[usize]) -> bool {
+    shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).is_none_or(|n| n > BUILD_LIMIT)
+}
+
 pub fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
@@ -151,27 +157,34 @@ impl Arr {
         out
     }
 
-    /// A new array of `shape` whose element at `idx` is `f(idx)`. An
-    /// array past [`BUILD_LIMIT`] elements is not computed: it is every
-    /// element unknown, through zero strides, so the generator rejects it
-    /// without allocating it (a generated op may ask for gigabytes: an
-    /// outer product of two long vectors).
+    /// A new array of `shape` whose element at `idx` is `f(idx)` (or
+    /// [`Arr::unknown`] past [`BUILD_LIMIT`] elements).
     pub fn build(shape: &[usize], mut f: impl FnMut(&[usize]) -> Iv) -> Arr {
-        if shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).is_none_or(|n| n > BUILD_LIMIT) {
-            let rank = shape.len();
-            return Arr {
-                shape: shape.to_vec(),
-                strides: vec![0; rank],
-                offset: 0,
-                data: Rc::new(vec![Iv::UNKNOWN]),
-            };
+        if too_big(shape) {
+            return Arr::unknown(shape);
         }
         let mut data = Vec::with_capacity(numel(shape));
         for_each_index(shape, |idx| data.push(f(idx)));
         Arr::new(shape.to_vec(), data)
     }
 
+    /// Every element unknown, through zero strides: what an op past
+    /// [`BUILD_LIMIT`] elements gives instead of computing (a generated op
+    /// may ask for gigabytes, such as an outer product of two long
+    /// vectors), so the generator rejects it without allocating it.
+    pub fn unknown(shape: &[usize]) -> Arr {
+        Arr {
+            shape: shape.to_vec(),
+            strides: vec![0; shape.len()],
+            offset: 0,
+            data: Rc::new(vec![Iv::UNKNOWN]),
+        }
+    }
+
     pub fn map(&self, f: impl Fn(Iv) -> Iv) -> Arr {
+        if too_big(&self.shape) {
+            return Arr::unknown(&self.shape);
+        }
         Arr::new(self.shape.clone(), self.values().into_iter().map(f).collect())
     }
 
@@ -211,6 +224,9 @@ impl Arr {
     /// The same elements, row-major, in `shape`.
     pub fn reshape(&self, shape: &[usize]) -> Arr {
         assert_eq!(numel(shape), self.numel(), "reference: reshape {:?} to {shape:?}", self.shape);
+        if too_big(shape) {
+            return Arr::unknown(shape);
+        }
         Arr::new(shape.to_vec(), self.values())
     }
 }

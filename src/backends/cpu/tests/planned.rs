@@ -277,7 +277,11 @@ return %c
     }
     let ok = be.upload(HostData::I64(vec![3; 16]), &Shape::new([4, 4])).unwrap();
     let out = be.download(&exe.run(&[x, ok], &RngArgs::default()).unwrap()[0]).unwrap();
-    assert_eq!(out, HostData::F32(vec![1f32.exp() + 1.0; 16]));
+    // Within an ulp, not equal: under miri, `f32::exp` itself is perturbed
+    // by a few ulps on purpose (miri's float non-determinism).
+    let HostData::F32(out) = out else { panic!("f32 output, got {out:?}") };
+    let want = 1f64.exp() + 1.0;
+    assert!(out.iter().all(|&v| ((v as f64) - want).abs() <= 4.0 * f32::EPSILON as f64 * want), "{out:?}");
 }
 
 #[test]
