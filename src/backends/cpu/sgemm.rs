@@ -13,19 +13,23 @@
 //!
 //! # Blocking
 //!
-//! For each `KC`-deep slice of the inner dimension (in order), B's slice
-//! is packed once into 16-column slivers (shared by all tasks), then the
-//! output is cut into tiles of at most `MC` rows and a span of columns;
-//! each tile packs its rows of A into 6-row slivers (in a buffer of its
-//! thread) and runs the kernel over every 6x16 block of the tile. A
-//! packed A block (`MC x KC` floats) stays in L2 and a B sliver
-//! (`KC x 16`) in L1 while the kernel streams over them. Tiles run in
+//! For each slice of the inner dimension (in order; slices at most `KC`
+//! deep and as even as they can be), B's slice is packed once into
+//! 16-column slivers (shared by all tasks), then the output is cut into
+//! tiles of at most `MC` rows and a span of columns; each tile packs its
+//! rows of A into 6-row slivers (in a buffer of its thread) and runs the
+//! kernel over every 6x16 block of the tile, B slivers outer, A slivers
+//! inner. A packed A block (`MC x KC` floats) stays in L2 and a B sliver
+//! (`KC x 16`) in L1 while the kernel streams over them. A transposed
+//! operand (`rs == 1`, as `x.t()` and `w.t()` are) packs from its
+//! contiguous columns, B through 8x8 register transposes. Tiles run in
 //! parallel on rayon; with few rows the tiles split the columns instead,
 //! so every core works.
 //!
 //! # Results
 //!
-//! Every output element is, for each `KC` slice in order, a chain of fused
+//! Every output element is, for each slice in order (the slices depend
+//! on `k` alone), a chain of fused
 //! multiply-adds over that slice in order, added to what the earlier slices
 //! gave. Neither the tiling nor the thread count changes that order, so
 //! the product is the same bits on any number of threads.
@@ -149,8 +153,12 @@ pub(crate) fn sgemm(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, c: &mu
         (0..m_blocks).flat_map(|mb| (0..n_slivers.div_ceil(chunk_slivers)).map(move |nc| (mb, nc))).collect();
     let cp = CPtr(c.as_mut_ptr());
     with_buffer(&PACK_B, |pb| {
-        for (slice, p0) in (0..k).step_by(KC).enumerate() {
-            let kc = KC.min(k - p0);
+        // Slices as even as they can be, at most KC deep: 784 is three of
+        // 262/262/260, not 256/256/256/16 (a 16-deep slice reads and
+        // writes all of C for a sixteenth of the work).
+        let depth = k.div_ceil(k.div_ceil(KC));
+        for (slice, p0) in (0..k).step_by(depth).enumerate() {
+            let kc = depth.min(k - p0);
             pack_b(b, p0, kc, n, pb, threads > 1);
             let packed_b: &[f32] = pb;
             let run = |&(mb, nc): &(usize, usize)| {
@@ -199,6 +207,16 @@ fn pack_b(b: Mat<'_>, p0: usize, kc: usize, n: usize, out: &mut Vec<f32>, parall
     let group = PACK_GROUP * kc * NR;
     let one = |(g, dst): (usize, &mut [f32])| {
         let s0 = g * PACK_GROUP;
+        if b.cs != 1 && b.rs == 1 {
+            // A transposed B (a weight read as `w.t()`, the backward
+            // products): each column is a contiguous run, so each sliver is
+            // a transpose of 16 runs (see `pack_b_transposed`).
+            for (ls, sliver) in dst.chunks_mut(kc * NR).enumerate() {
+                let j0 = (s0 + ls) * NR;
+                pack_b_transposed(b, p0, kc, j0, NR.min(n - j0), sliver);
+            }
+            return;
+        }
         for p in 0..kc {
             for (ls, sliver) in dst.chunks_mut(kc * NR).enumerate() {
                 let j0 = (s0 + ls) * NR;
@@ -217,6 +235,8 @@ fn pack_b(b: Mat<'_>, p0: usize, kc: usize, n: usize, out: &mut Vec<f32>, parall
                         }
                     }
                 } else {
+                    // Any other strides (an expanded or sliced view): one
+                    // element at a time.
                     for (j, v) in row[..w].iter_mut().enumerate() {
                         *v = b.at(p0 + p, j0 + j);
                     }
@@ -230,6 +250,96 @@ fn pack_b(b: Mat<'_>, p0: usize, kc: usize, n: usize, out: &mut Vec<f32>, parall
         out.par_chunks_mut(group).enumerate().for_each(one);
     } else {
         out.chunks_mut(group).enumerate().for_each(one);
+    }
+}
+
+/// One sliver of a B whose rows are adjacent (`rs == 1`): columns
+/// `j0..j0+w` (`w <= 16`), rows `p0..p0+kc`, into `dst` (`kc * 16`
+/// floats, zeros past `w`). Column `j` is the run `B[p0.., j]`; the
+/// runs are bounds-checked once each, then read 8 rows at a time and
+/// transposed in registers (`transpose8`), so a transposed B packs at
+/// about the speed of a row-major one instead of one gathered element
+/// per float.
+fn pack_b_transposed(b: Mat<'_>, p0: usize, kc: usize, j0: usize, w: usize, dst: &mut [f32]) {
+    let dst = &mut dst[..kc * NR];
+    let col = |j: usize| {
+        let at = b.base + p0 * b.rs + (j0 + j) * b.cs;
+        &b.data[at..at + kc]
+    };
+    let mut cols: [&[f32]; NR] = [&[]; NR];
+    for (j, c) in cols.iter_mut().enumerate().take(w) {
+        *c = col(j);
+    }
+    let mut p = 0;
+    if w == NR {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: `sgemm` runs only where `available()` (avx2, fma);
+            // every run in `cols` has `kc` floats and `dst` `kc * 16`, and
+            // the blocks read rows `p..p+8` with `p + 8 <= kc`.
+            unsafe { transpose_runs(&cols, kc / 8 * 8, dst) };
+            p = kc / 8 * 8;
+        }
+    }
+    for p in p..kc {
+        let row = &mut dst[p * NR..(p + 1) * NR];
+        for (j, v) in row.iter_mut().enumerate() {
+            *v = if j < w { cols[j][p] } else { 0.0 };
+        }
+    }
+}
+
+/// Rows `0..rows` (a multiple of 8) of 16 runs, transposed into `dst`
+/// row by row (row `p` is 16 floats: element `p` of each run), as 8x8
+/// blocks: 8 loads, the three-stage unpack/shuffle/permute transpose,
+/// 8 stores.
+///
+/// # Safety
+/// The CPU supports avx2; every run has at least `rows` floats and `dst`
+/// at least `rows * 16`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn transpose_runs(cols: &[&[f32]; NR], rows: usize, dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    for p in (0..rows).step_by(8) {
+        for half in 0..2 {
+            // SAFETY: p + 8 <= rows, inside each run and inside `dst` (the
+            // caller's contract).
+            unsafe {
+                let ld = |j: usize| _mm256_loadu_ps(cols[half * 8 + j].as_ptr().add(p));
+                let (r0, r1, r2, r3) = (ld(0), ld(1), ld(2), ld(3));
+                let (r4, r5, r6, r7) = (ld(4), ld(5), ld(6), ld(7));
+                let t0 = _mm256_unpacklo_ps(r0, r1);
+                let t1 = _mm256_unpackhi_ps(r0, r1);
+                let t2 = _mm256_unpacklo_ps(r2, r3);
+                let t3 = _mm256_unpackhi_ps(r2, r3);
+                let t4 = _mm256_unpacklo_ps(r4, r5);
+                let t5 = _mm256_unpackhi_ps(r4, r5);
+                let t6 = _mm256_unpacklo_ps(r6, r7);
+                let t7 = _mm256_unpackhi_ps(r6, r7);
+                let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+                let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+                let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+                let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+                let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+                let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+                let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+                let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+                let rows8 = [
+                    _mm256_permute2f128_ps::<0x20>(s0, s4),
+                    _mm256_permute2f128_ps::<0x20>(s1, s5),
+                    _mm256_permute2f128_ps::<0x20>(s2, s6),
+                    _mm256_permute2f128_ps::<0x20>(s3, s7),
+                    _mm256_permute2f128_ps::<0x31>(s0, s4),
+                    _mm256_permute2f128_ps::<0x31>(s1, s5),
+                    _mm256_permute2f128_ps::<0x31>(s2, s6),
+                    _mm256_permute2f128_ps::<0x31>(s3, s7),
+                ];
+                for (q, v) in rows8.into_iter().enumerate() {
+                    _mm256_storeu_ps(dst.as_mut_ptr().add((p + q) * NR + half * 8), v);
+                }
+            }
+        }
     }
 }
 
@@ -254,6 +364,19 @@ fn pack_a(a: Mat<'_>, i0: usize, mc: usize, p0: usize, kc: usize, out: &mut Vec<
             for (p, d) in dst.chunks_exact_mut(MR).enumerate() {
                 for (r, v) in d.iter_mut().enumerate() {
                     *v = rows[r][p];
+                }
+            }
+            continue;
+        }
+        if a.rs == 1 && h == MR {
+            // A transposed A (`x.t()` in a weight gradient): the six rows
+            // of each column are adjacent, one six-float run per column.
+            for (p, d) in dst.chunks_exact_mut(MR).enumerate() {
+                let at = a.base + (i0 + r0) + (p0 + p) * a.cs;
+                if let (Ok(d), Ok(s)) =
+                    (<&mut [f32; MR]>::try_from(d), <&[f32; MR]>::try_from(&a.data[at..at + MR]))
+                {
+                    *d = *s;
                 }
             }
             continue;
@@ -286,13 +409,16 @@ unsafe fn tile(
     accumulate: bool,
 ) {
     let mut edge = [0f32; MR * NR];
-    for (si, a_sliver) in pa.chunks(kc * MR).enumerate() {
-        let r0 = si * MR;
-        let h = MR.min(mc - r0);
-        let mut j = 0;
-        while j < nw {
-            let w = NR.min(nw - j);
-            let b_sliver = &pb[((j0 + j) / NR) * kc * NR..][..kc * NR];
+    // B slivers outer, A slivers inner: one B sliver (`kc x 16`, 16 KB)
+    // stays in L1 while every A sliver of the tile (the packed block, in
+    // L2) streams past it, the BLIS order.
+    let mut j = 0;
+    while j < nw {
+        let w = NR.min(nw - j);
+        let b_sliver = &pb[((j0 + j) / NR) * kc * NR..][..kc * NR];
+        for (si, a_sliver) in pa.chunks(kc * MR).enumerate() {
+            let r0 = si * MR;
+            let h = MR.min(mc - r0);
             // SAFETY: rows r0..r0+h and columns j0+j..j0+j+w are inside the
             // tile (the caller's contract); a full block writes exactly
             // those, an edge block goes through `edge` and copies only them.
@@ -311,8 +437,8 @@ unsafe fn tile(
                     }
                 }
             }
-            j += NR;
         }
+        j += NR;
     }
 }
 
@@ -328,6 +454,17 @@ unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usiz
     let z = _mm256_setzero_ps();
     let (mut c00, mut c01, mut c10, mut c11, mut c20, mut c21) = (z, z, z, z, z, z);
     let (mut c30, mut c31, mut c40, mut c41, mut c50, mut c51) = (z, z, z, z, z, z);
+    // C's six rows are 6 x 64 bytes, `ldc` apart: fetch them now, so the
+    // stores at the end (and the loads, when accumulating) do not wait on
+    // memory after the loop (they cost 15% of the kernel without this).
+    for r in 0..MR {
+        // SAFETY: a prefetch never faults; the address is row r of the block.
+        unsafe {
+            let row = c.add(r * ldc).cast::<i8>();
+            _mm_prefetch::<_MM_HINT_T0>(row);
+            _mm_prefetch::<_MM_HINT_T0>(row.add(60));
+        }
+    }
     for p in 0..kc {
         // SAFETY: p < kc, so these reads are inside the slivers.
         unsafe {
@@ -392,44 +529,82 @@ mod tests {
             .collect()
     }
 
+    /// `x` (`rows x cols`, row-major) stored in one of three layouts, as
+    /// the operand of that matrix: row-major, transposed in memory (`rs ==
+    /// 1`, the packers' transpose paths), or every other column of a
+    /// twice-as-wide matrix starting at column 1 (neither stride 1, the
+    /// element-by-element path).
+    fn laid_out(x: &[f32], rows: usize, cols: usize, layout: usize) -> (Vec<f32>, usize, usize, usize) {
+        match layout {
+            0 => (x.to_vec(), 0, cols, 1),
+            1 => ((0..rows * cols).map(|i| x[(i % rows) * cols + i / rows]).collect(), 0, 1, rows),
+            _ => {
+                let mut wide = vec![f32::NAN; rows * cols * 2 + 1];
+                for i in 0..rows {
+                    for j in 0..cols {
+                        wide[1 + i * 2 * cols + 2 * j] = x[i * cols + j];
+                    }
+                }
+                (wide, 1, 2 * cols, 2)
+            }
+        }
+    }
+
     /// Every edge case of the blocking (rows past 6 and 144, columns past
-    /// 16, depths past 256), transposed operands, against an f64 reference.
+    /// 16, depths past 256 and off the 8-row transpose blocks), each
+    /// operand row-major, transposed and strided, against an f64
+    /// reference; the same bits on 1, 2, 3 and 5 threads.
     #[test]
     fn matches_an_f64_reference_at_every_edge_and_on_any_thread_count() {
         if !available() {
             return;
         }
-        for &(m, k, n) in &[(1, 1, 1), (7, 3, 17), (6, 256, 16), (150, 300, 35), (13, 513, 100), (300, 40, 7)]
-        {
+        let shapes =
+            [(1, 1, 1), (7, 3, 17), (6, 256, 16), (150, 300, 35), (13, 513, 100), (300, 40, 7), (12, 21, 33)];
+        for &(m, k, n) in &shapes {
             let (a, b) = (data(m * k, 1 + m as u64), data(k * n, 2 + n as u64));
-            // A row-major, B transposed in memory (column stride = k).
-            let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
-            let ma = Mat { data: &a, base: 0, rs: k, cs: 1 };
-            let mb = Mat { data: &bt, base: 0, rs: 1, cs: k };
-            let mut c = vec![f32::NAN; m * n];
-            sgemm(m, k, n, ma, mb, &mut c, true);
-            for i in 0..m {
-                for j in 0..n {
-                    let want: f64 = (0..k).map(|p| a[i * k + p] as f64 * b[p * n + j] as f64).sum();
-                    let got = c[i * n + j] as f64;
+            let want: Vec<f64> = (0..m * n)
+                .map(|e| (0..k).map(|p| a[(e / n) * k + p] as f64 * b[p * n + e % n] as f64).sum())
+                .collect();
+            // Packing copies the same values whatever the layout, so every
+            // layout gives the row-major operands' bits.
+            let mut first: Option<Vec<f32>> = None;
+            for (la, lb) in [(0, 0), (0, 1), (1, 0), (1, 1), (2, 2), (0, 2)] {
+                let (ad, ab, ars, acs) = laid_out(&a, m, k, la);
+                let (bd, bb, brs, bcs) = laid_out(&b, k, n, lb);
+                let ma = Mat { data: &ad, base: ab, rs: ars, cs: acs };
+                let mb = Mat { data: &bd, base: bb, rs: brs, cs: bcs };
+                let mut c = vec![f32::NAN; m * n];
+                sgemm(m, k, n, ma, mb, &mut c, true);
+                for (e, (&got, &want)) in c.iter().zip(&want).enumerate() {
                     assert!(
-                        (got - want).abs() <= 1e-5 * (k as f64).sqrt() * 4.0,
-                        "{m}x{k}x{n} [{i},{j}]: {got} vs {want}"
+                        (got as f64 - want).abs() <= 1e-5 * (k as f64).sqrt() * 4.0,
+                        "{m}x{k}x{n} layouts {la},{lb} [{},{}]: {got} vs {want}",
+                        e / n,
+                        e % n
                     );
                 }
-            }
-            let mut serial = vec![0f32; m * n];
-            sgemm(m, k, n, ma, mb, &mut serial, false);
-            assert!(c.iter().zip(&serial).all(|(x, y)| x.to_bits() == y.to_bits()), "threads changed bits");
-            // Three and five threads tile C differently again.
-            for threads in [3, 5] {
-                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");
-                let mut other = vec![0f32; m * n];
-                pool.install(|| sgemm(m, k, n, ma, mb, &mut other, true));
+                let same = first.get_or_insert_with(|| c.clone());
                 assert!(
-                    c.iter().zip(&other).all(|(x, y)| x.to_bits() == y.to_bits()),
-                    "{threads} threads changed bits"
+                    c.iter().zip(same.iter()).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "layouts {la},{lb}"
                 );
+                let mut serial = vec![0f32; m * n];
+                sgemm(m, k, n, ma, mb, &mut serial, false);
+                assert!(
+                    c.iter().zip(&serial).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "threads changed bits"
+                );
+                // Three and five threads tile C differently again.
+                for threads in [3, 5] {
+                    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");
+                    let mut other = vec![0f32; m * n];
+                    pool.install(|| sgemm(m, k, n, ma, mb, &mut other, true));
+                    assert!(
+                        c.iter().zip(&other).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{threads} threads changed bits"
+                    );
+                }
             }
         }
     }
