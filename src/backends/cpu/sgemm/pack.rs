@@ -1,0 +1,203 @@
+//! Packing: copying a slice of A or B into the contiguous slivers the
+//! register kernel reads (see the parent module's "Blocking"). Row-major
+//! operands copy rows; transposed ones (`rs == 1`, as `x.t()` and `w.t()`
+//! are) copy their contiguous columns, B through 8x8 register transposes.
+
+use super::{Mat, MR, NR, PACK_GROUP};
+use rayon::prelude::*;
+
+/// Packs rows `p0..p0+kc` of B, all `n` columns, as 16-column slivers:
+/// sliver `s` holds, for each row `p`, columns `16s..16s+16` (zeros past `n`).
+pub(super) fn pack_b(b: Mat<'_>, p0: usize, kc: usize, n: usize, out: &mut Vec<f32>, parallel: bool) {
+    let slivers = n.div_ceil(NR);
+    let need = slivers * kc * NR;
+    if out.len() < need {
+        out.resize(need, 0.0);
+    }
+    // Groups of slivers, each filled row by row: a row of B is read as one
+    // run of up to 256 floats (reading a sliver's 16 floats from each of
+    // `kc` rows would touch a new page per row).
+    let group = PACK_GROUP * kc * NR;
+    let one = |(g, dst): (usize, &mut [f32])| {
+        let s0 = g * PACK_GROUP;
+        if b.cs != 1 && b.rs == 1 {
+            // A transposed B (a weight read as `w.t()`, the backward
+            // products): each column is a contiguous run, so each sliver is
+            // a transpose of 16 runs (see `pack_b_transposed`).
+            for (ls, sliver) in dst.chunks_mut(kc * NR).enumerate() {
+                let j0 = (s0 + ls) * NR;
+                pack_b_transposed(b, p0, kc, j0, NR.min(n - j0), sliver);
+            }
+            return;
+        }
+        for p in 0..kc {
+            for (ls, sliver) in dst.chunks_mut(kc * NR).enumerate() {
+                let j0 = (s0 + ls) * NR;
+                let w = NR.min(n - j0);
+                let row = &mut sliver[p * NR..(p + 1) * NR];
+                if b.cs == 1 {
+                    let at = b.base + (p0 + p) * b.rs + j0;
+                    let src = &b.data[at..at + w];
+                    match (<&mut [f32; NR]>::try_from(&mut *row), <&[f32; NR]>::try_from(src)) {
+                        // Sixteen floats, two vector moves (a memcpy call
+                        // per row cost more than the copy).
+                        (Ok(d), Ok(s)) => *d = *s,
+                        _ => {
+                            row[..w].copy_from_slice(src);
+                            row[w..].fill(0.0);
+                        }
+                    }
+                } else {
+                    // Any other strides (an expanded or sliced view): one
+                    // element at a time.
+                    for (j, v) in row[..w].iter_mut().enumerate() {
+                        *v = b.at(p0 + p, j0 + j);
+                    }
+                    row[w..].fill(0.0);
+                }
+            }
+        }
+    };
+    let out = &mut out[..need];
+    if parallel && slivers > PACK_GROUP {
+        out.par_chunks_mut(group).enumerate().for_each(one);
+    } else {
+        out.chunks_mut(group).enumerate().for_each(one);
+    }
+}
+
+/// One sliver of a B whose rows are adjacent (`rs == 1`): columns
+/// `j0..j0+w` (`w <= 16`), rows `p0..p0+kc`, into `dst` (`kc * 16`
+/// floats, zeros past `w`). Column `j` is the run `B[p0.., j]`; the
+/// runs are bounds-checked once each, then read 8 rows at a time and
+/// transposed in registers (`transpose8`), so a transposed B packs at
+/// about the speed of a row-major one instead of one gathered element
+/// per float.
+fn pack_b_transposed(b: Mat<'_>, p0: usize, kc: usize, j0: usize, w: usize, dst: &mut [f32]) {
+    let dst = &mut dst[..kc * NR];
+    let col = |j: usize| {
+        let at = b.base + p0 * b.rs + (j0 + j) * b.cs;
+        &b.data[at..at + kc]
+    };
+    let mut cols: [&[f32]; NR] = [&[]; NR];
+    for (j, c) in cols.iter_mut().enumerate().take(w) {
+        *c = col(j);
+    }
+    let mut p = 0;
+    if w == NR {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: `sgemm` runs only where `available()` (avx2, fma);
+            // every run in `cols` has `kc` floats and `dst` `kc * 16`, and
+            // the blocks read rows `p..p+8` with `p + 8 <= kc`.
+            unsafe { transpose_runs(&cols, kc / 8 * 8, dst) };
+            p = kc / 8 * 8;
+        }
+    }
+    for p in p..kc {
+        let row = &mut dst[p * NR..(p + 1) * NR];
+        for (j, v) in row.iter_mut().enumerate() {
+            *v = if j < w { cols[j][p] } else { 0.0 };
+        }
+    }
+}
+
+/// Rows `0..rows` (a multiple of 8) of 16 runs, transposed into `dst`
+/// row by row (row `p` is 16 floats: element `p` of each run), as 8x8
+/// blocks: 8 loads, the three-stage unpack/shuffle/permute transpose,
+/// 8 stores.
+///
+/// # Safety
+/// The CPU supports avx2; every run has at least `rows` floats and `dst`
+/// at least `rows * 16`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn transpose_runs(cols: &[&[f32]; NR], rows: usize, dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    for p in (0..rows).step_by(8) {
+        for half in 0..2 {
+            // SAFETY: p + 8 <= rows, inside each run and inside `dst` (the
+            // caller's contract).
+            unsafe {
+                let ld = |j: usize| _mm256_loadu_ps(cols[half * 8 + j].as_ptr().add(p));
+                let (r0, r1, r2, r3) = (ld(0), ld(1), ld(2), ld(3));
+                let (r4, r5, r6, r7) = (ld(4), ld(5), ld(6), ld(7));
+                let t0 = _mm256_unpacklo_ps(r0, r1);
+                let t1 = _mm256_unpackhi_ps(r0, r1);
+                let t2 = _mm256_unpacklo_ps(r2, r3);
+                let t3 = _mm256_unpackhi_ps(r2, r3);
+                let t4 = _mm256_unpacklo_ps(r4, r5);
+                let t5 = _mm256_unpackhi_ps(r4, r5);
+                let t6 = _mm256_unpacklo_ps(r6, r7);
+                let t7 = _mm256_unpackhi_ps(r6, r7);
+                let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+                let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+                let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+                let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+                let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+                let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+                let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+                let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+                let rows8 = [
+                    _mm256_permute2f128_ps::<0x20>(s0, s4),
+                    _mm256_permute2f128_ps::<0x20>(s1, s5),
+                    _mm256_permute2f128_ps::<0x20>(s2, s6),
+                    _mm256_permute2f128_ps::<0x20>(s3, s7),
+                    _mm256_permute2f128_ps::<0x31>(s0, s4),
+                    _mm256_permute2f128_ps::<0x31>(s1, s5),
+                    _mm256_permute2f128_ps::<0x31>(s2, s6),
+                    _mm256_permute2f128_ps::<0x31>(s3, s7),
+                ];
+                for (q, v) in rows8.into_iter().enumerate() {
+                    _mm256_storeu_ps(dst.as_mut_ptr().add((p + q) * NR + half * 8), v);
+                }
+            }
+        }
+    }
+}
+
+/// Packs rows `i0..i0+mc`, columns `p0..p0+kc` of A as 6-row slivers:
+/// sliver `s` holds, for each column `p`, rows `6s..6s+6` (zeros past `mc`).
+pub(super) fn pack_a(a: Mat<'_>, i0: usize, mc: usize, p0: usize, kc: usize, out: &mut Vec<f32>) {
+    let slivers = mc.div_ceil(MR);
+    let need = slivers * kc * MR;
+    if out.len() < need {
+        out.resize(need, 0.0);
+    }
+    for (s, dst) in out[..need].chunks_mut(kc * MR).enumerate() {
+        let r0 = s * MR;
+        let h = MR.min(mc - r0);
+        if a.cs == 1 && h == MR {
+            // Six dense rows, read side by side, written in order.
+            let row = |r: usize| {
+                let at = a.base + (i0 + r0 + r) * a.rs + p0;
+                &a.data[at..at + kc]
+            };
+            let rows = [row(0), row(1), row(2), row(3), row(4), row(5)];
+            for (p, d) in dst.chunks_exact_mut(MR).enumerate() {
+                for (r, v) in d.iter_mut().enumerate() {
+                    *v = rows[r][p];
+                }
+            }
+            continue;
+        }
+        if a.rs == 1 && h == MR {
+            // A transposed A (`x.t()` in a weight gradient): the six rows
+            // of each column are adjacent, one six-float run per column.
+            for (p, d) in dst.chunks_exact_mut(MR).enumerate() {
+                let at = a.base + (i0 + r0) + (p0 + p) * a.cs;
+                if let (Ok(d), Ok(s)) =
+                    (<&mut [f32; MR]>::try_from(d), <&[f32; MR]>::try_from(&a.data[at..at + MR]))
+                {
+                    *d = *s;
+                }
+            }
+            continue;
+        }
+        for p in 0..kc {
+            for r in 0..MR {
+                dst[p * MR + r] = if r < h { a.at(i0 + r0 + r, p0 + p) } else { 0.0 };
+            }
+        }
+    }
+}
