@@ -23,8 +23,10 @@
 //! (`KC x 16`) in L1 while the kernel streams over them. A transposed
 //! operand (`rs == 1`, as `x.t()` and `w.t()` are) packs from its
 //! contiguous columns, B through 8x8 register transposes. Tiles run in
-//! parallel on rayon; with few rows the tiles split the columns instead,
-//! so every core works.
+//! parallel on rayon. When every row fits one tile (an MLP's batch of
+//! 128) the tasks split the columns instead, so every core works, and each
+//! owns its span of columns for the whole product (`few_rows`): A is
+//! packed once, and each span of B by the task that reads it.
 //!
 //! # Results
 //!
@@ -36,7 +38,7 @@
 
 mod pack;
 
-use pack::{pack_a, pack_b};
+use pack::{pack_a, pack_a_into, pack_b};
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -155,11 +157,15 @@ pub(crate) fn sgemm(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, c: &mu
     let tiles: Vec<(usize, usize)> =
         (0..m_blocks).flat_map(|mb| (0..n_slivers.div_ceil(chunk_slivers)).map(move |nc| (mb, nc))).collect();
     let cp = CPtr(c.as_mut_ptr());
+    // Slices as even as they can be, at most KC deep: 784 is three of
+    // 262/262/260, not 256/256/256/16 (a 16-deep slice reads and writes
+    // all of C for a sixteenth of the work).
+    let depth = k.div_ceil(k.div_ceil(KC));
+    if m_blocks == 1 && threads > 1 && tiles.len() > 1 {
+        few_rows(m, k, n, a, b, cp, depth, chunk_slivers * NR);
+        return;
+    }
     with_buffer(&PACK_B, |pb| {
-        // Slices as even as they can be, at most KC deep: 784 is three of
-        // 262/262/260, not 256/256/256/16 (a 16-deep slice reads and
-        // writes all of C for a sixteenth of the work).
-        let depth = k.div_ceil(k.div_ceil(KC));
         for (slice, p0) in (0..k).step_by(depth).enumerate() {
             let kc = depth.min(k - p0);
             pack_b(b, p0, kc, n, pb, threads > 1);
@@ -193,6 +199,51 @@ pub(crate) fn sgemm(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, c: &mu
                 tiles.iter().for_each(run);
             }
         }
+    });
+}
+
+/// [`sgemm`] when every row fits one block (an MLP's batch): the tasks
+/// split C's columns in spans of `span`, and each owns its span for the
+/// whole product. A is packed once, every slice of it, in parallel; each
+/// task then packs its own columns of B slice by slice, right before its
+/// kernel reads them (so they are in its L2), and adds the slices in
+/// order. That is one fork-join per product where the general loop has
+/// two per slice, and A packed once where the general loop packs it once
+/// per tile (eight times for a batch of 128 and 1024 columns). Each
+/// element still adds the slices in order, so the bits are the general
+/// loop's.
+#[allow(clippy::too_many_arguments)]
+fn few_rows(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, cp: CPtr, depth: usize, span: usize) {
+    let a_len = m.div_ceil(MR) * MR;
+    let slices: Vec<(usize, usize)> = (0..k).step_by(depth).map(|p0| (p0, depth.min(k - p0))).collect();
+    with_buffer(&PACK_A, |pa| {
+        if pa.len() < a_len * k {
+            pa.resize(a_len * k, 0.0);
+        }
+        // Slice `s` (from column p0) starts at `a_len * p0`.
+        let mut parts = Vec::with_capacity(slices.len());
+        let mut rest = &mut pa[..a_len * k];
+        for &(p0, kc) in &slices {
+            let (part, tail) = rest.split_at_mut(a_len * kc);
+            parts.push((p0, kc, part));
+            rest = tail;
+        }
+        parts.par_iter_mut().for_each(|(p0, kc, part)| pack_a_into(a, 0, m, *p0, *kc, part));
+        let packed_a: &[f32] = pa;
+        let spans: Vec<usize> = (0..n).step_by(span).collect();
+        spans.par_iter().for_each(|&j0| {
+            let nw = span.min(n - j0);
+            let cols = Mat { base: b.base + j0 * b.cs, ..b };
+            with_buffer(&PACK_B, |pb| {
+                for (slice, &(p0, kc)) in slices.iter().enumerate() {
+                    pack_b(cols, p0, kc, nw, pb, false);
+                    let pa = &packed_a[a_len * p0..a_len * (p0 + kc)];
+                    // SAFETY: the span is columns j0..j0+nw of all m rows of
+                    // the m x n matrix C; spans are disjoint.
+                    unsafe { tile(pa, pb, kc, m, nw, 0, cp.at(j0), n, slice > 0) };
+                }
+            });
+        });
     });
 }
 
@@ -358,7 +409,8 @@ mod tests {
     }
 
     /// Every edge case of the blocking (rows past 6 and 144, columns past
-    /// 16, depths past 256 and off the 8-row transpose blocks), each
+    /// 16, depths past 256 and off the 8-row transpose blocks; few rows in
+    /// column spans, the last one short), each
     /// operand row-major, transposed and strided, against an f64
     /// reference; the same bits on 1, 2, 3 and 5 threads.
     #[test]
@@ -366,8 +418,16 @@ mod tests {
         if !available() {
             return;
         }
-        let shapes =
-            [(1, 1, 1), (7, 3, 17), (6, 256, 16), (150, 300, 35), (13, 513, 100), (300, 40, 7), (12, 21, 33)];
+        let shapes = [
+            (1, 1, 1),
+            (7, 3, 17),
+            (6, 256, 16),
+            (150, 300, 35),
+            (13, 513, 100),
+            (300, 40, 7),
+            (12, 21, 33),
+            (40, 600, 130),
+        ];
         for &(m, k, n) in &shapes {
             let (a, b) = (data(m * k, 1 + m as u64), data(k * n, 2 + n as u64));
             let want: Vec<f64> = (0..m * n)
