@@ -69,6 +69,48 @@ pub(crate) fn sum_f64<T: Elem>(lane: &[T]) -> f64 {
     sum_slice(lane)
 }
 
+/// The sums of columns `j0 .. j0 + out.len()` of a dense row-major
+/// block of `rows` rows (row `i` starts at `x[i * stride]`), in `f64`,
+/// each the bits of [`sum_f64_iter`] down its column (row `i` into
+/// partial `i % LANES`, the partials combined as ever), but walked row by
+/// row: the loads are contiguous and the adds vectorize across columns,
+/// where walking each column alone jumps a row per element. A bias
+/// gradient (a sum over the batch) is this.
+pub(crate) fn sum_columns<T: Elem>(x: &[T], stride: usize, rows: usize, j0: usize, out: &mut [f64]) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports avx2 (checked just above).
+        return unsafe { sum_columns_avx2(x, stride, rows, j0, out) };
+    }
+    sum_columns_plain(x, stride, rows, j0, out)
+}
+
+/// [`sum_columns`] compiled for AVX2: the same adds, four at a time.
+///
+/// # Safety
+/// The CPU must support `avx2`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn sum_columns_avx2<T: Elem>(x: &[T], stride: usize, rows: usize, j0: usize, out: &mut [f64]) {
+    sum_columns_plain(x, stride, rows, j0, out)
+}
+
+#[inline(always)]
+fn sum_columns_plain<T: Elem>(x: &[T], stride: usize, rows: usize, j0: usize, out: &mut [f64]) {
+    let width = out.len();
+    let mut p = vec![0f64; LANES * width];
+    for i in 0..rows {
+        let row = &x[i * stride + j0..][..width];
+        let acc = &mut p[(i % LANES) * width..][..width];
+        for (a, v) in acc.iter_mut().zip(row) {
+            *a += v.to_f64();
+        }
+    }
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = combine(std::array::from_fn(|l| p[l * width + j]));
+    }
+}
+
 /// `lane` as `&[f32]` when `T` is `f32`.
 fn as_f32<T: Elem>(lane: &[T]) -> Option<&[f32]> {
     if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
@@ -248,6 +290,20 @@ mod tests {
             assert_eq!(fast.to_bits(), sum_slice(&l).to_bits(), "the AVX2 copy differs");
             let exact: f64 = l.iter().map(|&v| v as f64).sum();
             assert!((fast - exact).abs() <= 1e-12 * l.iter().map(|v| v.abs() as f64).sum::<f64>());
+        }
+    }
+
+    #[test]
+    fn column_sums_are_the_strided_sums_bit_for_bit() {
+        for rows in [0, 1, 5, 16, 17, 40] {
+            let (stride, j0, width) = (23, 3, 19);
+            let x: Vec<f32> = (0..rows * stride).map(|i| ((i * 7919 % 113) as f32 - 56.0) * 0.37).collect();
+            let mut got = vec![f64::NAN; width];
+            sum_columns(&x, stride, rows, j0, &mut got);
+            for (j, g) in got.iter().enumerate() {
+                let want = sum_f64_iter((0..rows).map(|i| x[i * stride + j0 + j] as f64));
+                assert_eq!(g.to_bits(), want.to_bits(), "rows {rows} column {j}");
+            }
         }
     }
 

@@ -157,6 +157,40 @@ fn dense_rows<'a, T>(x: &View<'a, T>, dims: &[usize]) -> Option<&'a [T]> {
     x.data.get(l.offset..l.offset + l.numel())
 }
 
+/// The elements of `x` when it is dense and `dims` are its leading dims:
+/// then the lanes are its columns (a sum over the batch).
+fn dense_cols<'a, T>(x: &View<'a, T>, dims: &[usize]) -> Option<&'a [T]> {
+    let l = x.layout;
+    let leading = !dims.is_empty() && dims.iter().enumerate().all(|(i, &d)| d == i);
+    if !leading || dims.len() == l.shape.rank() || !l.is_contiguous() {
+        return None;
+    }
+    x.data.get(l.offset..l.offset + l.numel())
+}
+
+/// Columns of one task of a column sum: 256 columns' partials (32 KB of
+/// `f64`) stay in L1 while the rows stream past.
+const COLUMN_SPAN: usize = 256;
+
+/// `out[j] = f(sum of column j)` of a dense block of `rows` rows of
+/// `cols` columns, spans of columns in parallel when large.
+fn columns_with<T: Elem>(x: &[T], rows: usize, cols: usize, f: impl Fn(f64) -> T + Sync, out: &mut [T]) {
+    let n = cols.min(out.len());
+    let out = &mut out[..n];
+    let run = |j0: usize, chunk: &mut [T]| {
+        let mut sums = vec![0f64; chunk.len()];
+        lanes::sum_columns(x, cols, rows, j0, &mut sums);
+        for (o, s) in chunk.iter_mut().zip(sums) {
+            *o = f(s);
+        }
+    };
+    if cols > COLUMN_SPAN && x.len() >= PAR_THRESHOLD {
+        out.par_chunks_mut(COLUMN_SPAN).enumerate().for_each(|(i, c)| run(i * COLUMN_SPAN, c));
+    } else {
+        out.chunks_mut(COLUMN_SPAN).enumerate().for_each(|(i, c)| run(i * COLUMN_SPAN, c));
+    }
+}
+
 /// `out[i] = f(row i)` for rows of `lane_len` elements, in parallel when large.
 fn rows_with<T: Elem, O: Elem>(rows: &[T], lane_len: usize, f: impl Fn(&[T]) -> O + Sync, out: &mut [O]) {
     if lane_len == 0 {
@@ -203,6 +237,12 @@ pub(crate) fn reduce(x: &CpuBuffer, op: ReduceOp, dims: &[usize], out: Out<'_>) 
             }
             _ => {
                 let o = out.get::<T>()?;
+                let float_sum = matches!(op, ReduceOp::Sum | ReduceOp::Mean) && T::DTYPE.is_float();
+                if let Some(block) = dense_cols(&v, dims).filter(|_| float_sum && !split) {
+                    let scale = if op == ReduceOp::Mean { lane_len as f64 } else { 1.0 };
+                    columns_with(block, lane_len, n_out, |s| T::from_f64(s / scale), o);
+                    return Ok(());
+                }
                 if let Some(rows) = dense_rows(&v, dims).filter(|_| !split) {
                     let done = match op {
                         ReduceOp::Sum | ReduceOp::Mean if T::DTYPE.is_float() => {
