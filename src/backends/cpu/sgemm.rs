@@ -52,6 +52,11 @@ const KC: usize = 256;
 const PACK_GROUP: usize = 16;
 /// Most rows of A packed per tile (a multiple of `MR`).
 const MC: usize = 144;
+/// Most floats of A that `few_rows` packs at once (16 MB; a batch of 128
+/// by 1024 is 131,072): the whole packed A stays in a thread's buffer
+/// after the call, so a very deep product takes the general loop, which
+/// packs one tile at a time.
+const FEW_ROWS_PACKED_A: usize = 1 << 22;
 
 /// One operand: its elements, where the matrix starts, row and column strides.
 #[derive(Clone, Copy)]
@@ -161,7 +166,7 @@ pub(crate) fn sgemm(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, c: &mu
     // 262/262/260, not 256/256/256/16 (a 16-deep slice reads and writes
     // all of C for a sixteenth of the work).
     let depth = k.div_ceil(k.div_ceil(KC));
-    if m_blocks == 1 && threads > 1 && tiles.len() > 1 {
+    if m_blocks == 1 && threads > 1 && tiles.len() > 1 && m.div_ceil(MR) * MR * k <= FEW_ROWS_PACKED_A {
         few_rows(m, k, n, a, b, cp, depth, chunk_slivers * NR);
         return;
     }
