@@ -28,14 +28,22 @@
 //! # Accuracy and determinism
 //!
 //! Measured against `f64` std over every 997th finite `f32` bit pattern
-//! plus edge cases (see the tests): `exp` within 0.94 ulp, `tanh` within
+//! plus edge cases (see the tests): `exp` within 0.98 ulp (0.94 before it used `mul_add`), `tanh` within
 //! 1.22 ulp (the tests check a 2 ulp bound). Special values are exact:
 //! `exp(-inf) = 0`, `exp(inf) = inf`, `exp(x > 88.72...) = inf`,
 //! `tanh(+-inf) = +-1`, NaN stays NaN.
 //!
-//! No `mul_add` is used and Rust never contracts `a * b + c` into an FMA,
-//! so every path (scalar constant folding, SSE2 and AVX2 loops) computes
-//! bit-identical results.
+//! `exp` computes its range reduction and polynomial with fused
+//! multiply-adds (`mul_add`): one rounding each instead of two, and on an
+//! FMA CPU a third fewer instructions (the vectorized `exp` went from 0.79
+//! to 0.50 ns per element on the 2-core development machine; softmax of
+//! f32[8192,4096] from 29 to 25 ms). `mul_add` is correctly rounded
+//! wherever it runs: an FMA instruction in the CPU backend's AVX2+FMA
+//! loops (every float unary op has one), libm's `fmaf` in code compiled
+//! for baseline x86-64 (constant folding, and the loops on a CPU without
+//! FMA, where it is about 16x slower). So every path computes the same
+//! bits, and Rust never contracts the other `a * b + c` (in `tanh`'s
+//! polynomial) into an FMA.
 
 /// `log2(e)`.
 const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -74,16 +82,20 @@ fn pow2i(k: i32) -> f32 {
 pub fn exp_f32(x: f32) -> f32 {
     let x = clamp_nan(x, EXP_LO, EXP_HI);
     // n = round(x log2 e), |n| <= 150: the magic sum's low bits are n.
-    let big = x * LOG2E + ROUND_MAGIC;
+    let big = x.mul_add(LOG2E, ROUND_MAGIC);
     let n = big - ROUND_MAGIC;
     let ni = (big.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
-    let r = x - n * LN2_HI - n * LN2_LO;
+    // With one rounding, `x - n * LN2_HI` is exact (Cody-Waite) and so is
+    // the rest of the reduction to within the low part's rounding.
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
     let z = r * r;
-    let p = ((((1.987_569_1e-4 * r + 1.398_2e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
-        + 1.666_666_5e-1)
-        * r
-        + 0.5; // Cephes: 5.0000001201e-1, which is 0.5 in f32
-    let e = p * z + r + 1.0;
+    let p = 1.987_569_1e-4f32
+        .mul_add(r, 1.398_2e-3)
+        .mul_add(r, 8.333_452e-3)
+        .mul_add(r, 4.166_579_6e-2)
+        .mul_add(r, 1.666_666_5e-1)
+        .mul_add(r, 0.5); // Cephes: 5.0000001201e-1, which is 0.5 in f32
+    let e = p.mul_add(z, r) + 1.0;
     // 2^n as two factors: each is a normal number, so the only rounding
     // past the polynomial is the last product (into subnormals or inf).
     let n1 = ni >> 1;

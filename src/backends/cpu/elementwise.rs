@@ -71,19 +71,21 @@ pub(crate) fn map1<A: Elem, O: Elem>(a: View<'_, A>, out: &mut [O], f: impl Fn(A
     }
 }
 
-/// [`map1`] for `f32 -> f32`, with the contiguous case run by an AVX2+FMA
-/// copy of the loop when the CPU has them (the build targets baseline
-/// x86-64, so the plain loop is 4-wide SSE2). Results are bit-identical to
-/// the plain loop: eval's f32 math never uses `mul_add` and Rust does not
-/// contract, so enabling FMA changes only the vector width.
-fn map1_f32(a: View<'_, f32>, out: &mut [f32], f: impl Fn(f32) -> f32 + Sync) {
+/// [`map1`] for the float unary ops: both loops (dense and strided) run
+/// in an AVX2+FMA copy when the CPU has them (the build targets baseline
+/// x86-64, so the plain loops are SSE2). eval's `exp` uses `mul_add`
+/// (see [`crate::ir::fast_math`]): compiled without FMA that is a libm
+/// `fmaf` call, a correctly rounded one, so both copies give the same
+/// bits, but only this one is fast.
+fn map1_fma<A: Elem, O: Elem>(a: View<'_, A>, out: &mut [O], f: impl Fn(A) -> O + Sync) {
     #[cfg(target_arch = "x86_64")]
-    if let Some(s) = dense(&a) {
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU supports avx2 and fma (checked just above).
-            fill_chunks(out, |st, c| unsafe { map1_f32_avx2(c, &s[st..], &f) });
-            return;
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        match dense(&a) {
+            // SAFETY (both): the CPU supports avx2 and fma (checked above).
+            Some(s) => fill_chunks(out, |st, c| unsafe { map1_dense_fma(c, &s[st..], &f) }),
+            None => fill_chunks(out, |st, c| unsafe { map1_strided_fma(&a, st, c, &f) }),
         }
+        return;
     }
     map1(a, out, f)
 }
@@ -95,9 +97,28 @@ fn map1_f32(a: View<'_, f32>, out: &mut [f32], f: impl Fn(f32) -> f32 + Sync) {
 /// The CPU must support `avx2` and `fma`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn map1_f32_avx2(out: &mut [f32], src: &[f32], f: &impl Fn(f32) -> f32) {
+unsafe fn map1_dense_fma<A: Elem, O: Elem>(out: &mut [O], src: &[A], f: &impl Fn(A) -> O) {
     for (o, &x) in out.iter_mut().zip(src) {
         *o = f(x);
+    }
+}
+
+/// `out[i] = f(a[start + i])` over a strided view, compiled for AVX2+FMA.
+///
+/// # Safety
+///
+/// The CPU must support `avx2` and `fma`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn map1_strided_fma<A: Elem, O: Elem>(
+    a: &View<'_, A>,
+    start: usize,
+    out: &mut [O],
+    f: &impl Fn(A) -> O,
+) {
+    let mut it = a.layout.offsets(start);
+    for o in out {
+        *o = f(a.data[it.next_offset()]);
     }
 }
 
@@ -233,7 +254,7 @@ pub(crate) fn unary(x: &CpuBuffer, op: UnaryOp, out: Out<'_>) -> Result<()> {
     macro_rules! half {
         ($t:ty) => {{
             let (v, o) = (x.view::<$t>()?, out.get::<$t>()?);
-            all_unary!(op, OP => map1(v, o, |a: $t| <$t>::from_f32(f32::unary(OP, a.to_f32()))))
+            all_unary!(op, OP => map1_fma(v, o, |a: $t| <$t>::from_f32(f32::unary(OP, a.to_f32()))))
         }};
     }
     macro_rules! int {
@@ -246,7 +267,7 @@ pub(crate) fn unary(x: &CpuBuffer, op: UnaryOp, out: Out<'_>) -> Result<()> {
     match x.dtype() {
         DType::F32 => {
             let (v, o) = (x.view::<f32>()?, out.get::<f32>()?);
-            all_unary!(op, OP => map1_f32(v, o, |a: f32| f32::unary(OP, a)))
+            all_unary!(op, OP => map1_fma(v, o, |a: f32| f32::unary(OP, a)))
         }
         DType::F64 => float!(f64),
         DType::F16 => half!(f16),

@@ -65,6 +65,7 @@
 mod leaf;
 mod ops;
 mod run;
+mod stream;
 
 use crate::ir::fused::is_leaf_or_leaf_view;
 use crate::ir::{

@@ -18,8 +18,10 @@
 //! Element functions are those of the unfused kernels ([`crate::ir::eval`],
 //! `cast_elem`), so an elementwise body is bit-identical fused and
 //! unfused; row reductions are `lanes.rs`'s, as the unfused kernel's.
-//! `f32` loops run in an AVX2+FMA copy when the CPU has them, with the
-//! same results (eval never uses `mul_add`, and Rust does not contract).
+//! `f32` loops, and every float unary op, run in an AVX2+FMA copy when
+//! the CPU has them, with the same results: Rust never contracts `a * b +
+//! c`, and eval's one `mul_add` (in `exp`) is correctly rounded in either
+//! copy (an instruction in this one, libm's `fmaf` in the plain one).
 
 use super::super::elementwise::{all_binary, all_unary, const_match};
 use super::super::lanes;
@@ -242,12 +244,14 @@ fn zip2<A: Copy, B: Copy, O: Copy>(
     }
 }
 
-/// [`zip1`] for `f32`, in an AVX2+FMA copy when the CPU has them.
-fn zip1_f32(d: &mut [f32], a: TArg<'_, f32>, cols: usize, f: impl Fn(f32) -> f32) {
+/// [`zip1`] in an AVX2+FMA copy when the CPU has them: the float unary
+/// ops, whose `exp` uses `mul_add` (see [`crate::ir::fast_math`]; the
+/// plain copy calls libm's `fmaf`, the same bits, slowly).
+fn zip1_fma<A: Copy, O: Copy>(d: &mut [O], a: TArg<'_, A>, cols: usize, f: impl Fn(A) -> O) {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
         // SAFETY: the CPU supports avx2 and fma (checked just above).
-        unsafe { zip1_f32_avx2(d, a, cols, &f) };
+        unsafe { zip1_avx2(d, a, cols, &f) };
         return;
     }
     zip1(d, a, cols, &f)
@@ -268,7 +272,7 @@ fn zip2_f32(d: &mut [f32], a: TArg<'_, f32>, b: TArg<'_, f32>, cols: usize, f: i
 /// The CPU must support `avx2` and `fma`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn zip1_f32_avx2(d: &mut [f32], a: TArg<'_, f32>, cols: usize, f: &impl Fn(f32) -> f32) {
+unsafe fn zip1_avx2<A: Copy, O: Copy>(d: &mut [O], a: TArg<'_, A>, cols: usize, f: &impl Fn(A) -> O) {
     zip1(d, a, cols, f)
 }
 
@@ -298,16 +302,24 @@ pub(super) fn unary(op: UnaryOp, dtype: DType, a: Arg<'_>, dst: &mut Dst<'_, '_>
             with_dst::<$t>(dst, b.len(), |d| zip1(d, x, b.cols, &$f))
         }};
     }
+    macro_rules! run_fma {
+        ($t:ty, $f:expr) => {{
+            let x = a.typed::<$t>(b)?;
+            with_dst::<$t>(dst, b.len(), |d| zip1_fma(d, x, b.cols, $f))
+        }};
+    }
     match dtype {
         DType::F32 => {
             let x = a.typed::<f32>(b)?;
             with_dst::<f32>(dst, b.len(), |d| {
-                all_unary!(op, OP => zip1_f32(d, x, b.cols, |v| f32::unary(OP, v)));
+                all_unary!(op, OP => zip1_fma(d, x, b.cols, |v| f32::unary(OP, v)));
             })
         }
         DType::F64 => all_unary!(op, OP => run!(f64, |v: f64| f64::unary(OP, v))),
-        DType::F16 => all_unary!(op, OP => run!(f16, |v: f16| f16::from_f32(f32::unary(OP, v.to_f32())))),
-        DType::BF16 => all_unary!(op, OP => run!(bf16, |v: bf16| bf16::from_f32(f32::unary(OP, v.to_f32())))),
+        DType::F16 => all_unary!(op, OP => run_fma!(f16, |v: f16| f16::from_f32(f32::unary(OP, v.to_f32())))),
+        DType::BF16 => {
+            all_unary!(op, OP => run_fma!(bf16, |v: bf16| bf16::from_f32(f32::unary(OP, v.to_f32()))))
+        }
         DType::U8 | DType::I32 | DType::I64 => dispatch!(dtype, T => {
             const_match!(UnaryOp, op, OP => run!(T, |v: T| T::from_i64(eval::unary_int(OP, v.to_i64())));
                 Neg, Abs, Relu; Err(unsupported(op.mnemonic(), dtype)))
@@ -467,61 +479,6 @@ pub(super) fn reduce(op: ReduceOp, dtype: DType, a: Arg<'_>, dst: &mut Dst<'_, '
     })
 }
 
-/// Copies `src` into `dst` with non-temporal (streaming) stores where the
-/// CPU has them, so a large output is written without first being read
-/// into the cache, and without evicting what the kernel still reads; the
-/// caller fences (`stream_fence`) before anyone else reads `dst`. The
-/// element types kernels write are plain bytes (numbers and `bool`), so a
-/// byte copy is a copy.
-pub(super) fn stream_copy<T: Elem>(dst: &mut [T], src: &[T]) {
-    let n = dst.len().min(src.len()) * std::mem::size_of::<T>();
-    // SAFETY: both ranges are `n` bytes of live slices (`&mut` and `&`, so
-    // disjoint); every `T` here is plain data, any byte copy of which is valid.
-    let (d, s) = unsafe {
-        (
-            std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), n),
-            std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), n),
-        )
-    };
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[cfg(not(miri))]
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
-        let head = d.as_ptr().align_offset(16).min(n);
-        d[..head].copy_from_slice(&s[..head]);
-        let body = (n - head) / 16 * 16;
-        for i in (head..head + body).step_by(16) {
-            // SAFETY: `i..i + 16` is inside both slices, and `d + i` is
-            // 16-byte aligned (`head` aligned it); SSE2 is baseline x86_64.
-            #[cfg(not(miri))]
-            unsafe {
-                let v = _mm_loadu_si128(s.as_ptr().add(i).cast::<__m128i>());
-                _mm_stream_si128(d.as_mut_ptr().add(i).cast::<__m128i>(), v);
-            }
-            // Miri cannot run the streaming store (inline assembly); it
-            // checks the same ranges as plain copies.
-            #[cfg(miri)]
-            d[i..i + 16].copy_from_slice(&s[i..i + 16]);
-        }
-        d[head + body..].copy_from_slice(&s[head + body..]);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    d.copy_from_slice(s);
-}
-
-/// Orders this thread's streaming stores before its later stores (so the
-/// task's completion, which rayon publishes, comes after its output).
-pub(super) fn stream_fence() {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    // SAFETY: SSE2 is baseline on x86_64; a fence has no other effect.
-    unsafe {
-        std::arch::x86_64::_mm_sfence()
-    };
-    // Miri has no `sfence`; a release fence is what its memory model checks.
-    #[cfg(miri)]
-    std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-}
-
 /// Elements `start .. start + dst.len()` (row-major logical order) of a
 /// strided view, copied into `dst`. Walks the innermost dim as runs (a
 /// slice copy at stride 1, a fill at stride 0), so an expanded bias or a
@@ -558,36 +515,5 @@ pub(super) fn gather<T: Copy>(data: &[T], l: &Layout, start: usize, dst: &mut [T
         }
         done += take;
         j = 0;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every head and tail length around the 16-byte stores, for element
-    /// sizes 1, 4 and 8.
-    #[test]
-    fn stream_copy_copies_every_element_at_any_alignment() {
-        let src: Vec<f64> = (0..100).map(|i| i as f64 * 1.5 - 7.0).collect();
-        let f32s: Vec<f32> = src.iter().map(|&v| v as f32).collect();
-        let bytes: Vec<u8> = (0..100).map(|i| (i * 37 % 251) as u8).collect();
-        for start in 0..5 {
-            for len in [0, 1, 3, 4, 5, 15, 16, 17, 33, 64, 95 - start] {
-                let mut d = vec![0f64; 100];
-                stream_copy(&mut d[start..start + len], &src[start..start + len]);
-                let mut e = vec![0f32; 100];
-                stream_copy(&mut e[start..start + len], &f32s[start..start + len]);
-                let mut b = [0u8; 100];
-                stream_copy(&mut b[start..start + len], &bytes[start..start + len]);
-                stream_fence();
-                for i in 0..100 {
-                    let inside = (start..start + len).contains(&i);
-                    assert_eq!(d[i], if inside { src[i] } else { 0.0 }, "f64 {start}+{len} at {i}");
-                    assert_eq!(e[i], if inside { f32s[i] } else { 0.0 }, "f32 {start}+{len} at {i}");
-                    assert_eq!(b[i], if inside { bytes[i] } else { 0 }, "u8 {start}+{len} at {i}");
-                }
-            }
-        }
     }
 }

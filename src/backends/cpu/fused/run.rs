@@ -7,6 +7,7 @@ use super::super::storage::{dispatch, Elem, HostSlice, Out};
 use super::super::{CpuBuffer, Storage};
 use super::leaf::{resolve, Data, Leaf, Source, Src};
 use super::ops::{self, Arg, Blk, Dst};
+use super::stream;
 use super::{Class, FusedKernel, Instr, Opnd, Scratch, Step};
 use crate::backends::DeviceStats;
 use crate::ir::{DType, Element, HostData};
@@ -169,7 +170,7 @@ impl FusedKernel {
         let nb = chunk.len() / per_row;
         let r = self.block(ready, scratch, &mut lease.vals, i * self.block_rows, nb, chunk, stream);
         if stream {
-            ops::stream_fence();
+            stream::stream_fence();
         }
         r
     }
@@ -346,7 +347,7 @@ impl FusedKernel {
             };
             let a = self.arg(vals, scratch, Opnd { slot: self.output, per_row: false });
             match a.typed::<T>(blk)? {
-                ops::TArg::Flat(src) if stream => ops::stream_copy(out.reborrow().get::<T>()?, src),
+                ops::TArg::Flat(src) if stream => stream::stream_copy(out.reborrow().get::<T>()?, src),
                 _ => ops::copy(ins.dtype, a, &mut Dst::Out(&mut out), blk)?,
             }
         }

@@ -342,9 +342,11 @@ fn out_of_range_indices_are_errors() {
     );
 }
 
-/// The f32 unary kernels (contiguous: the AVX2 copy where the CPU has it;
-/// strided: the plain loop) give exactly eval's scalar result, which is
-/// what constant folding computes.
+/// The f32 unary kernels (contiguous and strided: the AVX2+FMA copies
+/// where the CPU has them) give exactly eval's scalar result, which is
+/// what constant folding computes: that code is compiled for baseline
+/// x86-64, where `exp`'s `mul_add` is libm's `fmaf`, so this also shows
+/// the FMA instruction and the plain loops agree to the bit.
 #[test]
 fn f32_unary_kernels_match_scalar_eval_bit_for_bit() {
     let mut xs: Vec<f32> =
