@@ -247,14 +247,14 @@ fn zip2<A: Copy, B: Copy, O: Copy>(
 /// [`zip1`] in an AVX2+FMA copy when the CPU has them: the float unary
 /// ops, whose `exp` uses `mul_add` (see [`crate::ir::fast_math`]; the
 /// plain copy calls libm's `fmaf`, the same bits, slowly).
-fn zip1_fma<A: Copy, O: Copy>(d: &mut [O], a: TArg<'_, A>, cols: usize, f: impl Fn(A) -> O) {
+fn zip1_fma<A: Copy, O: Copy>(d: &mut [O], a: TArg<'_, A>, cols: usize, f: &impl Fn(A) -> O) {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
         // SAFETY: the CPU supports avx2 and fma (checked just above).
-        unsafe { zip1_avx2(d, a, cols, &f) };
+        unsafe { zip1_avx2(d, a, cols, f) };
         return;
     }
-    zip1(d, a, cols, &f)
+    zip1(d, a, cols, f)
 }
 
 /// [`zip2`] for `f32`, in an AVX2+FMA copy when the CPU has them.
@@ -297,31 +297,27 @@ fn unsupported(op: &str, d: DType) -> Error {
 /// `dst = op(a)` on a block of `dtype`.
 pub(super) fn unary(op: UnaryOp, dtype: DType, a: Arg<'_>, dst: &mut Dst<'_, '_>, b: Blk) -> Result<()> {
     macro_rules! run {
-        ($t:ty, $f:expr) => {{
+        ($zip:ident, $t:ty, $f:expr) => {{
             let x = a.typed::<$t>(b)?;
-            with_dst::<$t>(dst, b.len(), |d| zip1(d, x, b.cols, &$f))
-        }};
-    }
-    macro_rules! run_fma {
-        ($t:ty, $f:expr) => {{
-            let x = a.typed::<$t>(b)?;
-            with_dst::<$t>(dst, b.len(), |d| zip1_fma(d, x, b.cols, $f))
+            with_dst::<$t>(dst, b.len(), |d| $zip(d, x, b.cols, &$f))
         }};
     }
     match dtype {
         DType::F32 => {
             let x = a.typed::<f32>(b)?;
             with_dst::<f32>(dst, b.len(), |d| {
-                all_unary!(op, OP => zip1_fma(d, x, b.cols, |v| f32::unary(OP, v)));
+                all_unary!(op, OP => zip1_fma(d, x, b.cols, &|v| f32::unary(OP, v)));
             })
         }
-        DType::F64 => all_unary!(op, OP => run!(f64, |v: f64| f64::unary(OP, v))),
-        DType::F16 => all_unary!(op, OP => run_fma!(f16, |v: f16| f16::from_f32(f32::unary(OP, v.to_f32())))),
+        DType::F64 => all_unary!(op, OP => run!(zip1, f64, |v: f64| f64::unary(OP, v))),
+        DType::F16 => {
+            all_unary!(op, OP => run!(zip1_fma, f16, |v: f16| f16::from_f32(f32::unary(OP, v.to_f32()))))
+        }
         DType::BF16 => {
-            all_unary!(op, OP => run_fma!(bf16, |v: bf16| bf16::from_f32(f32::unary(OP, v.to_f32()))))
+            all_unary!(op, OP => run!(zip1_fma, bf16, |v: bf16| bf16::from_f32(f32::unary(OP, v.to_f32()))))
         }
         DType::U8 | DType::I32 | DType::I64 => dispatch!(dtype, T => {
-            const_match!(UnaryOp, op, OP => run!(T, |v: T| T::from_i64(eval::unary_int(OP, v.to_i64())));
+            const_match!(UnaryOp, op, OP => run!(zip1, T, |v: T| T::from_i64(eval::unary_int(OP, v.to_i64())));
                 Neg, Abs, Relu; Err(unsupported(op.mnemonic(), dtype)))
         }),
         DType::Bool => Err(unsupported(op.mnemonic(), DType::Bool)),
