@@ -12,6 +12,24 @@ use crate::Result;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// The identity of the bytes a buffer holds: a number handed out afresh
+/// every time bytes are written into an allocation (an upload, each run's
+/// outputs, each replay of a reused output set), never reused in a
+/// process. Caches that skip a copy when "the same data" is bound again
+/// (CUDA graph input slots) key on it, never on an allocation: an
+/// allocation's bytes change when a replay reuses it, its `Contents` then
+/// changes with them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Contents(u64);
+
+impl Contents {
+    /// A number no earlier call returned.
+    pub(crate) fn fresh() -> Contents {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Contents(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
 /// A realized tensor on some device.
 #[derive(Clone, Debug)]
 pub enum Buffer {
@@ -95,6 +113,13 @@ pub struct DeviceStats {
     pub kernel_disk_hits: AtomicU64,
     /// Kernels found already loaded in this process.
     pub kernel_memory_hits: AtomicU64,
+    /// CUDA graphs captured (one per output set of a plan).
+    pub graph_captures: AtomicU64,
+    /// Runs that replayed a captured graph.
+    pub graph_replays: AtomicU64,
+    /// Inputs copied into a graph's static input slot before a replay
+    /// (the others were already there, see `backends/cuda/replay.rs`).
+    pub graph_input_copies: AtomicU64,
 }
 
 impl DeviceStats {

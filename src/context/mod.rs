@@ -107,6 +107,13 @@ pub struct Stats {
     pub kernel_disk_hits: u64,
     /// Kernels found already loaded in this process.
     pub kernel_memory_hits: u64,
+    /// CUDA graphs captured (one per output set of a plan; 0 on the CPU).
+    pub graph_captures: u64,
+    /// Runs that replayed a captured CUDA graph.
+    pub graph_replays: u64,
+    /// Inputs copied into a CUDA graph's static input slots before a
+    /// replay; an input whose bytes the slot already holds is not copied.
+    pub graph_input_copies: u64,
     /// Per region of the recording graph (scopes, their `grad/` regions):
     /// nodes recorded there now, and the variables the region's workspace
     /// holds. Sorted by path; the root region's path is empty.
@@ -317,6 +324,9 @@ impl Context {
             kernel_compiles: device.kernel_compiles.load(Relaxed),
             kernel_disk_hits: device.kernel_disk_hits.load(Relaxed),
             kernel_memory_hits: device.kernel_memory_hits.load(Relaxed),
+            graph_captures: device.graph_captures.load(Relaxed),
+            graph_replays: device.graph_replays.load(Relaxed),
+            graph_input_copies: device.graph_input_copies.load(Relaxed),
             regions: state.region_stats(),
         }
     }

@@ -36,13 +36,14 @@ mod storage;
 mod tests;
 
 pub use layout::Layout;
+pub(crate) use storage::Storage;
 
 use super::{Backend, Buffer, DeviceStats, Executable};
 use crate::ir::{DType, HostData, Plan, Shape};
 use crate::{Error, Result};
 use exec::CpuExecutable;
 use std::sync::Arc;
-use storage::{Elem, Storage, View};
+use storage::{Elem, View};
 
 /// A CPU tensor: shared typed storage viewed through a strided layout.
 /// Cloning shares the storage; views made by the backend share it too.
@@ -63,6 +64,19 @@ impl CpuBuffer {
             )));
         }
         Ok(CpuBuffer { storage: Storage::new(data, stats), layout: Layout::contiguous(shape) })
+    }
+
+    /// A buffer over shared `storage` (the CUDA emulator's output sets).
+    #[cfg_attr(not(feature = "cuda-emulator"), allow(dead_code))]
+    pub(crate) fn over(storage: Arc<Storage>, layout: Layout) -> CpuBuffer {
+        CpuBuffer { storage, layout }
+    }
+
+    /// What identifies the elements this buffer reads: its storage's
+    /// contents and its layout over them.
+    #[cfg_attr(not(feature = "cuda-emulator"), allow(dead_code))]
+    pub(crate) fn identity(&self) -> (crate::backends::Contents, Layout) {
+        (self.storage.contents(), self.layout.clone())
     }
 
     /// The same storage under another layout (a zero-copy view).
@@ -123,7 +137,7 @@ impl CpuBuffer {
 
 /// The CPU device: runs plans with rayon on the global thread pool and
 /// keeps the allocation counters of every buffer it creates.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct CpuBackend {
     stats: Arc<DeviceStats>,
 }

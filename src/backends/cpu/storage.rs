@@ -8,7 +8,7 @@
 
 use super::arena::Arena;
 use super::layout::Layout;
-use crate::backends::DeviceStats;
+use crate::backends::{Contents, DeviceStats};
 use crate::ir::{DType, Element, HostData, Scalar};
 use crate::{Error, Result};
 use half::{bf16, f16};
@@ -28,6 +28,9 @@ enum Backing {
 #[derive(Debug)]
 pub struct Storage {
     backing: Backing,
+    /// Which bytes it holds (new whenever they are written, see
+    /// [`Contents`]).
+    contents: Contents,
 }
 
 impl Storage {
@@ -35,7 +38,32 @@ impl Storage {
     pub(crate) fn new(data: HostData, stats: &Arc<DeviceStats>) -> Arc<Storage> {
         let bytes = (data.len() * data.dtype().size()) as u64;
         stats.allocated(bytes);
-        Arc::new(Storage { backing: Backing::Owned { data, bytes, stats: stats.clone() } })
+        Arc::new(Storage {
+            backing: Backing::Owned { data, bytes, stats: stats.clone() },
+            contents: Contents::fresh(),
+        })
+    }
+
+    /// Which bytes the storage holds.
+    pub(crate) fn contents(&self) -> Contents {
+        self.contents
+    }
+
+    /// Writes `data` over an owned storage nobody else holds, as a device
+    /// rewrites a reused allocation (the CUDA emulator's output sets): the
+    /// same storage, new [`Contents`]. Gives `data` back when the storage
+    /// is shared, an arena range, or of another dtype or length.
+    #[cfg_attr(not(feature = "cuda-emulator"), allow(dead_code))]
+    pub(crate) fn rewrite(this: &mut Arc<Storage>, data: HostData) -> std::result::Result<(), HostData> {
+        let Some(storage) = Arc::get_mut(this) else { return Err(data) };
+        match &mut storage.backing {
+            Backing::Owned { data: old, .. } if old.dtype() == data.dtype() && old.len() == data.len() => {
+                super::pool::give_back(std::mem::replace(old, data));
+                storage.contents = Contents::fresh();
+                Ok(())
+            }
+            _ => Err(data),
+        }
     }
 
     /// The `len` elements of `T` at byte `offset` of `arena`, which the
@@ -44,6 +72,7 @@ impl Storage {
         arena.check_range::<T>(offset, len)?;
         Ok(Arc::new(Storage {
             backing: Backing::Arena { arena: arena.clone(), offset, len, dtype: T::DTYPE },
+            contents: Contents::fresh(),
         }))
     }
 

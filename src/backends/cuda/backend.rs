@@ -4,7 +4,7 @@
 use super::device::{raw, Device};
 use super::exec::CudaExecutable;
 use super::memory::DeviceAlloc;
-use crate::backends::{Backend, Buffer, CompileOptions, DeviceStats, Executable};
+use crate::backends::{Backend, Buffer, CompileOptions, Contents, DeviceStats, Executable};
 use crate::ir::{DType, HostData, Plan, Shape};
 use crate::{Error, Result};
 use cudarc::driver::result;
@@ -13,17 +13,22 @@ use std::sync::Arc;
 
 /// A tensor on a CUDA device: a dense, row-major allocation (every buffer
 /// the backend hands out is dense, so compiled plans know their inputs'
-/// layouts). Cloning shares the allocation; buffers never change once made.
+/// layouts). Cloning shares the allocation. A buffer's bytes never change
+/// while anyone holds it; the allocation may be rewritten once nobody does
+/// (a replay reusing its output set), and its bytes then belong to a new
+/// buffer with new [`Contents`].
 #[derive(Clone, Debug)]
 pub struct CudaBuffer {
     pub(super) alloc: Arc<DeviceAlloc>,
+    /// Which bytes the allocation holds for this buffer (see [`Contents`]).
+    pub(super) contents: Contents,
     shape: Shape,
     dtype: DType,
 }
 
 impl CudaBuffer {
-    pub(super) fn new(alloc: Arc<DeviceAlloc>, shape: Shape, dtype: DType) -> CudaBuffer {
-        CudaBuffer { alloc, shape, dtype }
+    pub(super) fn new(alloc: Arc<DeviceAlloc>, shape: Shape, dtype: DType, contents: Contents) -> CudaBuffer {
+        CudaBuffer { alloc, contents, shape, dtype }
     }
 
     /// The logical shape.
@@ -47,14 +52,19 @@ impl CudaBuffer {
     }
 }
 
-/// The CUDA buffer inside a [`Buffer`].
-pub(crate) fn cuda(b: &Buffer) -> Result<&CudaBuffer> {
+/// The CUDA buffer inside a [`Buffer`] that `dev` made: a CPU buffer, or
+/// one of another CUDA backend (another device, or another context on the
+/// same device, whose memory pool it would be returned to), is an error.
+#[track_caller]
+pub(crate) fn cuda_of<'b>(b: &'b Buffer, dev: &Device) -> Result<&'b CudaBuffer> {
+    let refuse = |what: &str| Error::Device {
+        message: format!("{what} was given to the CUDA backend of {} ({})", dev.name, dev.ordinal_name()),
+        location: crate::Location::caller(),
+    };
     match b {
-        Buffer::Cuda(c) => Ok(c),
-        Buffer::Cpu(_) => Err(Error::Device {
-            message: "a CPU buffer was given to the CUDA backend".into(),
-            location: crate::Location::caller(),
-        }),
+        Buffer::Cuda(c) if c.alloc.belongs_to(&dev.pool) => Ok(c),
+        Buffer::Cuda(_) => Err(refuse("a buffer of another CUDA backend (another device or context)")),
+        Buffer::Cpu(_) => Err(refuse("a CPU buffer")),
     }
 }
 
@@ -85,6 +95,12 @@ impl CudaBackend {
     /// The device's name and architecture (`NVIDIA H100 80GB HBM3 (sm_90)`).
     pub fn device_name(&self) -> String {
         format!("{} ({})", self.dev.name, self.dev.arch)
+    }
+
+    /// The CUDA buffer inside `b`, if this backend made it.
+    #[track_caller]
+    fn own<'b>(&self, b: &'b Buffer) -> Result<&'b CudaBuffer> {
+        cuda_of(b, &self.dev)
     }
 
     /// Bytes the caching allocator holds for reuse (not in use).
@@ -165,11 +181,11 @@ impl Backend for CudaBackend {
             unsafe { result::memcpy_htod_async(alloc.ptr(), bytes, raw(&ls.streams[0])) }
                 .map_err(|e| Error::Backend(format!("cuda: copying to the device: {e:?}")))?;
         }
-        Ok(Buffer::Cuda(CudaBuffer::new(Arc::new(alloc), shape.clone(), dtype)))
+        Ok(Buffer::Cuda(CudaBuffer::new(Arc::new(alloc), shape.clone(), dtype, Contents::fresh())))
     }
 
     fn download(&self, buffer: &Buffer) -> Result<HostData> {
-        let b = cuda(buffer)?;
+        let b = self.own(buffer)?;
         let stream = self.dev.launch()?.streams[0].clone();
         stream.synchronize().map_err(|e| Error::Backend(format!("cuda: waiting for the device: {e:?}")))?;
         self.dev.bind()?;

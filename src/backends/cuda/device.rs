@@ -158,6 +158,11 @@ impl Device {
         Ok(self.launch.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
+    /// `cuda:0`: the device as messages name it.
+    pub fn ordinal_name(&self) -> String {
+        format!("cuda:{}", self.ctx.ordinal())
+    }
+
     /// Binds the context to this thread (before raw driver calls).
     pub fn bind(&self) -> Result<()> {
         self.ctx.bind_to_thread().map_err(|e| driver_err("binding the context", e))

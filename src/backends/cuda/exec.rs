@@ -21,7 +21,7 @@ use super::lt::LtPlan;
 use super::memory::DeviceAlloc;
 use super::program::{Epilogue, Launch, Loc, Output, Program, Region};
 use super::{blas, CudaBuffer};
-use crate::backends::{Buffer, Executable, Pending, RngArgs};
+use crate::backends::{Buffer, Contents, Executable, Pending, RngArgs};
 use crate::ir::Plan;
 use crate::{Error, Result};
 use cudarc::driver::{result, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
@@ -305,7 +305,7 @@ impl CudaExecutable {
             .zip(&self.program.inputs)
             .enumerate()
             .map(|(k, (b, want))| {
-                let c = super::cuda(b)?;
+                let c = super::cuda_of(b, &self.dev)?;
                 let Some((shape, dtype)) = want else { return Ok(c) };
                 if c.shape() != shape || c.dtype() != *dtype {
                     return Err(bad(format!(
@@ -344,19 +344,28 @@ impl CudaExecutable {
         Ok(())
     }
 
-    /// The output buffers of a run from its output slots.
+    /// The output buffers of a run from its output slots. Every slot's
+    /// bytes were just written, so its buffers get new [`Contents`] (the
+    /// allocation may be a reused output set's); an input handed back is
+    /// the input's bytes, unchanged.
     fn outputs(&self, inputs: &[&CudaBuffer], outs: &[Arc<DeviceAlloc>]) -> Result<Vec<Buffer>> {
+        let written: Vec<Contents> = outs.iter().map(|_| Contents::fresh()).collect();
         self.program
             .outputs
             .iter()
             .map(|o| match o {
                 Output::Input { k, shape } => inputs
                     .get(*k as usize)
-                    .map(|b| Buffer::Cuda(CudaBuffer::new(b.alloc.clone(), shape.clone(), b.dtype())))
+                    .map(|b| {
+                        Buffer::Cuda(CudaBuffer::new(b.alloc.clone(), shape.clone(), b.dtype(), b.contents))
+                    })
                     .ok_or_else(|| bad("an output input is missing")),
                 Output::Slot { slot, shape, dtype } => outs
                     .get(*slot as usize)
-                    .map(|a| Buffer::Cuda(CudaBuffer::new(a.clone(), shape.clone(), *dtype)))
+                    .map(|a| {
+                        let contents = written[*slot as usize];
+                        Buffer::Cuda(CudaBuffer::new(a.clone(), shape.clone(), *dtype, contents))
+                    })
                     .ok_or_else(|| bad("an output slot is missing")),
             })
             .collect()

@@ -6,9 +6,13 @@
 //!
 //! A graph bakes in every address, so inputs go through *static input
 //! slots*: before a replay each bound buffer is copied into its slot on
-//! stream 0, unless the slot already holds that very buffer (buffers never
-//! change once made, so an allocation id identifies their contents). A
-//! loop that reads the same weights every iteration copies them once.
+//! stream 0, unless the slot already holds a copy of the very same bytes.
+//! "The same bytes" is the buffer's [`Contents`](crate::backends::Contents),
+//! not its allocation: an output set's allocations are rewritten by every
+//! replay that reuses the set, and each such replay hands its outputs out
+//! with new contents (`replay.rs` says why, and lists every cache keyed by
+//! a buffer). A loop that reads the same weights every iteration copies
+//! them once.
 //!
 //! # Outputs
 //!
@@ -16,7 +20,7 @@
 //! replay. Each graph writes one *output set* (an allocation per output
 //! slot), and hands out those very allocations; a replay uses a set only
 //! when nobody else holds any of its buffers any more. While every set is
-//! held, a new set is captured (up to [`MAX_SETS`] graphs per plan), and
+//! held, a new set is captured (up to `replay::MAX_SETS` graphs per plan), and
 //! beyond that the run is eager with fresh outputs. A training loop that
 //! drops each step's results before the next step replays one graph and
 //! copies nothing; a loop that keeps results alive costs one graph per
@@ -31,18 +35,18 @@
 //! plan read once never pays it; the eager run also loads every library
 //! kernel lazily, outside any capture. If capture fails, kiln says why
 //! once (a `tracing` warning), runs the plan eagerly from then on, and
-//! stays correct.
+//! stays correct. A capture that fails or panics half way is always
+//! ended, so the capture stream never stays in capture mode.
 
 use super::device::{raw, LaunchState};
 use super::exec::CudaExecutable;
 use super::memory::DeviceAlloc;
+use super::replay::{Next, Replays};
 use super::CudaBuffer;
 use crate::{Error, Result};
-use cudarc::driver::{result, sys, CudaGraph};
+use cudarc::driver::{result, sys, CudaGraph, CudaStream};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-/// Graphs per plan at most (each with its own output set).
-pub(crate) const MAX_SETS: usize = 3;
 
 /// One captured graph and the outputs it writes.
 struct OutputSet {
@@ -52,9 +56,8 @@ struct OutputSet {
 
 /// The graph state of one executable.
 pub(crate) struct Graphs {
-    enabled: bool,
-    runs: u64,
-    slots: Vec<Option<(DeviceAlloc, u64)>>,
+    replays: Replays,
+    slots: Vec<Option<DeviceAlloc>>,
     sets: Vec<OutputSet>,
 }
 
@@ -62,22 +65,51 @@ pub(crate) struct Graphs {
 // executable's lock and the device's launch lock.
 unsafe impl Send for Graphs {}
 
+/// An open capture on a stream: ended when dropped if nobody ended it, so
+/// an error or a panic while enqueueing never leaves the stream capturing
+/// (every later capture on it would fail).
+struct Capturing<'s> {
+    stream: &'s Arc<CudaStream>,
+    open: bool,
+}
+
+impl Capturing<'_> {
+    fn end(mut self) -> std::result::Result<Option<CudaGraph>, cudarc::driver::DriverError> {
+        self.open = false;
+        self.stream.end_capture(sys::CUgraphInstantiate_flags(0))
+    }
+}
+
+impl Drop for Capturing<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            // SAFETY: the stream is capturing (begun by this guard's maker);
+            // the half-captured graph is destroyed uninstantiated.
+            unsafe {
+                if let Ok(graph) = result::stream::end_capture(raw(self.stream)) {
+                    if !graph.is_null() {
+                        let _ = result::graph::destroy(graph);
+                    }
+                }
+            }
+        }
+    }
+}
+
 impl Graphs {
     /// Graph state for a plan of `inputs` inputs; `enabled` as the
     /// context's [`crate::backends::CompileOptions::cuda_graphs`] says.
     pub fn new(inputs: usize, enabled: bool) -> Graphs {
-        Graphs { enabled, runs: 0, slots: (0..inputs).map(|_| None).collect(), sets: Vec::new() }
+        Graphs {
+            replays: Replays::new(inputs, enabled),
+            slots: (0..inputs).map(|_| None).collect(),
+            sets: Vec::new(),
+        }
     }
 
     /// Counts an eager run.
     pub fn ran_eagerly(&mut self) {
-        self.runs += 1;
-    }
-
-    /// Graphs captured so far (tests read it through the executable).
-    #[allow(dead_code)]
-    pub fn captured(&self) -> usize {
-        self.sets.len()
+        self.replays.ran();
     }
 
     /// Replays (capturing first if needed) and returns the outputs, or
@@ -88,36 +120,39 @@ impl Graphs {
         ls: &LaunchState,
         inputs: &[&CudaBuffer],
     ) -> Result<Option<Vec<Arc<DeviceAlloc>>>> {
-        if !self.enabled || self.runs == 0 {
-            return Ok(None);
-        }
-        let free = self.sets.iter().position(|s| s.outs.iter().all(|o| Arc::strong_count(o) == 1));
-        let set = match free {
-            Some(i) => i,
-            None if self.sets.len() < MAX_SETS => match self.capture(exe, ls) {
+        let free = self.sets.iter().map(|s| s.outs.iter().all(|o| Arc::strong_count(o) == 1));
+        let set = match self.replays.next(free) {
+            Next::Eager => return Ok(None),
+            Next::Replay(k) => k,
+            Next::Capture => match self.capture(exe, ls) {
                 Ok(set) => {
                     self.sets.push(set);
-                    self.sets.len() - 1
+                    exe.dev.stats.graph_captures.fetch_add(1, Ordering::Relaxed);
+                    self.replays.captured()
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "CUDA graph capture failed; this plan runs eagerly from now on");
-                    self.enabled = false;
+                    self.replays.disable();
                     return Ok(None);
                 }
             },
-            None => return Ok(None),
         };
         let s0 = raw(&ls.streams[0]);
         for (k, b) in inputs.iter().enumerate() {
-            let Some((slot, holds)) = self.slots[k].as_mut() else { continue };
-            if *holds != b.alloc.id() {
+            let Some(slot) = self.slots[k].as_ref() else { continue };
+            if self.replays.must_copy(k, b.contents) {
                 // SAFETY: both allocations have the input's bytes; stream 0
                 // orders the copy after the buffer was written and before the
                 // replay reads the slot.
-                unsafe { result::memcpy_dtod_async(slot.ptr(), b.ptr(), b.bytes() as usize, s0) }.map_err(
-                    |e| Error::Backend(format!("cuda: copying input {k} into its graph slot: {e:?}")),
-                )?;
-                *holds = b.alloc.id();
+                let copied =
+                    unsafe { result::memcpy_dtod_async(slot.ptr(), b.ptr(), b.bytes() as usize, s0) };
+                if let Err(e) = copied {
+                    self.replays.forget(k);
+                    return Err(Error::Backend(format!(
+                        "cuda: copying input {k} into its graph slot: {e:?}"
+                    )));
+                }
+                exe.dev.stats.graph_input_copies.fetch_add(1, Ordering::Relaxed);
             }
         }
         let set = &self.sets[set];
@@ -125,7 +160,8 @@ impl Graphs {
         // enqueueing, over memory that lives as long as the executable.
         unsafe { result::graph::launch(set.graph.cu_graph_exec(), s0) }
             .map_err(|e| Error::Backend(format!("cuda: replaying the plan's graph: {e:?}")))?;
-        self.runs += 1;
+        self.replays.ran();
+        exe.dev.stats.graph_replays.fetch_add(1, Ordering::Relaxed);
         Ok(Some(set.outs.clone()))
     }
 
@@ -135,7 +171,7 @@ impl Graphs {
             let Some((shape, dtype)) = want else { continue };
             if self.slots[k].is_none() {
                 let bytes = shape.numel() as u64 * dtype.size() as u64;
-                self.slots[k] = Some((exe.dev.pool.alloc(bytes)?, 0));
+                self.slots[k] = Some(exe.dev.pool.alloc(bytes)?);
             }
         }
         let outs: Vec<Arc<DeviceAlloc>> = exe
@@ -144,7 +180,7 @@ impl Graphs {
             .iter()
             .map(|&b| exe.dev.pool.alloc(b).map(Arc::new))
             .collect::<Result<_>>()?;
-        let inputs = self.slots.iter().map(|s| s.as_ref().map_or(0, |(a, _)| a.ptr())).collect();
+        let inputs = self.slots.iter().map(|s| s.as_ref().map_or(0, DeviceAlloc::ptr)).collect();
         let b = exe.bindings(inputs, outs.iter().map(|a| a.ptr()).collect());
         let n = exe.program.streams as usize;
         let streams = &ls.capture[..n];
@@ -152,8 +188,9 @@ impl Graphs {
         streams[0]
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| Error::Backend(format!("cuda: beginning capture: {e:?}")))?;
+        let capturing = Capturing { stream: &streams[0], open: true };
         let enqueued = exe.enqueue(ls, streams, &b);
-        let ended = streams[0].end_capture(sys::CUgraphInstantiate_flags(0));
+        let ended = capturing.end();
         enqueued?;
         let graph = ended
             .map_err(|e| Error::Backend(format!("cuda: ending capture: {e:?}")))?

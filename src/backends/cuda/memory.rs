@@ -28,7 +28,6 @@ pub(crate) struct Pool {
     free: Mutex<HashMap<u64, Vec<sys::CUdeviceptr>>>,
     /// Bytes of the blocks in `free`.
     cached: AtomicU64,
-    next_id: AtomicU64,
     stats: Arc<DeviceStats>,
 }
 
@@ -37,13 +36,12 @@ pub(crate) struct DeviceAlloc {
     ptr: sys::CUdeviceptr,
     class: u64,
     bytes: u64,
-    id: u64,
     pool: Arc<Pool>,
 }
 
 impl std::fmt::Debug for DeviceAlloc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceAlloc(#{} {} bytes at {:#x})", self.id, self.bytes, self.ptr)
+        write!(f, "DeviceAlloc({} bytes at {:#x})", self.bytes, self.ptr)
     }
 }
 
@@ -61,13 +59,7 @@ fn class_of(bytes: u64) -> u64 {
 
 impl Pool {
     pub fn new(ctx: Arc<CudaContext>, stats: Arc<DeviceStats>) -> Arc<Pool> {
-        Arc::new(Pool {
-            ctx,
-            free: Mutex::new(HashMap::new()),
-            cached: AtomicU64::new(0),
-            next_id: AtomicU64::new(1),
-            stats,
-        })
+        Arc::new(Pool { ctx, free: Mutex::new(HashMap::new()), cached: AtomicU64::new(0), stats })
     }
 
     /// A block of at least `bytes` bytes (contents undefined).
@@ -82,8 +74,7 @@ impl Pool {
             None => self.fresh(class, bytes)?,
         };
         self.stats.allocated(class);
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        Ok(DeviceAlloc { ptr, class, bytes, id, pool: self.clone() })
+        Ok(DeviceAlloc { ptr, class, bytes, pool: self.clone() })
     }
 
     fn fresh(&self, class: u64, asked: u64) -> Result<sys::CUdeviceptr> {
@@ -110,6 +101,14 @@ impl Pool {
     }
 
     /// Frees every cached block (the device then has them back).
+    ///
+    /// A cached block may still be read or written by work in flight: the
+    /// free list is stream-ordered (see the module docs), which says when a
+    /// *new user* of the block may run, not that the last one has. NVIDIA
+    /// does not document that `cuMemFree` waits for such work, so the
+    /// device is synchronized first; this path runs only when an
+    /// allocation failed or the device closes, so the wait costs nothing in
+    /// a loop.
     pub fn release_cached(&self) {
         let blocks: Vec<(u64, Vec<sys::CUdeviceptr>)> =
             self.free.lock().unwrap_or_else(|e| e.into_inner()).drain().collect();
@@ -117,10 +116,16 @@ impl Pool {
             return;
         }
         let _ = self.ctx.bind_to_thread();
+        if let Err(e) = self.ctx.synchronize() {
+            // The context is unusable (a kernel faulted): freeing is still
+            // the best that can be done with its memory.
+            tracing::warn!(error = ?e, "cuda: synchronizing before releasing cached blocks failed");
+        }
         for (class, ptrs) in blocks {
             for p in ptrs {
-                // SAFETY: a block this pool allocated and no buffer holds.
-                // cuMemFree waits for work that may still use it.
+                // SAFETY: a block this pool allocated and no buffer holds;
+                // the device has finished every piece of work (synchronized
+                // above), so none still uses it.
                 let _ = unsafe { result::free_sync(p) };
                 self.cached.fetch_sub(class, Ordering::Relaxed);
             }
@@ -150,10 +155,9 @@ impl DeviceAlloc {
         self.bytes
     }
 
-    /// A number no other allocation of this process shares (input slots
-    /// remember which buffer they hold a copy of by it).
-    pub fn id(&self) -> u64 {
-        self.id
+    /// True when the block came from `pool` (and goes back to it).
+    pub fn belongs_to(&self, pool: &Arc<Pool>) -> bool {
+        Arc::ptr_eq(&self.pool, pool)
     }
 }
 

@@ -18,6 +18,8 @@ pub mod codegen;
 pub mod emulate;
 pub mod lower;
 pub mod program;
+#[cfg(any(feature = "cuda-backend", feature = "cuda-emulator"))]
+mod replay;
 
 pub use lower::lower;
 
@@ -42,7 +44,7 @@ mod nvrtc;
 mod backend;
 
 #[cfg(feature = "cuda-backend")]
-pub(crate) use backend::cuda;
+pub(crate) use backend::cuda_of;
 #[cfg(feature = "cuda-backend")]
 pub use backend::{CudaBackend, CudaBuffer};
 #[cfg(feature = "cuda-backend")]

@@ -11,9 +11,17 @@
 //! element nothing wrote shows up. The op suite runs on it with
 //! `KILN_TEST_EMULATE=1 cargo test --features cuda-emulator --test ops`.
 //!
+//! CUDA graphs are emulated too (`graphs.rs`): a plan's second run
+//! "captures" an output set and later runs "replay" it, reading inputs from
+//! static slots that are copied only when the replay bookkeeping shared
+//! with the GPU (`replay.rs`) says so, and writing outputs into the set's
+//! buffers, which the user may still hold. So a wrong replay decision
+//! gives wrong values here as it does on the GPU.
+//!
 //! What it cannot check: speed, races between real threads of a warp,
 //! streams running concurrently, cuBLAS/cuDNN themselves.
 
+mod graphs;
 mod library;
 
 use super::codegen::{INCLUDE, KILN_CUH};
@@ -61,7 +69,8 @@ impl Backend for EmulatedCuda {
     fn compile_with(&self, plan: Arc<Plan>, options: &CompileOptions) -> Result<Arc<dyn Executable>> {
         let program = super::lower(&plan, options.tf32)?;
         let library = build(&program)?;
-        Ok(Arc::new(Emulated { program, library, cpu: CpuBackend::new() }))
+        let graphs = graphs::Graphs::new(program.inputs.len(), options.cuda_graphs, self.cpu.stats());
+        Ok(Arc::new(Emulated { program, library, cpu: self.cpu.clone(), graphs: Mutex::new(graphs) }))
     }
 
     fn stats(&self) -> Arc<DeviceStats> {
@@ -69,11 +78,13 @@ impl Backend for EmulatedCuda {
     }
 }
 
-/// A compiled program: its kernels in one shared library.
+/// A compiled program: its kernels in one shared library, and the replay
+/// state a CUDA executable would have (`graphs.rs`).
 struct Emulated {
     program: Program,
     library: Option<libloading::Library>,
     cpu: CpuBackend,
+    graphs: Mutex<graphs::Graphs>,
 }
 
 /// 256-byte aligned bytes, filled with `0xff`.
@@ -101,11 +112,29 @@ impl Region256 {
         self.ptr as u64
     }
 
+    /// Copies `bytes` to the start of the region.
+    fn fill(&self, bytes: &[u8]) -> Result<()> {
+        if bytes.len() > self.layout.size() {
+            return Err(Error::Backend(format!(
+                "emulator: {} bytes into a region of {}",
+                bytes.len(),
+                self.layout.size()
+            )));
+        }
+        // SAFETY: the region has at least `bytes.len()` bytes (checked).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr, bytes.len()) };
+        Ok(())
+    }
+
     fn bytes(&self) -> &[u8] {
         // SAFETY: allocated with this layout, initialized.
         unsafe { std::slice::from_raw_parts(self.ptr, self.layout.size()) }
     }
 }
+
+// SAFETY: the region is plain heap bytes this value owns; the emulator
+// reaches it from one thread at a time (under the executable's lock).
+unsafe impl Send for Region256 {}
 
 impl Drop for Region256 {
     fn drop(&mut self) {
@@ -125,26 +154,44 @@ impl Executable for Emulated {
         if inputs.len() != p.inputs.len() {
             return Err(Error::Backend(format!("emulator: {} inputs for {}", inputs.len(), p.inputs.len())));
         }
-        let mut ins = Vec::new();
         for (b, want) in inputs.iter().zip(&p.inputs) {
-            let host = self.cpu.download(b)?;
-            let Some((shape, dtype)) = want else {
-                ins.push(Region256::new(8)?);
-                continue;
-            };
-            if b.shape() != shape || host.dtype() != *dtype {
+            let Some((shape, dtype)) = want else { continue };
+            if b.shape() != shape || b.dtype() != *dtype {
                 return Err(Error::Backend(format!(
                     "emulator: an input is {}{} but the plan expects {dtype}{shape}",
-                    host.dtype(),
+                    b.dtype(),
                     b.shape()
                 )));
             }
-            let bytes = host_bytes(&host);
-            let r = Region256::new(bytes.len() as u64)?;
-            // SAFETY: the region has at least `bytes.len()` bytes.
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), r.ptr, bytes.len()) };
-            ins.push(r);
         }
+        let mut graphs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
+        graphs.run(self, inputs, rng)
+    }
+}
+
+impl Emulated {
+    /// A region holding input `k`'s bytes (a placeholder for an input the
+    /// program does not read).
+    fn input_region(&self, k: usize, b: &Buffer) -> Result<Region256> {
+        if self.program.inputs[k].is_none() {
+            return Region256::new(8);
+        }
+        let bytes = host_bytes(&self.cpu.download(b)?);
+        let r = Region256::new(bytes.len() as u64)?;
+        r.fill(&bytes)?;
+        Ok(r)
+    }
+
+    /// Fresh output regions, one per slot (filled with `0xff`).
+    fn out_regions(&self) -> Result<Vec<Region256>> {
+        self.program.out_slots.iter().map(|&b| Region256::new(b)).collect()
+    }
+
+    /// Runs the program once over `ins` and `outs` with a fresh arena,
+    /// scratch and parameter block, and turns a failed index check into
+    /// the CPU backend's error.
+    fn execute(&self, ins: &[&Region256], outs: &[Region256], rng: &RngArgs) -> Result<()> {
+        let p = &self.program;
         let arena = Region256::new(p.arena_bytes)?;
         let scratch = Region256::new(p.scratch_bytes)?;
         let params = Region256::new(p.params_bytes.max(8))?;
@@ -156,13 +203,12 @@ impl Executable for Emulated {
         }
         // SAFETY: the parameter region has params_bytes >= 8 * block.len().
         unsafe { std::ptr::copy_nonoverlapping(block.as_ptr(), params.ptr as *mut u64, block.len()) };
-        let outs = p.out_slots.iter().map(|&b| Region256::new(b)).collect::<Result<Vec<_>>>()?;
         let resolve = |l: Loc| -> u64 {
             let base = match l.region {
                 Region::Arena => arena.addr(),
                 Region::Scratch => scratch.addr(),
                 Region::Params => params.addr(),
-                Region::Input(k) => ins.get(k as usize).map_or(0, Region256::addr),
+                Region::Input(k) => ins.get(k as usize).map_or(0, |r| r.addr()),
                 Region::Out(k) => outs.get(k as usize).map_or(0, Region256::addr),
             };
             base + l.offset
@@ -187,7 +233,13 @@ impl Executable for Emulated {
                 )));
             }
         }
-        p.outputs
+        Ok(())
+    }
+
+    /// The outputs of an eager run: fresh buffers.
+    fn fresh_outputs(&self, inputs: &[Buffer], outs: &[Region256]) -> Result<Vec<Buffer>> {
+        self.program
+            .outputs
             .iter()
             .map(|o| match o {
                 Output::Input { k, shape } => {
@@ -201,9 +253,7 @@ impl Executable for Emulated {
             })
             .collect()
     }
-}
 
-impl Emulated {
     fn launch(&self, l: &Launch, resolve: &dyn Fn(Loc) -> u64) -> Result<()> {
         match l {
             Launch::Kernel { kernel, args } => {
