@@ -9,11 +9,18 @@
 //! and the achieved GB/s (the fewest bytes the workload must move) or
 //! TFLOP/s for the matmul. TF32 is off.
 //!
+//! Training steps (the MLP 784-1024x3-10 AdamW step at batch 512, the 16
+//! LN-MLP blocks as an SGD step on an MSE loss) are timed the same way:
+//! one call is forward, backward, the optimizer's update and reading the
+//! loss, as a user's loop pays it.
+//!
 //!     cargo bench --features cuda --bench gpu            # prints a table
 //!     KILN_BENCH_OUT=kiln.jsonl cargo bench ...          # also JSON lines
 //!
 //! Without a GPU it says so and exits 0 (with `KILN_REQUIRE_CUDA=1`, 1).
 
+use kiln::nn::{self, LayerNorm, Linear, Module, ReLU, Residual, Sequential, GELU};
+use kiln::optim::{AdamConfig, AdamW, Optimizer, Sgd, SgdConfig};
 use kiln::prelude::*;
 use std::io::Write;
 use std::time::Instant;
@@ -120,6 +127,77 @@ fn workloads() -> Vec<Workload> {
     ]
 }
 
+/// A training step: made once per context, then called repeatedly (each
+/// call one step, returning the loss to read).
+struct TrainStep {
+    name: &'static str,
+    make: fn(&Context) -> Result<Box<dyn FnMut() -> Result<Tensor>>>,
+}
+
+fn train_steps() -> Vec<TrainStep> {
+    vec![
+        TrainStep {
+            name: "train step: MLP 784-1024x3-10, AdamW, cross-entropy, batch 512",
+            make: |ctx| {
+                let model = Sequential::new(ctx, "mlp", |ctx| {
+                    Ok(vec![
+                        Linear::new(ctx, "0", 784, 1024)?.boxed(),
+                        ReLU.boxed(),
+                        Linear::new(ctx, "2", 1024, 1024)?.boxed(),
+                        ReLU.boxed(),
+                        Linear::new(ctx, "4", 1024, 1024)?.boxed(),
+                        ReLU.boxed(),
+                        Linear::new(ctx, "6", 1024, 10)?.boxed(),
+                    ])
+                })?;
+                let mut opt = AdamW::new(&model, AdamConfig::adamw())?;
+                let x = ctx.randn([512, 784]);
+                let labels: Vec<i64> = (0..512).map(|i| (i * 7 % 10) as i64).collect();
+                let y = ctx.tensor(&labels, [512]);
+                ctx.realize(&[&x, &y])?;
+                Ok(Box::new(move || {
+                    let loss = nn::cross_entropy(&model.forward(&x)?, &y)?;
+                    loss.backward()?;
+                    opt.step()?;
+                    opt.zero_grad()?;
+                    Ok(loss)
+                }))
+            },
+        },
+        TrainStep {
+            name: "train step: 16 blocks x + fc2(gelu(fc1(layer_norm(x)))), SGD, MSE, x f32[64,256]",
+            make: |ctx| {
+                let model = Sequential::new(ctx, "blocks", |ctx| {
+                    (0..BLOCKS)
+                        .map(|b| {
+                            let block = Sequential::new(ctx, &format!("{b}"), |ctx| {
+                                Ok(vec![
+                                    LayerNorm::new(ctx, "ln", D)?.boxed(),
+                                    Linear::new(ctx, "fc1", D, HIDDEN)?.boxed(),
+                                    GELU.boxed(),
+                                    Linear::new(ctx, "fc2", HIDDEN, D)?.boxed(),
+                                ])
+                            })?;
+                            Ok(Residual::new(block).boxed())
+                        })
+                        .collect()
+                })?;
+                let mut opt = Sgd::new(&model, SgdConfig { lr: 1e-3, ..SgdConfig::default() })?;
+                let x = ctx.randn([64, D]);
+                let target = ctx.randn([64, D]);
+                ctx.realize(&[&x, &target])?;
+                Ok(Box::new(move || {
+                    let loss = nn::mse(&model.forward(&x)?, &target)?;
+                    loss.backward()?;
+                    opt.step()?;
+                    opt.zero_grad()?;
+                    Ok(loss)
+                }))
+            },
+        },
+    ]
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -172,6 +250,42 @@ fn main() -> Result<()> {
             let _ = writeln!(
                 f,
                 "{{\"impl\":\"kiln\",\"workload\":\"{}\",\"first_ms\":{first_ms:.3},\"median_ms\":{ms:.4},\"peak_mib\":{peak:.1},\"gbs\":{gbs:.1},\"tflops\":{tflops:.1},\"compiles\":{},\"kernels\":{}}}",
+                w.name, s.compiles, s.kernel_compiles
+            );
+        }
+    }
+    for w in train_steps() {
+        if only.as_deref().is_some_and(|o| !w.name.contains(o)) {
+            continue;
+        }
+        let ctx = Context::cuda(0)?.with_seed(1);
+        let mut step = (w.make)(&ctx)?;
+        ctx.sync()?;
+        let mut timer = ctx.device_timer()?.expect("a CUDA context has a device timer");
+        let t0 = Instant::now();
+        step()?.item::<f32>()?;
+        let first_ms = t0.elapsed().as_secs_f64() * 1e3;
+        for _ in 0..5 {
+            step()?.item::<f32>()?;
+        }
+        let mut times = Vec::new();
+        for _ in 0..50 {
+            timer.start()?;
+            step()?.item::<f32>()?;
+            times.push(timer.stop()?);
+        }
+        let ms = median(times);
+        let s = ctx.stats();
+        let peak = s.peak_bytes as f64 / (1 << 20) as f64;
+        println!("{:<82} {first_ms:>11.2} {ms:>10.3} {peak:>10.1} {:>10} {:>8}", w.name, "-", "-");
+        println!(
+            "    {} compiles, {} cache hits, {} graphs captured, {} replays, {} input copies",
+            s.compiles, s.cache_hits, s.graph_captures, s.graph_replays, s.graph_input_copies
+        );
+        if let Some(f) = out.as_mut() {
+            let _ = writeln!(
+                f,
+                "{{\"impl\":\"kiln\",\"workload\":\"{}\",\"first_ms\":{first_ms:.3},\"median_ms\":{ms:.4},\"peak_mib\":{peak:.1},\"gbs\":0,\"tflops\":0,\"compiles\":{},\"kernels\":{}}}",
                 w.name, s.compiles, s.kernel_compiles
             );
         }

@@ -3,6 +3,7 @@
 //! A backend never plans and never changes a graph; it is handed an
 //! optimized [`Plan`] and input buffers and returns output buffers.
 
+mod check;
 pub mod cpu;
 pub mod cuda;
 pub mod philox;

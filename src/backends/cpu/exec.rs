@@ -34,7 +34,7 @@ use super::arena::Arena;
 use super::fused::FusedKernel;
 use super::hazards::RunOrder;
 use crate::backends::DeviceStats;
-use crate::ir::{DType, Graph, Node, NodeId, Op, Placement, Plan, Shape};
+use crate::ir::{DType, Graph, Node, NodeId, Op, Placement, Plan};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -118,6 +118,7 @@ fn bad(msg: String) -> Error {
 impl CpuExecutable {
     pub(super) fn new(plan: Arc<Plan>, stats: Arc<DeviceStats>) -> Result<CpuExecutable> {
         let _span = tracing::debug_span!("compile", nodes = plan.order.len()).entered();
+        crate::backends::check::check_plan(&plan).map_err(bad)?;
         let pos: HashMap<NodeId, usize> = plan.order.iter().enumerate().map(|(i, &id)| (id, i)).collect();
         let find = |id: NodeId, what: &str| {
             pos.get(&id)
@@ -146,7 +147,6 @@ impl CpuExecutable {
                     b.0
                 )));
             }
-            check_types(&plan, id, &operands)?;
             if let Op::Fused(body) = &plan.graph.node(id).op {
                 fused.insert(id, FusedKernel::compile(body, id)?);
             }
@@ -166,12 +166,6 @@ impl CpuExecutable {
             steps[p].output = true;
         }
         let tables = plan.graph.tables();
-        if !tables.is_empty() {
-            crate::ir::verify(&plan.graph).map_err(|e| bad(format!("the plan does not verify: {e}")))?;
-            if tables.schedule.as_ref().is_some_and(|s| *s != plan.order) {
-                return Err(bad("the plan's order is not its graph's schedule".into()));
-            }
-        }
         let arena_bytes = match &tables.memory {
             Some(mem) => {
                 let bytes = usize::try_from(mem.arena_bytes).map_err(|_| bad("arena too large".into()))?;
@@ -211,28 +205,6 @@ impl CpuExecutable {
             streams,
             fused,
         })
-    }
-}
-
-/// Kernels index storage on the strength of node types; a plan built
-/// without checks must not be able to make them panic.
-fn check_types(plan: &Plan, id: NodeId, operands: &[usize]) -> Result<()> {
-    let node = plan.graph.node(id);
-    let types: Vec<(&Shape, DType)> = operands
-        .iter()
-        .map(|&p| plan.order[p])
-        .map(|o| (&plan.graph.node(o).shape, plan.graph.node(o).dtype))
-        .collect();
-    match crate::ir::infer(&node.op, &types) {
-        Ok(Some((s, d))) if s == node.shape && d == node.dtype => Ok(()),
-        Ok(None) => Ok(()),
-        Ok(Some((s, d))) => Err(bad(format!(
-            "{id} ({}) is declared {}{} but its operands give {d}{s}",
-            node.op.mnemonic(),
-            node.dtype,
-            node.shape
-        ))),
-        Err(e) => Err(bad(format!("{id} ({}): {e}", node.op.mnemonic()))),
     }
 }
 

@@ -13,6 +13,7 @@
 //!   runs them (`device.rs`, `memory.rs`, `nvrtc.rs`, `blas.rs`, `dnn.rs`,
 //!   `exec.rs`, `graph.rs`).
 
+mod bounds;
 pub mod codegen;
 #[cfg(feature = "cuda-emulator")]
 pub mod emulate;

@@ -146,14 +146,23 @@ fn runs_from_several_threads_each_get_an_arena() {
     });
 }
 
-/// The error message of compiling `src`.
+/// The error messages of compiling `src` on the CPU backend and of
+/// lowering it for CUDA (no device needed): both backends refuse the same
+/// bad plans, through the same check (`backends/check.rs`).
 fn compile_error(src: &str) -> String {
     let be = CpuBackend::new();
-    match compile(&be, &parse(src)) {
+    let plan = Plan::new(parse(src));
+    let cpu = match be.compile(Arc::new(plan.clone())) {
         Err(e @ Error::Backend(_)) => e.to_string(),
         Err(e) => panic!("not a backend error: {e}"),
         Ok(_) => panic!("a bad plan compiled:\n{src}"),
-    }
+    };
+    let cuda = match crate::backends::cuda::lower(&plan, false) {
+        Err(e @ Error::Backend(_)) => e.to_string(),
+        Err(e) => panic!("not a backend error: {e}"),
+        Ok(_) => panic!("a bad plan lowered for CUDA:\n{src}"),
+    };
+    format!("{cpu}\n    cuda: {cuda}")
 }
 
 #[test]

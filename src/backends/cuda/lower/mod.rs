@@ -81,7 +81,20 @@ pub(crate) struct Lowering<'p> {
 }
 
 /// Lowers `plan`; `tf32` lets float32 GEMMs and convolutions use TF32.
+///
+/// The plan is checked first, as the CPU backend checks it
+/// (`backends/check.rs`), and every location of the program is then
+/// checked against its region ([`Program::check`]): a plan that would
+/// make a kernel write outside its memory is an error here, never a
+/// launch.
 pub fn lower(plan: &Plan, tf32: bool) -> Result<Program> {
+    crate::backends::check::check_plan(plan).map_err(|e| Error::Backend(format!("cuda: {e}")))?;
+    let program = lower_checked(plan, tf32)?;
+    program.check().map_err(|e| Error::Backend(format!("cuda: the lowered program is inconsistent: {e}")))?;
+    Ok(program)
+}
+
+fn lower_checked(plan: &Plan, tf32: bool) -> Result<Program> {
     let mut l = Lowering {
         plan,
         values: HashMap::new(),
@@ -251,6 +264,10 @@ impl Lowering<'_> {
                         "its arena range has {b} bytes, not {}",
                         bytes(&node.shape, node.dtype)
                     ));
+                }
+                let arena = graph.tables().memory.as_ref().map_or(0, |m| m.arena_bytes);
+                if offset.checked_add(*b).is_none_or(|end| end > arena) {
+                    return Err(format!("its arena range {offset}+{b} ends past the {arena}-byte arena"));
                 }
                 Ok(Loc::new(Region::Arena, *offset))
             }
