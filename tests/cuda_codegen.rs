@@ -1,5 +1,5 @@
 //! The CUDA backend's generated code, without a GPU: every fusion pass
-//! case, every case in `tests/cuda/`, and the quickstart graph are planned
+//! case, every case in `tests/cuda/` (and, fused, `tests/cuda/fused/`), and the quickstart graph are planned
 //! (fusion, schedule, streams, memory) and lowered to a CUDA program whose
 //! text (launches, then each kernel's source) is an insta snapshot in
 //! `snapshots/`. A change that claims no codegen change shows an empty diff.
@@ -60,6 +60,17 @@ fn op_cases_lower_to_cuda() {
     settings().bind(|| {
         insta::glob!("cuda", "*.kir", |path| {
             insta::assert_snapshot!(program_text(path, false));
+        });
+    });
+}
+
+/// Cases that need fusion but must not run on the CPU (the pass tests
+/// compare every case's unfused graph there): `tests/cuda/fused/`.
+#[test]
+fn fused_op_cases_lower_to_cuda() {
+    settings().bind(|| {
+        insta::glob!("cuda/fused", "*.kir", |path| {
+            insta::assert_snapshot!(program_text(path, true));
         });
     });
 }

@@ -11,8 +11,15 @@
 //! else `$XDG_CACHE_HOME/kiln/kernels`, else `~/.cache/kiln/kernels`. Each
 //! kernel is two files, `<hash>.cubin` and `<hash>.key` (the full key, so a
 //! hash collision is a miss, never a wrong kernel); writes go through a
-//! temporary file and a rename, so concurrent processes never read half a
-//! file. Deleting the folder is always safe.
+//! temporary file named for the process *and* the write (two threads of
+//! one process writing the same kernel never share one) and a rename, so
+//! no reader, in this process or another, ever sees half a file. Deleting
+//! the folder is always safe.
+//!
+//! In memory, each key has one slot that the first thread to ask fills:
+//! threads asking for a kernel being compiled wait for it instead of
+//! compiling it again. A failed compile is not remembered (the next ask
+//! tries again).
 
 use super::codegen::Kernel;
 use crate::backends::DeviceStats;
@@ -21,18 +28,23 @@ use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::{result as nv, sys as nvsys, Ptx};
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::path::PathBuf;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Options every kernel is compiled with (after the architecture).
 const OPTIONS: &[&str] = &["--fmad=false", "--std=c++17", "-default-device", "--diag-suppress=177,128,550"];
+
+/// A kernel's slot in memory: filled once by the thread that compiles it.
+type Slot = Arc<OnceLock<CudaFunction>>;
 
 /// Compiled kernels by cache key.
 pub(crate) struct KernelCache {
     arch: String,
     version: (i32, i32),
-    memory: Mutex<HashMap<String, CudaFunction>>,
+    memory: Mutex<HashMap<String, Slot>>,
+    /// Serializes the filling of slots per key: held by the compiling thread.
+    filling: Mutex<HashMap<String, Arc<Mutex<()>>>>,
     dir: Option<PathBuf>,
     stats: Arc<DeviceStats>,
 }
@@ -67,6 +79,7 @@ impl KernelCache {
             arch,
             version: (major, minor),
             memory: Mutex::new(HashMap::new()),
+            filling: Mutex::new(HashMap::new()),
             dir: cache_dir(),
             stats,
         })
@@ -82,12 +95,30 @@ impl KernelCache {
             OPTIONS.join(" "),
             kernel.source
         );
-        if let Some(f) = self.memory.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        let slot: Slot =
+            self.memory.lock().unwrap_or_else(|e| e.into_inner()).entry(key.clone()).or_default().clone();
+        if let Some(f) = slot.get() {
             self.stats.kernel_memory_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(f.clone());
         }
+        // One thread per key compiles; the others wait here, then find it.
+        let gate =
+            self.filling.lock().unwrap_or_else(|e| e.into_inner()).entry(key.clone()).or_default().clone();
+        let _filling = gate.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = slot.get() {
+            self.stats.kernel_memory_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(f.clone());
+        }
+        let f = self.load(ctx, kernel, &key)?;
+        let _ = slot.set(f.clone());
+        self.filling.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        Ok(f)
+    }
+
+    /// From disk or NVRTC, loaded into the context.
+    fn load(&self, ctx: &Arc<CudaContext>, kernel: &Kernel, key: &str) -> Result<CudaFunction> {
         let hash = format!("{:016x}", fnv1a(key.as_bytes()));
-        let cubin = match self.read_disk(&hash, &key) {
+        let cubin = match read_disk(self.dir.as_deref(), &hash, key) {
             Some(c) => {
                 self.stats.kernel_disk_hits.fetch_add(1, Ordering::Relaxed);
                 c
@@ -96,45 +127,16 @@ impl KernelCache {
                 let _span = tracing::debug_span!("nvrtc", kernel = %kernel.name).entered();
                 let c = self.compile(kernel)?;
                 self.stats.kernel_compiles.fetch_add(1, Ordering::Relaxed);
-                self.write_disk(&hash, &key, &c);
+                write_disk(self.dir.as_deref(), &hash, key, &c);
                 c
             }
         };
         let module = ctx
             .load_module(Ptx::from_binary(cubin))
             .map_err(|e| Error::Backend(format!("cuda: loading kernel {}: {e:?}", kernel.name)))?;
-        let f = module.load_function(&kernel.name).map_err(|e| {
-            Error::Backend(format!("cuda: kernel {} is not in its module: {e:?}", kernel.name))
-        })?;
-        self.memory.lock().unwrap_or_else(|e| e.into_inner()).insert(key, f.clone());
-        Ok(f)
-    }
-
-    fn read_disk(&self, hash: &str, key: &str) -> Option<Vec<u8>> {
-        let dir = self.dir.as_ref()?;
-        let stored = std::fs::read_to_string(dir.join(format!("{hash}.key"))).ok()?;
-        if stored != key {
-            return None;
-        }
-        std::fs::read(dir.join(format!("{hash}.cubin"))).ok().filter(|c| !c.is_empty())
-    }
-
-    /// Best effort: a cache that cannot be written only costs compiles.
-    fn write_disk(&self, hash: &str, key: &str, cubin: &[u8]) {
-        let Some(dir) = self.dir.as_ref() else { return };
-        if std::fs::create_dir_all(dir).is_err() {
-            tracing::warn!(dir = %dir.display(), "cannot create the kernel cache folder; kernels are not cached on disk");
-            return;
-        }
-        let tmp = |ext: &str| dir.join(format!("{hash}.{ext}.{}.tmp", std::process::id()));
-        let write = |ext: &str, bytes: &[u8]| -> std::io::Result<()> {
-            std::fs::write(tmp(ext), bytes)?;
-            std::fs::rename(tmp(ext), dir.join(format!("{hash}.{ext}")))
-        };
-        // The cubin first: a key without its cubin is a miss, never a wrong load.
-        if write("cubin", cubin).and_then(|()| write("key", key.as_bytes())).is_err() {
-            tracing::warn!(dir = %dir.display(), "cannot write to the kernel cache folder");
-        }
+        module
+            .load_function(&kernel.name)
+            .map_err(|e| Error::Backend(format!("cuda: kernel {} is not in its module: {e:?}", kernel.name)))
     }
 
     /// NVRTC: source to CUBIN. A failure carries NVRTC's log and the source.
@@ -170,6 +172,39 @@ impl KernelCache {
     }
 }
 
+/// The cached CUBIN of `key`, if the folder has it under `hash`.
+fn read_disk(dir: Option<&Path>, hash: &str, key: &str) -> Option<Vec<u8>> {
+    let dir = dir?;
+    let stored = std::fs::read_to_string(dir.join(format!("{hash}.key"))).ok()?;
+    if stored != key {
+        return None;
+    }
+    std::fs::read(dir.join(format!("{hash}.cubin"))).ok().filter(|c| !c.is_empty())
+}
+
+/// Best effort: a cache that cannot be written only costs compiles.
+fn write_disk(dir: Option<&Path>, hash: &str, key: &str, cubin: &[u8]) {
+    let Some(dir) = dir else { return };
+    if std::fs::create_dir_all(dir).is_err() {
+        tracing::warn!(dir = %dir.display(), "cannot create the kernel cache folder; kernels are not cached on disk");
+        return;
+    }
+    // A name no other write uses, in this process or another.
+    static WRITES: AtomicU64 = AtomicU64::new(0);
+    let write = |ext: &str, bytes: &[u8]| -> std::io::Result<()> {
+        let n = WRITES.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir.join(format!("{hash}.{ext}.{}.{n}.tmp", std::process::id()));
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, dir.join(format!("{hash}.{ext}"))).inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
+    };
+    // The cubin first: a key without its cubin is a miss, never a wrong load.
+    if write("cubin", cubin).and_then(|()| write("key", key.as_bytes())).is_err() {
+        tracing::warn!(dir = %dir.display(), "cannot write to the kernel cache folder");
+    }
+}
+
 fn cubin(prog: nvsys::nvrtcProgram) -> Result<Vec<u8>> {
     let mut size = 0usize;
     // SAFETY: `prog` compiled successfully; the buffer has `size` bytes.
@@ -184,5 +219,85 @@ fn cubin(prog: nvsys::nvrtcProgram) -> Result<Vec<u8>> {
             return Err(Error::Backend(format!("cuda: NVRTC has no CUBIN ({st:?})")));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{read_disk, write_disk, KernelCache};
+    use crate::backends::cuda::codegen::Kernel;
+    use crate::backends::DeviceStats;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    /// Sixteen threads ask one cache for the same new kernel at once: it
+    /// is compiled once, and every thread gets it (needs a GPU; skips
+    /// without one unless `KILN_REQUIRE_CUDA=1`).
+    #[test]
+    fn threads_asking_for_one_kernel_at_once_compile_it_once() {
+        // The libraries are checked first: cudarc's loaders panic.
+        let opened = super::super::device::check_libraries()
+            .and_then(|()| cudarc::driver::CudaContext::new(0).map_err(|e| format!("{e:?}")));
+        let ctx = match opened {
+            Ok(ctx) => ctx,
+            Err(e) => {
+                let required = std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1");
+                assert!(!required, "KILN_REQUIRE_CUDA=1 but there is no usable GPU: {e}");
+                eprintln!("skipped: no CUDA ({e})");
+                return;
+            }
+        };
+        let stats = Arc::new(DeviceStats::default());
+        let mut cache = KernelCache::new("sm_90".into(), stats.clone()).expect("NVRTC");
+        let (major, minor) = ctx.compute_capability().expect("capability");
+        cache.arch = format!("sm_{major}{minor}");
+        cache.dir = None;
+        let nonce =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let body =
+            format!("extern \"C\" __global__ void k_once(float* y) {{ y[threadIdx.x] = {nonce}.0f; }}\n");
+        let kernel = Kernel::new("k_once", body, 1, 32, vec![]);
+        std::thread::scope(|s| {
+            for _ in 0..16 {
+                s.spawn(|| cache.get(&ctx, &kernel).expect("compiles"));
+            }
+        });
+        assert_eq!(stats.kernel_compiles.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.kernel_memory_hits.load(Ordering::Relaxed), 15);
+    }
+
+    /// Eight threads of one process write the same kernel with different
+    /// bytes at once (each its own length and fill), while others read:
+    /// every read finds a whole file, one writer's, or nothing.
+    #[test]
+    fn concurrent_writes_of_one_kernel_never_publish_half_a_file() {
+        let dir = std::env::temp_dir().join(format!("kiln-cache-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let key = "kiln kernel test\nsame key";
+        std::thread::scope(|s| {
+            for t in 0..8u8 {
+                let dir = &dir;
+                s.spawn(move || {
+                    for _ in 0..20 {
+                        let cubin = vec![t + 1; 200_000 + t as usize * 1000];
+                        write_disk(Some(dir), "00000000000000aa", key, &cubin);
+                        if let Some(got) = read_disk(Some(dir), "00000000000000aa", key) {
+                            let fill = got[0];
+                            assert!(
+                                got.len() == 200_000 + (fill as usize - 1) * 1000
+                                    && got.iter().all(|&b| b == fill),
+                                "a torn cache file: {} bytes starting {fill}",
+                                got.len()
+                            );
+                        }
+                    }
+                });
+            }
+        });
+        assert!(read_disk(Some(&dir), "00000000000000aa", key).is_some());
+        let left: Vec<_> =
+            std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+        assert_eq!(left.len(), 2, "temporary files left behind: {left:?}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -193,13 +193,30 @@ pub(crate) fn buffer_operands(operands: &[Operand]) -> Vec<usize> {
     operands.iter().enumerate().filter(|(_, o)| o.source == Source::Buffer).map(|(k, _)| k).collect()
 }
 
+/// Index values past this need 64-bit arithmetic (half of `int`'s range,
+/// so sums of two in-range terms cannot overflow either).
+const INDEX_LIMIT: u128 = (i32::MAX as u128) / 2;
+
 /// `int` when every index and offset fits 31 bits, else 64-bit.
 pub(crate) fn index_type(numel: usize, operands: &[Operand]) -> &'static str {
-    let limit = (i32::MAX as u128) / 2;
-    let big = numel as u128 * 2 > limit || operands.iter().any(|o| o.access.extent() > limit);
+    let big = numel as u128 * 2 > INDEX_LIMIT || operands.iter().any(|o| o.access.extent() > INDEX_LIMIT);
     if big {
         "long long"
     } else {
         "int"
+    }
+}
+
+impl Body<'_> {
+    /// [`index_type`] over the operands *and every leaf*: a view inside
+    /// the body (an expand, then a reshape that starts a new index stage,
+    /// then a slice) can compute indices far past anything its operand or
+    /// the output needs.
+    pub fn index_type(&self, numel: usize, operands: &[Operand]) -> &'static str {
+        if self.leaves.values().any(|l| l.access.extent() > INDEX_LIMIT) {
+            "long long"
+        } else {
+            index_type(numel, operands)
+        }
     }
 }

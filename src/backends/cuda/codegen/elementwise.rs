@@ -7,7 +7,7 @@
 //! stored with one, and other operands are read element by element
 //! (broadcast values are read once per thread, before the loop).
 
-use super::body::{buffer_operands, index_type, params, Body, Operand};
+use super::body::{buffer_operands, params, Body, Operand};
 use super::{types, Kernel, BLOCK};
 use crate::ir::{Graph, NodeId};
 
@@ -25,7 +25,7 @@ pub(crate) fn generate(
     let body = Body::new(g, operands)?;
     let out_node = g.node(body.output);
     let (out_dtype, numel) = (out_node.dtype, out_node.shape.numel());
-    let index = index_type(numel, operands);
+    let index = body.index_type(numel, operands);
     let vec = numel % VEC == 0
         && numel >= VEC
         && body.leaves.values().all(|l| l.is_uniform() || l.access.dense_base().is_none_or(|b| b % VEC == 0));

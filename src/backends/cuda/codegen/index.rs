@@ -79,22 +79,31 @@ impl Access {
         l.is_contiguous().then_some(l.offset)
     }
 
-    /// The largest storage offset any position reaches, plus one (0 for an
-    /// empty shape): decides whether 32-bit indices suffice.
+    /// One more than the largest value any index expression of this
+    /// access takes (0 for an empty shape): decides whether 32-bit indices
+    /// suffice. Every stage counts, not only the storage one: a later
+    /// stage computes a row-major index into the shape before it, which
+    /// can be far larger than the storage (an expand to a huge shape,
+    /// reshaped, then sliced with a large step, reads a few elements of a
+    /// tiny buffer through indices past 2^31).
     pub fn extent(&self) -> u128 {
-        let first = &self.stages[0];
-        if first.shape.numel() == 0 {
-            return 0;
+        let mut most = 0u128;
+        for stage in &self.stages {
+            if stage.shape.numel() == 0 {
+                return 0;
+            }
+            let reach = stage.offset as u128
+                + stage
+                    .shape
+                    .0
+                    .iter()
+                    .zip(&stage.strides)
+                    .map(|(&d, &s)| (d as u128 - 1) * s as u128)
+                    .sum::<u128>()
+                + 1;
+            most = most.max(reach).max(stage.shape.numel() as u128);
         }
-        first.offset as u128
-            + first
-                .shape
-                .0
-                .iter()
-                .zip(&first.strides)
-                .map(|(&d, &s)| (d as u128 - 1) * s as u128)
-                .sum::<u128>()
-            + 1
+        most
     }
 
     /// The storage offset (a C expression) of row-major position `lin` of
@@ -216,6 +225,21 @@ mod tests {
         assert!(t.single().is_none());
         // position i of [6] is element (i / 2, i % 2) of the [3,2] transpose.
         assert_eq!(t.offset_of("i"), "((i / 2) + (i % 2) * 3)");
+    }
+
+    #[test]
+    fn the_extent_bounds_every_stage_of_a_chain() {
+        // [3,1] expanded to [3, 2^30] (strides [1, 0]), reshaped to
+        // [3 * 2^30] (no strides express it: a second stage), sliced with
+        // step 2^30: three elements of a three-element buffer, through a
+        // stage index up to 2 * 2^30, past what `int` holds.
+        let t = dense(&[3, 1])
+            .view(&Op::Expand(Shape::new([3, 1 << 30])))
+            .view(&Op::Reshape(Shape::new([3 << 30])))
+            .view(&Op::Slice { dim: 0, start: 0, step: 1 << 30, len: 3 });
+        assert!(t.single().is_none());
+        assert_eq!(t.shape().numel(), 3);
+        assert!(t.extent() > i32::MAX as u128, "{}", t.extent());
     }
 
     #[test]

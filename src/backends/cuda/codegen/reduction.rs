@@ -15,7 +15,7 @@
 //! input once and writes its output once. Float sums accumulate in double
 //! (as the CPU backend does), integer sums wrap.
 
-use super::body::{buffer_operands, index_type, params, Body, Leaf, Operand};
+use super::body::{buffer_operands, params, Body, Leaf, Operand};
 use super::{types, Kernel};
 use crate::ir::{DType, Graph, NodeId, Op, ReduceOp, Shape};
 use std::collections::HashMap;
@@ -73,7 +73,7 @@ pub(crate) fn generate(
     let (block, rows_per_block) = if group >= 128 { (group, 1) } else { (256, 256 / group) };
     let items = cols.div_ceil(group);
     let unrolled = items <= MAX_ITEMS;
-    let index = index_type(rows * cols.max(1), operands);
+    let index = body.index_type(rows * cols.max(1), operands);
     let out_node = g.node(body.output);
     let out_dtype = out_node.dtype;
 
