@@ -302,3 +302,68 @@ fn a_second_process_compiles_no_kernel() -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
+
+/// A buffer made by one CUDA backend, given to another's plan or download,
+/// is an error naming what happened (its memory would go back to the
+/// wrong pool), not a silent read.
+#[cfg(feature = "cuda-backend")]
+#[test]
+fn a_buffer_of_another_cuda_backend_is_refused() -> Result<()> {
+    use kiln::backends::cuda::CudaBackend;
+    use kiln::backends::{Backend, RngArgs};
+    use kiln::ir::{HostData, Plan, Shape};
+    let _serial = serial();
+    let Some(_) = gpu() else { return Ok(()) };
+    let (a, b) = (CudaBackend::new(0).map_err(Error::Backend)?, CudaBackend::new(0).map_err(Error::Backend)?);
+    let x = a.upload(HostData::F32(vec![1.0, 2.0, 3.0]), &Shape::new([3]))?;
+    let graph = kiln::ir::text::parse("%x: f32[3] = input 0\n%y: f32[3] = exp %x\nreturn %y\n")?;
+    let exe = b.compile(std::sync::Arc::new(Plan::new(graph)))?;
+    let err = exe.run(std::slice::from_ref(&x), &RngArgs::default()).err().expect("refused");
+    assert!(matches!(err, Error::Device { .. }), "{err:?}");
+    assert!(err.to_string().contains("a buffer of another CUDA backend"), "{err}");
+    let err = b.download(&x).err().expect("refused");
+    assert!(err.to_string().contains("a buffer of another CUDA backend"), "{err}");
+    // Its own backend takes it.
+    let HostData::F32(v) = a.download(&x)? else { panic!("f32") };
+    assert_eq!(v, vec![1.0, 2.0, 3.0]);
+    Ok(())
+}
+
+/// Issue 17 with two streams: plans whose branches run concurrently, each
+/// reading the previous iteration's held output and a variable assigned
+/// by another plan, over enough iterations that every output set cycles.
+#[test]
+fn two_stream_plans_interleaved_read_current_values() -> Result<()> {
+    let _serial = serial();
+    let Some(_) = gpu() else { return Ok(()) };
+    let cuda = Context::cuda(0)?.with_streams(2);
+    let cpu = Context::cpu();
+    let run = |ctx: &Context| -> Result<Vec<f32>> {
+        let v = ctx.variable("v", ctx.zeros([256]))?;
+        let mut held: Vec<Tensor> = Vec::new();
+        let mut reads = Vec::new();
+        for it in 0..30u64 {
+            let x = ctx.tensor(&data(256, it), [256]);
+            let a = (&x * 1.5).tanh().sum_all();
+            let b = (&x + &*v).sigmoid();
+            let y = (&b * &a).tanh();
+            y.realize()?;
+            reads.push((&y * 2.0).sum_all().item::<f32>()?);
+            v.assign((&*v * 0.5 + &y).tanh())?;
+            if it % 3 == 0 {
+                reads.push(v.sum_all().item::<f32>()?);
+            }
+            held.push(y);
+            if held.len() > 2 {
+                held.remove(0);
+            }
+        }
+        Ok(reads)
+    };
+    let (got, want) = (run(&cuda)?, run(&cpu)?);
+    close(&got, &want, 1e-4, "two-stream interleaved reads");
+    let s = cuda.stats();
+    eprintln!("two streams: {} plans, {} captures, {} replays", s.compiles, s.graph_captures, s.graph_replays);
+    assert!(s.graph_captures > s.compiles && s.graph_replays > 2 * s.graph_captures, "{s:?}");
+    Ok(())
+}

@@ -259,10 +259,25 @@ pub(crate) fn raw(s: &CudaStream) -> sys::CUstream {
 }
 
 /// A CUDA event without timing, destroyed when dropped.
+///
+/// Who calls what, and from where: a plan's own events (its stream
+/// events, fork and joins) are recorded and waited on only while its run
+/// is enqueued, under the launch lock. A run's completion event is
+/// recorded once, under the lock, before it is handed out; after that it
+/// is only synchronized on (by whoever waits for the run, without the
+/// lock) and destroyed. So no event is ever recorded by two threads at
+/// once, and no wait races a record of the same event.
 pub(crate) struct Event(sys::CUevent);
 
-// SAFETY: events are plain driver handles; used under the launch lock.
+// SAFETY: a CUevent is a driver handle, not memory: the driver API is
+// thread-safe, so record, wait, synchronize and destroy may be called
+// from any thread (with the context bound, which `Device::launch` and
+// `Device::bind` do). What needs ordering (no record racing a wait on the
+// same event) is ordered as the type's docs say, not by `Send`/`Sync`.
+// The launch lock is not what makes sharing sound: synchronize and drop
+// run without it.
 unsafe impl Send for Event {}
+// SAFETY: as for `Send`; `&Event` only offers those thread-safe calls.
 unsafe impl Sync for Event {}
 
 impl Event {
@@ -285,7 +300,8 @@ impl Event {
             .map_err(|e| driver_err("waiting for an event", e))
     }
 
-    /// Blocks the host until the event's last record completed.
+    /// Blocks the host until the event's last record completed. Needs no
+    /// lock: the event was recorded before it was shared (see the type).
     pub fn synchronize(&self) -> Result<()> {
         // SAFETY: as above.
         unsafe { result::event::synchronize(self.0) }.map_err(|e| driver_err("waiting for the device", e))
@@ -294,8 +310,10 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
-        // SAFETY: the event is ours; the driver defers the destruction
-        // until pending work that records it completes.
+        // SAFETY: the event is ours and nobody else holds it (drop has
+        // `&mut self`); the driver defers the destruction until pending
+        // work that records it completes, so a graph or stream still using
+        // it is unaffected.
         let _ = unsafe { result::event::destroy(self.0) };
     }
 }
