@@ -127,11 +127,14 @@ fn workloads() -> Vec<Workload> {
     ]
 }
 
+/// One step of a training loop: returns the loss to read.
+type Step = Box<dyn FnMut() -> Result<Tensor>>;
+
 /// A training step: made once per context, then called repeatedly (each
 /// call one step, returning the loss to read).
 struct TrainStep {
     name: &'static str,
-    make: fn(&Context) -> Result<Box<dyn FnMut() -> Result<Tensor>>>,
+    make: fn(&Context) -> Result<Step>,
 }
 
 fn train_steps() -> Vec<TrainStep> {

@@ -318,10 +318,10 @@ fn a_buffer_of_another_cuda_backend_is_refused() -> Result<()> {
     let x = a.upload(HostData::F32(vec![1.0, 2.0, 3.0]), &Shape::new([3]))?;
     let graph = kiln::ir::text::parse("%x: f32[3] = input 0\n%y: f32[3] = exp %x\nreturn %y\n")?;
     let exe = b.compile(std::sync::Arc::new(Plan::new(graph)))?;
-    let err = exe.run(std::slice::from_ref(&x), &RngArgs::default()).err().expect("refused");
+    let err = exe.run(std::slice::from_ref(&x), &RngArgs::default()).expect_err("refused");
     assert!(matches!(err, Error::Device { .. }), "{err:?}");
     assert!(err.to_string().contains("a buffer of another CUDA backend"), "{err}");
-    let err = b.download(&x).err().expect("refused");
+    let err = b.download(&x).expect_err("refused");
     assert!(err.to_string().contains("a buffer of another CUDA backend"), "{err}");
     // Its own backend takes it.
     let HostData::F32(v) = a.download(&x)? else { panic!("f32") };
@@ -363,7 +363,10 @@ fn two_stream_plans_interleaved_read_current_values() -> Result<()> {
     let (got, want) = (run(&cuda)?, run(&cpu)?);
     close(&got, &want, 1e-4, "two-stream interleaved reads");
     let s = cuda.stats();
-    eprintln!("two streams: {} plans, {} captures, {} replays", s.compiles, s.graph_captures, s.graph_replays);
+    eprintln!(
+        "two streams: {} plans, {} captures, {} replays",
+        s.compiles, s.graph_captures, s.graph_replays
+    );
     assert!(s.graph_captures > s.compiles && s.graph_replays > 2 * s.graph_captures, "{s:?}");
     Ok(())
 }

@@ -31,9 +31,12 @@ fn env_u64(name: &str) -> Option<u64> {
     Some(v.trim().parse().unwrap_or_else(|_| panic!("{name}={v} is not a whole number")))
 }
 
+/// A device to test: its name and how to make a fresh context on it.
+type Device = (&'static str, fn() -> Context);
+
 /// The contexts to test, by name: a maker per device.
-fn devices() -> Vec<(&'static str, fn() -> Context)> {
-    let mut out: Vec<(&'static str, fn() -> Context)> = vec![("cpu", Context::cpu)];
+fn devices() -> Vec<Device> {
+    let mut out: Vec<Device> = vec![("cpu", Context::cpu)];
     #[cfg(feature = "cuda-emulator")]
     out.push(("cuda-emulated", Context::cuda_emulated));
     match Context::cuda(0) {
