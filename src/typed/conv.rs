@@ -47,6 +47,7 @@ pub(crate) const fn conv_out(n: usize, k: usize, s: usize, p: usize) -> usize {
     }
 }
 
+#[diagnostic::do_not_recommend]
 impl<const K: usize, const S: usize, const P: usize> ConvOut<K, S, P> for usize {
     type Out = usize;
     fn out(&self) -> usize {
@@ -56,6 +57,7 @@ impl<const K: usize, const S: usize, const P: usize> ConvOut<K, S, P> for usize 
 
 macro_rules! same_size {
     ($(($k:literal, $p:literal)),*) => {$(
+        #[diagnostic::do_not_recommend]
         impl<const N: usize> ConvOut<$k, 1, $p> for Const<N> {
             type Out = Const<N>;
             fn out(&self) -> Const<N> {
@@ -69,6 +71,7 @@ same_size!((1, 0), (3, 1), (5, 2), (7, 3));
 
 macro_rules! table {
     ($(($k:literal, $s:literal, $p:literal): [$($n:literal)*];)*) => {$($(
+        #[diagnostic::do_not_recommend]
         impl ConvOut<$k, $s, $p> for Const<$n> {
             type Out = Const<{ conv_out($n, $k, $s, $p) }>;
             fn out(&self) -> Self::Out {
@@ -189,6 +192,7 @@ impl<const C_IN: usize, const C_OUT: usize, const K: usize, const S: usize, cons
     }
 }
 
+#[diagnostic::do_not_recommend]
 impl<B, H, W, const C_IN: usize, const C_OUT: usize, const K: usize, const S: usize, const P: usize>
     Module<Tensor<(B, Const<C_IN>, H, W)>> for Conv2d<C_IN, C_OUT, K, S, P>
 where
@@ -223,6 +227,7 @@ macro_rules! pool {
             fn visit(&self, _: &mut dyn FnMut(&Variable)) {}
         }
 
+        #[diagnostic::do_not_recommend]
         impl<B: Dim, C: Dim, H, W, const K: usize> Module<Tensor<(B, C, H, W)>> for $name<K>
         where
             H: ConvOut<K, K, 0>,

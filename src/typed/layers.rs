@@ -33,6 +33,7 @@ impl<const I: usize, const O: usize> Params for Linear<I, O> {
 
 macro_rules! linear_input {
     ($(($($d:ident),*);)*) => {$(
+        #[diagnostic::do_not_recommend]
         impl<$($d: Dim,)* const I: usize, const O: usize> Module<Tensor<($($d,)* Const<I>,)>> for Linear<I, O> {
             type Output = Tensor<($($d,)* Const<O>,)>;
             #[track_caller]
@@ -75,6 +76,7 @@ impl<const D: usize> Params for LayerNorm<D> {
 
 macro_rules! layer_norm_input {
     ($(($($d:ident),*);)*) => {$(
+        #[diagnostic::do_not_recommend]
         impl<$($d: Dim,)* const D: usize> Module<Tensor<($($d,)* Const<D>,)>> for LayerNorm<D> {
             type Output = Tensor<($($d,)* Const<D>,)>;
             #[track_caller]

@@ -20,6 +20,7 @@ pub trait MatMulShapes<Rhs: Shape>: Shape {
     fn product(lhs: &Self, rhs: &Rhs) -> Self::Output;
 }
 
+#[diagnostic::do_not_recommend]
 impl<M: Dim, K: Dim, N: Dim> MatMulShapes<(K, N)> for (M, K) {
     type Output = (M, N);
     fn product(l: &Self, r: &(K, N)) -> Self::Output {
@@ -27,6 +28,7 @@ impl<M: Dim, K: Dim, N: Dim> MatMulShapes<(K, N)> for (M, K) {
     }
 }
 
+#[diagnostic::do_not_recommend]
 impl<K: Dim, N: Dim> MatMulShapes<(K, N)> for (K,) {
     type Output = (N,);
     fn product(_: &Self, r: &(K, N)) -> Self::Output {
@@ -34,6 +36,7 @@ impl<K: Dim, N: Dim> MatMulShapes<(K, N)> for (K,) {
     }
 }
 
+#[diagnostic::do_not_recommend]
 impl<M: Dim, K: Dim> MatMulShapes<(K,)> for (M, K) {
     type Output = (M,);
     fn product(l: &Self, _: &(K,)) -> Self::Output {
@@ -41,6 +44,7 @@ impl<M: Dim, K: Dim> MatMulShapes<(K,)> for (M, K) {
     }
 }
 
+#[diagnostic::do_not_recommend]
 impl<B: Dim, M: Dim, K: Dim, N: Dim> MatMulShapes<(B, K, N)> for (B, M, K) {
     type Output = (B, M, N);
     fn product(l: &Self, r: &(B, K, N)) -> Self::Output {
@@ -48,6 +52,7 @@ impl<B: Dim, M: Dim, K: Dim, N: Dim> MatMulShapes<(B, K, N)> for (B, M, K) {
     }
 }
 
+#[diagnostic::do_not_recommend]
 impl<B: Dim, M: Dim, K: Dim, N: Dim> MatMulShapes<(K, N)> for (B, M, K) {
     type Output = (B, M, N);
     fn product(l: &Self, r: &(K, N)) -> Self::Output {
@@ -55,6 +60,7 @@ impl<B: Dim, M: Dim, K: Dim, N: Dim> MatMulShapes<(K, N)> for (B, M, K) {
     }
 }
 
+#[diagnostic::do_not_recommend]
 impl<B: Dim, H: Dim, M: Dim, K: Dim, N: Dim> MatMulShapes<(B, H, K, N)> for (B, H, M, K) {
     type Output = (B, H, M, N);
     fn product(l: &Self, r: &(B, H, K, N)) -> Self::Output {
@@ -62,6 +68,7 @@ impl<B: Dim, H: Dim, M: Dim, K: Dim, N: Dim> MatMulShapes<(B, H, K, N)> for (B, 
     }
 }
 
+#[diagnostic::do_not_recommend]
 impl<B: Dim, H: Dim, M: Dim, K: Dim, N: Dim> MatMulShapes<(K, N)> for (B, H, M, K) {
     type Output = (B, H, M, N);
     fn product(l: &Self, r: &(K, N)) -> Self::Output {
@@ -84,6 +91,7 @@ pub trait PermuteShape<Ax>: Shape {
     fn permuted(&self) -> Self::Output;
 }
 
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim> PermuteShape<Axes2<0, 1>> for (D0, D1) {
     type Output = (D0, D1);
     const PERM: &'static [usize] = &[0, 1];
@@ -91,6 +99,7 @@ impl<D0: Dim, D1: Dim> PermuteShape<Axes2<0, 1>> for (D0, D1) {
         (self.0, self.1)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim> PermuteShape<Axes2<1, 0>> for (D0, D1) {
     type Output = (D1, D0);
     const PERM: &'static [usize] = &[1, 0];
@@ -98,6 +107,7 @@ impl<D0: Dim, D1: Dim> PermuteShape<Axes2<1, 0>> for (D0, D1) {
         (self.1, self.0)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim> PermuteShape<Axes3<0, 1, 2>> for (D0, D1, D2) {
     type Output = (D0, D1, D2);
     const PERM: &'static [usize] = &[0, 1, 2];
@@ -105,6 +115,7 @@ impl<D0: Dim, D1: Dim, D2: Dim> PermuteShape<Axes3<0, 1, 2>> for (D0, D1, D2) {
         (self.0, self.1, self.2)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim> PermuteShape<Axes3<0, 2, 1>> for (D0, D1, D2) {
     type Output = (D0, D2, D1);
     const PERM: &'static [usize] = &[0, 2, 1];
@@ -112,6 +123,7 @@ impl<D0: Dim, D1: Dim, D2: Dim> PermuteShape<Axes3<0, 2, 1>> for (D0, D1, D2) {
         (self.0, self.2, self.1)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim> PermuteShape<Axes3<1, 0, 2>> for (D0, D1, D2) {
     type Output = (D1, D0, D2);
     const PERM: &'static [usize] = &[1, 0, 2];
@@ -119,6 +131,7 @@ impl<D0: Dim, D1: Dim, D2: Dim> PermuteShape<Axes3<1, 0, 2>> for (D0, D1, D2) {
         (self.1, self.0, self.2)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim> PermuteShape<Axes3<1, 2, 0>> for (D0, D1, D2) {
     type Output = (D1, D2, D0);
     const PERM: &'static [usize] = &[1, 2, 0];
@@ -126,6 +139,7 @@ impl<D0: Dim, D1: Dim, D2: Dim> PermuteShape<Axes3<1, 2, 0>> for (D0, D1, D2) {
         (self.1, self.2, self.0)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim> PermuteShape<Axes3<2, 0, 1>> for (D0, D1, D2) {
     type Output = (D2, D0, D1);
     const PERM: &'static [usize] = &[2, 0, 1];
@@ -133,6 +147,7 @@ impl<D0: Dim, D1: Dim, D2: Dim> PermuteShape<Axes3<2, 0, 1>> for (D0, D1, D2) {
         (self.2, self.0, self.1)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim> PermuteShape<Axes3<2, 1, 0>> for (D0, D1, D2) {
     type Output = (D2, D1, D0);
     const PERM: &'static [usize] = &[2, 1, 0];
@@ -140,6 +155,7 @@ impl<D0: Dim, D1: Dim, D2: Dim> PermuteShape<Axes3<2, 1, 0>> for (D0, D1, D2) {
         (self.2, self.1, self.0)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<0, 1, 2, 3>> for (D0, D1, D2, D3) {
     type Output = (D0, D1, D2, D3);
     const PERM: &'static [usize] = &[0, 1, 2, 3];
@@ -147,6 +163,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<0, 1, 2, 3>> for (D0
         (self.0, self.1, self.2, self.3)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<0, 1, 3, 2>> for (D0, D1, D2, D3) {
     type Output = (D0, D1, D3, D2);
     const PERM: &'static [usize] = &[0, 1, 3, 2];
@@ -154,6 +171,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<0, 1, 3, 2>> for (D0
         (self.0, self.1, self.3, self.2)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<0, 2, 1, 3>> for (D0, D1, D2, D3) {
     type Output = (D0, D2, D1, D3);
     const PERM: &'static [usize] = &[0, 2, 1, 3];
@@ -161,6 +179,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<0, 2, 1, 3>> for (D0
         (self.0, self.2, self.1, self.3)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<0, 2, 3, 1>> for (D0, D1, D2, D3) {
     type Output = (D0, D2, D3, D1);
     const PERM: &'static [usize] = &[0, 2, 3, 1];
@@ -168,6 +187,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<0, 2, 3, 1>> for (D0
         (self.0, self.2, self.3, self.1)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<0, 3, 1, 2>> for (D0, D1, D2, D3) {
     type Output = (D0, D3, D1, D2);
     const PERM: &'static [usize] = &[0, 3, 1, 2];
@@ -175,6 +195,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<0, 3, 1, 2>> for (D0
         (self.0, self.3, self.1, self.2)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<0, 3, 2, 1>> for (D0, D1, D2, D3) {
     type Output = (D0, D3, D2, D1);
     const PERM: &'static [usize] = &[0, 3, 2, 1];
@@ -182,6 +203,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<0, 3, 2, 1>> for (D0
         (self.0, self.3, self.2, self.1)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<1, 0, 2, 3>> for (D0, D1, D2, D3) {
     type Output = (D1, D0, D2, D3);
     const PERM: &'static [usize] = &[1, 0, 2, 3];
@@ -189,6 +211,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<1, 0, 2, 3>> for (D0
         (self.1, self.0, self.2, self.3)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<1, 0, 3, 2>> for (D0, D1, D2, D3) {
     type Output = (D1, D0, D3, D2);
     const PERM: &'static [usize] = &[1, 0, 3, 2];
@@ -196,6 +219,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<1, 0, 3, 2>> for (D0
         (self.1, self.0, self.3, self.2)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<1, 2, 0, 3>> for (D0, D1, D2, D3) {
     type Output = (D1, D2, D0, D3);
     const PERM: &'static [usize] = &[1, 2, 0, 3];
@@ -203,6 +227,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<1, 2, 0, 3>> for (D0
         (self.1, self.2, self.0, self.3)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<1, 2, 3, 0>> for (D0, D1, D2, D3) {
     type Output = (D1, D2, D3, D0);
     const PERM: &'static [usize] = &[1, 2, 3, 0];
@@ -210,6 +235,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<1, 2, 3, 0>> for (D0
         (self.1, self.2, self.3, self.0)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<1, 3, 0, 2>> for (D0, D1, D2, D3) {
     type Output = (D1, D3, D0, D2);
     const PERM: &'static [usize] = &[1, 3, 0, 2];
@@ -217,6 +243,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<1, 3, 0, 2>> for (D0
         (self.1, self.3, self.0, self.2)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<1, 3, 2, 0>> for (D0, D1, D2, D3) {
     type Output = (D1, D3, D2, D0);
     const PERM: &'static [usize] = &[1, 3, 2, 0];
@@ -224,6 +251,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<1, 3, 2, 0>> for (D0
         (self.1, self.3, self.2, self.0)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<2, 0, 1, 3>> for (D0, D1, D2, D3) {
     type Output = (D2, D0, D1, D3);
     const PERM: &'static [usize] = &[2, 0, 1, 3];
@@ -231,6 +259,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<2, 0, 1, 3>> for (D0
         (self.2, self.0, self.1, self.3)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<2, 0, 3, 1>> for (D0, D1, D2, D3) {
     type Output = (D2, D0, D3, D1);
     const PERM: &'static [usize] = &[2, 0, 3, 1];
@@ -238,6 +267,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<2, 0, 3, 1>> for (D0
         (self.2, self.0, self.3, self.1)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<2, 1, 0, 3>> for (D0, D1, D2, D3) {
     type Output = (D2, D1, D0, D3);
     const PERM: &'static [usize] = &[2, 1, 0, 3];
@@ -245,6 +275,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<2, 1, 0, 3>> for (D0
         (self.2, self.1, self.0, self.3)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<2, 1, 3, 0>> for (D0, D1, D2, D3) {
     type Output = (D2, D1, D3, D0);
     const PERM: &'static [usize] = &[2, 1, 3, 0];
@@ -252,6 +283,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<2, 1, 3, 0>> for (D0
         (self.2, self.1, self.3, self.0)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<2, 3, 0, 1>> for (D0, D1, D2, D3) {
     type Output = (D2, D3, D0, D1);
     const PERM: &'static [usize] = &[2, 3, 0, 1];
@@ -259,6 +291,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<2, 3, 0, 1>> for (D0
         (self.2, self.3, self.0, self.1)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<2, 3, 1, 0>> for (D0, D1, D2, D3) {
     type Output = (D2, D3, D1, D0);
     const PERM: &'static [usize] = &[2, 3, 1, 0];
@@ -266,6 +299,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<2, 3, 1, 0>> for (D0
         (self.2, self.3, self.1, self.0)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<3, 0, 1, 2>> for (D0, D1, D2, D3) {
     type Output = (D3, D0, D1, D2);
     const PERM: &'static [usize] = &[3, 0, 1, 2];
@@ -273,6 +307,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<3, 0, 1, 2>> for (D0
         (self.3, self.0, self.1, self.2)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<3, 0, 2, 1>> for (D0, D1, D2, D3) {
     type Output = (D3, D0, D2, D1);
     const PERM: &'static [usize] = &[3, 0, 2, 1];
@@ -280,6 +315,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<3, 0, 2, 1>> for (D0
         (self.3, self.0, self.2, self.1)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<3, 1, 0, 2>> for (D0, D1, D2, D3) {
     type Output = (D3, D1, D0, D2);
     const PERM: &'static [usize] = &[3, 1, 0, 2];
@@ -287,6 +323,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<3, 1, 0, 2>> for (D0
         (self.3, self.1, self.0, self.2)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<3, 1, 2, 0>> for (D0, D1, D2, D3) {
     type Output = (D3, D1, D2, D0);
     const PERM: &'static [usize] = &[3, 1, 2, 0];
@@ -294,6 +331,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<3, 1, 2, 0>> for (D0
         (self.3, self.1, self.2, self.0)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<3, 2, 0, 1>> for (D0, D1, D2, D3) {
     type Output = (D3, D2, D0, D1);
     const PERM: &'static [usize] = &[3, 2, 0, 1];
@@ -301,6 +339,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<3, 2, 0, 1>> for (D0
         (self.3, self.2, self.0, self.1)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> PermuteShape<Axes4<3, 2, 1, 0>> for (D0, D1, D2, D3) {
     type Output = (D3, D2, D1, D0);
     const PERM: &'static [usize] = &[3, 2, 1, 0];
@@ -325,6 +364,7 @@ pub trait ConcatShapes<Ax, Rhs: Shape>: Shape {
     fn concat(lhs: &Self, rhs: &Rhs) -> Self::Output;
 }
 
+#[diagnostic::do_not_recommend]
 impl<A: Dim, B: Dim> ConcatShapes<Axis<0>, (B,)> for (A,) {
     type Output = (usize,);
     const AXIS: usize = 0;
@@ -332,6 +372,7 @@ impl<A: Dim, B: Dim> ConcatShapes<Axis<0>, (B,)> for (A,) {
         (l.0.size() + r.0.size(),)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D1: Dim, A: Dim, B: Dim> ConcatShapes<Axis<0>, (B, D1)> for (A, D1) {
     type Output = (usize, D1);
     const AXIS: usize = 0;
@@ -339,6 +380,7 @@ impl<D1: Dim, A: Dim, B: Dim> ConcatShapes<Axis<0>, (B, D1)> for (A, D1) {
         (l.0.size() + r.0.size(), l.1)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, A: Dim, B: Dim> ConcatShapes<Axis<1>, (D0, B)> for (D0, A) {
     type Output = (D0, usize);
     const AXIS: usize = 1;
@@ -346,6 +388,7 @@ impl<D0: Dim, A: Dim, B: Dim> ConcatShapes<Axis<1>, (D0, B)> for (D0, A) {
         (l.0, l.1.size() + r.1.size())
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D1: Dim, D2: Dim, A: Dim, B: Dim> ConcatShapes<Axis<0>, (B, D1, D2)> for (A, D1, D2) {
     type Output = (usize, D1, D2);
     const AXIS: usize = 0;
@@ -353,6 +396,7 @@ impl<D1: Dim, D2: Dim, A: Dim, B: Dim> ConcatShapes<Axis<0>, (B, D1, D2)> for (A
         (l.0.size() + r.0.size(), l.1, l.2)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D2: Dim, A: Dim, B: Dim> ConcatShapes<Axis<1>, (D0, B, D2)> for (D0, A, D2) {
     type Output = (D0, usize, D2);
     const AXIS: usize = 1;
@@ -360,6 +404,7 @@ impl<D0: Dim, D2: Dim, A: Dim, B: Dim> ConcatShapes<Axis<1>, (D0, B, D2)> for (D
         (l.0, l.1.size() + r.1.size(), l.2)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, A: Dim, B: Dim> ConcatShapes<Axis<2>, (D0, D1, B)> for (D0, D1, A) {
     type Output = (D0, D1, usize);
     const AXIS: usize = 2;
@@ -367,6 +412,7 @@ impl<D0: Dim, D1: Dim, A: Dim, B: Dim> ConcatShapes<Axis<2>, (D0, D1, B)> for (D
         (l.0, l.1, l.2.size() + r.2.size())
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D1: Dim, D2: Dim, D3: Dim, A: Dim, B: Dim> ConcatShapes<Axis<0>, (B, D1, D2, D3)> for (A, D1, D2, D3) {
     type Output = (usize, D1, D2, D3);
     const AXIS: usize = 0;
@@ -374,6 +420,7 @@ impl<D1: Dim, D2: Dim, D3: Dim, A: Dim, B: Dim> ConcatShapes<Axis<0>, (B, D1, D2
         (l.0.size() + r.0.size(), l.1, l.2, l.3)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D2: Dim, D3: Dim, A: Dim, B: Dim> ConcatShapes<Axis<1>, (D0, B, D2, D3)> for (D0, A, D2, D3) {
     type Output = (D0, usize, D2, D3);
     const AXIS: usize = 1;
@@ -381,6 +428,7 @@ impl<D0: Dim, D2: Dim, D3: Dim, A: Dim, B: Dim> ConcatShapes<Axis<1>, (D0, B, D2
         (l.0, l.1.size() + r.1.size(), l.2, l.3)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D3: Dim, A: Dim, B: Dim> ConcatShapes<Axis<2>, (D0, D1, B, D3)> for (D0, D1, A, D3) {
     type Output = (D0, D1, usize, D3);
     const AXIS: usize = 2;
@@ -388,6 +436,7 @@ impl<D0: Dim, D1: Dim, D3: Dim, A: Dim, B: Dim> ConcatShapes<Axis<2>, (D0, D1, B
         (l.0, l.1, l.2.size() + r.2.size(), l.3)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, A: Dim, B: Dim> ConcatShapes<Axis<3>, (D0, D1, D2, B)> for (D0, D1, D2, A) {
     type Output = (D0, D1, D2, usize);
     const AXIS: usize = 3;

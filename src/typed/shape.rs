@@ -185,6 +185,7 @@ pub trait BroadcastShapes<Rhs: Shape>: Shape {
 macro_rules! broadcast {
     // Rhs is a suffix of Self (same rank included).
     (long ($($d:ident $i:tt),*) short ($($s:ident),*)) => {
+        #[diagnostic::do_not_recommend]
         impl<$($d: Dim),*> BroadcastShapes<($($s,)*)> for ($($d,)*) {
             type Output = ($($d,)*);
             fn broadcast(lhs: &Self, _: &($($s,)*)) -> Self::Output {
@@ -194,6 +195,7 @@ macro_rules! broadcast {
     };
     // Self is a strict suffix of Rhs.
     (short ($($s:ident),*) long ($($d:ident $i:tt),*)) => {
+        #[diagnostic::do_not_recommend]
         impl<$($d: Dim),*> BroadcastShapes<($($d,)*)> for ($($s,)*) {
             type Output = ($($d,)*);
             fn broadcast(_: &Self, rhs: &($($d,)*)) -> Self::Output {
@@ -249,6 +251,7 @@ pub trait HasAxis<Ax>: Shape {
     fn with_dim<N: Dim>(&self, n: N) -> Self::WithDim<N>;
 }
 
+#[diagnostic::do_not_recommend]
 impl<D0: Dim> HasAxis<Axis<0>> for (D0,) {
     type Reduced = ();
     type WithDim<N: Dim> = (N,);
@@ -260,6 +263,7 @@ impl<D0: Dim> HasAxis<Axis<0>> for (D0,) {
         (n,)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim> HasAxis<Axis<0>> for (D0, D1) {
     type Reduced = (D1,);
     type WithDim<N: Dim> = (N, D1);
@@ -271,6 +275,7 @@ impl<D0: Dim, D1: Dim> HasAxis<Axis<0>> for (D0, D1) {
         (n, self.1)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim> HasAxis<Axis<1>> for (D0, D1) {
     type Reduced = (D0,);
     type WithDim<N: Dim> = (D0, N);
@@ -282,6 +287,7 @@ impl<D0: Dim, D1: Dim> HasAxis<Axis<1>> for (D0, D1) {
         (self.0, n)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim> HasAxis<Axis<0>> for (D0, D1, D2) {
     type Reduced = (D1, D2);
     type WithDim<N: Dim> = (N, D1, D2);
@@ -293,6 +299,7 @@ impl<D0: Dim, D1: Dim, D2: Dim> HasAxis<Axis<0>> for (D0, D1, D2) {
         (n, self.1, self.2)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim> HasAxis<Axis<1>> for (D0, D1, D2) {
     type Reduced = (D0, D2);
     type WithDim<N: Dim> = (D0, N, D2);
@@ -304,6 +311,7 @@ impl<D0: Dim, D1: Dim, D2: Dim> HasAxis<Axis<1>> for (D0, D1, D2) {
         (self.0, n, self.2)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim> HasAxis<Axis<2>> for (D0, D1, D2) {
     type Reduced = (D0, D1);
     type WithDim<N: Dim> = (D0, D1, N);
@@ -315,6 +323,7 @@ impl<D0: Dim, D1: Dim, D2: Dim> HasAxis<Axis<2>> for (D0, D1, D2) {
         (self.0, self.1, n)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> HasAxis<Axis<0>> for (D0, D1, D2, D3) {
     type Reduced = (D1, D2, D3);
     type WithDim<N: Dim> = (N, D1, D2, D3);
@@ -326,6 +335,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> HasAxis<Axis<0>> for (D0, D1, D2, D3) {
         (n, self.1, self.2, self.3)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> HasAxis<Axis<1>> for (D0, D1, D2, D3) {
     type Reduced = (D0, D2, D3);
     type WithDim<N: Dim> = (D0, N, D2, D3);
@@ -337,6 +347,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> HasAxis<Axis<1>> for (D0, D1, D2, D3) {
         (self.0, n, self.2, self.3)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> HasAxis<Axis<2>> for (D0, D1, D2, D3) {
     type Reduced = (D0, D1, D3);
     type WithDim<N: Dim> = (D0, D1, N, D3);
@@ -348,6 +359,7 @@ impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> HasAxis<Axis<2>> for (D0, D1, D2, D3) {
         (self.0, self.1, n, self.3)
     }
 }
+#[diagnostic::do_not_recommend]
 impl<D0: Dim, D1: Dim, D2: Dim, D3: Dim> HasAxis<Axis<3>> for (D0, D1, D2, D3) {
     type Reduced = (D0, D1, D2);
     type WithDim<N: Dim> = (D0, D1, D2, N);

@@ -2,8 +2,8 @@
 //! (building, training with the optimizers, accumulation, EMA,
 //! checkpoints shared with untyped models), the zero-cost claim (a typed
 //! model records the untyped model's graph, text for text), runtime-dim
-//! errors as golden messages, and the compile errors the types give
-//! (trybuild, `ui/`). One binary, so CI links once.
+//! errors as golden messages. The compile errors the types give are
+//! `ui/`, which `tests/typed_ui.rs` runs. One binary, so CI links once.
 
 mod digits;
 mod errors;
