@@ -168,7 +168,13 @@ impl<B: Dim, C: Dim, H: Dim, W: Dim, E: Element> Tensor<(B, C, H, W), E> {
 /// stride `S` (default 1) and zero padding `P` (default 0): `nn::Conv2d`
 /// with a bias. Takes `(B, Const<C_IN>, H, W)`; the output's spatial dims
 /// are [`ConvOut`]'s.
-pub struct Conv2d<const C_IN: usize, const C_OUT: usize, const K: usize, const S: usize = 1, const P: usize = 0> {
+pub struct Conv2d<
+    const C_IN: usize,
+    const C_OUT: usize,
+    const K: usize,
+    const S: usize = 1,
+    const P: usize = 0,
+> {
     /// The untyped layer (`weight`, `bias`).
     pub inner: nn::Conv2d,
     at: At,

@@ -222,9 +222,8 @@ impl<const N: usize> Params for Flatten<N> {
 struct FlattensTo<S, const N: usize>(PhantomData<S>);
 
 impl<S: Shape, const N: usize> FlattensTo<S, N> {
-    const CHECK: () = match S::CONST_NUMEL {
-        Some(n) => assert!(n == N, "kiln::typed: Flatten<N> where N is not the product of the flattened dims"),
-        None => (),
+    const CHECK: () = if let Some(n) = S::CONST_NUMEL {
+        assert!(n == N, "kiln::typed: Flatten<N> where N is not the product of the flattened dims")
     };
 }
 

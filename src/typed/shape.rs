@@ -256,9 +256,7 @@ impl<D0: Dim> HasAxis<Axis<0>> for (D0,) {
     type Reduced = ();
     type WithDim<N: Dim> = (N,);
     const INDEX: usize = 0;
-    fn reduced(&self) -> Self::Reduced {
-        ()
-    }
+    fn reduced(&self) -> Self::Reduced {}
     fn with_dim<N: Dim>(&self, n: N) -> Self::WithDim<N> {
         (n,)
     }

@@ -87,7 +87,11 @@ impl<S: Shape, E: Element> Tensor<S, E> {
             Some(shape) => Ok(Tensor::wrap(t, shape)),
             None => Err(Error::Shape {
                 op: "typed::Tensor::from_untyped",
-                message: format!("a tensor of shape {:?} does not fit the type {}", t.shape(), S::type_text()),
+                message: format!(
+                    "a tensor of shape {:?} does not fit the type {}",
+                    t.shape(),
+                    S::type_text()
+                ),
                 location,
             }),
         }

@@ -22,9 +22,8 @@ use std::marker::PhantomData;
 struct SameNumel<A, B>(PhantomData<(A, B)>);
 
 impl<A: Shape, B: Shape> SameNumel<A, B> {
-    const CHECK: () = match (A::CONST_NUMEL, B::CONST_NUMEL) {
-        (Some(a), Some(b)) => assert!(a == b, "kiln::typed: reshape between shapes of different element counts"),
-        _ => (),
+    const CHECK: () = if let (Some(a), Some(b)) = (A::CONST_NUMEL, B::CONST_NUMEL) {
+        assert!(a == b, "kiln::typed: reshape between shapes of different element counts")
     };
 }
 

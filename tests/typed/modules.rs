@@ -11,9 +11,17 @@ type Seed = ((Linear<5, 10>, ReLU), Residual<(Linear<10, 10>, Tanh)>, Linear<10,
 /// The seed model written with untyped modules.
 fn untyped_seed(ctx: &Context) -> Result<Sequential> {
     Sequential::new(ctx, "net", |ctx| {
-        let first = Sequential::new(ctx, "0", |ctx| Ok(vec![UntypedLinear::new(ctx, "0", 5, 10)?.boxed(), nn::ReLU.boxed()]))?;
-        let inner = Sequential::new(ctx, "1", |ctx| Ok(vec![UntypedLinear::new(ctx, "0", 10, 10)?.boxed(), nn::Tanh.boxed()]))?;
-        Ok(vec![first.boxed(), UntypedResidual::new(inner).boxed(), UntypedLinear::new(ctx, "2", 10, 2)?.boxed()])
+        let first = Sequential::new(ctx, "0", |ctx| {
+            Ok(vec![UntypedLinear::new(ctx, "0", 5, 10)?.boxed(), nn::ReLU.boxed()])
+        })?;
+        let inner = Sequential::new(ctx, "1", |ctx| {
+            Ok(vec![UntypedLinear::new(ctx, "0", 10, 10)?.boxed(), nn::Tanh.boxed()])
+        })?;
+        Ok(vec![
+            first.boxed(),
+            UntypedResidual::new(inner).boxed(),
+            UntypedLinear::new(ctx, "2", 10, 2)?.boxed(),
+        ])
     })
 }
 
@@ -100,7 +108,8 @@ fn checkpoints_interchange_with_untyped_models() -> Result<()> {
 #[test]
 fn dropout_and_training_mode() -> Result<()> {
     let ctx = Context::cpu().with_seed(5);
-    let mut model = <(Linear<4, 64>, DropoutOneIn<2>, LayerNorm<64>, GELU, Dropout, Sigmoid)>::build(&ctx, "m")?;
+    let mut model =
+        <(Linear<4, 64>, DropoutOneIn<2>, LayerNorm<64>, GELU, Dropout, Sigmoid)>::build(&ctx, "m")?;
     assert_eq!(model.1.inner.p, 0.5);
     model.4.inner.p = 0.25;
     let x: Tensor<(usize, Const<4>)> = ctx.randn_typed((8, Const));

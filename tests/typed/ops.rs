@@ -63,7 +63,8 @@ fn reductions_over_typed_axes() {
     assert_eq!(x.argmax::<Axis<2>>().to_vec().unwrap(), u.argmax(2, false).to_vec::<i64>().unwrap());
     assert_eq!(x.sum_all().item().unwrap(), u.sum_all().item::<f32>().unwrap());
     assert_eq!(x.mean_all().item().unwrap(), u.mean(&[0, 1, 2], false).item::<f32>().unwrap());
-    let (w, b): (Tensor<Rank1<4>>, Tensor<Rank1<4>>) = (ctx.randn_typed(Default::default()), ctx.zeros_typed((Const,)));
+    let (w, b): (Tensor<Rank1<4>>, Tensor<Rank1<4>>) =
+        (ctx.randn_typed(Default::default()), ctx.zeros_typed((Const,)));
     same(&x.layer_norm(&w, &b, 1e-5), &u.layer_norm(w.untyped(), b.untyped(), 1e-5));
 }
 

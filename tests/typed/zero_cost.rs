@@ -23,8 +23,12 @@ type Cnn = (
 
 fn untyped_seed(ctx: &Context) -> Result<Sequential> {
     Sequential::new(ctx, "net", |ctx| {
-        let first = Sequential::new(ctx, "0", |ctx| Ok(vec![nn::Linear::new(ctx, "0", 5, 10)?.boxed(), nn::ReLU.boxed()]))?;
-        let inner = Sequential::new(ctx, "1", |ctx| Ok(vec![nn::Linear::new(ctx, "0", 10, 10)?.boxed(), nn::Tanh.boxed()]))?;
+        let first = Sequential::new(ctx, "0", |ctx| {
+            Ok(vec![nn::Linear::new(ctx, "0", 5, 10)?.boxed(), nn::ReLU.boxed()])
+        })?;
+        let inner = Sequential::new(ctx, "1", |ctx| {
+            Ok(vec![nn::Linear::new(ctx, "0", 10, 10)?.boxed(), nn::Tanh.boxed()])
+        })?;
         Ok(vec![first.boxed(), nn::Residual::new(inner).boxed(), nn::Linear::new(ctx, "2", 10, 2)?.boxed()])
     })
 }
@@ -53,7 +57,12 @@ fn recorded(seed: u64) -> Context {
 }
 
 /// One training step on `ctx`, returning the loss (not yet read).
-fn step(ctx: &Context, forward: &dyn Fn(&kiln::Tensor) -> Result<kiln::Tensor>, params: &dyn kiln::nn::Params, shape: &[usize]) -> Result<kiln::Tensor> {
+fn step(
+    ctx: &Context,
+    forward: &dyn Fn(&kiln::Tensor) -> Result<kiln::Tensor>,
+    params: &dyn kiln::nn::Params,
+    shape: &[usize],
+) -> Result<kiln::Tensor> {
     let mut opt = AdamW::new(&params.parameters(), AdamConfig::adamw())?;
     let ema = Ema::new(&params.parameters())?;
     let x = ctx.randn(shape.to_vec());
@@ -69,7 +78,9 @@ fn step(ctx: &Context, forward: &dyn Fn(&kiln::Tensor) -> Result<kiln::Tensor>, 
 
 #[test]
 fn a_typed_training_step_records_the_untyped_graph() -> Result<()> {
-    for (name, ctx_of) in [("recorded", recorded as fn(u64) -> Context), ("optimized", |s| Context::cpu().with_seed(s))] {
+    for (name, ctx_of) in
+        [("recorded", recorded as fn(u64) -> Context), ("optimized", |s| Context::cpu().with_seed(s))]
+    {
         let (a, b) = (ctx_of(7), ctx_of(7));
         let typed = Seed::build(&a, "net")?;
         let typed_forward = |x: &kiln::Tensor| -> Result<kiln::Tensor> {
@@ -88,7 +99,9 @@ fn a_typed_training_step_records_the_untyped_graph() -> Result<()> {
 
 #[test]
 fn a_typed_cnn_records_the_untyped_graph() -> Result<()> {
-    for (name, ctx_of) in [("recorded", recorded as fn(u64) -> Context), ("optimized", |s| Context::cpu().with_seed(s))] {
+    for (name, ctx_of) in
+        [("recorded", recorded as fn(u64) -> Context), ("optimized", |s| Context::cpu().with_seed(s))]
+    {
         let (a, b) = (ctx_of(8), ctx_of(8));
         let typed = Cnn::build(&a, "cnn")?;
         let typed_forward = |x: &kiln::Tensor| -> Result<kiln::Tensor> {
