@@ -78,6 +78,7 @@ pub mod nn;
 pub mod optim;
 pub mod passes;
 mod tensor;
+pub mod typed;
 
 pub use context::{Context, Gradients, RegionStats, Stats, Variable, VariableInfo, Workspace};
 pub use error::{Error, Location, Result};

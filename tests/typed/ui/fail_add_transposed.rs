@@ -1,0 +1,8 @@
+use kiln::typed::*;
+
+fn main() {
+    let ctx = Context::cpu();
+    let a: Tensor<Rank2<3, 5>> = ctx.zeros_typed(Default::default());
+    let b: Tensor<Rank2<5, 3>> = ctx.zeros_typed(Default::default());
+    let _ = a + b;
+}
