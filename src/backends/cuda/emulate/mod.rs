@@ -354,9 +354,13 @@ fn build(program: &Program) -> Result<Option<libloading::Library>> {
     let hash = fnv1a(src.as_bytes());
     let so = dir.join(format!("{hash:016x}.so"));
     if !so.exists() {
-        let cpp = dir.join(format!("{hash:016x}.{}.cpp", std::process::id()));
+        // Named per build, not per process: two threads of one process
+        // building the same program must not share a temporary file.
+        static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let cpp = dir.join(format!("{hash:016x}.{}.{n}.cpp", std::process::id()));
         std::fs::write(&cpp, &src)?;
-        let tmp = dir.join(format!("{hash:016x}.{}.so", std::process::id()));
+        let tmp = dir.join(format!("{hash:016x}.{}.{n}.so", std::process::id()));
         let out = std::process::Command::new("g++")
             .args(["-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-w", "-o"])
             .arg(&tmp)
