@@ -21,10 +21,13 @@
 //! slot), and hands out those very allocations; a replay uses a set only
 //! when nobody else holds any of its buffers any more. While every set is
 //! held, a new set is captured (up to `replay::MAX_SETS` graphs per plan), and
-//! beyond that the run is eager with fresh outputs. A training loop that
-//! drops each step's results before the next step replays one graph and
-//! copies nothing; a loop that keeps results alive costs one graph per
-//! set, then eager launches. We chose this over copying outputs out of
+//! beyond that the run is eager with fresh outputs. A loop that drops
+//! each result before the next run replays one graph; a training step,
+//! whose inputs are the parameters its last run wrote (held by their
+//! variables, so that set stays busy), alternates between two sets and
+//! copies those inputs into its slots each step (they are new bytes); a
+//! loop that keeps results alive costs one graph per set, then eager
+//! launches. We chose this over copying outputs out of
 //! fixed slots (which doubles the output bytes of every run, the whole
 //! cost of a bandwidth-bound kernel) and over re-pointing graph nodes per
 //! run (a host cost per kernel).
