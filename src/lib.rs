@@ -70,6 +70,7 @@
 #![warn(missing_docs)]
 
 pub mod backends;
+pub mod capture;
 mod context;
 pub mod data;
 mod error;
@@ -77,6 +78,7 @@ pub mod ir;
 pub mod nn;
 pub mod optim;
 pub mod passes;
+pub mod runtime;
 mod tensor;
 pub mod typed;
 

@@ -9,6 +9,7 @@ pub mod cuda;
 pub mod philox;
 
 use crate::ir::{DType, HostData, Plan, Shape};
+use crate::runtime::Completion;
 use crate::Result;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -57,6 +58,16 @@ impl Buffer {
             Buffer::Cpu(b) => b.dtype(),
             #[cfg(feature = "cuda-backend")]
             Buffer::Cuda(b) => b.dtype(),
+        }
+    }
+
+    /// The completion of the work that wrote it (CPU buffers are written
+    /// before anyone sees them).
+    pub fn completion(&self) -> Completion {
+        match self {
+            Buffer::Cpu(_) => Completion::done(),
+            #[cfg(feature = "cuda-backend")]
+            Buffer::Cuda(b) => b.ready.clone(),
         }
     }
 }
@@ -176,31 +187,26 @@ pub trait DeviceTimer: Send {
 
 /// A compiled plan.
 pub trait Executable: Send + Sync {
-    /// Runs the plan: `inputs[k]` binds `Op::Input(k)`; returns one buffer
-    /// per graph output, in order. Bad data found while running (an
-    /// out-of-range gather index) is an error, never a panic.
+    /// Runs the plan and waits for it: `inputs[k]` binds `Op::Input(k)`;
+    /// returns one buffer per graph output, in order. Bad data found while
+    /// running (an out-of-range gather index) is an error, never a panic.
     fn run(&self, inputs: &[Buffer], rng: &RngArgs) -> Result<Vec<Buffer>>;
 
-    /// Starts a run and returns without waiting for the device to finish
-    /// it: [`Pending::wait`] hands over the outputs. A context calls this
-    /// under its lock and waits outside it. Backends that compute on the
-    /// caller's thread (the CPU) finish here.
-    fn launch(&self, inputs: &[Buffer], rng: &RngArgs) -> Result<Box<dyn Pending>> {
-        Ok(Box::new(Ready(self.run(inputs, rng)?)))
+    /// Starts a run and returns without waiting for the device: the
+    /// outputs can be read by later plans at once (the device orders them)
+    /// and by the host once [`Launched::done`] has finished, which is also
+    /// where errors found while running are reported (see
+    /// [`crate::runtime`]). Backends that compute on the caller's thread
+    /// (the CPU) finish here.
+    fn launch(&self, inputs: &[Buffer], rng: &RngArgs) -> Result<Launched> {
+        Ok(Launched { outputs: self.run(inputs, rng)?, done: Completion::done() })
     }
 }
 
-/// A run that was launched: its outputs, once the device is done.
-pub trait Pending: Send {
-    /// Waits for the run and returns one buffer per graph output.
-    fn wait(self: Box<Self>) -> Result<Vec<Buffer>>;
-}
-
-/// A run that has already finished.
-struct Ready(Vec<Buffer>);
-
-impl Pending for Ready {
-    fn wait(self: Box<Self>) -> Result<Vec<Buffer>> {
-        Ok(self.0)
-    }
+/// A launched run: its outputs and its completion.
+pub struct Launched {
+    /// One buffer per graph output (each carries `done` too).
+    pub outputs: Vec<Buffer>,
+    /// The run's completion.
+    pub done: Completion,
 }

@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 pub use grad::Gradients;
-pub(crate) use realize::PlanCache;
+pub(crate) use realize::{Job, PlanCache};
 pub use variable::Variable;
 pub(crate) use workspace::VarId;
 use workspace::Workspaces;
@@ -56,7 +56,7 @@ pub(crate) struct State {
     next_buffer: u64,
     /// The next random stream; one per random node, so every random node
     /// draws different numbers and a rerun of a program draws the same ones.
-    next_stream: u64,
+    pub(crate) next_stream: u64,
     pub(crate) seed: u64,
     /// Which passes run and where dumps go: from the environment when the
     /// context was made, or [`Context::with_passes`]; a bad toggle is
@@ -77,6 +77,8 @@ pub(crate) struct State {
     /// Nodes a read is computing without the lock (see `realize.rs`):
     /// roots of collection until the read stores them.
     pub(crate) in_flight: Vec<NodeId>,
+    /// Runs launched and not known to have finished (see [`crate::runtime`]).
+    pub(crate) runs: crate::runtime::InFlight,
 }
 
 /// Counters a context keeps; see [`Context::stats`].
@@ -210,6 +212,7 @@ impl Context {
             cache_hits: 0,
             ws: Workspaces::default(),
             in_flight: Vec::new(),
+            runs: Default::default(),
         };
         Context { inner: Arc::new(Inner { backend, state: Mutex::new(state) }) }
     }
@@ -401,6 +404,30 @@ impl State {
             NodeRef::Node(id) => id,
             NodeRef::Var(v) => self.ws.value(v),
         }
+    }
+
+    /// The buffer holding a variable's value (it must be realized).
+    pub(crate) fn var_buffer(&self, v: VarId) -> Result<Buffer> {
+        let var = self.ws.var(v);
+        match self.graph.node(var.value).op {
+            Op::Buffer(b) => self.buffers.get(&b).cloned(),
+            _ => None,
+        }
+        .ok_or_else(|| Error::Backend(format!("variable \"{}\" has no realized value", var.name)))
+    }
+
+    /// Makes `buffer` the value of variable `v` (a new buffer node in the
+    /// variable's region, as a realized assignment would leave it).
+    pub(crate) fn set_var_buffer(&mut self, v: VarId, buffer: Buffer) -> Result<()> {
+        let (shape, dtype, region) = {
+            let var = self.ws.var(v);
+            (var.shape.clone(), var.dtype, var.region)
+        };
+        let id = self.add_buffer(buffer);
+        let node =
+            self.graph.add(Op::Buffer(id), &[], Some((shape, dtype)), region).map_err(Error::Backend)?;
+        self.ws.set_value(v, node);
+        Ok(())
     }
 
     pub(crate) fn add_buffer(&mut self, buffer: Buffer) -> BufferId {

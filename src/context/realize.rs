@@ -24,7 +24,7 @@
 use super::key::{extract_walked, KeyHash, PlanKey, Walker};
 use super::{Context, State};
 use crate::backends::{Buffer, Executable, RngArgs};
-use crate::ir::{self, Graph, NodeId, Op, Plan};
+use crate::ir::{self, BufferId, Graph, NodeId, Op, Plan};
 use crate::{passes, Location, Result};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -55,18 +55,28 @@ pub(crate) fn extract(graph: &Graph, targets: &[NodeId]) -> Graph {
 }
 
 /// A plan bound to its inputs, ready to run without the lock.
-struct Job {
-    executable: Arc<dyn Executable>,
-    inputs: Vec<Buffer>,
-    rng: RngArgs,
+pub(crate) struct Job {
+    pub(crate) executable: Arc<dyn Executable>,
+    pub(crate) inputs: Vec<Buffer>,
+    /// The context's buffer of each input slot.
+    pub(crate) input_ids: Vec<BufferId>,
+    pub(crate) rng: RngArgs,
+}
+
+/// What one realize ran, for a captured step to replay it: the bound
+/// plan (`None` when every target was already a buffer), every target
+/// (the reads, then the pending values), and all their buffers.
+pub(crate) struct Traced {
+    pub(crate) job: Option<Job>,
+    pub(crate) targets: Vec<NodeId>,
+    pub(crate) buffers: Vec<Buffer>,
 }
 
 /// What a read computes: the nodes read, then the pending variable values
 /// and gradients (assignments recorded before a read run in its plan).
 struct Targets {
+    /// The reads first, in order.
     all: Vec<NodeId>,
-    /// How many of `all` were asked for.
-    read: usize,
 }
 
 fn with_pending(state: &State, targets: &[NodeId]) -> Targets {
@@ -76,7 +86,7 @@ fn with_pending(state: &State, targets: &[NodeId]) -> Targets {
             all.push(id);
         }
     }
-    Targets { all, read: targets.len() }
+    Targets { all }
 }
 
 impl Context {
@@ -85,6 +95,15 @@ impl Context {
     /// the targets' buffers, in order. The targets must be nodes of live
     /// tensors.
     pub(crate) fn realize_nodes(&self, targets: &[NodeId]) -> Result<Vec<Buffer>> {
+        let read = targets.len();
+        let mut traced = self.realize_traced(targets)?;
+        traced.buffers.truncate(read);
+        Ok(traced.buffers)
+    }
+
+    /// [`Context::realize_nodes`], returning every target's buffer and the
+    /// bound plan that ran.
+    pub(crate) fn realize_traced(&self, targets: &[NodeId]) -> Result<Traced> {
         let (job, targets) = {
             let mut state = self.state();
             let targets = with_pending(&state, targets);
@@ -96,28 +115,24 @@ impl Context {
                     state.in_flight.extend_from_slice(&targets.all);
                     (job, targets)
                 }
-                Err(mut ready) => {
+                Err(ready) => {
                     state.collect();
-                    ready.truncate(targets.read);
-                    return Ok(ready);
+                    return Ok(Traced { job: None, targets: targets.all, buffers: ready });
                 }
             }
         };
-        // Launched and waited for without the lock: the inputs are bound
-        // buffers of finished runs, and an executable orders its own runs,
-        // so nothing here needs the context (see the module docs).
-        let outputs = {
-            let _span = tracing::debug_span!("run", backend = self.inner.backend.name()).entered();
-            job.executable.launch(&job.inputs, &job.rng).and_then(|pending| pending.wait())
-        };
-        drop(job);
+        // Launched without the lock: the inputs are bound buffers, and an
+        // executable orders its own runs, so nothing here needs the
+        // context (see the module docs). Not waited for: the outputs carry
+        // the run's completion, and host reads wait for it.
+        let outputs = self.launch_job(&job);
         let mut state = self.state();
         for id in &targets.all {
             if let Some(k) = state.in_flight.iter().position(|p| p == id) {
                 state.in_flight.swap_remove(k);
             }
         }
-        let mut outputs = match outputs {
+        let outputs = match outputs {
             Ok(outputs) => outputs,
             Err(e) => {
                 state.collect();
@@ -133,8 +148,24 @@ impl Context {
             state.graph.set_operands(target, &[]);
         }
         state.collect();
-        outputs.truncate(targets.read);
-        Ok(outputs)
+        Ok(Traced { job: Some(job), targets: targets.all, buffers: outputs })
+    }
+
+    /// Launches a bound plan once fewer than the context's limit of runs
+    /// are in flight (waiting for the oldest otherwise), and keeps its
+    /// completion among them. Call without the lock.
+    pub(crate) fn launch_job(&self, job: &Job) -> Result<Vec<Buffer>> {
+        while let Some(oldest) = self.state().runs.over_limit() {
+            // Its error stays with the buffers it wrote (reads report it)
+            // and is kept for the next `sync`.
+            if let Err(e) = oldest.wait() {
+                self.state().runs.note(e);
+            }
+        }
+        let _span = tracing::debug_span!("launch", backend = self.inner.backend.name()).entered();
+        let launched = job.executable.launch(&job.inputs, &job.rng)?;
+        self.state().runs.push(launched.done);
+        Ok(launched.outputs)
     }
 
     /// Under the lock: the buffers of already realized targets
@@ -184,6 +215,7 @@ impl Context {
                 exe
             }
         };
+        let input_ids = walk.inputs.clone();
         let inputs: Vec<Buffer> = walk
             .inputs
             .iter()
@@ -195,7 +227,7 @@ impl Context {
             .collect::<Result<_>>()?;
         state.cache.walker.recycle(walk.order, key.words);
         let rng = RngArgs { seed: state.seed, streams: walk.streams };
-        Ok(Ok(Job { executable, inputs, rng }))
+        Ok(Ok(Job { executable, inputs, input_ids, rng }))
     }
 
     /// The optimized graph the given tensors would compile to (what

@@ -275,12 +275,6 @@ impl Context {
     pub fn scalar<T: Element>(&self, value: T) -> Tensor {
         self.tensor(&[value], Shape::scalar())
     }
-
-    /// Runs every pending assignment (and pending gradient) now, in one
-    /// plan, without reading anything.
-    pub fn sync(&self) -> Result<()> {
-        self.realize_nodes(&[]).map(|_| ())
-    }
 }
 
 impl IntoOperand for &Variable {

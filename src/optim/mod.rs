@@ -36,10 +36,12 @@
 mod accumulate;
 mod adam;
 mod sgd;
+mod step;
 
 pub use accumulate::Accumulate;
 pub use adam::{Adam, AdamConfig, AdamW};
 pub use sgd::{Sgd, SgdConfig};
+pub use step::TrainStep;
 
 use crate::nn::{check_arg, variable_at, Params};
 use crate::{Context, Error, Location, Result, Tensor, Variable};

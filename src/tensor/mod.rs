@@ -213,6 +213,14 @@ impl Tensor {
     /// Realizes and downloads; `op` names the user's call in errors.
     fn read<T: Element>(&self, op: &'static str, location: Location) -> Result<Vec<T>> {
         let (ctx, _) = self.live()?;
+        self.check_read_dtype::<T>(op, location)?;
+        let buffer = ctx.realize_nodes(&[self.current_node()?])?.remove(0);
+        let host = ctx.inner.backend.download(&buffer)?;
+        T::from_host(host).ok_or_else(|| Error::Backend("the backend returned another dtype".into()))
+    }
+
+    /// An error unless the tensor holds `T`s.
+    pub(crate) fn check_read_dtype<T: Element>(&self, op: &'static str, location: Location) -> Result<()> {
         if T::DTYPE != self.dtype() {
             return Err(Error::DType {
                 op,
@@ -225,9 +233,7 @@ impl Tensor {
                 location,
             });
         }
-        let buffer = ctx.realize_nodes(&[self.current_node()?])?.remove(0);
-        let host = ctx.inner.backend.download(&buffer)?;
-        T::from_host(host).ok_or_else(|| Error::Backend("the backend returned another dtype".into()))
+        Ok(())
     }
 
     /// The value of a one-element tensor.

@@ -6,6 +6,7 @@ use super::exec::CudaExecutable;
 use super::memory::DeviceAlloc;
 use crate::backends::{Backend, Buffer, CompileOptions, Contents, DeviceStats, Executable};
 use crate::ir::{DType, HostData, Plan, Shape};
+use crate::runtime::Completion;
 use crate::{Error, Result};
 use cudarc::driver::result;
 use half::{bf16, f16};
@@ -24,11 +25,19 @@ pub struct CudaBuffer {
     pub(super) contents: Contents,
     shape: Shape,
     dtype: DType,
+    /// The completion of the work that wrote it (an upload or a run).
+    pub(crate) ready: Completion,
 }
 
 impl CudaBuffer {
-    pub(super) fn new(alloc: Arc<DeviceAlloc>, shape: Shape, dtype: DType, contents: Contents) -> CudaBuffer {
-        CudaBuffer { alloc, contents, shape, dtype }
+    pub(super) fn new(
+        alloc: Arc<DeviceAlloc>,
+        shape: Shape,
+        dtype: DType,
+        contents: Contents,
+        ready: Completion,
+    ) -> CudaBuffer {
+        CudaBuffer { alloc, contents, shape, dtype, ready }
     }
 
     /// The logical shape.
@@ -173,21 +182,26 @@ impl Backend for CudaBackend {
         let dtype = data.dtype();
         let bytes = host_bytes(&data);
         let alloc = self.dev.pool.alloc(bytes.len() as u64)?;
-        if !bytes.is_empty() {
+        let ready = if bytes.is_empty() {
+            Completion::done()
+        } else {
             let ls = self.dev.launch()?;
             // SAFETY: the allocation has `bytes.len()` bytes; pageable host
             // memory is staged before the call returns; stream 0 orders the
             // copy before every later use.
             unsafe { result::memcpy_htod_async(alloc.ptr(), bytes, raw(&ls.streams[0])) }
                 .map_err(|e| Error::Backend(format!("cuda: copying to the device: {e:?}")))?;
-        }
-        Ok(Buffer::Cuda(CudaBuffer::new(Arc::new(alloc), shape.clone(), dtype, Contents::fresh())))
+            super::completion::record(&self.dev, &ls.streams[0], None, [])?
+        };
+        Ok(Buffer::Cuda(CudaBuffer::new(Arc::new(alloc), shape.clone(), dtype, Contents::fresh(), ready)))
     }
 
+    /// Waits for the work that wrote the buffer (only that: runs launched
+    /// after it go on) and copies it to the host. An error that work
+    /// found, or work it read, is returned here.
     fn download(&self, buffer: &Buffer) -> Result<HostData> {
         let b = self.own(buffer)?;
-        let stream = self.dev.launch()?.streams[0].clone();
-        stream.synchronize().map_err(|e| Error::Backend(format!("cuda: waiting for the device: {e:?}")))?;
+        b.ready.wait()?;
         self.dev.bind()?;
         read_host(b.ptr(), b.shape.numel(), b.dtype)
     }

@@ -39,6 +39,8 @@ pub(crate) struct Device {
     pub dnn_workspace_limit: u64,
     /// cuDNN's algorithm choice per convolution shape.
     pub conv_algos: super::dnn::AlgoCache,
+    /// The thread that wakes futures waiting for this device.
+    pub runtime: Arc<crate::runtime::waiter::Runtime>,
 }
 
 /// What the launch lock guards: streams and library handles.
@@ -148,6 +150,7 @@ impl Device {
             launch: Mutex::new(state),
             dnn_workspace_limit: dnn_workspace_limit(),
             conv_algos: Default::default(),
+            runtime: crate::runtime::waiter::Runtime::new(&format!("cuda{ordinal}")),
         })
     }
 
@@ -298,6 +301,13 @@ impl Event {
         // SAFETY: as above.
         unsafe { result::stream::wait_event(stream, self.0, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
             .map_err(|e| driver_err("waiting for an event", e))
+    }
+
+    /// Whether the event's last record has completed (`CUDA_ERROR_NOT_READY`
+    /// while not); never blocks.
+    pub fn query(&self) -> std::result::Result<(), result::DriverError> {
+        // SAFETY: as above.
+        unsafe { result::event::query(self.0) }
     }
 
     /// Blocks the host until the event's last record completed. Needs no

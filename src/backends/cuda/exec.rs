@@ -21,8 +21,9 @@ use super::lt::LtPlan;
 use super::memory::DeviceAlloc;
 use super::program::{Epilogue, Launch, Loc, Output, Program, Region};
 use super::{blas, CudaBuffer};
-use crate::backends::{Buffer, Contents, Executable, Pending, RngArgs};
+use crate::backends::{Buffer, Contents, Executable, Launched, RngArgs};
 use crate::ir::Plan;
+use crate::runtime::Completion;
 use crate::{Error, Result};
 use cudarc::driver::{result, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
@@ -45,6 +46,8 @@ pub(crate) struct CudaExecutable {
     fork: Event,
     joins: Vec<Event>,
     pub state: Mutex<Graphs>,
+    /// Where runs copy their index-check status back to.
+    status: super::completion::StatusCopies,
 }
 
 /// Where each region is for one run (or one captured graph).
@@ -144,6 +147,7 @@ impl CudaExecutable {
             fork: Event::new()?,
             joins,
             state: Mutex::new(Graphs::new(program.inputs.len(), graphs)),
+            status: Default::default(),
             program,
             dev,
         })
@@ -319,36 +323,43 @@ impl CudaExecutable {
             .collect()
     }
 
-    /// Reads the index checks' status and turns a bad index into the error
-    /// the CPU backend gives. Waits for the run.
-    fn read_status(&self, ls_stream: &Arc<CudaStream>) -> Result<()> {
+    /// The check of a run's index-check status: the run copies the
+    /// status words back to pinned memory (enqueued here, after the run),
+    /// and the check turns a bad index into the error the CPU backend
+    /// gives once the run's completion has fired. `None` for a plan
+    /// without checks.
+    fn status_check(&self, stream: &CudaStream) -> Result<Option<crate::runtime::completion::Check>> {
         if self.program.checks.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
-        ls_stream.synchronize().map_err(|e| bad(format!("running the plan: {e:?}")))?;
-        let mut block = vec![0u64; (self.program.params_bytes / 8) as usize];
-        // SAFETY: the block is the parameter allocation's size; the stream
-        // that wrote it has finished.
-        unsafe { result::memcpy_dtoh_sync(&mut block, self.params.ptr()) }
-            .map_err(|e| bad(format!("reading the index checks: {e:?}")))?;
-        for c in &self.program.checks {
-            let at = (c.status / 8) as usize;
-            if block.get(at).is_some_and(|&p| p != u64::MAX) {
-                let value = block.get(at + 1).copied().unwrap_or(0) as i64;
-                return Err(Error::Runtime(format!(
-                    "{} index {value} is out of range for dim {} of size {} (node {})",
-                    c.op, c.dim, c.size, c.node
-                )));
+        let checks = self.program.checks.clone();
+        let words = (self.program.params_bytes / 8) as usize;
+        let check = self.status.copy_back(&self.dev, stream, self.params.ptr(), words, move |block| {
+            for c in &checks {
+                let at = (c.status / 8) as usize;
+                if block.get(at).is_some_and(|&p| p != u64::MAX) {
+                    let value = block.get(at + 1).copied().unwrap_or(0) as i64;
+                    return Err(Error::Runtime(format!(
+                        "{} index {value} is out of range for dim {} of size {} (node {})",
+                        c.op, c.dim, c.size, c.node
+                    )));
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        })?;
+        Ok(Some(check))
     }
 
     /// The output buffers of a run from its output slots. Every slot's
     /// bytes were just written, so its buffers get new [`Contents`] (the
     /// allocation may be a reused output set's); an input handed back is
     /// the input's bytes, unchanged.
-    fn outputs(&self, inputs: &[&CudaBuffer], outs: &[Arc<DeviceAlloc>]) -> Result<Vec<Buffer>> {
+    fn outputs(
+        &self,
+        inputs: &[&CudaBuffer],
+        outs: &[Arc<DeviceAlloc>],
+        ready: &Completion,
+    ) -> Result<Vec<Buffer>> {
         let written: Vec<Contents> = outs.iter().map(|_| Contents::fresh()).collect();
         self.program
             .outputs
@@ -357,14 +368,22 @@ impl CudaExecutable {
                 Output::Input { k, shape } => inputs
                     .get(*k as usize)
                     .map(|b| {
-                        Buffer::Cuda(CudaBuffer::new(b.alloc.clone(), shape.clone(), b.dtype(), b.contents))
+                        let c = b.ready.clone();
+                        Buffer::Cuda(CudaBuffer::new(
+                            b.alloc.clone(),
+                            shape.clone(),
+                            b.dtype(),
+                            b.contents,
+                            c,
+                        ))
                     })
                     .ok_or_else(|| bad("an output input is missing")),
                 Output::Slot { slot, shape, dtype } => outs
                     .get(*slot as usize)
                     .map(|a| {
                         let contents = written[*slot as usize];
-                        Buffer::Cuda(CudaBuffer::new(a.clone(), shape.clone(), *dtype, contents))
+                        let c = ready.clone();
+                        Buffer::Cuda(CudaBuffer::new(a.clone(), shape.clone(), *dtype, contents, c))
                     })
                     .ok_or_else(|| bad("an output slot is missing")),
             })
@@ -377,25 +396,14 @@ impl CudaExecutable {
     }
 }
 
-/// A launched run: its outputs, ready once `done` completes.
-struct Launched {
-    outputs: Vec<Buffer>,
-    done: Event,
-}
-
-impl Pending for Launched {
-    fn wait(self: Box<Self>) -> Result<Vec<Buffer>> {
-        self.done.synchronize()?;
-        Ok(self.outputs)
-    }
-}
-
 impl Executable for CudaExecutable {
     fn run(&self, inputs: &[Buffer], rng: &RngArgs) -> Result<Vec<Buffer>> {
-        self.launch(inputs, rng)?.wait()
+        let launched = self.launch(inputs, rng)?;
+        launched.done.wait()?;
+        Ok(launched.outputs)
     }
 
-    fn launch(&self, inputs: &[Buffer], rng: &RngArgs) -> Result<Box<dyn Pending>> {
+    fn launch(&self, inputs: &[Buffer], rng: &RngArgs) -> Result<Launched> {
         let _run = tracing::debug_span!("run", backend = "cuda", steps = self.program.steps.len()).entered();
         if rng.streams.len() < self.program.random_streams {
             return Err(bad(format!(
@@ -406,7 +414,10 @@ impl Executable for CudaExecutable {
         }
         let ins = self.check_inputs(inputs)?;
         // One run of this plan at a time: its arena, scratch and parameter
-        // block are shared by its runs (runs of other plans go on).
+        // block are shared by its runs (runs of other plans go on). Runs
+        // of one plan are ordered on stream 0, so the next run's parameter
+        // copy lands after this run has read them, and after this run's
+        // status was copied back.
         let mut graphs = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let ls = self.dev.launch()?;
         self.write_params(&ls, rng)?;
@@ -421,14 +432,13 @@ impl Executable for CudaExecutable {
                 outs
             }
         };
-        let done = Event::new()?;
-        done.record(raw(&ls.streams[0]))?;
-        let s0 = ls.streams[0].clone();
+        let check = self.status_check(&ls.streams[0])?;
+        let read = ins.iter().map(|b| b.ready.clone());
+        let done = super::completion::record(&self.dev, &ls.streams[0], check, read)?;
         drop(ls);
-        self.read_status(&s0)?;
         drop(graphs);
         self.dev.stats.nodes_executed.fetch_add(self.program.steps.len() as u64, Ordering::Relaxed);
-        let outputs = self.outputs(&ins, &outs)?;
-        Ok(Box::new(Launched { outputs, done }))
+        let outputs = self.outputs(&ins, &outs, &done)?;
+        Ok(Launched { outputs, done })
     }
 }

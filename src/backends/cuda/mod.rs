@@ -27,6 +27,8 @@ pub use lower::lower;
 #[cfg(feature = "cuda-backend")]
 mod blas;
 #[cfg(feature = "cuda-backend")]
+mod completion;
+#[cfg(feature = "cuda-backend")]
 mod device;
 #[cfg(feature = "cuda-backend")]
 mod dnn;

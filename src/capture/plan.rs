@@ -1,0 +1,285 @@
+//! One recorded signature of a captured step: the plan that ran, where
+//! each of its inputs comes from at a call and where each output goes.
+
+use super::{Signature, StepFn};
+use crate::backends::{Buffer, Executable, RngArgs};
+use crate::context::VarId;
+use crate::ir::{BufferId, NodeId, Op};
+use crate::{Context, Error, Location, Result, Tensor};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Where a plan input comes from at a call.
+enum Source {
+    /// The call's argument `k`.
+    Arg(usize),
+    /// The variable's value at the call.
+    Var(VarId),
+    /// A tensor from outside the step, realized when it was recorded.
+    Const(Buffer),
+}
+
+/// Where a plan output goes after a call.
+enum Sink {
+    /// The step's result `k`.
+    Out(usize),
+    /// The variable's new value.
+    Var(VarId),
+}
+
+/// The random stream a plan stream draws from at a call.
+enum Stream {
+    /// A tensor recorded outside the step: the same numbers every call.
+    Fixed(u64),
+    /// A random op of the step: a fresh context stream, this far past the
+    /// first one the call takes.
+    Fresh(u64),
+}
+
+/// What a call launches: the plan and its bindings.
+struct Bound {
+    executable: Arc<dyn Executable>,
+    sources: Vec<Source>,
+    streams: Vec<Stream>,
+}
+
+/// One recorded signature.
+pub(crate) struct StepPlan {
+    pub(super) signature: Signature,
+    /// `None` when the step computes nothing (returns its inputs).
+    bound: Option<Bound>,
+    /// Per plan output (or per result when nothing runs), where it goes.
+    sinks: Vec<(usize, Sink)>,
+    /// Results that are inputs unchanged, when nothing runs.
+    passthrough: Vec<Source>,
+    results: usize,
+    /// Context streams one call takes.
+    stream_span: u64,
+}
+
+fn misuse(message: String, location: Location) -> Error {
+    Error::Workspace { op: "captured step", message, location }
+}
+
+/// Runs pending assignments recorded outside the step, refuses held
+/// gradients, and returns the arguments' buffers (realizing them).
+fn prepare(ctx: &Context, args: &[&Tensor], location: Location) -> Result<Vec<Buffer>> {
+    {
+        let state = ctx.state();
+        if !state.ws.grads.is_empty() {
+            let held: Vec<String> = state.ws.grads.iter().map(|w| state.ws.grad_name(w.scope)).collect();
+            return Err(misuse(
+                format!(
+                    "gradients are held ({}) when a captured step is called; release them (zero_grad) first",
+                    held.join(", ")
+                ),
+                location,
+            ));
+        }
+    }
+    let pending = {
+        let state = ctx.state();
+        !state.ws.pending(&state.graph).is_empty()
+    };
+    if pending {
+        ctx.realize_nodes(&[])?;
+    }
+    let nodes = args.iter().map(|a| a.node_in(ctx, location)).collect::<Result<Vec<_>>>()?;
+    ctx.realize_nodes(&nodes)
+}
+
+impl StepPlan {
+    /// Runs `f` on the arguments, realizes what it returns with what it
+    /// assigned, and keeps the plan that ran.
+    pub(crate) fn record(
+        ctx: &Context,
+        signature: Signature,
+        args: &[&Tensor],
+        f: &mut dyn StepFn,
+        location: Location,
+    ) -> Result<(StepPlan, Vec<Tensor>)> {
+        let arg_buffers = prepare(ctx, args, location)?;
+        // Fresh buffer nodes: every argument its own input slot, even one
+        // passed twice.
+        let arg_tensors: Vec<Tensor> = arg_buffers.iter().map(|b| ctx.record_buffer(b.clone())).collect();
+        let (vars_before, var_of_buffer, stream_base) = {
+            let state = ctx.state();
+            let mut by_buffer = HashMap::new();
+            for (i, v) in state.ws.vars.iter().enumerate() {
+                if let Op::Buffer(b) = state.graph.node(v.value).op {
+                    by_buffer.insert(b, VarId(i as u32));
+                }
+            }
+            (state.ws.vars.len(), by_buffer, state.next_stream)
+        };
+        let mut arg_of_buffer: HashMap<BufferId, usize> = HashMap::new();
+        for (k, t) in arg_tensors.iter().enumerate() {
+            let node = t.node_in(ctx, location)?;
+            if let Op::Buffer(b) = ctx.state().graph.node(node).op {
+                arg_of_buffer.insert(b, k);
+            }
+        }
+        let results = f(&arg_tensors)?;
+        let (pending_vars, stream_end) = {
+            let state = ctx.state();
+            if state.ws.vars.len() != vars_before {
+                let made: Vec<&str> = state.ws.vars[vars_before..].iter().map(|v| v.name.as_str()).collect();
+                return Err(misuse(
+                    format!(
+                        "the step created variable(s) {}; create modules and optimizers before capturing",
+                        made.join(", ")
+                    ),
+                    location,
+                ));
+            }
+            if !state.ws.grads.is_empty() {
+                return Err(misuse(
+                    "the step returned with gradients held; release them inside it (zero_grad after the optimizer's step)".into(),
+                    location,
+                ));
+            }
+            let mut pending: HashMap<NodeId, Vec<VarId>> = HashMap::new();
+            for (i, v) in state.ws.vars.iter().enumerate() {
+                if !matches!(state.graph.node(v.value).op, Op::Buffer(_)) {
+                    pending.entry(v.value).or_default().push(VarId(i as u32));
+                }
+            }
+            (pending, state.next_stream)
+        };
+        let targets = results.iter().map(|t| t.node_in(ctx, location)).collect::<Result<Vec<_>>>()?;
+        let traced = ctx.realize_traced(&targets)?;
+        let classify = |id: BufferId, buffers: &dyn Fn(BufferId) -> Option<Buffer>| -> Result<Source> {
+            if let Some(&k) = arg_of_buffer.get(&id) {
+                Ok(Source::Arg(k))
+            } else if let Some(&v) = var_of_buffer.get(&id) {
+                Ok(Source::Var(v))
+            } else {
+                buffers(id)
+                    .map(Source::Const)
+                    .ok_or_else(|| Error::Backend(format!("captured step: buffer {} vanished", id.0)))
+            }
+        };
+        let mut sinks = Vec::new();
+        for (k, node) in traced.targets.iter().enumerate() {
+            if k < results.len() {
+                sinks.push((k, Sink::Out(k)));
+            }
+            for &v in pending_vars.get(node).into_iter().flatten() {
+                sinks.push((k, Sink::Var(v)));
+            }
+        }
+        let (bound, passthrough) = match &traced.job {
+            Some(job) => {
+                let state = ctx.state();
+                let lookup = |id: BufferId| state.buffers.get(&id).cloned();
+                let mut sources = Vec::with_capacity(job.input_ids.len());
+                for (&id, buffer) in job.input_ids.iter().zip(&job.inputs) {
+                    sources.push(classify(id, &|b| if b == id { Some(buffer.clone()) } else { lookup(b) })?);
+                }
+                let streams = job
+                    .rng
+                    .streams
+                    .iter()
+                    .map(
+                        |&s| if s >= stream_base { Stream::Fresh(s - stream_base) } else { Stream::Fixed(s) },
+                    )
+                    .collect();
+                (Some(Bound { executable: job.executable.clone(), sources, streams }), Vec::new())
+            }
+            None => {
+                // Every result was a buffer already: they are passed through.
+                let state = ctx.state();
+                let mut passthrough = Vec::new();
+                for node in &traced.targets[..results.len()] {
+                    let Op::Buffer(id) = state.graph.node(*node).op else {
+                        return Err(Error::Backend("captured step: a result was not realized".into()));
+                    };
+                    passthrough.push(classify(id, &|b| state.buffers.get(&b).cloned())?);
+                }
+                (None, passthrough)
+            }
+        };
+        let plan = StepPlan {
+            signature,
+            bound,
+            sinks,
+            passthrough,
+            results: results.len(),
+            stream_span: stream_end - stream_base,
+        };
+        Ok((plan, results))
+    }
+
+    /// Binds the arguments and the variables' values, launches the plan,
+    /// and stores its outputs.
+    pub(crate) fn replay(&self, ctx: &Context, args: &[&Tensor], location: Location) -> Result<Vec<Tensor>> {
+        let arg_buffers = prepare(ctx, args, location)?;
+        let Some(bound) = &self.bound else {
+            let state = ctx.state();
+            let buffers = self
+                .passthrough
+                .iter()
+                .map(|s| source_buffer(&state, s, &arg_buffers))
+                .collect::<Result<Vec<_>>>()?;
+            drop(state);
+            return Ok(buffers.into_iter().map(|b| ctx.record_buffer(b)).collect());
+        };
+        let job = {
+            let mut state = ctx.state();
+            let inputs = bound
+                .sources
+                .iter()
+                .map(|s| source_buffer(&state, s, &arg_buffers))
+                .collect::<Result<Vec<_>>>()?;
+            let base = state.next_stream;
+            state.next_stream += self.stream_span;
+            let streams = bound
+                .streams
+                .iter()
+                .map(|s| match *s {
+                    Stream::Fixed(n) => n,
+                    Stream::Fresh(offset) => base + offset,
+                })
+                .collect();
+            crate::context::Job {
+                executable: bound.executable.clone(),
+                inputs,
+                input_ids: Vec::new(),
+                rng: RngArgs { seed: state.seed, streams },
+            }
+        };
+        let outputs = ctx.launch_job(&job)?;
+        let mut results: Vec<Option<Buffer>> = vec![None; self.results];
+        {
+            let mut state = ctx.state();
+            for (k, sink) in &self.sinks {
+                let buffer = outputs.get(*k).ok_or_else(|| {
+                    Error::Backend("captured step: the plan returned too few outputs".into())
+                })?;
+                match sink {
+                    Sink::Out(r) => results[*r] = Some(buffer.clone()),
+                    Sink::Var(v) => state.set_var_buffer(*v, buffer.clone())?,
+                }
+            }
+            state.collect();
+        }
+        results
+            .into_iter()
+            .map(|b| {
+                b.map(|b| ctx.record_buffer(b))
+                    .ok_or_else(|| Error::Backend("captured step: a result has no output".into()))
+            })
+            .collect()
+    }
+}
+
+/// The buffer a source binds now.
+fn source_buffer(state: &crate::context::State, s: &Source, args: &[Buffer]) -> Result<Buffer> {
+    match s {
+        Source::Arg(k) => {
+            args.get(*k).cloned().ok_or_else(|| Error::Backend("captured step: argument missing".into()))
+        }
+        Source::Const(b) => Ok(b.clone()),
+        Source::Var(v) => state.var_buffer(*v),
+    }
+}
