@@ -7,6 +7,7 @@
 #   bash benches/gpu_session.sh memcheck     # the CUDA tests under compute-sanitizer
 #   bash benches/gpu_session.sh racecheck
 #   bash benches/gpu_session.sh bench        # benches/gpu.rs + torch_baseline.py, one table
+#   bash benches/gpu_session.sh launch       # benches/gpu_launch.rs + torch_launch.py (issue 18)
 # Several stages in one call: bash benches/gpu_session.sh tests quickstart
 # Full logs go to $OUT (the device tool brings them back).
 set -uo pipefail
@@ -50,6 +51,11 @@ for stage in "$@"; do
       cat "$OUT/bench-kiln.log"
       PYTHONUNBUFFERED=1 timeout 400 python3 benches/torch_baseline.py "$OUT/kiln.jsonl" --markdown "$OUT/table.md" > "$OUT/bench-torch.log" 2>&1 || status=1
       tail -30 "$OUT/bench-torch.log" ;;
+    launch)
+      KILN_BENCH_OUT=$OUT/kiln_launch.jsonl timeout 300 $bin/benches-gpu_launch > "$OUT/launch-kiln.log" 2>&1 || status=1
+      cat "$OUT/launch-kiln.log"
+      PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-400} python3 benches/torch_launch.py "$OUT/kiln_launch.jsonl" --markdown "$OUT/launch.md" > "$OUT/launch-torch.log" 2>&1 || status=1
+      tail -40 "$OUT/launch-torch.log" ;;
     *) echo "unknown stage $stage"; status=1 ;;
   esac
 done

@@ -12,7 +12,10 @@
 //!   collected outside the timed region);
 //! - `cached_read/n`: one read of a freshly recorded chain whose plan is
 //!   already compiled (recording outside the timed region);
-//! - `step/n`: both, what one iteration of a loop pays.
+//! - `step/n`: both, what one iteration of a loop pays;
+//! - `captured/n`: the chain as a captured step (`Context::capture`):
+//!   one call and the read, nothing recorded; the host part is flat in
+//!   `n`, what grows with `n` is the run itself.
 //!
 //! `benches/jax_baseline.py overhead` times the same chains under
 //! `jax.jit` (a cached dispatch); `benches/side_by_side.sh` runs the two
@@ -100,9 +103,23 @@ fn step(c: &mut Criterion) {
     group.finish();
 }
 
+fn captured(c: &mut Criterion) {
+    let mut group = c.benchmark_group("captured");
+    for n in SIZES {
+        let (ctx, x) = setup(n);
+        let mut step = ctx.capture(|a: &[Tensor]| Ok(vec![chain(&a[0], n)]));
+        step.call(&[&x]).expect("records");
+        group.bench_function(BenchmarkId::from_parameter(n), |b| {
+            b.iter(|| step.call(&[&x]).expect("call")[0].to_vec::<f32>().expect("read"))
+        });
+        assert_eq!(step.captures(), 1, "every timed call must replay");
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).warm_up_time(Duration::from_secs(1));
-    targets = record, cached_read, step
+    targets = record, cached_read, step, captured
 }
 criterion_main!(benches);

@@ -56,20 +56,22 @@ def workloads():
     w, b = rn(COLS), rn(COLS)
     out.append(("layer norm (weight, bias), f32[8192,4096]", 2 * 4 * ROWS * COLS, 0,
                 lambda x, w, b: torch.nn.functional.layer_norm(x, (COLS,), w, b, 1e-5), (x, w, b)))
-    params = []
-    for _ in range(BLOCKS):
-        params += [torch.ones(D, device=dev), torch.zeros(D, device=dev), rn(D, HIDDEN) / D ** 0.5,
-                   rn(HIDDEN) * 0.01, rn(HIDDEN, D) / HIDDEN ** 0.5, rn(D) * 0.01]
+    # As users write it: the blocks are an nn.Module whose weights are
+    # parameters (inference: no gradients), only x is an argument. With the
+    # 96 weights as call arguments, reduce-overhead copies all of them into
+    # its graph's static inputs every call (0.652 ms instead of 0.498 ms).
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln = torch.nn.LayerNorm(D)
+            self.fc1, self.fc2 = torch.nn.Linear(D, HIDDEN), torch.nn.Linear(HIDDEN, D)
 
-    def mlp(x, *p):
-        for i in range(BLOCKS):
-            lw, lb, w1, b1, w2, b2 = p[6 * i:6 * i + 6]
-            h = torch.nn.functional.gelu(torch.nn.functional.layer_norm(x, (D,), lw, lb, 1e-5) @ w1 + b1)
-            x = x + (h @ w2 + b2)
-        return x
+        def forward(self, x):
+            return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
 
+    blocks = torch.nn.Sequential(*[Block() for _ in range(BLOCKS)]).to(dev).requires_grad_(False)
     out.append(("16 blocks x + fc2(gelu(fc1(layer_norm(x)))), d=256, hidden 1024, x f32[64,256]",
-                4 * (BLOCKS * (2 * D * HIDDEN + HIDDEN + 3 * D) + 2 * 64 * D), 0, mlp, (rn(64, D), *params)))
+                4 * (BLOCKS * (2 * D * HIDDEN + HIDDEN + 3 * D) + 2 * 64 * D), 0, blocks, (rn(64, D),)))
     cx, w1, w2 = rn(32, 64, 56, 56), rn(64, 64, 3, 3) * 0.05, rn(64, 64, 3, 3) * 0.05
     conv = lambda x, a, b: torch.relu(x + torch.nn.functional.conv2d(torch.relu(torch.nn.functional.conv2d(x, a, padding=1)), b, padding=1))
     out.append(("conv block relu(x + conv2(relu(conv1(x)))), 3x3, 64 ch, x f32[32,64,56,56]",

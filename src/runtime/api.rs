@@ -106,11 +106,13 @@ impl Context {
     pub fn sync(&self) -> Result<()> {
         self.realize_nodes(&[])?;
         let runs = self.state().runs.all();
-        let first = runs.iter().map(|c| c.wait()).find(Result::is_err).unwrap_or(Ok(()));
-        let earlier = self.state().runs.take_failure();
-        match earlier {
+        for c in &runs {
+            // Settles it; its error is collected below, once.
+            let _ = c.wait();
+        }
+        match self.state().runs.settle() {
             Some(e) => Err(e),
-            None => first,
+            None => Ok(()),
         }
     }
 

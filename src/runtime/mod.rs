@@ -49,7 +49,7 @@ pub(crate) struct InFlight {
     /// The most runs in flight at once (at least 1).
     pub(crate) limit: usize,
     /// The first error of a run that finished since the last
-    /// [`InFlight::take_failure`] (what `sync` reports).
+    /// [`InFlight::settle`] (what `sync` reports).
     failure: Option<crate::Error>,
 }
 
@@ -76,8 +76,10 @@ impl InFlight {
         self.failure.get_or_insert(e);
     }
 
-    /// The first error of a run that finished since the last call.
-    pub(crate) fn take_failure(&mut self) -> Option<crate::Error> {
+    /// Forgets every finished run and returns the first error of a run
+    /// that finished since the last call (each error is returned once).
+    pub(crate) fn settle(&mut self) -> Option<crate::Error> {
+        self.prune();
         self.failure.take()
     }
 

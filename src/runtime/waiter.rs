@@ -42,6 +42,7 @@ pub(crate) struct Runtime {
 impl Runtime {
     /// A runtime for the device called `name` (the thread's name); its
     /// thread starts when something is first watched.
+    #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
     pub(crate) fn new(name: &str) -> Arc<Runtime> {
         Arc::new(Runtime { name: name.to_string(), shared: Arc::default(), thread: Mutex::new(None) })
     }
@@ -102,7 +103,11 @@ impl Drop for Runtime {
         self.shared.watched.lock().unwrap_or_else(|e| e.into_inner()).stop = true;
         self.shared.more.notify_all();
         if let Some(t) = self.thread.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = t.join();
+            // The last reference may be a completion the thread itself
+            // just dropped: it then exits on its own (never join oneself).
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
     }
 }
