@@ -4,7 +4,9 @@
 pub(crate) mod checkpoint;
 mod grad;
 mod key;
+mod observe;
 mod realize;
+mod recompile;
 mod scope;
 mod variable;
 mod workspace;
@@ -20,6 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 pub use grad::Gradients;
 pub(crate) use realize::PlanCache;
+pub use recompile::{Recompile, RecompileCause};
 pub use variable::Variable;
 pub(crate) use workspace::VarId;
 use workspace::Workspaces;
@@ -77,6 +80,8 @@ pub(crate) struct State {
     /// Nodes a read is computing without the lock (see `realize.rs`):
     /// roots of collection until the read stores them.
     pub(crate) in_flight: Vec<NodeId>,
+    /// Reports, the profiler and recompile explanations (`observe.rs`).
+    pub(crate) observe: observe::Observe,
 }
 
 /// Counters a context keeps; see [`Context::stats`].
@@ -118,6 +123,10 @@ pub struct Stats {
     /// nodes recorded there now, and the variables the region's workspace
     /// holds. Sorted by path; the root region's path is empty.
     pub regions: Vec<RegionStats>,
+    /// Why the latest compiles (up to 32) happened, for each that has
+    /// the structure of an earlier one: the first node whose shape,
+    /// dtype, constant or attribute changed, or the option that did.
+    pub recompiles: Vec<Recompile>,
 }
 
 impl Context {
@@ -194,6 +203,9 @@ impl Context {
     }
 
     fn with_backend(backend: Box<dyn Backend>) -> Context {
+        let observe = observe::Observe::from_env();
+        let mut compile = CompileOptions::default();
+        compile.profile = observe.wants_profiling();
         let state = State {
             graph: Graph::new(),
             live: Vec::new(),
@@ -203,13 +215,14 @@ impl Context {
             seed: 0,
             config: PipelineConfig::from_env(),
             options: crate::passes::PassOptions::default(),
-            compile: CompileOptions::default(),
+            compile,
             region: RegionId::ROOT,
             cache: PlanCache::default(),
             compiles: 0,
             cache_hits: 0,
             ws: Workspaces::default(),
             in_flight: Vec::new(),
+            observe,
         };
         Context { inner: Arc::new(Inner { backend, state: Mutex::new(state) }) }
     }
@@ -328,6 +341,7 @@ impl Context {
             graph_replays: device.graph_replays.load(Relaxed),
             graph_input_copies: device.graph_input_copies.load(Relaxed),
             regions: state.region_stats(),
+            recompiles: state.observe.recompiles.clone(),
         }
     }
 

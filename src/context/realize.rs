@@ -59,6 +59,8 @@ struct Job {
     executable: Arc<dyn Executable>,
     inputs: Vec<Buffer>,
     rng: RngArgs,
+    /// Compiled with profiling: collect its node times after the run.
+    profiled: bool,
 }
 
 /// What a read computes: the nodes read, then the pending variable values
@@ -67,6 +69,12 @@ struct Targets {
     all: Vec<NodeId>,
     /// How many of `all` were asked for.
     read: usize,
+}
+
+/// `targets` and the pending variable values and gradients a read of them
+/// also computes (what [`Context::report`] shows).
+pub(crate) fn with_pending_targets(state: &State, targets: &[NodeId]) -> Vec<NodeId> {
+    with_pending(state, targets).all
 }
 
 fn with_pending(state: &State, targets: &[NodeId]) -> Targets {
@@ -106,12 +114,17 @@ impl Context {
         // Launched and waited for without the lock: the inputs are bound
         // buffers of finished runs, and an executable orders its own runs,
         // so nothing here needs the context (see the module docs).
+        let started = job.profiled.then(std::time::Instant::now);
         let outputs = {
             let _span = tracing::debug_span!("run", backend = self.inner.backend.name()).entered();
             job.executable.launch(&job.inputs, &job.rng).and_then(|pending| pending.wait())
         };
+        let times = started.map(|s| (job.executable.take_profile(s), s.elapsed()));
         drop(job);
         let mut state = self.state();
+        if let Some((times, wall)) = times {
+            self.observe_run(&mut state, times, wall);
+        }
         for id in &targets.all {
             if let Some(k) = state.in_flight.iter().position(|p| p == id) {
                 state.in_flight.swap_remove(k);
@@ -176,9 +189,13 @@ impl Context {
                 let _span = tracing::debug_span!("compile", nodes = extracted.len()).entered();
                 let mut config = state.config.clone()?;
                 config.options = state.options;
-                let optimized = passes::optimize(extracted, &config)?;
-                let plan = Plan::new(optimized).binding(walk.inputs.len());
-                let exe = self.inner.backend.compile_with(Arc::new(plan), &state.compile)?;
+                state.observe.on_miss(&key, &extracted);
+                let (optimized, records) = state.observe.optimize(extracted, &config)?;
+                let plan = Arc::new(Plan::new(optimized).binding(walk.inputs.len()));
+                let exe = self.inner.backend.compile_with(plan.clone(), &state.compile)?;
+                if let Some(records) = records {
+                    self.report_compile(state, &records, &plan);
+                }
                 state.compiles += 1;
                 state.cache.plans.insert(key.clone(), exe.clone());
                 exe
@@ -195,7 +212,7 @@ impl Context {
             .collect::<Result<_>>()?;
         state.cache.walker.recycle(walk.order, key.words);
         let rng = RngArgs { seed: state.seed, streams: walk.streams };
-        Ok(Ok(Job { executable, inputs, rng }))
+        Ok(Ok(Job { executable, inputs, rng, profiled: state.compile.profile }))
     }
 
     /// The optimized graph the given tensors would compile to (what
