@@ -47,16 +47,22 @@ impl Observe {
     pub(crate) fn from_env() -> Observe {
         let path = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
         let log = std::env::var("KILN_LOG").unwrap_or_default();
-        let mut o = Observe::default();
-        o.report_dir = path("KILN_REPORT");
-        o.trace = path("KILN_TRACE");
-        o.log_recompiles = log.split(',').any(|t| t.trim() == "recompiles");
-        o
+        Observe {
+            report_dir: path("KILN_REPORT"),
+            trace: path("KILN_TRACE"),
+            log_recompiles: log.split(',').any(|t| t.trim() == "recompiles"),
+            profile: Profile::default(),
+            signatures: Vec::new(),
+            recompiles: Vec::new(),
+            pending: Vec::new(),
+        }
     }
 
-    /// Whether runs should be profiled from the start (`KILN_TRACE`).
+    /// Whether runs should be profiled from the start: `KILN_TRACE`, and
+    /// `KILN_REPORT` (so its pages carry the times; a diagnostic run, and
+    /// `with_profiling(false)` turns it off).
     pub(crate) fn wants_profiling(&self) -> bool {
-        self.trace.is_some()
+        self.trace.is_some() || self.report_dir.is_some()
     }
 
     /// On a cache miss: explains it against an earlier compile of the same

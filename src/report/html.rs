@@ -74,6 +74,7 @@ svg.arena .bound{stroke:#c62828;stroke-dasharray:6 3;fill:#c62828}
 #bodyview button{float:right}
 .hidden{display:none}
 p.totals{font:13px monospace}
+p.help{color:#546e7a;font-size:13px;max-width:70em;margin:4px 0 10px 0}
 "#;
 
 const SCRIPT: &str = r#"
@@ -141,7 +142,7 @@ pub(crate) fn page(r: &Report) -> String {
     out.push_str("<nav class=\"tabs\"><button data-tab=\"passes\" class=\"active\">Passes</button><button data-tab=\"plan\">Plan</button><button data-tab=\"memory\">Memory</button><button data-tab=\"kernels\">Kernels</button><button data-tab=\"profile\">Profile</button></nav>\n");
     let times = r.profile.as_ref().map(|p| &p.times);
     // Passes.
-    out.push_str("<div class=\"tab active\" id=\"tab-passes\"><div id=\"passes\"><div id=\"passlist\">\n");
+    out.push_str("<div class=\"tab active\" id=\"tab-passes\"><p class=\"help\">The graph after each step of the pipeline: pick a step on the left. Boxes are values (<b>%n</b> as in the text IR, op, type); edges carry the shape they pass; dashed outlines are regions (scopes); blue boxes are fused kernels (click one for its body); the red-edged box is an output; with profiling on, the last step shows each node's time. Below: the pass's stats, the diff from the step before, the text IR.</p><div id=\"passes\"><div id=\"passlist\">\n");
     for s in &r.steps {
         let _ = writeln!(
             out,
@@ -191,14 +192,14 @@ pub(crate) fn page(r: &Report) -> String {
     out.push_str("</div></div>\n");
     // Plan.
     let final_graph = r.steps.last().map(|s| &s.graph);
-    out.push_str("<div class=\"tab\" id=\"tab-plan\"><h2>Plan</h2>\n");
+    out.push_str("<div class=\"tab\" id=\"tab-plan\"><h2>Plan</h2><p class=\"help\">The order the backend runs the nodes in. Each stream is a lane (hover a step for its node); red lines are events, from the node they are recorded after to the node on another stream that waits for them.</p>\n");
     if let Some(g) = final_graph {
         out.push_str(&plan::section(g, times));
     }
     out.push_str("</div>\n");
     // Memory.
     out.push_str(
-        "<div class=\"tab\" id=\"tab-memory\"><h2>Memory</h2><h3>Arena (offset × schedule step)</h3>\n",
+        "<div class=\"tab\" id=\"tab-memory\"><h2>Memory</h2><p class=\"help\">Every value a plan computes lives in one arena: a block spans the schedule steps its value is live (x) and the bytes it holds (y); hover one for its node. The dashed line is the lower bound: the most bytes live at one step, which no layout can beat.</p><h3>Arena (offset × schedule step)</h3>\n",
     );
     if let Some(g) = final_graph {
         out.push_str(&plan::arena(g));
@@ -206,7 +207,7 @@ pub(crate) fn page(r: &Report) -> String {
     out.push_str(&persistent(r));
     out.push_str("</div>\n");
     // Kernels.
-    out.push_str("<div class=\"tab\" id=\"tab-kernels\"><h2>Kernels</h2>\n");
+    out.push_str("<div class=\"tab\" id=\"tab-kernels\"><h2>Kernels</h2><p class=\"help\">What each fused node runs: on CUDA the generated CUDA C (and the cuBLAS/cuDNN calls), on the CPU the fused body, which the backend runs as one blocked loop. Click a name to open it.</p>\n");
     if r.kernels.is_empty() {
         out.push_str("<p>No kernels: the plan has no fused node (and no generated source).</p>\n");
     }

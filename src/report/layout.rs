@@ -219,13 +219,9 @@ pub(crate) fn layout(input: &Input) -> Layout {
         .map(|chain| {
             let mut pts = Vec::with_capacity(chain.len());
             for (k, &v) in chain.iter().enumerate() {
-                if k == 0 {
-                    pts.push((x[v], y[v] + vs[v].h));
-                } else if k + 1 == chain.len() {
-                    pts.push((x[v], y[v]));
-                } else {
-                    pts.push((x[v], y[v]));
-                }
+                // Out of the bottom of the source, into the top of the rest.
+                let bottom = if k == 0 { vs[v].h } else { 0.0 };
+                pts.push((x[v], y[v] + bottom));
             }
             pts
         })

@@ -199,7 +199,7 @@ pub(crate) fn arena(graph: &Graph) -> String {
     }
     let w = step_width(order.len());
     let (left, top, plot_h) = (70.0, 10.0, 260.0);
-    let width = left + w * order.len() as f64 + 130.0;
+    let width = left + w * order.len() as f64 + 190.0;
     let height = top + plot_h + 30.0;
     let scale = plot_h / m.arena_bytes as f64;
     let y_of = |b: u64| top + plot_h - b as f64 * scale;

@@ -45,6 +45,8 @@ pub(crate) struct CudaExecutable {
     fork: Event,
     joins: Vec<Event>,
     pub state: Mutex<Graphs>,
+    /// Step events of a profiled plan (`profile.rs`).
+    pub profile: Option<super::profile::StepTimes>,
 }
 
 /// Where each region is for one run (or one captured graph).
@@ -146,6 +148,7 @@ impl CudaExecutable {
             state: Mutex::new(Graphs::new(program.inputs.len(), graphs)),
             program,
             dev,
+            profile: None,
         })
     }
 
@@ -186,6 +189,9 @@ impl CudaExecutable {
     pub fn enqueue(&self, ls: &LaunchState, streams: &[Arc<CudaStream>], b: &Bindings) -> Result<()> {
         let n = self.program.streams as usize;
         let s0 = raw(&streams[0]);
+        if let Some(p) = &self.profile {
+            p.begin(&streams[0])?;
+        }
         for (j, l) in self.program.prelude.iter().enumerate() {
             self.launch_one(ls, streams, 0, l, b, (PRELUDE, j))
                 .map_err(|e| bad(format!("an output fill: {e}")))?;
@@ -203,6 +209,9 @@ impl CudaExecutable {
             for &w in &step.waits {
                 self.events[w as usize].wait_on(s)?;
             }
+            if let Some(p) = &self.profile {
+                p.mark(i, &streams[idx], false)?;
+            }
             let mut skip = false;
             for (j, l) in step.launches.iter().enumerate() {
                 if std::mem::take(&mut skip) {
@@ -211,6 +220,9 @@ impl CudaExecutable {
                 skip = matches!(l, Launch::Gemm(_)) && self.lts.contains_key(&(i, j));
                 self.launch_one(ls, streams, idx, l, b, (i, j))
                     .map_err(|e| Error::Backend(format!("cuda: {} ({}): {e}", step.node, step.op)))?;
+            }
+            if let Some(p) = &self.profile {
+                p.mark(i, &streams[idx], true)?;
             }
             for &r in &step.records {
                 self.events[r as usize].record(s)?;
@@ -430,5 +442,9 @@ impl Executable for CudaExecutable {
         self.dev.stats.nodes_executed.fetch_add(self.program.steps.len() as u64, Ordering::Relaxed);
         let outputs = self.outputs(&ins, &outs)?;
         Ok(Box::new(Launched { outputs, done }))
+    }
+
+    fn take_profile(&self, _run_start: std::time::Instant) -> Option<crate::profile::RunTimes> {
+        self.profile.as_ref()?.take()
     }
 }
