@@ -204,8 +204,7 @@ impl Context {
 
     fn with_backend(backend: Box<dyn Backend>) -> Context {
         let observe = observe::Observe::from_env();
-        let mut compile = CompileOptions::default();
-        compile.profile = observe.wants_profiling();
+        let compile = CompileOptions { profile: observe.wants_profiling(), ..CompileOptions::default() };
         let state = State {
             graph: Graph::new(),
             live: Vec::new(),

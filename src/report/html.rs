@@ -173,9 +173,9 @@ pub(crate) fn page(r: &Report) -> String {
         }
         match prev {
             Some(p) => {
-                let _ = write!(
+                let _ = writeln!(
                     out,
-                    "<h3>Diff from {:02} {}</h3><pre class=\"diff\">{}</pre>\n",
+                    "<h3>Diff from {:02} {}</h3><pre class=\"diff\">{}</pre>",
                     p.step,
                     esc(&p.name),
                     diff(&p.text, &s.text)
@@ -183,9 +183,9 @@ pub(crate) fn page(r: &Report) -> String {
             }
             None => out.push_str("<h3>Diff</h3><p>The first step: nothing to compare with.</p>\n"),
         }
-        let _ = write!(
+        let _ = writeln!(
             out,
-            "<details><summary>Text IR</summary><pre>{}</pre></details></section>\n",
+            "<details><summary>Text IR</summary><pre>{}</pre></details></section>",
             esc(&s.text)
         );
     }
@@ -227,9 +227,9 @@ pub(crate) fn page(r: &Report) -> String {
     out.push_str("<div class=\"tab\" id=\"tab-profile\"><h2>Profile</h2>\n");
     match &r.profile {
         Some(p) => {
-            let _ = write!(
+            let _ = writeln!(
                 out,
-                "<p>{} run(s), {} in all; node times add up to {}.</p><pre>{}</pre>\n",
+                "<p>{} run(s), {} in all; node times add up to {}.</p><pre>{}</pre>",
                 p.runs,
                 fmt_ms(p.wall_ms),
                 fmt_ms(p.node_ms),

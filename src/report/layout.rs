@@ -138,15 +138,15 @@ pub(crate) fn layout(input: &Input) -> Layout {
     };
     index_rows(&rows, &mut pos);
     for _ in 0..4 {
-        for l in 1..depth {
-            order_row(&mut rows[l], &vs, &pos, true);
-            for (k, &v) in rows[l].iter().enumerate() {
+        for row in rows.iter_mut().skip(1) {
+            order_row(row, &vs, &pos, true);
+            for (k, &v) in row.iter().enumerate() {
                 pos[v] = k as f64;
             }
         }
-        for l in (0..depth.saturating_sub(1)).rev() {
-            order_row(&mut rows[l], &vs, &pos, false);
-            for (k, &v) in rows[l].iter().enumerate() {
+        for row in rows.iter_mut().rev().skip(1) {
+            order_row(row, &vs, &pos, false);
+            for (k, &v) in row.iter().enumerate() {
                 pos[v] = k as f64;
             }
         }

@@ -106,7 +106,7 @@ pub(crate) fn draw(graph: &Graph, id: &str, times: Option<&NodeTimes>) -> Drawin
         }
         let node = graph.node(order[src]);
         let shape = format!("{}{}", node.dtype, node.shape);
-        let (lx, ly) = label_point(&pts);
+        let (lx, ly) = label_point(pts);
         let _ = writeln!(
             svg,
             r#"<g class="edge"><path d="{d}"/><text x="{:.1}" y="{:.1}">{}</text></g>"#,
