@@ -114,6 +114,18 @@ fn cuda_kernels_are_the_generated_source() {
     assert!(ks.iter().any(|k| k.language == "cuda" && k.source.contains("__global__")), "{ks:#?}");
 }
 
+/// A context on the CUDA backend (here its CPU emulator) shows the CUDA C
+/// its plan lowers to.
+#[cfg(feature = "cuda-emulator")]
+#[test]
+fn report_on_cuda_shows_cuda_source() {
+    let ctx = Context::cuda_emulated().with_seed(1);
+    let y = mlp(&ctx);
+    let r = ctx.report(&[&y]).unwrap();
+    assert!(r.kernel_sources().iter().any(|k| k.language == "cuda" && k.source.contains("__global__")));
+    assert!(r.html().contains("__global__"));
+}
+
 /// A graph of `n` nodes shaped like a tensor program: a chain of
 /// elementwise ops with residual adds, in a few regions.
 fn big_graph(n: usize) -> kiln::ir::Graph {
