@@ -164,12 +164,53 @@ fn viewer_reads_a_dump_directory_and_a_kir_file() {
     };
     let r = Report::from_dump_dir(&recorded).unwrap();
     assert!(r.steps().len() >= 9, "{}", r.steps().len());
+    // The binary: a dump folder, with the CUDA kernels of its plan.
+    let page = dir.join("view.html");
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln-view"))
+        .arg(&recorded)
+        .arg("-o")
+        .arg(&page)
+        .arg("--cuda")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("<svg") && html.contains("memory"), "kiln-view wrote no report");
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln-view")).arg(dir.join("nothing-here")).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("kiln-view:"));
     let kir = dir.join("g.kir");
     std::fs::write(&kir, kiln::ir::text::print(&big_graph(12))).unwrap();
     let r = Report::from_kir(&kir).unwrap();
     assert_eq!(r.steps()[0].name, "input");
     let err = Report::from_dump_dir(&dir.join("missing")).unwrap_err();
     assert!(matches!(err, Error::Io(_)), "{err}");
+}
+
+/// What `kiln_report_writes_a_page_per_compile` runs in a child process
+/// with `KILN_REPORT` set (the variable is read when a context is made,
+/// so it cannot be set for one test of this process).
+#[test]
+#[ignore = "run by kiln_report_writes_a_page_per_compile"]
+fn kiln_report_child() {
+    let ctx = Context::cpu().with_seed(1);
+    mlp(&ctx).to_vec::<f32>().unwrap();
+}
+
+#[test]
+fn kiln_report_writes_a_page_per_compile() {
+    let dir = out_dir("kiln-report-env");
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "kiln_report_child"])
+        .env("KILN_REPORT", &dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let pages: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(pages.len(), 1, "{pages:?}");
+    let html = std::fs::read_to_string(&pages[0]).unwrap();
+    // Rewritten after the run with its times (KILN_REPORT profiles).
+    assert!(html.contains("node times add up to") && html.contains("layer1"));
 }
 
 // ---- the page in a browser ----
@@ -332,4 +373,54 @@ fn recompile_explanations() {
         insta::assert_snapshot!("recompile-constant", constant.join("\n"));
         insta::assert_snapshot!("recompile-option", option.join("\n"));
     });
+}
+
+// ---- CUDA (skips without a GPU; KILN_REQUIRE_CUDA=1 makes that a failure) ----
+
+/// On a GPU: a profiled plan times every step with CUDA events, is never
+/// captured into a CUDA graph, says so, and its step times fit in the
+/// run; the report shows the CUDA source and the times. The report is
+/// written to `$KILN_REPORT_OUT` when that is set (to look at it).
+#[test]
+fn cuda_profile_times_every_launch() {
+    let ctx = match Context::cuda(0) {
+        Ok(ctx) => ctx.with_seed(3).with_profiling(true),
+        Err(e) => {
+            if std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
+                panic!("KILN_REQUIRE_CUDA=1 but CUDA is not usable: {e}");
+            }
+            eprintln!("skipped: no CUDA ({})", e.to_string().lines().next().unwrap_or_default());
+            return;
+        }
+    };
+    let step = |ctx: &Context| {
+        let x = ctx.randn([512, 512]);
+        let mut y = x.clone();
+        for _ in 0..4 {
+            y = (y.matmul(&x) * 0.04).tanh();
+        }
+        y.sum_all()
+    };
+    for _ in 0..3 {
+        step(&ctx).item::<f32>().unwrap();
+    }
+    let s = ctx.stats();
+    assert_eq!(s.graph_captures, 0, "a profiled plan must not be captured");
+    let p = ctx.profile();
+    eprintln!("{p}");
+    assert_eq!(p.runs.len(), 3);
+    let last = &p.runs[2];
+    assert!(last.note.as_deref().is_some_and(|n| n.contains("not captured")), "{:?}", last.note);
+    assert!(last.nodes.len() >= 5, "{:?}", last.nodes);
+    let nodes: f64 = last.nodes.iter().map(|n| n.dur_us).sum();
+    eprintln!("run wall {:.1} us, step events add up to {:.1} us", last.wall_us, nodes);
+    assert!(nodes > 0.0 && nodes <= last.wall_us * 1.05, "{nodes} us of steps in a {} us run", last.wall_us);
+    let r = ctx.report(&[&step(&ctx)]).unwrap();
+    assert!(r.kernel_sources().iter().any(|k| k.language == "cuda"));
+    let html = r.html();
+    assert!(html.contains("__global__") && html.contains("node times add up to"));
+    if let Ok(dir) = std::env::var("KILN_REPORT_OUT") {
+        r.write_html(Path::new(&dir).join("cuda-report.html")).unwrap();
+        p.write_chrome_trace(Path::new(&dir).join("cuda-trace.json")).unwrap();
+    }
 }

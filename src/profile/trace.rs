@@ -35,6 +35,9 @@ pub(super) fn chrome_trace(p: &Profile) -> String {
                 "{{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":{pid},\"args\":{{\"name\":{}}}}}",
                 json_str(&format!("plan {pid} ({:016x}, {})", run.plan, run.device))
             ));
+            events.push(format!(
+                "{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":{pid},\"tid\":1000,\"args\":{{\"name\":\"runs\"}}}}"
+            ));
         }
         events.push(format!(
             "{{\"ph\":\"X\",\"name\":\"run {k}\",\"cat\":\"run\",\"pid\":{pid},\"tid\":1000,\"ts\":{t0:.3},\"dur\":{:.3}}}",
