@@ -9,6 +9,12 @@
 //! `benches/overhead.rs` before profiling existed, within noise. On, each
 //! step reads the clock twice and takes a mutex, and each read collects
 //! the run's times.
+//!
+//! Measured (2-core EPYC, criterion medians, 30 samples): `off/40`
+//! 117.3 µs and `off/400` 551.9 µs on this branch; the same bench with
+//! the profiling calls removed, on the commit before profiling existed
+//! (615d9a1), 119.6 µs and 552.8 µs (criterion: no change, p = 0.81 and
+//! 0.99; the noise here is ±15%). `on/40` 140.4 µs, `on/400` 917.2 µs.
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use kiln::prelude::*;
 use std::time::Duration;
