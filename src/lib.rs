@@ -78,11 +78,15 @@ pub mod ir;
 pub mod nn;
 pub mod optim;
 pub mod passes;
+pub mod profile;
+pub mod report;
 pub mod runtime;
 mod tensor;
 pub mod typed;
 
-pub use context::{Context, Gradients, RegionStats, Stats, Variable, VariableInfo, Workspace};
+pub use context::{
+    Context, Gradients, Recompile, RecompileCause, RegionStats, Stats, Variable, VariableInfo, Workspace,
+};
 pub use error::{Error, Location, Result};
 pub use ir::{DType, Element};
 pub use tensor::{IntoOperand, Operand, Tensor};

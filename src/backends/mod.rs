@@ -84,6 +84,10 @@ pub struct CompileOptions {
     /// `KILN_CUDA_GRAPHS=0`); off, every run launches its kernels one by
     /// one. The CPU backend ignores it.
     pub cuda_graphs: bool,
+    /// Time every node of every run (`Context::with_profiling`): the
+    /// executable gets a recorder (see [`crate::profile`]). On CUDA a
+    /// profiled plan is never captured into a CUDA graph.
+    pub profile: bool,
 }
 
 impl Default for CompileOptions {
@@ -91,7 +95,7 @@ impl Default for CompileOptions {
     fn default() -> CompileOptions {
         let graphs =
             !matches!(std::env::var("KILN_CUDA_GRAPHS").as_deref(), Ok("0") | Ok("off") | Ok("false"));
-        CompileOptions { tf32: false, cuda_graphs: graphs }
+        CompileOptions { tf32: false, cuda_graphs: graphs, profile: false }
     }
 }
 
@@ -200,6 +204,15 @@ pub trait Executable: Send + Sync {
     /// (the CPU) finish here.
     fn launch(&self, inputs: &[Buffer], rng: &RngArgs) -> Result<Launched> {
         Ok(Launched { outputs: self.run(inputs, rng)?, done: Completion::done() })
+    }
+
+    /// The node times of the runs since the last call, as times from
+    /// `run_start`, when the plan was compiled with profiling
+    /// ([`CompileOptions::profile`]); `None` otherwise. Called after a run
+    /// has finished.
+    fn take_profile(&self, run_start: std::time::Instant) -> Option<crate::profile::RunTimes> {
+        let _ = run_start;
+        None
     }
 }
 

@@ -39,6 +39,8 @@ enum Stream {
 /// What a call launches: the plan and its bindings.
 struct Bound {
     executable: Arc<dyn Executable>,
+    /// Compiled with profiling: each replay's times are collected too.
+    profiled: bool,
     sources: Vec<Source>,
     streams: Vec<Stream>,
 }
@@ -184,7 +186,15 @@ impl StepPlan {
                         |&s| if s >= stream_base { Stream::Fresh(s - stream_base) } else { Stream::Fixed(s) },
                     )
                     .collect();
-                (Some(Bound { executable: job.executable.clone(), sources, streams }), Vec::new())
+                (
+                    Some(Bound {
+                        executable: job.executable.clone(),
+                        profiled: job.profiled,
+                        sources,
+                        streams,
+                    }),
+                    Vec::new(),
+                )
             }
             None => {
                 // Every result was a buffer already: they are passed through.
@@ -246,9 +256,10 @@ impl StepPlan {
                 inputs,
                 input_ids: Vec::new(),
                 rng: RngArgs { seed: state.seed, streams },
+                profiled: bound.profiled,
             }
         };
-        let outputs = ctx.launch_job(&job)?;
+        let outputs = ctx.launch_job(&job)?.outputs;
         let mut results: Vec<Option<Buffer>> = vec![None; self.results];
         {
             let mut state = ctx.state();

@@ -4,7 +4,9 @@
 pub(crate) mod checkpoint;
 mod grad;
 mod key;
+mod observe;
 mod realize;
+mod recompile;
 mod scope;
 mod variable;
 mod workspace;
@@ -20,6 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 pub use grad::Gradients;
 pub(crate) use realize::{Job, PlanCache};
+pub use recompile::{Recompile, RecompileCause};
 pub use variable::Variable;
 pub(crate) use workspace::VarId;
 use workspace::Workspaces;
@@ -79,6 +82,8 @@ pub(crate) struct State {
     pub(crate) in_flight: Vec<NodeId>,
     /// Runs launched and not known to have finished (see [`crate::runtime`]).
     pub(crate) runs: crate::runtime::InFlight,
+    /// Reports, the profiler and recompile explanations (`observe.rs`).
+    pub(crate) observe: observe::Observe,
 }
 
 /// Counters a context keeps; see [`Context::stats`].
@@ -120,6 +125,10 @@ pub struct Stats {
     /// nodes recorded there now, and the variables the region's workspace
     /// holds. Sorted by path; the root region's path is empty.
     pub regions: Vec<RegionStats>,
+    /// Why the latest compiles (up to 32) happened, for each that has
+    /// the structure of an earlier one: the first node whose shape,
+    /// dtype, constant or attribute changed, or the option that did.
+    pub recompiles: Vec<Recompile>,
 }
 
 impl Context {
@@ -196,6 +205,8 @@ impl Context {
     }
 
     fn with_backend(backend: Box<dyn Backend>) -> Context {
+        let observe = observe::Observe::from_env();
+        let compile = CompileOptions { profile: observe.wants_profiling(), ..CompileOptions::default() };
         let state = State {
             graph: Graph::new(),
             live: Vec::new(),
@@ -205,7 +216,7 @@ impl Context {
             seed: 0,
             config: PipelineConfig::from_env(),
             options: crate::passes::PassOptions::default(),
-            compile: CompileOptions::default(),
+            compile,
             region: RegionId::ROOT,
             cache: PlanCache::default(),
             compiles: 0,
@@ -213,6 +224,7 @@ impl Context {
             ws: Workspaces::default(),
             in_flight: Vec::new(),
             runs: Default::default(),
+            observe,
         };
         Context { inner: Arc::new(Inner { backend, state: Mutex::new(state) }) }
     }
@@ -331,6 +343,7 @@ impl Context {
             graph_replays: device.graph_replays.load(Relaxed),
             graph_input_copies: device.graph_input_copies.load(Relaxed),
             regions: state.region_stats(),
+            recompiles: state.observe.recompiles.clone(),
         }
     }
 

@@ -23,7 +23,7 @@
 
 use super::key::{extract_walked, KeyHash, PlanKey, Walker};
 use super::{Context, State};
-use crate::backends::{Buffer, Executable, RngArgs};
+use crate::backends::{Buffer, Executable, Launched, RngArgs};
 use crate::ir::{self, BufferId, Graph, NodeId, Op, Plan};
 use crate::{passes, Location, Result};
 use std::collections::HashMap;
@@ -61,6 +61,8 @@ pub(crate) struct Job {
     /// The context's buffer of each input slot.
     pub(crate) input_ids: Vec<BufferId>,
     pub(crate) rng: RngArgs,
+    /// Compiled with profiling: collect its node times after the run.
+    pub(crate) profiled: bool,
 }
 
 /// What one realize ran, for a captured step to replay it: the bound
@@ -77,6 +79,12 @@ pub(crate) struct Traced {
 struct Targets {
     /// The reads first, in order.
     all: Vec<NodeId>,
+}
+
+/// `targets` and the pending variable values and gradients a read of them
+/// also computes (what [`Context::report`] shows).
+pub(crate) fn with_pending_targets(state: &State, targets: &[NodeId]) -> Vec<NodeId> {
+    with_pending(state, targets).all
 }
 
 fn with_pending(state: &State, targets: &[NodeId]) -> Targets {
@@ -125,7 +133,8 @@ impl Context {
         // executable orders its own runs, so nothing here needs the
         // context (see the module docs). Not waited for: the outputs carry
         // the run's completion, and host reads wait for it.
-        let outputs = self.launch_job(&job);
+        let launched = self.launch_job(&job);
+        let outputs = launched.map(|l| l.outputs);
         let mut state = self.state();
         for id in &targets.all {
             if let Some(k) = state.in_flight.iter().position(|p| p == id) {
@@ -154,7 +163,7 @@ impl Context {
     /// Launches a bound plan once fewer than the context's limit of runs
     /// are in flight (waiting for the oldest otherwise), and keeps its
     /// completion among them. Call without the lock.
-    pub(crate) fn launch_job(&self, job: &Job) -> Result<Vec<Buffer>> {
+    pub(crate) fn launch_job(&self, job: &Job) -> Result<Launched> {
         while let Some(oldest) = self.state().runs.over_limit() {
             // Its error stays with the buffers it wrote (reads report it)
             // and is kept for the next `sync`.
@@ -163,9 +172,18 @@ impl Context {
             }
         }
         let _span = tracing::debug_span!("launch", backend = self.inner.backend.name()).entered();
+        let started = job.profiled.then(std::time::Instant::now);
         let launched = job.executable.launch(&job.inputs, &job.rng)?;
-        self.state().runs.push(launched.done);
-        Ok(launched.outputs)
+        self.state().runs.push(launched.done.clone());
+        if let Some(start) = started {
+            // A profiled run is waited for: its times are read once it has
+            // finished. Its error, if any, stays with its buffers and the
+            // next `sync`.
+            let _ = launched.done.wait();
+            let times = job.executable.take_profile(start);
+            self.observe_run(&mut self.state(), times, start.elapsed());
+        }
+        Ok(launched)
     }
 
     /// Under the lock: the buffers of already realized targets
@@ -207,9 +225,13 @@ impl Context {
                 let _span = tracing::debug_span!("compile", nodes = extracted.len()).entered();
                 let mut config = state.config.clone()?;
                 config.options = state.options;
-                let optimized = passes::optimize(extracted, &config)?;
-                let plan = Plan::new(optimized).binding(walk.inputs.len());
-                let exe = self.inner.backend.compile_with(Arc::new(plan), &state.compile)?;
+                state.observe.on_miss(&key, &extracted);
+                let (optimized, records) = state.observe.optimize(extracted, &config)?;
+                let plan = Arc::new(Plan::new(optimized).binding(walk.inputs.len()));
+                let exe = self.inner.backend.compile_with(plan.clone(), &state.compile)?;
+                if let Some(records) = records {
+                    self.report_compile(state, &records, &plan);
+                }
                 state.compiles += 1;
                 state.cache.plans.insert(key.clone(), exe.clone());
                 exe
@@ -227,7 +249,8 @@ impl Context {
             .collect::<Result<_>>()?;
         state.cache.walker.recycle(walk.order, key.words);
         let rng = RngArgs { seed: state.seed, streams: walk.streams };
-        Ok(Ok(Job { executable, inputs, input_ids, rng }))
+        let profiled = state.compile.profile;
+        Ok(Ok(Job { executable, inputs, input_ids, rng, profiled }))
     }
 
     /// The optimized graph the given tensors would compile to (what

@@ -437,9 +437,50 @@ fn verify_message(e: Error) -> String {
 /// first line is `;; <pass>: <stats>`, then the pass's notes
 /// ([`PassCtx::note`]), each after a `; `.
 pub fn optimize(graph: Graph, config: &PipelineConfig) -> Result<Graph> {
+    run_pipeline(graph, config, None)
+}
+
+/// One step of a traced pipeline run: what a dump file holds, as values
+/// (the report draws them; see [`optimize_traced`]).
+#[derive(Clone, Debug)]
+pub struct PassRecord {
+    /// The step's place in the pipeline (`0` is the input), as in dump file names.
+    pub step: usize,
+    /// The pass's name (`input` for step 0).
+    pub name: &'static str,
+    /// The pass's stats (zero for the input).
+    pub stats: PassStats,
+    /// The pass's notes ([`PassCtx::note`]).
+    pub notes: Vec<String>,
+    /// The graph after the step.
+    pub graph: Graph,
+}
+
+/// [`optimize`], also returning the graph after every step that ran (the
+/// input first). Costs one graph copy per step, so only reports use it.
+pub fn optimize_traced(graph: Graph, config: &PipelineConfig) -> Result<(Graph, Vec<PassRecord>)> {
+    let mut records = Vec::new();
+    let graph = run_pipeline(graph, config, Some(&mut records))?;
+    Ok((graph, records))
+}
+
+fn run_pipeline(
+    graph: Graph,
+    config: &PipelineConfig,
+    mut trace: Option<&mut Vec<PassRecord>>,
+) -> Result<Graph> {
     let mut graph = graph;
     check_input(&graph)?;
     let verify = verifying();
+    if let Some(t) = trace.as_deref_mut() {
+        t.push(PassRecord {
+            step: 0,
+            name: "input",
+            stats: PassStats::default(),
+            notes: Vec::new(),
+            graph: graph.clone(),
+        });
+    }
     let dump_dir = match config.dump_dir() {
         Some(root) => {
             let text = ir::text::print(&graph);
@@ -467,6 +508,15 @@ pub fn optimize(graph: Graph, config: &PipelineConfig) -> Result<Graph> {
             }
             write_dump(&file, &header, &ir::text::print(&graph))?;
         }
+        if let Some(t) = trace.as_deref_mut() {
+            t.push(PassRecord {
+                step: step + 1,
+                name: pass.name(),
+                stats,
+                notes: cx.notes.clone(),
+                graph: graph.clone(),
+            });
+        }
     }
     graph.advance_phase(Phase::Canonical);
     Ok(graph)
@@ -491,7 +541,7 @@ fn write_dump(path: &Path, header: &str, text: &str) -> Result<()> {
 
 /// 64-bit FNV-1a: a hash that never changes between builds or platforms,
 /// so dump directory names are stable.
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
 }
 

@@ -109,6 +109,8 @@ pub(super) struct CpuExecutable {
     pub streams: Option<Streams>,
     /// The compiled kernel of every fused node.
     pub fused: HashMap<NodeId, FusedKernel>,
+    /// The clock readings of a profiled plan (`CompileOptions::profile`).
+    pub profile: Option<crate::profile::Recorder>,
 }
 
 fn bad(msg: String) -> Error {
@@ -204,6 +206,7 @@ impl CpuExecutable {
             arena: Mutex::new(arena),
             streams,
             fused,
+            profile: None,
         })
     }
 }

@@ -183,6 +183,18 @@ impl Backend for CpuBackend {
         Ok(Arc::new(CpuExecutable::new(plan, self.stats.clone())?))
     }
 
+    fn compile_with(
+        &self,
+        plan: Arc<Plan>,
+        options: &crate::backends::CompileOptions,
+    ) -> Result<Arc<dyn Executable>> {
+        let mut exe = CpuExecutable::new(plan, self.stats.clone())?;
+        if options.profile {
+            exe.profile = Some(crate::profile::Recorder::new(&exe.plan));
+        }
+        Ok(Arc::new(exe))
+    }
+
     fn stats(&self) -> Arc<DeviceStats> {
         self.stats.clone()
     }

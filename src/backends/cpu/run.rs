@@ -114,6 +114,7 @@ impl CpuExecutable {
         };
         let node = self.plan.graph.node(step.id);
         let _launch = tracing::trace_span!("launch", op = node.op.mnemonic(), node = %step.id).entered();
+        let started = self.profile.as_ref().map(|_| std::time::Instant::now());
         let mut out = self.launch(step, &args, st.inputs, st.rng, st.arena)?;
         drop(args);
         if step.output && out.storage.is_arena() {
@@ -131,6 +132,10 @@ impl CpuExecutable {
         }
         if v.left[i] == 0 {
             v.values[i] = None;
+        }
+        drop(v);
+        if let (Some(p), Some(started)) = (&self.profile, started) {
+            p.record(step.id, started, std::time::Instant::now());
         }
         Ok(())
     }
@@ -254,5 +259,10 @@ impl Executable for CpuExecutable {
             self.give_back_arena(a);
         }
         result
+    }
+
+    fn take_profile(&self, run_start: std::time::Instant) -> Option<crate::profile::RunTimes> {
+        let p = self.profile.as_ref()?;
+        Some(crate::profile::RunTimes { plan: p.plan, nodes: p.take(run_start), note: None })
     }
 }

@@ -212,7 +212,14 @@ impl Backend for CudaBackend {
 
     fn compile_with(&self, plan: Arc<Plan>, options: &CompileOptions) -> Result<Arc<dyn Executable>> {
         let program = super::lower(&plan, options.tf32)?;
-        Ok(Arc::new(CudaExecutable::new(self.dev.clone(), &plan, program, options.cuda_graphs)?))
+        // A profiled plan is never captured: a CUDA graph has no events
+        // around its launches (see `profile.rs`).
+        let graphs = options.cuda_graphs && !options.profile;
+        let mut exe = CudaExecutable::new(self.dev.clone(), &plan, program, graphs)?;
+        if options.profile {
+            exe.profile = Some(super::profile::StepTimes::new(&plan, &exe.program)?);
+        }
+        Ok(Arc::new(exe))
     }
 
     fn stats(&self) -> Arc<DeviceStats> {

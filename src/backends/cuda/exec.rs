@@ -48,6 +48,8 @@ pub(crate) struct CudaExecutable {
     pub state: Mutex<Graphs>,
     /// Where runs copy their index-check status back to.
     status: super::completion::StatusCopies,
+    /// Step events of a profiled plan (`profile.rs`).
+    pub profile: Option<super::profile::StepTimes>,
 }
 
 /// Where each region is for one run (or one captured graph).
@@ -150,6 +152,7 @@ impl CudaExecutable {
             status: Default::default(),
             program,
             dev,
+            profile: None,
         })
     }
 
@@ -190,6 +193,9 @@ impl CudaExecutable {
     pub fn enqueue(&self, ls: &LaunchState, streams: &[Arc<CudaStream>], b: &Bindings) -> Result<()> {
         let n = self.program.streams as usize;
         let s0 = raw(&streams[0]);
+        if let Some(p) = &self.profile {
+            p.begin(&streams[0])?;
+        }
         for (j, l) in self.program.prelude.iter().enumerate() {
             self.launch_one(ls, streams, 0, l, b, (PRELUDE, j))
                 .map_err(|e| bad(format!("an output fill: {e}")))?;
@@ -207,6 +213,9 @@ impl CudaExecutable {
             for &w in &step.waits {
                 self.events[w as usize].wait_on(s)?;
             }
+            if let Some(p) = &self.profile {
+                p.mark(i, &streams[idx], false)?;
+            }
             let mut skip = false;
             for (j, l) in step.launches.iter().enumerate() {
                 if std::mem::take(&mut skip) {
@@ -215,6 +224,9 @@ impl CudaExecutable {
                 skip = matches!(l, Launch::Gemm(_)) && self.lts.contains_key(&(i, j));
                 self.launch_one(ls, streams, idx, l, b, (i, j))
                     .map_err(|e| Error::Backend(format!("cuda: {} ({}): {e}", step.node, step.op)))?;
+            }
+            if let Some(p) = &self.profile {
+                p.mark(i, &streams[idx], true)?;
             }
             for &r in &step.records {
                 self.events[r as usize].record(s)?;
@@ -440,5 +452,9 @@ impl Executable for CudaExecutable {
         self.dev.stats.nodes_executed.fetch_add(self.program.steps.len() as u64, Ordering::Relaxed);
         let outputs = self.outputs(&ins, &outs, &done)?;
         Ok(Launched { outputs, done })
+    }
+
+    fn take_profile(&self, _run_start: std::time::Instant) -> Option<crate::profile::RunTimes> {
+        self.profile.as_ref()?.take()
     }
 }

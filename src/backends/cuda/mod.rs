@@ -42,6 +42,8 @@ mod lt;
 mod memory;
 #[cfg(feature = "cuda-backend")]
 mod nvrtc;
+#[cfg(feature = "cuda-backend")]
+mod profile;
 
 #[cfg(feature = "cuda-backend")]
 mod backend;
