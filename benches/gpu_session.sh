@@ -5,9 +5,10 @@
 #   bash benches/gpu_session.sh quickstart   # the README's example via Context::best
 #   bash benches/gpu_session.sh digits       # examples/digits.rs, MLP and --conv
 #   bash benches/gpu_session.sh memcheck     # the CUDA tests under compute-sanitizer
-#   bash benches/gpu_session.sh racecheck
+#   bash benches/gpu_session.sh racecheck    # (SAN_TESTS="cuda runtime": which binaries)
 #   bash benches/gpu_session.sh bench        # benches/gpu.rs + torch_baseline.py, one table
 #   bash benches/gpu_session.sh launch       # benches/gpu_launch.rs + torch_launch.py (issue 18)
+#   bash benches/gpu_session.sh ncu          # the launch-bound rows' kernels under ncu, summed
 # Several stages in one call: bash benches/gpu_session.sh tests quickstart
 # Full logs go to $OUT (the device tool brings them back).
 set -uo pipefail
@@ -41,8 +42,13 @@ for stage in "$@"; do
         echo "-- digits $a"; tail -6 "$OUT/digits$a.log"
       done ;;
     memcheck|racecheck)
-      timeout ${SAN_TIMEOUT:-240} compute-sanitizer --tool $stage --report-api-errors no --print-limit 20 $bin/tests-cuda --test-threads=1 > "$OUT/$stage.log" 2>&1 || status=1
-      summary "$OUT/$stage.log"; tail -3 "$OUT/$stage.log" ;;
+      for t in ${SAN_TESTS:-cuda}; do
+        # The long-plan copy test runs hundreds of cuBLAS GEMMs: minutes
+        # under racecheck, which checks shared memory only (not copies).
+        skip=(); [[ $stage == racecheck && $t == runtime ]] && skip=(--skip copies::an_upload)
+        timeout ${SAN_TIMEOUT:-240} compute-sanitizer --tool $stage --report-api-errors no --print-limit 20 $bin/tests-$t --test-threads=1 "${skip[@]}" > "$OUT/$stage-$t.log" 2>&1 || status=1
+        echo "-- $stage $t"; summary "$OUT/$stage-$t.log"; tail -3 "$OUT/$stage-$t.log"
+      done ;;
     memcheck-ops)
       timeout 500 compute-sanitizer --tool memcheck --print-limit 20 $bin/tests-ops --test-threads=1 > "$OUT/memcheck-ops.log" 2>&1 || status=1
       summary "$OUT/memcheck-ops.log"; tail -3 "$OUT/memcheck-ops.log" ;;
@@ -56,6 +62,17 @@ for stage in "$@"; do
       cat "$OUT/launch-kiln.log"
       PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-400} python3 benches/torch_launch.py "$OUT/kiln_launch.jsonl" --markdown "$OUT/launch.md" > "$OUT/launch-torch.log" 2>&1 || status=1
       tail -40 "$OUT/launch-torch.log" ;;
+    ncu)
+      # Every kernel of 3 calls of each launch-bound row, recorded and
+      # captured, summed per kernel (benches/ncu_sum.py).
+      for w in "d=256, hidden" "AdamW, cross-entropy" "SGD, MSE"; do
+        for m in plain captured; do
+          timeout 150 ncu --profile-from-start off --clock-control none --cache-control none \
+            --metrics gpu__time_duration.sum --csv --print-units base \
+            $bin/benches-gpu_launch --ncu $m "$w" > "$OUT/ncu.csv" 2> "$OUT/ncu.err" || status=1
+          python3 benches/ncu_sum.py "$OUT/ncu.csv" "$w $m" || { status=1; tail -5 "$OUT/ncu.err"; }
+        done
+      done ;;
     *) echo "unknown stage $stage"; status=1 ;;
   esac
 done

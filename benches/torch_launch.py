@@ -134,6 +134,41 @@ def run(rows):
                 rows.append({"impl": impl, "workload": name, "error": f"{type(e).__name__}: {e}"[:200]})
             torch._dynamo.reset()
         print(rows[-3:], flush=True)
+    copies(rows)
+
+
+def copies(rows):
+    """Host time of moving an f32[512,784] batch to the GPU while a ~5 ms
+    plan runs, the ways PyTorch users write it: `.to("cuda")` from pageable
+    memory, and `.to("cuda", non_blocking=True)` from pinned memory (what a
+    DataLoader with pin_memory=True hands over)."""
+    name = "upload f32[512,784] from host memory while a 5 ms plan runs: host time of the call"
+    a = torch.randn(2048, 2048, device=dev)
+
+    def long():
+        h = a
+        for _ in range(16):
+            h = (h @ a) * 1e-3
+        return h
+    long()
+    torch.cuda.synchronize()
+    pageable = torch.full((512, 784), 0.25)
+    pinned = pageable.pin_memory()
+    for impl, src, nb in [("torch eager .to(cuda)", pageable, False),
+                          ("torch eager pinned .to(cuda, non_blocking)", pinned, True)]:
+        idle = wall(lambda: src.to(dev, non_blocking=nb))
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(50):
+            h = long()
+            t = time.perf_counter()
+            x = src.to(dev, non_blocking=nb)
+            ts.append((time.perf_counter() - t) * 1e3)
+            torch.cuda.synchronize()
+            del x, h
+        rows.append({"impl": impl, "workload": name, "median_ms": statistics.median(ts),
+                     "note": f"idle device {idle:.4f} ms"})
+    print(rows[-2:], flush=True)
 
 
 def main():

@@ -14,6 +14,12 @@
 //! without it has no recorder at all: the only cost left on its path is
 //! one `Option` test per step (`benches/profile.rs` measures it).
 //!
+//! On CUDA a step's time is the time between the events around its
+//! launches, as the device sees them: where the host is slower than the
+//! kernels (a launch-bound plan) that includes waiting for the next launch,
+//! so the times say where a run's wall time goes, not what each kernel
+//! costs alone (ncu does; `benches/gpu_launch.rs --ncu`).
+//!
 //! Times are microseconds from the start of the run (the context reads
 //! the clock just before it launches the plan); a node's time on the CPU
 //! includes taking its operands and storing its value.

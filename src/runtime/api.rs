@@ -91,10 +91,14 @@ impl Context {
 
     /// Launches every pending assignment (as [`Context::sync`]) and
     /// resolves once every run this context launched has finished, with
-    /// the first error one of them found.
+    /// the first error a run found since the last sync (each error is
+    /// reported by one sync, blocking or not).
     pub fn sync_async(&self) -> Done {
         match self.realize_nodes(&[]) {
-            Ok(_) => Done::new(self.state().runs.all()),
+            Ok(_) => {
+                let ctx = self.clone();
+                Done::settling(self.state().runs.all(), Box::new(move || ctx.state().runs.settle()))
+            }
             Err(e) => Done::failed(e),
         }
     }

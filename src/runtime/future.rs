@@ -93,21 +93,34 @@ impl<T> Future for Read<T> {
 }
 
 /// Device work finished: what [`Context::realize_async`] and
-/// [`Context::sync_async`] return. Resolves to the first error the work
-/// (or work it read) found.
+/// [`Context::sync_async`] return. `realize_async`'s resolves to the first
+/// error the work (or work it read) found; `sync_async`'s, as `sync`
+/// returns, to the first error any run found since the last sync (each
+/// error is returned by one sync, blocking or not).
 #[must_use = "a future does nothing unless awaited (its work runs anyway)"]
 pub struct Done {
     waiting: Vec<Completion>,
     failed: Option<Error>,
+    /// For a sync: takes the context's first unreported run error, once
+    /// every run waited for has finished.
+    settle: Option<Settle>,
 }
+
+/// Takes a context's first unreported run error.
+pub(crate) type Settle = Box<dyn FnOnce() -> Option<Error> + Send>;
 
 impl Done {
     pub(crate) fn new(waiting: Vec<Completion>) -> Done {
-        Done { waiting, failed: None }
+        Done { waiting, failed: None, settle: None }
+    }
+
+    /// Waits for every completion, then returns what `settle` takes.
+    pub(crate) fn settling(waiting: Vec<Completion>, settle: Settle) -> Done {
+        Done { waiting, failed: None, settle: Some(settle) }
     }
 
     pub(crate) fn failed(e: Error) -> Done {
-        Done { waiting: Vec::new(), failed: Some(e) }
+        Done { waiting: Vec::new(), failed: Some(e), settle: None }
     }
 }
 
@@ -123,13 +136,17 @@ impl Future for Done {
             if !c.ready_or_watch(cx) {
                 return Poll::Pending;
             }
-            if let Err(e) = c.wait() {
+            let outcome = c.wait();
+            this.waiting.pop();
+            if let (Err(e), None) = (outcome, &this.settle) {
                 this.waiting.clear();
                 return Poll::Ready(Err(e));
             }
-            this.waiting.pop();
         }
-        Poll::Ready(Ok(()))
+        match this.settle.take().and_then(|settle| settle()) {
+            Some(e) => Poll::Ready(Err(e)),
+            None => Poll::Ready(Ok(())),
+        }
     }
 }
 

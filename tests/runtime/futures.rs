@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll, Wake, Waker};
 
 /// Polls a future on this thread, parking between polls.
-fn block_on<F: Future>(f: F) -> F::Output {
+pub(super) fn block_on<F: Future>(f: F) -> F::Output {
     struct Unpark(std::thread::Thread);
     impl Wake for Unpark {
         fn wake(self: Arc<Self>) {
@@ -30,7 +30,7 @@ fn block_on<F: Future>(f: F) -> F::Output {
 }
 
 /// Polls once with a waker that does nothing.
-fn poll_once<F: Future + Unpin>(f: &mut F) -> Poll<F::Output> {
+pub(super) fn poll_once<F: Future + Unpin>(f: &mut F) -> Poll<F::Output> {
     let mut cx = TaskContext::from_waker(Waker::noop());
     std::pin::Pin::new(f).poll(&mut cx)
 }

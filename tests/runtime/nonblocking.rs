@@ -93,6 +93,25 @@ fn sync_waits_for_every_run_and_returns_the_first_error() -> Result<()> {
     Ok(())
 }
 
+/// `sync_async` reports a run's error as `sync` does: once. On the GPU the
+/// launch returns before the run fails, so the error is the sync's to
+/// report; a later `sync` (blocking or not) has nothing to say.
+#[test]
+fn sync_async_reports_each_error_once_as_sync_does() -> Result<()> {
+    for (name, make) in devices() {
+        let ctx = make();
+        let idx = ctx.tensor(&[5i64], [1]);
+        let bad = ctx.tensor(&[1.0f32, 2.0], [2]).gather(0, &idx);
+        let launched = ctx.realize(&[&bad]);
+        let synced = super::futures::block_on(ctx.sync_async());
+        assert!(launched.is_err() || synced.is_err(), "{name}: the error was lost");
+        ctx.sync()?;
+        super::futures::block_on(ctx.sync_async())?;
+        assert_eq!(ctx.scalar(2.0f32).item::<f32>()?, 2.0, "{name}");
+    }
+    Ok(())
+}
+
 #[test]
 fn a_context_dropped_with_runs_in_flight_waits_for_them() -> Result<()> {
     for (_, make) in devices() {

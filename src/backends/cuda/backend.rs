@@ -1,14 +1,13 @@
 //! [`CudaBackend`] and [`CudaBuffer`]: the [`Backend`] the context talks
 //! to, and the dense device tensors it hands out.
 
-use super::device::{raw, Device};
+use super::device::Device;
 use super::exec::CudaExecutable;
 use super::memory::DeviceAlloc;
 use crate::backends::{Backend, Buffer, CompileOptions, Contents, DeviceStats, Executable};
 use crate::ir::{DType, HostData, Plan, Shape};
 use crate::runtime::Completion;
 use crate::{Error, Result};
-use cudarc::driver::result;
 use half::{bf16, f16};
 use std::sync::Arc;
 
@@ -137,27 +136,32 @@ fn host_bytes(data: &HostData) -> &[u8] {
     }
 }
 
-/// Reads `n` elements of `dtype` at `ptr` into host data (the stream that
-/// wrote them has finished).
-fn read_host(ptr: u64, n: usize, dtype: DType) -> Result<HostData> {
-    fn read<T: Copy + Default>(ptr: u64, n: usize) -> Result<Vec<T>> {
+/// Reads `n` elements of `dtype` at `ptr` into host data through the copy
+/// stream (the work that wrote them has finished).
+fn read_host(copier: &super::copy::Copier, ptr: u64, n: usize, dtype: DType) -> Result<HostData> {
+    fn read<T: Copy + Default>(copier: &super::copy::Copier, ptr: u64, n: usize) -> Result<Vec<T>> {
         let mut v = vec![T::default(); n];
-        if n > 0 {
-            // SAFETY: the allocation holds `n` elements of T's size.
-            unsafe { result::memcpy_dtoh_sync(&mut v, ptr) }
-                .map_err(|e| Error::Backend(format!("cuda: copying to the host: {e:?}")))?;
+        // SAFETY: plain-old-data elements (numbers, half types' bits,
+        // bytes): every byte pattern is a value.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(&v[..]))
+        };
+        if !bytes.is_empty() {
+            copier.download(ptr, bytes)?;
         }
         Ok(v)
     }
     Ok(match dtype {
-        DType::F16 => HostData::F16(read::<u16>(ptr, n)?.into_iter().map(f16::from_bits).collect()),
-        DType::BF16 => HostData::BF16(read::<u16>(ptr, n)?.into_iter().map(bf16::from_bits).collect()),
-        DType::F32 => HostData::F32(read(ptr, n)?),
-        DType::F64 => HostData::F64(read(ptr, n)?),
-        DType::U8 => HostData::U8(read(ptr, n)?),
-        DType::I32 => HostData::I32(read(ptr, n)?),
-        DType::I64 => HostData::I64(read(ptr, n)?),
-        DType::Bool => HostData::Bool(read::<u8>(ptr, n)?.into_iter().map(|b| b != 0).collect()),
+        DType::F16 => HostData::F16(read::<u16>(copier, ptr, n)?.into_iter().map(f16::from_bits).collect()),
+        DType::BF16 => {
+            HostData::BF16(read::<u16>(copier, ptr, n)?.into_iter().map(bf16::from_bits).collect())
+        }
+        DType::F32 => HostData::F32(read(copier, ptr, n)?),
+        DType::F64 => HostData::F64(read(copier, ptr, n)?),
+        DType::U8 => HostData::U8(read(copier, ptr, n)?),
+        DType::I32 => HostData::I32(read(copier, ptr, n)?),
+        DType::I64 => HostData::I64(read(copier, ptr, n)?),
+        DType::Bool => HostData::Bool(read::<u8>(copier, ptr, n)?.into_iter().map(|b| b != 0).collect()),
     })
 }
 
@@ -181,18 +185,15 @@ impl Backend for CudaBackend {
         }
         let dtype = data.dtype();
         let bytes = host_bytes(&data);
-        let alloc = self.dev.pool.alloc(bytes.len() as u64)?;
+        // On the copy stream, through pinned chunks: never behind a
+        // running plan (`copy.rs`).
+        let (mut alloc, fence) = self.dev.copier.upload(&self.dev.pool, bytes)?;
         let ready = if bytes.is_empty() {
             Completion::done()
         } else {
-            let ls = self.dev.launch()?;
-            // SAFETY: the allocation has `bytes.len()` bytes; pageable host
-            // memory is staged before the call returns; stream 0 orders the
-            // copy before every later use.
-            unsafe { result::memcpy_htod_async(alloc.ptr(), bytes, raw(&ls.streams[0])) }
-                .map_err(|e| Error::Backend(format!("cuda: copying to the device: {e:?}")))?;
-            super::completion::record(&self.dev, &ls.streams[0], None, [])?
+            super::completion::of_upload(&self.dev, &fence)
         };
+        alloc.written_by(fence);
         Ok(Buffer::Cuda(CudaBuffer::new(Arc::new(alloc), shape.clone(), dtype, Contents::fresh(), ready)))
     }
 
@@ -202,8 +203,7 @@ impl Backend for CudaBackend {
     fn download(&self, buffer: &Buffer) -> Result<HostData> {
         let b = self.own(buffer)?;
         b.ready.wait()?;
-        self.dev.bind()?;
-        read_host(b.ptr(), b.shape.numel(), b.dtype)
+        read_host(&self.dev.copier, b.ptr(), b.shape.numel(), b.dtype)
     }
 
     fn compile(&self, plan: Arc<Plan>) -> Result<Arc<dyn Executable>> {

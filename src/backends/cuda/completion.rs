@@ -1,5 +1,5 @@
-//! Completions on CUDA: an event recorded on stream 0 after a run or an
-//! upload, and a run's index-check status copied back to pinned host
+//! Completions on CUDA: an event recorded on stream 0 after a run, or on
+//! the copy stream after an upload (`copy.rs`), and a run's index-check status copied back to pinned host
 //! memory by the run itself, so nobody has to wait for the run to know
 //! whether it found a bad index (see [`crate::runtime`]).
 
@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 /// A completion event and the context to bind before touching it (the
 /// runtime thread and readers may never have bound it).
 struct EventSignal {
-    event: Event,
+    event: Arc<Event>,
     ctx: Arc<CudaContext>,
 }
 
@@ -37,8 +37,8 @@ impl Signal for EventSignal {
     }
 }
 
-/// Records the completion of everything enqueued on `stream` so far (call
-/// under the launch lock, right after the work). `read`: the completions
+/// Records the completion of everything enqueued on `stream`, stream 0,
+/// so far (call under the launch lock, right after a run's work). `read`: the completions
 /// of the buffers the work read, whose errors it inherits.
 pub(crate) fn record(
     dev: &Device,
@@ -46,10 +46,18 @@ pub(crate) fn record(
     check: Option<Check>,
     read: impl IntoIterator<Item = Completion>,
 ) -> Result<Completion> {
-    let event = Event::new()?;
+    let event = Arc::new(Event::new()?);
     event.record(raw(stream))?;
+    // Blocks freed from now on were last used before this event.
+    dev.pool.note_stream0(event.clone());
     let signal = EventSignal { event, ctx: dev.ctx.clone() };
     Ok(Completion::in_flight(Box::new(signal), check, read, dev.runtime.clone()))
+}
+
+/// The completion of an upload: its copy fence's event.
+pub(crate) fn of_upload(dev: &Device, fence: &super::copy::CopyFence) -> Completion {
+    let signal = EventSignal { event: fence.event(), ctx: dev.ctx.clone() };
+    Completion::in_flight(Box::new(signal), None, [], dev.runtime.clone())
 }
 
 /// Page-locked host memory: the device copies into it asynchronously.

@@ -41,6 +41,8 @@ pub(crate) struct Device {
     pub conv_algos: super::dnn::AlgoCache,
     /// The thread that wakes futures waiting for this device.
     pub runtime: Arc<crate::runtime::waiter::Runtime>,
+    /// Uploads and downloads: the copy stream and its pinned chunks.
+    pub copier: super::copy::Copier,
 }
 
 /// What the launch lock guards: streams and library handles.
@@ -140,6 +142,7 @@ impl Device {
             pool: pool.clone(),
         };
         state.ensure_streams(1).map_err(|e| e.to_string())?;
+        let copier = super::copy::Copier::new(&ctx).map_err(|e| e.to_string())?;
         Ok(Device {
             ctx,
             arch: format!("sm_{major}{minor}"),
@@ -151,6 +154,7 @@ impl Device {
             dnn_workspace_limit: dnn_workspace_limit(),
             conv_algos: Default::default(),
             runtime: crate::runtime::waiter::Runtime::new(&format!("cuda{ordinal}")),
+            copier,
         })
     }
 

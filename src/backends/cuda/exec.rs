@@ -432,6 +432,11 @@ impl Executable for CudaExecutable {
         // status was copied back.
         let mut graphs = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let ls = self.dev.launch()?;
+        // Inputs uploaded on the copy stream: stream 0 waits on the device
+        // for copies still running (`copy.rs`); the host never does.
+        for b in &ins {
+            b.alloc.order_after_upload(&ls.streams[0])?;
+        }
         self.write_params(&ls, rng)?;
         let outs = match graphs.replay(self, &ls, &ins)? {
             Some(outs) => outs,

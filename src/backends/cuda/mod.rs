@@ -29,6 +29,8 @@ mod blas;
 #[cfg(feature = "cuda-backend")]
 mod completion;
 #[cfg(feature = "cuda-backend")]
+mod copy;
+#[cfg(feature = "cuda-backend")]
 mod device;
 #[cfg(feature = "cuda-backend")]
 mod dnn;
