@@ -85,7 +85,8 @@ mod tensor;
 pub mod typed;
 
 pub use context::{
-    Context, Gradients, Recompile, RecompileCause, RegionStats, Stats, Variable, VariableInfo, Workspace,
+    CompileTime, Context, Gradients, Recompile, RecompileCause, RegionStats, Stats, Variable, VariableInfo,
+    Workspace,
 };
 pub use error::{Error, Location, Result};
 pub use ir::{DType, Element};

@@ -9,6 +9,7 @@ mod realize;
 mod recompile;
 mod scope;
 mod variable;
+mod warm_up;
 mod workspace;
 
 use crate::backends::cpu::CpuBackend;
@@ -24,6 +25,7 @@ pub use grad::Gradients;
 pub(crate) use realize::{Job, PlanCache};
 pub use recompile::{Recompile, RecompileCause};
 pub use variable::Variable;
+pub use warm_up::CompileTime;
 pub(crate) use workspace::VarId;
 use workspace::Workspaces;
 pub use workspace::{RegionStats, VariableInfo, Workspace};
@@ -73,6 +75,8 @@ pub(crate) struct State {
     pub(crate) region: RegionId,
     pub(crate) cache: PlanCache,
     pub(crate) compiles: u64,
+    /// How long compiles took (`warm_up.rs`).
+    pub(crate) compile_times: warm_up::CompileTimes,
     pub(crate) cache_hits: u64,
     /// Scopes, variables, gradient workspaces, and which nodes are
     /// variable values (autodiff leaves) or detached.
@@ -91,6 +95,11 @@ pub(crate) struct State {
 pub struct Stats {
     /// Plans compiled (cache misses).
     pub compiles: u64,
+    /// How long the latest compile took, by phase (`None` before the
+    /// first): where a slow first call went.
+    pub last_compile: Option<CompileTime>,
+    /// All compiles' time together.
+    pub compile_time: std::time::Duration,
     /// Reads answered by an already compiled plan.
     pub cache_hits: u64,
     /// Graph nodes run by the backend, all runs together.
@@ -220,6 +229,7 @@ impl Context {
             region: RegionId::ROOT,
             cache: PlanCache::default(),
             compiles: 0,
+            compile_times: Default::default(),
             cache_hits: 0,
             ws: Workspaces::default(),
             in_flight: Vec::new(),
@@ -328,6 +338,8 @@ impl Context {
         let state = self.state();
         Stats {
             compiles: state.compiles,
+            last_compile: state.compile_times.last,
+            compile_time: state.compile_times.total,
             cache_hits: state.cache_hits,
             nodes_executed: device.nodes_executed.load(Relaxed),
             bytes_allocated: device.bytes_allocated.load(Relaxed),

@@ -189,7 +189,7 @@ impl Context {
     /// Under the lock: the buffers of already realized targets
     /// (`Ok(Err(..))`), or the plan (from the cache or compiled now) bound
     /// to its inputs.
-    fn prepare(
+    pub(super) fn prepare(
         &self,
         state: &mut State,
         targets: &[NodeId],
@@ -226,9 +226,12 @@ impl Context {
                 let mut config = state.config.clone()?;
                 config.options = state.options;
                 state.observe.on_miss(&key, &extracted);
+                let started = std::time::Instant::now();
                 let (optimized, records) = state.observe.optimize(extracted, &config)?;
                 let plan = Arc::new(Plan::new(optimized).binding(walk.inputs.len()));
+                let optimized_at = std::time::Instant::now();
                 let exe = self.inner.backend.compile_with(plan.clone(), &state.compile)?;
+                state.compile_times.note(optimized_at - started, optimized_at.elapsed());
                 if let Some(records) = records {
                     self.report_compile(state, &records, &plan);
                 }

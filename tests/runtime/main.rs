@@ -6,6 +6,7 @@ mod capture;
 mod copies;
 mod futures;
 mod nonblocking;
+mod warm_up;
 
 use kiln::prelude::*;
 

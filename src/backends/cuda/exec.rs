@@ -85,10 +85,7 @@ impl CudaExecutable {
     pub fn new(dev: Arc<Device>, plan: &Plan, program: Program, graphs: bool) -> Result<CudaExecutable> {
         let _span = tracing::debug_span!("compile", backend = "cuda", steps = program.steps.len()).entered();
         dev.bind()?;
-        let mut functions = Vec::with_capacity(program.kernels.len());
-        for k in &program.kernels {
-            functions.push(dev.kernels.get(&dev.ctx, k)?);
-        }
+        let functions = dev.kernels.get_all(&dev.ctx, &program.kernels)?;
         let alloc = |bytes: u64| -> Result<Option<DeviceAlloc>> {
             if bytes == 0 {
                 Ok(None)

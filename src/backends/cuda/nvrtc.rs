@@ -19,7 +19,16 @@
 //! In memory, each key has one slot that the first thread to ask fills:
 //! threads asking for a kernel being compiled wait for it instead of
 //! compiling it again. A failed compile is not remembered (the next ask
-//! tries again).
+//! tries again). Identical kernels, within a plan (the lowering keeps one
+//! per source) and across plans of a device, are compiled once.
+//!
+//! A plan's kernels are compiled in parallel ([`KernelCache::get_all`]):
+//! NVRTC is thread-safe, and one kernel takes it tens of milliseconds, so
+//! a plan of 60 kernels compiled one after another is most of a cold
+//! first call. The pool is `KILN_COMPILE_THREADS` threads (default: the
+//! host's cores, at most 16), started per plan and gone when it is
+//! compiled; each kernel is read from disk first and written there as it
+//! finishes.
 
 use super::codegen::Kernel;
 use crate::backends::DeviceStats;
@@ -115,6 +124,41 @@ impl KernelCache {
         Ok(f)
     }
 
+    /// The loaded functions of `kernels`, in order, compiled (or read from
+    /// disk) on up to [`compile_threads`] threads at once. The first
+    /// failing kernel's error is returned (every kernel is still tried).
+    pub fn get_all(&self, ctx: &Arc<CudaContext>, kernels: &[Kernel]) -> Result<Vec<CudaFunction>> {
+        let _span = tracing::debug_span!("kernels", count = kernels.len()).entered();
+        let threads = compile_threads().min(kernels.len());
+        if threads <= 1 {
+            return kernels.iter().map(|k| self.get(ctx, k)).collect();
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let done: Vec<Mutex<Option<Result<CudaFunction>>>> =
+            kernels.iter().map(|_| Mutex::new(None)).collect();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(k) = kernels.get(i) else { break };
+                    let got = self.get(ctx, k);
+                    *done[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(got);
+                });
+            }
+        });
+        done.into_iter()
+            .zip(kernels)
+            .map(|(slot, k)| {
+                slot.into_inner().unwrap_or_else(|e| e.into_inner()).unwrap_or_else(|| {
+                    Err(Error::Backend(format!(
+                        "cuda: kernel {} was not compiled (a compile thread died)",
+                        k.name
+                    )))
+                })
+            })
+            .collect()
+    }
+
     /// From disk or NVRTC, loaded into the context.
     fn load(&self, ctx: &Arc<CudaContext>, kernel: &Kernel, key: &str) -> Result<CudaFunction> {
         let hash = format!("{:016x}", fnv1a(key.as_bytes()));
@@ -170,6 +214,16 @@ impl KernelCache {
         let _ = unsafe { nv::destroy_program(prog) };
         result
     }
+}
+
+/// Threads a plan's kernels compile on: `KILN_COMPILE_THREADS`, else the
+/// host's cores, at most 16 (NVRTC's gains flatten past that).
+pub fn compile_threads() -> usize {
+    std::env::var("KILN_COMPILE_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(16))
+        .max(1)
 }
 
 /// The cached CUBIN of `key`, if the folder has it under `hash`.
