@@ -9,6 +9,7 @@
 #   bash benches/gpu_session.sh bench        # benches/gpu.rs + torch_baseline.py, one table
 #   bash benches/gpu_session.sh launch       # benches/gpu_launch.rs + torch_launch.py (issue 18)
 #   bash benches/gpu_session.sh ncu          # the launch-bound rows' kernels under ncu, summed
+#   bash benches/gpu_session.sh coldstart    # first calls, empty kernel cache: serial vs parallel compile, then warm
 # Several stages in one call: bash benches/gpu_session.sh tests quickstart
 # Full logs go to $OUT (the device tool brings them back).
 set -uo pipefail
@@ -71,6 +72,26 @@ for stage in "$@"; do
             --metrics gpu__time_duration.sum --csv --print-units base \
             $bin/benches-gpu_launch --ncu $m "$w" > "$OUT/ncu.csv" 2> "$OUT/ncu.err" || status=1
           python3 benches/ncu_sum.py "$OUT/ncu.csv" "$w $m" || { status=1; tail -5 "$OUT/ncu.err"; }
+        done
+      done ;;
+    coldstart)
+      # First calls with an empty kernel cache, kernels compiled one at a
+      # time (KILN_COMPILE_THREADS=1, as before issue 19) and in parallel
+      # (the default), then a second process on the parallel run's cache.
+      for threads in 1 default warm; do
+        [[ $threads != warm ]] && cache=$(mktemp -d)
+        n=$threads; [[ $threads == default ]] && n=""; [[ $threads == warm ]] && n=""
+        KILN_CACHE_DIR=$cache KILN_COMPILE_THREADS=$n KILN_BENCH_OUT=$OUT/cold-$threads.jsonl \
+          timeout 300 $bin/benches-gpu > "$OUT/cold-$threads.log" 2>&1 || status=1
+        echo "-- benches/gpu.rs, compile threads: $threads"
+        grep -E "first ms|^[a-z0-9]" "$OUT/cold-$threads.log" | grep -v "^device" | cut -c1-110
+        python3 -c "import json,sys;[print(' ',r['workload'][:60],'first',r['first_ms'],'compiles',r.get('compiles'),'kernels',r.get('kernels')) for r in map(json.loads,open(sys.argv[1]))]" "$OUT/cold-$threads.jsonl"
+      done
+      for threads in 1 default; do
+        cache=$(mktemp -d); n=$threads; [[ $threads == default ]] && n=""
+        for a in "" --conv; do
+          KILN_CACHE_DIR=$cache KILN_COMPILE_THREADS=$n timeout 240 $bin/examples-digits $a --out "$OUT/cold-digits" > "$OUT/cold-digits$a-$threads.log" 2>&1 || status=1
+          echo "-- digits $a, compile threads: $threads"; grep "per epoch" "$OUT/cold-digits$a-$threads.log"
         done
       done ;;
     *) echo "unknown stage $stage"; status=1 ;;
