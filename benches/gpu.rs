@@ -252,8 +252,12 @@ fn main() -> Result<()> {
         if let Some(f) = out.as_mut() {
             let _ = writeln!(
                 f,
-                "{{\"impl\":\"kiln\",\"workload\":\"{}\",\"first_ms\":{first_ms:.3},\"median_ms\":{ms:.4},\"peak_mib\":{peak:.1},\"gbs\":{gbs:.1},\"tflops\":{tflops:.1},\"compiles\":{},\"kernels\":{}}}",
-                w.name, s.compiles, s.kernel_compiles
+                "{{\"impl\":\"kiln\",\"workload\":\"{}\",\"first_ms\":{first_ms:.3},\"median_ms\":{ms:.4},\"peak_mib\":{peak:.1},\"gbs\":{gbs:.1},\"tflops\":{tflops:.1},\"compiles\":{},\"kernels\":{},\"compile_ms\":{:.1},\"nvrtc_ms\":{:.1}}}",
+                w.name,
+                s.compiles,
+                s.kernel_compiles,
+                s.compile_time.as_secs_f64() * 1e3,
+                s.kernel_compile_time.as_secs_f64() * 1e3
             );
         }
     }
@@ -288,8 +292,12 @@ fn main() -> Result<()> {
         if let Some(f) = out.as_mut() {
             let _ = writeln!(
                 f,
-                "{{\"impl\":\"kiln\",\"workload\":\"{}\",\"first_ms\":{first_ms:.3},\"median_ms\":{ms:.4},\"peak_mib\":{peak:.1},\"gbs\":0,\"tflops\":0,\"compiles\":{},\"kernels\":{}}}",
-                w.name, s.compiles, s.kernel_compiles
+                "{{\"impl\":\"kiln\",\"workload\":\"{}\",\"first_ms\":{first_ms:.3},\"median_ms\":{ms:.4},\"peak_mib\":{peak:.1},\"gbs\":0,\"tflops\":0,\"compiles\":{},\"kernels\":{},\"compile_ms\":{:.1},\"nvrtc_ms\":{:.1}}}",
+                w.name,
+                s.compiles,
+                s.kernel_compiles,
+                s.compile_time.as_secs_f64() * 1e3,
+                s.kernel_compile_time.as_secs_f64() * 1e3
             );
         }
     }

@@ -9,7 +9,7 @@
 #   bash benches/gpu_session.sh bench        # benches/gpu.rs + torch_baseline.py, one table
 #   bash benches/gpu_session.sh launch       # benches/gpu_launch.rs + torch_launch.py (issue 18)
 #   bash benches/gpu_session.sh ncu          # the launch-bound rows' kernels under ncu, summed
-#   bash benches/gpu_session.sh coldstart    # first calls, empty kernel cache: serial vs parallel compile, then warm
+#   bash benches/gpu_session.sh coldstart    # first calls, empty kernel cache: one program per kernel vs one per plan, then warm
 # Several stages in one call: bash benches/gpu_session.sh tests quickstart
 # Full logs go to $OUT (the device tool brings them back).
 set -uo pipefail
@@ -75,23 +75,23 @@ for stage in "$@"; do
         done
       done ;;
     coldstart)
-      # First calls with an empty kernel cache, kernels compiled one at a
-      # time (KILN_COMPILE_THREADS=1, as before issue 19) and in parallel
-      # (the default), then a second process on the parallel run's cache.
-      for threads in 1 default warm; do
-        [[ $threads != warm ]] && cache=$(mktemp -d)
-        n=$threads; [[ $threads == default ]] && n=""; [[ $threads == warm ]] && n=""
-        KILN_CACHE_DIR=$cache KILN_COMPILE_THREADS=$n KILN_BENCH_OUT=$OUT/cold-$threads.jsonl \
-          timeout 300 $bin/benches-gpu > "$OUT/cold-$threads.log" 2>&1 || status=1
-        echo "-- benches/gpu.rs, compile threads: $threads"
-        grep -E "first ms|^[a-z0-9]" "$OUT/cold-$threads.log" | grep -v "^device" | cut -c1-110
-        python3 -c "import json,sys;[print(' ',r['workload'][:60],'first',r['first_ms'],'compiles',r.get('compiles'),'kernels',r.get('kernels')) for r in map(json.loads,open(sys.argv[1]))]" "$OUT/cold-$threads.jsonl"
+      # First calls with an empty kernel cache, each kernel its own NVRTC
+      # program (KILN_COMPILE_BATCH=0, as before issue 19) and a plan's
+      # kernels as one program (the default), then a second process on the
+      # batched run's cache.
+      for mode in one-by-one batched warm; do
+        [[ $mode != warm ]] && cache=$(mktemp -d)
+        batch=1; [[ $mode == one-by-one ]] && batch=0
+        KILN_CACHE_DIR=$cache KILN_COMPILE_BATCH=$batch KILN_BENCH_OUT=$OUT/cold-$mode.jsonl \
+          timeout 300 $bin/benches-gpu > "$OUT/cold-$mode.log" 2>&1 || status=1
+        echo "-- benches/gpu.rs, kernels compiled: $mode"
+        python3 -c "import json,sys;[print(' ',r['workload'][:60],'| first',r['first_ms'],'| median',r['median_ms'],'| compiles',r.get('compiles'),'| kernels',r.get('kernels'),'| compile ms',r.get('compile_ms'),'| nvrtc ms',r.get('nvrtc_ms')) for r in map(json.loads,open(sys.argv[1]))]" "$OUT/cold-$mode.jsonl"
       done
-      for threads in 1 default; do
-        cache=$(mktemp -d); n=$threads; [[ $threads == default ]] && n=""
+      for mode in one-by-one batched; do
+        cache=$(mktemp -d); batch=1; [[ $mode == one-by-one ]] && batch=0
         for a in "" --conv; do
-          KILN_CACHE_DIR=$cache KILN_COMPILE_THREADS=$n timeout 240 $bin/examples-digits $a --out "$OUT/cold-digits" > "$OUT/cold-digits$a-$threads.log" 2>&1 || status=1
-          echo "-- digits $a, compile threads: $threads"; grep "per epoch" "$OUT/cold-digits$a-$threads.log"
+          KILN_CACHE_DIR=$cache KILN_COMPILE_BATCH=$batch timeout 240 $bin/examples-digits $a --out "$OUT/cold-digits" > "$OUT/cold-digits$a-$mode.log" 2>&1 || status=1
+          echo "-- digits $a, kernels compiled: $mode"; grep -E "per epoch|accuracy" "$OUT/cold-digits$a-$mode.log"
         done
       done ;;
     *) echo "unknown stage $stage"; status=1 ;;

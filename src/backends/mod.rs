@@ -125,6 +125,10 @@ pub struct DeviceStats {
     pub view_copies: AtomicU64,
     /// Kernels compiled at run time (NVRTC on CUDA).
     pub kernel_compiles: AtomicU64,
+    /// Nanoseconds spent in NVRTC, all kernels together (summed over the
+    /// threads that compiled them: more than the wall time when a plan's
+    /// kernels compile in parallel).
+    pub kernel_compile_nanos: AtomicU64,
     /// Kernels loaded from the on-disk kernel cache instead of compiled.
     pub kernel_disk_hits: AtomicU64,
     /// Kernels found already loaded in this process.

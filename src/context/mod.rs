@@ -119,6 +119,10 @@ pub struct Stats {
     pub live_bytes: u64,
     /// Kernels compiled at run time (NVRTC on CUDA; 0 on the CPU).
     pub kernel_compiles: u64,
+    /// Time spent compiling those kernels, summed over the threads that
+    /// compiled them (a plan's kernels compile in parallel, so this can
+    /// exceed [`Stats::compile_time`]).
+    pub kernel_compile_time: std::time::Duration,
     /// Kernels loaded from the on-disk kernel cache instead of compiled.
     pub kernel_disk_hits: u64,
     /// Kernels found already loaded in this process.
@@ -349,6 +353,7 @@ impl Context {
             cached_plans: state.cache.len(),
             live_bytes: device.live_bytes.load(Relaxed),
             kernel_compiles: device.kernel_compiles.load(Relaxed),
+            kernel_compile_time: std::time::Duration::from_nanos(device.kernel_compile_nanos.load(Relaxed)),
             kernel_disk_hits: device.kernel_disk_hits.load(Relaxed),
             kernel_memory_hits: device.kernel_memory_hits.load(Relaxed),
             graph_captures: device.graph_captures.load(Relaxed),
