@@ -52,7 +52,7 @@ impl<O: Optimizer, L: FnMut(&[Tensor]) -> Result<Tensor>> TrainStep<O, L> {
         let (opt, loss) = (&mut self.opt, &mut self.loss);
         let mut step = |b: &[Tensor]| -> Result<Vec<Tensor>> {
             let l = loss(b)?;
-            l.backward()?;
+            opt.backward(&l)?;
             opt.step()?;
             opt.zero_grad()?;
             Ok(vec![l])
