@@ -22,7 +22,8 @@
 
 use kiln::autocast::{GradScaler, ScalerConfig};
 use kiln::nn::{
-    self, Conv2d, Conv2dOptions, Flatten, LayerNorm, Linear, MaxPool2d, Module, ReLU, Residual, Sequential, GELU,
+    self, Conv2d, Conv2dOptions, Flatten, LayerNorm, Linear, MaxPool2d, Module, ReLU, Residual, Sequential,
+    GELU,
 };
 use kiln::optim::{AdamConfig, AdamW, Optimizer, Sgd, SgdConfig, TrainStep};
 use kiln::prelude::*;
@@ -121,11 +122,17 @@ impl Precision {
     }
 }
 
+/// One training step, returning the loss to read.
+type Step = Box<dyn FnMut() -> Result<Tensor>>;
+
+/// Makes a step on a context, in a precision, captured or not.
+type MakeStep = Box<dyn Fn(&Context, Precision, bool) -> Result<Step>>;
+
 /// A workload: its name, and how to make one training step (returning
 /// the loss) on a context, captured or recorded every call.
 struct Workload {
     name: String,
-    make: Box<dyn Fn(&Context, Precision, bool) -> Result<Box<dyn FnMut() -> Result<Tensor>>>>,
+    make: MakeStep,
 }
 
 /// Labels `i * 7 mod classes`, as torch_amp.py makes them.
@@ -143,7 +150,7 @@ fn stepper(
     y: Tensor,
     loss: fn(&Tensor, &Tensor) -> Result<Tensor>,
     captured: bool,
-) -> Result<Box<dyn FnMut() -> Result<Tensor>>> {
+) -> Result<Step> {
     ctx.realize(&[&x, &y])?;
     if captured {
         let mut step = TrainStep::new(ctx, opt, move |b: &[Tensor]| loss(&model.forward(&b[0])?, &b[1]));
@@ -186,7 +193,8 @@ fn workloads(all: bool) -> Vec<Workload> {
             name: "train step: 16 blocks x + fc2(gelu(fc1(layer_norm(x)))), SGD, MSE, x f32[64,256]".into(),
             make: Box::new(|ctx, p, captured| {
                 let model = blocks(ctx)?;
-                let opt = p.optimizer(ctx, Sgd::new(&model, SgdConfig { lr: 1e-3, ..SgdConfig::default() })?)?;
+                let opt =
+                    p.optimizer(ctx, Sgd::new(&model, SgdConfig { lr: 1e-3, ..SgdConfig::default() })?)?;
                 let (x, t) = (ctx.randn([64, D]), ctx.randn([64, D]));
                 stepper(ctx, model, opt, x, t, nn::mse, captured)
             }),
@@ -210,7 +218,10 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let all = args.iter().any(|a| a == "--all");
     let only = args.iter().find(|a| !a.starts_with('-')).cloned();
-    println!("{:<84} {:<28} {:>10} {:>10} {:>10}", "workload", "implementation", "median ms", "peak MiB", "first ms");
+    println!(
+        "{:<84} {:<28} {:>10} {:>10} {:>10}",
+        "workload", "implementation", "median ms", "peak MiB", "first ms"
+    );
     for w in workloads(all) {
         if only.as_deref().is_some_and(|o| !w.name.contains(o)) {
             continue;
@@ -224,7 +235,8 @@ fn main() -> Result<()> {
                 let t0 = std::time::Instant::now();
                 let first_loss = step()?.item::<f32>()?;
                 let first_ms = t0.elapsed().as_secs_f64() * 1e3;
-                let mut timer = ctx.device_timer()?.ok_or_else(|| Error::Backend("no device timer".into()))?;
+                let mut timer =
+                    ctx.device_timer()?.ok_or_else(|| Error::Backend("no device timer".into()))?;
                 for _ in 0..5 {
                     step()?.item::<f32>()?;
                 }

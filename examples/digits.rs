@@ -28,11 +28,11 @@
 //! step costs the host the same whatever the model's size. `--no-capture`
 //! records every step instead.
 use indicatif::{ProgressBar, ProgressStyle};
+use kiln::autocast::{GradScaler, ScalerConfig};
 use kiln::data::{Dataset, IteratorExt, Rng};
 use kiln::nn::{
     self, Conv2d, Conv2dOptions, Dropout, Ema, Flatten, Linear, MaxPool2d, Module, Params, ReLU, Sequential,
 };
-use kiln::autocast::{GradScaler, ScalerConfig};
 use kiln::optim::{AdamConfig, AdamW, Optimizer, TrainStep};
 use kiln::prelude::*;
 use std::path::PathBuf;

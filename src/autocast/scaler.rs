@@ -95,7 +95,9 @@ impl<O: Optimizer> GradScaler<O> {
         check_arg(c.backoff_factor > 0.0 && c.backoff_factor < 1.0, op, location, || {
             format!("the backoff factor must be in (0, 1), got {}", c.backoff_factor)
         })?;
-        check_arg(c.growth_interval >= 1, op, location, || "the growth interval must be at least 1 step".into())?;
+        check_arg(c.growth_interval >= 1, op, location, || {
+            "the growth interval must be at least 1 step".into()
+        })?;
         let (scale, tracker) = ctx.scope("grad_scaler", |ctx| {
             Ok((
                 ctx.variable("scale", ctx.full([], c.init_scale as f32))?,
@@ -157,7 +159,7 @@ impl<O: Optimizer> GradScaler<O> {
         let scale = &*self.scale;
         let grown = grow.where_cond(scale * c.growth_factor, scale);
         self.scale.assign(ok.where_cond(&grown, scale * c.backoff_factor))?;
-        self.tracker.assign(ok.where_cond(&grow.where_cond(0i64, &t), 0i64))?;
+        self.tracker.assign(ok.where_cond(grow.where_cond(0i64, &t), 0i64))?;
         Ok(())
     }
 }

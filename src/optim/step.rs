@@ -11,7 +11,10 @@ use crate::{Context, Location, Result, Tensor};
 /// the optimizer's update of every parameter, as one plan launched
 /// without recording anything (the host cost is flat in the model's
 /// size). The optimizer stays reachable ([`TrainStep::optimizer`]) for
-/// schedules: `set_lr` is a runtime value, so it changes no plan.
+/// schedules: `set_lr` is a runtime value, so it changes no plan. The
+/// gradients come from [`Optimizer::backward`], so an optimizer under a
+/// loss scaler (`kiln::autocast::GradScaler`) scales, checks and skips
+/// inside the replayed plan too.
 ///
 /// ```
 /// use kiln::prelude::*;

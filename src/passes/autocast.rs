@@ -166,8 +166,8 @@ fn constant_like(graph: &Graph, order: &[NodeId]) -> Vec<bool> {
         let node = graph.node(id);
         let operands = graph.operands(id);
         let elementwise = node.op.is_elementwise();
-        leafy[id.index()] =
-            node.op.is_source() || ((node.op.is_view() || elementwise) && operands.iter().all(|o| leafy[o.index()]));
+        leafy[id.index()] = node.op.is_source()
+            || ((node.op.is_view() || elementwise) && operands.iter().all(|o| leafy[o.index()]));
         like[id.index()] = match &node.op {
             Op::Full(_) => true,
             _ if leafy[id.index()] && node.shape.numel() == 1 => true,
@@ -178,7 +178,8 @@ fn constant_like(graph: &Graph, order: &[NodeId]) -> Vec<bool> {
             }
             Op::Cast(_) => false,
             _ if elementwise => {
-                let floats: Vec<NodeId> = operands.into_iter().filter(|o| graph.node(*o).dtype.is_float()).collect();
+                let floats: Vec<NodeId> =
+                    operands.into_iter().filter(|o| graph.node(*o).dtype.is_float()).collect();
                 !floats.is_empty() && floats.iter().all(|o| like[o.index()])
             }
             _ => false,
@@ -227,11 +228,12 @@ fn rewrite(graph: &Graph, low: DType) -> Result<(Graph, Counts)> {
                         .zip(&new)
                         .filter(|(o, _)| graph.node(**o).dtype == DType::F32 && !like[o.index()])
                         .map(|(_, n)| b.out.node(*n).dtype);
-                    deciding.fold(None, |acc: Option<DType>, d| match acc {
-                        Some(DType::F32) => Some(DType::F32),
-                        _ => Some(d),
-                    })
-                    .unwrap_or(DType::F32)
+                    deciding
+                        .fold(None, |acc: Option<DType>, d| match acc {
+                            Some(DType::F32) => Some(DType::F32),
+                            _ => Some(d),
+                        })
+                        .unwrap_or(DType::F32)
                 }
             },
             _ => DType::F32,

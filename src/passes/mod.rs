@@ -258,7 +258,8 @@ impl fmt::Debug for PassInfo {
 pub static REGISTRY: &[PassInfo] = &[
     PassInfo {
         pass: &Autocast,
-        description: "run products in bf16/f16 and keep accumulations in f32, by a policy table (with_autocast)",
+        description:
+            "run products in bf16/f16 and keep accumulations in f32, by a policy table (with_autocast)",
     },
     PassInfo { pass: &ViewFold, description: "compose chains of views and drop identity views" },
     PassInfo { pass: &ConstantFold, description: "turn nodes of one known value into full constants" },

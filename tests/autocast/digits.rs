@@ -6,7 +6,9 @@
 //! bf16` trains.
 
 use kiln::data::{Dataset, IteratorExt, Rng};
-use kiln::nn::{self, Conv2d, Conv2dOptions, Dropout, Ema, Flatten, Linear, MaxPool2d, Module, ReLU, Sequential};
+use kiln::nn::{
+    self, Conv2d, Conv2dOptions, Dropout, Ema, Flatten, Linear, MaxPool2d, Module, ReLU, Sequential,
+};
 use kiln::optim::{AdamConfig, AdamW, TrainStep};
 use kiln::prelude::*;
 

@@ -59,10 +59,18 @@ fn autocast_gives_the_bits_of_explicit_casts() -> Result<()> {
     for k in 0..4 {
         let la = step(&wa, autocast_loss(&wa, &xa, &ya)?)?;
         let lh = step(&wh, explicit_loss(&wh, &xh, &yh)?)?;
-        assert_eq!(la.to_bits(), lh.to_bits(), "step {k}: loss {la} under autocast, {lh} with explicit casts");
+        assert_eq!(
+            la.to_bits(),
+            lh.to_bits(),
+            "step {k}: loss {la} under autocast, {lh} with explicit casts"
+        );
         for (a, h) in wa.iter().zip(&wh) {
             let (va, vh) = (a.to_vec::<f32>()?, h.to_vec::<f32>()?);
-            assert!(va.iter().zip(&vh).all(|(p, q)| p.to_bits() == q.to_bits()), "step {k}: {} differs", a.name());
+            assert!(
+                va.iter().zip(&vh).all(|(p, q)| p.to_bits() == q.to_bits()),
+                "step {k}: {} differs",
+                a.name()
+            );
         }
     }
     // And autocast did change the arithmetic: the f32 step gives other bits.

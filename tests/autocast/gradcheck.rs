@@ -143,11 +143,8 @@ fn bf16_gradients_match_f64_finite_differences_within_bf16_rounding() -> Result<
             let mut rng = Rng(seed * 1000 + case.name.len() as u64);
             // Parameters and data as f32 values, so every dtype sees one point.
             let round = |v: Vec<f64>| v.into_iter().map(|x| x as f32 as f64).collect::<Vec<_>>();
-            let params: Vec<Vec<f64>> = case
-                .params
-                .iter()
-                .map(|(s, scale)| round(rng.values(s.iter().product(), *scale)))
-                .collect();
+            let params: Vec<Vec<f64>> =
+                case.params.iter().map(|(s, scale)| round(rng.values(s.iter().product(), *scale))).collect();
             let x = round(rng.values(case.x.iter().product(), 1.0));
             let numeric = finite_differences(case, &params, &x, seed)?;
             let low = gradients(&Context::cpu().with_autocast(DType::BF16), case, &params, &x, seed)?;

@@ -2,10 +2,12 @@
 //! step written with explicit casts, gradients under autocast against f64
 //! finite differences, the f16 loss scaler (skipping a step on an inf,
 //! growing after good steps, inside a captured step), the API's errors
-//! as golden messages, and the digits MLP trained in bf16 against f32.
+//! as golden messages, the same steps on the CPU, the CUDA emulator and a
+//! GPU, and digits' MLP and CNN trained in bf16 against f32.
 //! One binary, so CI links once.
 
 mod api;
+mod devices;
 mod digits;
 mod explicit;
 mod gradcheck;

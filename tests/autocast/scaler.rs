@@ -17,10 +17,7 @@ fn model(ctx: &Context) -> Result<Sequential> {
 /// Every variable's values, by name (parameters, AdamW's moments and
 /// step, the scaler's state).
 fn state(ctx: &Context) -> Result<Vec<(String, Vec<f64>)>> {
-    ctx.variables()
-        .iter()
-        .map(|v| Ok((v.name(), v.cast(DType::F64).to_vec::<f64>()?)))
-        .collect()
+    ctx.variables().iter().map(|v| Ok((v.name(), v.cast(DType::F64).to_vec::<f64>()?))).collect()
 }
 
 fn value(ctx: &Context, name: &str) -> Result<Vec<f64>> {
@@ -174,7 +171,8 @@ fn a_captured_step_skips_and_grows_as_an_uncaptured_one() -> Result<()> {
         let ctx = Context::cpu().with_seed(6).with_autocast(DType::F16);
         let m = model(&ctx)?;
         let opt = GradScaler::new(&ctx, AdamW::new(&m, AdamConfig::adamw())?, config())?;
-        let mut train = TrainStep::new(&ctx, opt, |b: &[Tensor]| nn::cross_entropy(&m.forward(&b[0])?, &b[1]));
+        let mut train =
+            TrainStep::new(&ctx, opt, |b: &[Tensor]| nn::cross_entropy(&m.forward(&b[0])?, &b[1]));
         let mut losses = Vec::new();
         for (x, y) in batches(&ctx) {
             losses.push(train.call(&[&x, &y])?.item::<f32>()?.to_bits());

@@ -99,11 +99,7 @@ pub static POLICY: &[PolicyEntry] = &[
     // 15x the f32 rate and half the bytes; every backend accumulates them
     // in f32 and rounds once, so the error is one rounding of the inputs
     // and one of the result (PyTorch's autocast "lower" list).
-    PolicyEntry {
-        name: "products",
-        precision: Precision::Low,
-        ops: &[OpKey::MatMul, OpKey::Conv2d],
-    },
+    PolicyEntry { name: "products", precision: Precision::Low, ops: &[OpKey::MatMul, OpKey::Conv2d] },
     // Reductions: a sum of n low-precision terms rounded to 8 mantissa bits
     // loses every term below 2^-8 of the total (a bias gradient over a
     // batch, a mean). max and min are exact in any type, but softmax's max

@@ -3,7 +3,8 @@ use crate::ir::text::{parse, print};
 
 fn run(src: &str, low: Option<DType>) -> (String, PassCtx) {
     let mut g = parse(src).unwrap();
-    let mut cx = PassCtx { options: PassOptions { autocast: low, ..PassOptions::default() }, ..PassCtx::default() };
+    let mut cx =
+        PassCtx { options: PassOptions { autocast: low, ..PassOptions::default() }, ..PassCtx::default() };
     Autocast.run(&mut g, &mut cx).unwrap();
     crate::ir::verify(&g).unwrap();
     (print(&g), cx)
@@ -49,8 +50,10 @@ fn a_weight_read_twice_is_cast_once_and_outputs_keep_their_dtype() {
 #[test]
 fn other_types_are_refused() {
     let mut g = parse(LINEAR).unwrap();
-    let mut cx =
-        PassCtx { options: PassOptions { autocast: Some(DType::F64), ..PassOptions::default() }, ..PassCtx::default() };
+    let mut cx = PassCtx {
+        options: PassOptions { autocast: Some(DType::F64), ..PassOptions::default() },
+        ..PassCtx::default()
+    };
     let err = Autocast.run(&mut g, &mut cx).unwrap_err();
     assert_eq!(err.to_string(), "configuration error: autocast runs in bf16 or f16, not f64");
 }
