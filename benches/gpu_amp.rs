@@ -33,6 +33,15 @@ const D: usize = 256;
 const HIDDEN: usize = 1024;
 const BLOCKS: usize = 16;
 
+/// A JSON number, or `null` for a NaN or infinity (JSON has neither).
+fn json_number(v: f32) -> String {
+    if v.is_finite() {
+        format!("{v}")
+    } else {
+        "null".into()
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -258,8 +267,10 @@ fn main() -> Result<()> {
                 if let Some(f) = out.as_mut() {
                     let _ = writeln!(
                         f,
-                        "{{\"impl\":\"{imp}\",\"workload\":\"{}\",\"median_ms\":{ms:.5},\"peak_mib\":{peak:.1},\"first_ms\":{first_ms:.1},\"loss_first\":{first_loss},\"loss_last\":{last}}}",
-                        w.name
+                        "{{\"impl\":\"{imp}\",\"workload\":\"{}\",\"median_ms\":{ms:.5},\"peak_mib\":{peak:.1},\"first_ms\":{first_ms:.1},\"loss_first\":{},\"loss_last\":{}}}",
+                        w.name,
+                        json_number(first_loss),
+                        json_number(last)
                     );
                 }
             }

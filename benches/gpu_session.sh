@@ -61,9 +61,9 @@ for stage in "$@"; do
       PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-400} python3 benches/torch_launch.py "$OUT/kiln_launch.jsonl" --markdown "$OUT/launch.md" > "$OUT/launch-torch.log" 2>&1 || status=1
       tail -40 "$OUT/launch-torch.log" ;;
     amp)
-      KILN_BENCH_OUT=$OUT/kiln_amp.jsonl timeout ${KILN_TIMEOUT:-300} $bin/benches-gpu_amp ${AMP_ARGS:-} ${AMP_ONLY:-} > "$OUT/amp-kiln.log" 2>&1 || status=1
+      KILN_BENCH_OUT=$OUT/kiln_amp.jsonl timeout ${KILN_TIMEOUT:-180} $bin/benches-gpu_amp ${AMP_ARGS:-} ${AMP_ONLY:+"$AMP_ONLY"} > "$OUT/amp-kiln.log" 2>&1 || status=1
       cat "$OUT/amp-kiln.log"
-      PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-500} python3 benches/torch_amp.py "$OUT/kiln_amp.jsonl" --markdown "$OUT/amp.md" \
+      PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-400} python3 benches/torch_amp.py "$OUT/kiln_amp.jsonl" --markdown "$OUT/amp.md" \
         ${AMP_ARGS:-} ${AMP_ONLY:+--only "$AMP_ONLY"} --modes ${AMP_MODES:-eager,compile,reduce-overhead} > "$OUT/amp-torch.log" 2>&1 || status=1
       tail -60 "$OUT/amp-torch.log" ;;
     digits-amp)

@@ -181,8 +181,9 @@ def main():
             if "error" in r:
                 lines.append(f"| {n} | {r['impl']} | - | - | - | failed: {r['error']} |")
             else:
+                loss = lambda v: "nan" if v is None or v != v else f"{v:.4f}"
                 lines.append(f"| {n} | {r['impl']} | {r['median_ms']:.4f} | {r['peak_mib']:.0f} | "
-                             f"{r.get('first_ms', 0):.1f} | {r['loss_first']:.4f} -> {r['loss_last']:.4f} |")
+                             f"{r.get('first_ms', 0):.1f} | {loss(r.get('loss_first'))} -> {loss(r.get('loss_last'))} |")
     text = "\n".join(lines)
     print(text)
     if md:

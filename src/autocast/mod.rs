@@ -24,6 +24,13 @@
 //! round trip, and it works unchanged in a captured
 //! [`crate::optim::TrainStep`]. bf16 has f32's range and needs no scaler.
 //!
+//! Autocast is a setting of the context, not of a scope: regions name
+//! nodes but carry no settings in the IR (its text format and the plan
+//! cache's key would both need them), and what a per-scope switch is
+//! mostly wanted for, keeping an optimizer's update out of the low type,
+//! the pass already does (values that reach an assignment through
+//! elementwise ops stay f32).
+//!
 //! ```
 //! use kiln::prelude::*;
 //! use kiln::nn::{self, Linear, Module};
