@@ -33,7 +33,7 @@
 //!
 //! ```
 //! use kiln::prelude::*;
-//! use kiln::nn::{self, Linear, Module};
+//! use kiln::nn::{self, Linear, Module, Params};
 //! use kiln::optim::{AdamConfig, AdamW, Optimizer};
 //!
 //! let ctx = Context::cpu().with_seed(0).with_autocast(DType::BF16);
