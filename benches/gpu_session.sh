@@ -10,6 +10,10 @@
 #   bash benches/gpu_session.sh launch       # benches/gpu_launch.rs + torch_launch.py (issue 18)
 #   bash benches/gpu_session.sh ncu          # the launch-bound rows' kernels under ncu, summed
 #   bash benches/gpu_session.sh coldstart    # first calls, empty kernel cache: one program per kernel vs one per plan, then warm
+#   bash benches/gpu_session.sh amp          # benches/gpu_amp.rs + torch_amp.py: mixed precision (issue 22);
+#                                            # AMP_ARGS=--all adds the CNN and 16-block rows, AMP_ONLY=<substring>
+#                                            # and AMP_MODES=eager,compile,reduce-overhead pick rows and torch modes
+#   bash benches/gpu_session.sh digits-amp   # examples/digits.rs MLP and --conv under --autocast bf16 (and f32)
 # Several stages in one call: bash benches/gpu_session.sh tests quickstart
 # Full logs go to $OUT (the device tool brings them back).
 set -uo pipefail
@@ -93,6 +97,18 @@ for stage in "$@"; do
           KILN_CACHE_DIR=$cache KILN_COMPILE_BATCH=$batch timeout 240 $bin/examples-digits $a --out "$OUT/cold-digits" > "$OUT/cold-digits$a-$mode.log" 2>&1 || status=1
           echo "-- digits $a, kernels compiled: $mode"; grep -E "per epoch|accuracy" "$OUT/cold-digits$a-$mode.log"
         done
+      done ;;
+    amp)
+      KILN_BENCH_OUT=$OUT/kiln_amp.jsonl timeout ${KILN_TIMEOUT:-180} $bin/benches-gpu_amp ${AMP_ARGS:-} ${AMP_ONLY:+"$AMP_ONLY"} > "$OUT/amp-kiln.log" 2>&1 || status=1
+      cat "$OUT/amp-kiln.log"
+      PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-400} python3 benches/torch_amp.py "$OUT/kiln_amp.jsonl" --markdown "$OUT/amp.md" \
+        ${AMP_ARGS:-} ${AMP_ONLY:+--only "$AMP_ONLY"} --modes ${AMP_MODES:-eager,compile,reduce-overhead} > "$OUT/amp-torch.log" 2>&1 || status=1
+      tail -60 "$OUT/amp-torch.log" ;;
+    digits-amp)
+      for a in "" "--autocast bf16" --conv "--conv --autocast bf16"; do
+        f=digits$(echo "$a" | tr -d ' -')
+        timeout 240 $bin/examples-digits $a --out "$OUT/$f" > "$OUT/$f.log" 2>&1 || status=1
+        echo "-- digits $a"; tail -4 "$OUT/$f.log"
       done ;;
     *) echo "unknown stage $stage"; status=1 ;;
   esac

@@ -4,6 +4,7 @@
 //!
 //!     cargo run --release --example digits            # MLP 64-256-10
 //!     cargo run --release --example digits -- --conv  # a small CNN
+//!     cargo run --release --example digits -- --autocast bf16   # mixed precision
 //!
 //! Options: `--epochs N` (30), `--batch N` (32), `--lr X` (AdamW, 2e-3),
 //! `--dropout P` (0.2, before the last layer), `--smoothing E` (label
@@ -11,7 +12,9 @@
 //! with decay D, 0.99; 0 turns it off), `--seed N` (the context's seed,
 //! which draws the initial weights and dropout masks; 0), `--out DIR`
 //! (where the training step's optimized graph is written,
-//! `target/digits/<model>` by default).
+//! `target/digits/<model>` by default), `--autocast bf16|f16` (mixed
+//! precision, `kiln::autocast`: products in the low type, f32 master
+//! weights; f16 with a dynamic loss scaler).
 //!
 //! The defaults were chosen on this split: without dropout, smoothing and
 //! the average the MLP reaches about 97% (it fits the training set
@@ -25,6 +28,7 @@
 //! step costs the host the same whatever the model's size. `--no-capture`
 //! records every step instead.
 use indicatif::{ProgressBar, ProgressStyle};
+use kiln::autocast::{GradScaler, ScalerConfig};
 use kiln::data::{Dataset, IteratorExt, Rng};
 use kiln::nn::{
     self, Conv2d, Conv2dOptions, Dropout, Ema, Flatten, Linear, MaxPool2d, Module, Params, ReLU, Sequential,
@@ -49,6 +53,7 @@ struct Args {
     seed: u64,
     out: Option<PathBuf>,
     capture: bool,
+    autocast: Option<DType>,
 }
 
 fn args() -> std::result::Result<Args, String> {
@@ -63,6 +68,7 @@ fn args() -> std::result::Result<Args, String> {
         seed: 0,
         out: None,
         capture: true,
+        autocast: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -80,9 +86,16 @@ fn args() -> std::result::Result<Args, String> {
             "--seed" => a.seed = value("--seed")?.parse().map_err(|e| format!("--seed: {e}"))?,
             "--out" => a.out = Some(value("--out")?.into()),
             "--no-capture" => a.capture = false,
+            "--autocast" => {
+                a.autocast = match value("--autocast")?.as_str() {
+                    "bf16" => Some(DType::BF16),
+                    "f16" => Some(DType::F16),
+                    other => return Err(format!("--autocast takes bf16 or f16, not {other}")),
+                }
+            }
             other => {
                 return Err(format!(
-                "unknown option {other} (use --conv, --epochs N, --batch N, --lr X, --out DIR, --no-capture)"
+                "unknown option {other} (use --conv, --epochs N, --batch N, --lr X, --out DIR, --no-capture, --autocast bf16|f16)"
             ))
             }
         }
@@ -146,7 +159,10 @@ fn main() -> Result<()> {
         std::process::exit(2)
     });
     let started = Instant::now();
-    let ctx = Context::best().with_seed(args.seed);
+    let mut ctx = Context::best().with_seed(args.seed);
+    if let Some(low) = args.autocast {
+        ctx = ctx.with_autocast(low);
+    }
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/digits.csv.gz");
     let all = Dataset::from_csv(path, &[64])?.map_features(|v| v / 16.0);
     let (train, test) = all.split(0.8, &mut Rng::new(SPLIT_SEED))?;
@@ -154,10 +170,18 @@ fn main() -> Result<()> {
         if args.conv { ("cnn", vec![1, 8, 8]) } else { ("mlp", vec![64]) };
     let mut model = if args.conv { cnn(&ctx, args.dropout)? } else { mlp(&ctx, args.dropout)? };
     let ema = Ema::new(&model)?;
-    let opt = AdamW::new(&model, AdamConfig { lr: args.lr, ..AdamConfig::adamw() })?;
+    let adamw = AdamW::new(&model, AdamConfig { lr: args.lr, ..AdamConfig::adamw() })?;
+    // f16 needs loss scaling (its range is too small for small gradients);
+    // bf16 has f32's range and trains without it.
+    let opt: Box<dyn Optimizer> = if args.autocast == Some(DType::F16) {
+        Box::new(GradScaler::new(&ctx, adamw, ScalerConfig::default())?)
+    } else {
+        Box::new(adamw)
+    };
     println!(
-        "device: {}; {name}: {} parameters; {} training and {} test images; {} epochs of batches of {}",
+        "device: {}{}; {name}: {} parameters; {} training and {} test images; {} epochs of batches of {}",
         ctx.device_description(),
+        args.autocast.map(|d| format!(", autocast {d}")).unwrap_or_default(),
         model.num_parameters(),
         train.len(),
         test.len(),
@@ -211,7 +235,7 @@ fn main() -> Result<()> {
                     ema.update(&model, ema_decay)?;
                 }
                 let loss = nn::cross_entropy_smoothed(&model.forward(&x)?, &y, args.smoothing)?;
-                loss.backward()?;
+                train_step.optimizer().backward(&loss)?;
                 train_step.optimizer().step()?;
                 train_step.optimizer().zero_grad()?;
                 if step == graph_step {

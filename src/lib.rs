@@ -55,6 +55,8 @@
 //! runs as one plan per step), and [`data`] shuffles, batches and stacks
 //! samples; all three use only the public API above, so they run on every
 //! backend (`examples/digits.rs` trains a real classifier with them).
+//! [`autocast`] trains in mixed precision (bf16/f16 products, f32 master
+//! weights, dynamic loss scaling) as a compiler pass.
 //!
 //! Errors never panic: an op given operands it cannot take returns a
 //! tensor that carries the error and where it was recorded, and reading it
@@ -69,6 +71,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod autocast;
 pub mod backends;
 pub mod capture;
 mod context;

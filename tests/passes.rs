@@ -46,6 +46,7 @@ pass_test!(schedule, "schedule");
 pass_test!(streams, "streams");
 pass_test!(memory, "memory");
 pass_test!(autodiff, "autodiff");
+pass_test!(autocast, "autocast");
 
 /// Runs one case: parse, run the pass, compare on the CPU, and return the
 /// snapshot text.
@@ -62,6 +63,8 @@ fn check_case(pass: &str, path: &Path) -> String {
     let after = print(&after_graph);
     if pass == "autodiff" {
         check_gradients(path, &case.graph, &after_graph);
+    } else if let Some(low) = options.autocast {
+        check_close_in(path, &case.graph, &after_graph, low);
     } else {
         check_same_values(path, &case.graph, &after_graph);
     }
@@ -158,6 +161,47 @@ fn run_on_cpu(backend: &CpuBackend, graph: &Graph, inputs: &[Buffer]) -> kiln::R
 /// Runs both graphs on the CPU with the same inputs and random streams and
 /// asserts equal outputs within the dtype's tolerance.
 fn check_same_values(path: &Path, before: &Graph, after: &Graph) {
+    let (want, got) = run_both(path, before, after);
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        let (atol, rtol) = match w.dtype() {
+            DType::F16 => (1e-3, 1e-2),
+            DType::BF16 => (1e-2, 2e-2),
+            DType::F32 => (1e-6, 1e-5),
+            DType::F64 => (1e-12, 1e-10),
+            _ => (0.0, 0.0),
+        };
+        for (j, (a, b)) in w.to_f64_vec().into_iter().zip(g.to_f64_vec()).enumerate() {
+            let same = a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= atol + rtol * b.abs();
+            assert!(same, "{}: output {i} element {j}: before {a}, after {b}", path.display());
+        }
+    }
+}
+
+/// As [`check_same_values`] for a rewrite into the low type `low`: every
+/// output keeps its dtype, and each element is within a few roundings of
+/// `low` of the f32 result, measured against the output's largest
+/// magnitude (a product's error scales with its operands, not with the
+/// one element).
+fn check_close_in(path: &Path, before: &Graph, after: &Graph, low: DType) {
+    let (want, got) = run_both(path, before, after);
+    let tol = if low == DType::BF16 { 1.0 / 32.0 } else { 1.0 / 256.0 };
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        let w = w.to_f64_vec();
+        let scale = 1.0 + w.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        for (j, (a, b)) in w.iter().zip(g.to_f64_vec()).enumerate() {
+            assert!(
+                (a - b).abs() <= tol * scale,
+                "{}: output {i} element {j}: f32 {a}, under autocast {low} {b} (tolerance {})",
+                path.display(),
+                tol * scale
+            );
+        }
+    }
+}
+
+/// Both graphs' outputs on the CPU, from the same seeded inputs, after
+/// checking they agree in number, dtype and length.
+fn run_both(path: &Path, before: &Graph, after: &Graph) -> (Vec<HostData>, Vec<HostData>) {
     let backend = CpuBackend::new();
     let mut rng = Rng(seed_of(path));
     // Every input slot of the original graph, dead ones included.
@@ -184,18 +228,8 @@ fn check_same_values(path: &Path, before: &Graph, after: &Graph) {
     for (i, (w, g)) in want.iter().zip(&got).enumerate() {
         assert_eq!(w.dtype(), g.dtype(), "{}: output {i} dtype", path.display());
         assert_eq!(w.len(), g.len(), "{}: output {i} length", path.display());
-        let (atol, rtol) = match w.dtype() {
-            DType::F16 => (1e-3, 1e-2),
-            DType::BF16 => (1e-2, 2e-2),
-            DType::F32 => (1e-6, 1e-5),
-            DType::F64 => (1e-12, 1e-10),
-            _ => (0.0, 0.0),
-        };
-        for (j, (a, b)) in w.to_f64_vec().into_iter().zip(g.to_f64_vec()).enumerate() {
-            let same = a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= atol + rtol * b.abs();
-            assert!(same, "{}: output {i} element {j}: before {a}, after {b}", path.display());
-        }
     }
+    (want, got)
 }
 
 /// Autodiff appends one gradient per float input slot to the outputs:
@@ -295,15 +329,15 @@ fn pipeline_dumps_every_step() {
         files,
         [
             "00-input.kir",
-            "01-view-fold.kir",
-            "02-constant-fold.kir",
-            "03-cse.kir",
-            "04-simplify.kir",
-            "05-dce.kir",
-            "06-fusion.kir",
-            "07-schedule.kir",
-            "08-streams.kir",
-            "09-memory.kir"
+            "02-view-fold.kir",
+            "03-constant-fold.kir",
+            "04-cse.kir",
+            "05-simplify.kir",
+            "06-dce.kir",
+            "07-fusion.kir",
+            "08-schedule.kir",
+            "09-streams.kir",
+            "10-memory.kir"
         ]
     );
     let mut dumps = String::new();
@@ -320,8 +354,30 @@ fn pipeline_dumps_every_step() {
     assert_eq!(print(&out).matches("= mul").count(), 2, "cse ran although switched off");
 }
 
+/// Under autocast the pipeline runs the autocast pass first, and its dump
+/// opens with the policy it applied (one line, from the policy table)
+/// and what it changed.
+#[test]
+fn autocast_dump_prints_the_policy() {
+    let src = "%x: f32[4,3] = input 0\n\
+               %w: f32[3,2] = input 1\n\
+               %y: f32[4,2] = matmul %x, %w\n\
+               %s: f32[] = sum %y dims=[0,1]\n\
+               return %s\n";
+    let dir = std::env::temp_dir().join(format!("kiln-autocast-dump-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut config = PipelineConfig::new(None, Some(dir.clone())).unwrap();
+    config.options.autocast = Some(DType::BF16);
+    optimize(kiln::ir::text::parse(src).unwrap(), &config).unwrap();
+    let hash_dir = std::fs::read_dir(&dir).unwrap().next().unwrap().unwrap().path();
+    let dump = std::fs::read_to_string(hash_dir.join("01-autocast.kir")).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    settings().bind(|| insta::assert_snapshot!("autocast-dump", dump));
+}
+
 /// Every case through the whole pipeline: the result verifies, is
-/// fused, and computes what the input did.
+/// fused, and computes what the input did (an autocast case: within its
+/// low type's rounding).
 #[test]
 fn whole_pipeline_keeps_every_case_meaning() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/passes");
@@ -335,10 +391,17 @@ fn whole_pipeline_keeps_every_case_meaning() {
     assert!(files.len() >= 12, "found only {files:?}");
     for path in &files {
         let case = parse_test_file(&std::fs::read_to_string(path).unwrap()).unwrap();
-        let out = optimize(case.graph.clone(), &PipelineConfig::default())
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        // An autocast case runs with its low type, so fusion and planning
+        // see the casts it adds (other settings are the pass's own).
+        let low = PassOptions::from_settings(&case.settings).ok().and_then(|o| o.autocast);
+        let mut config = PipelineConfig::default();
+        config.options.autocast = low;
+        let out = optimize(case.graph.clone(), &config).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         verify(&out).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert_eq!(out.phase(), kiln::ir::Phase::Planned);
-        check_same_values(path, &case.graph, &out);
+        match low {
+            Some(low) => check_close_in(path, &case.graph, &out, low),
+            None => check_same_values(path, &case.graph, &out),
+        }
     }
 }

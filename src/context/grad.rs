@@ -219,6 +219,48 @@ impl Context {
         Some(self.node_handle(&mut state, node))
     }
 
+    /// Every held gradient as `(variable, gradient)`, workspace by
+    /// workspace (oldest first): what a loss scaler unscales.
+    pub(crate) fn held_gradients(&self) -> Vec<(Variable, Tensor)> {
+        let mut state = self.state();
+        let held: Vec<(VarId, NodeId)> =
+            state.ws.grads.iter().flat_map(|w| w.grads.iter().map(|(&v, &n)| (v, n))).collect();
+        held.into_iter()
+            .map(|(v, n)| (self.variable_handle(&state, v), self.node_handle(&mut state, n)))
+            .collect()
+    }
+
+    /// Makes `value` the gradient held for `var` (what the optimizer's
+    /// next step reads). `var` must hold a gradient, and `value` must have
+    /// its shape and dtype.
+    pub(crate) fn replace_grad(&self, var: &Variable, value: &Tensor, location: Location) -> Result<()> {
+        let (ctx, r) = value.live()?;
+        let mut state = self.state();
+        let var_entry = state.ws.var(var.id()).clone();
+        let fail = |message: String| Error::Workspace { op: "replace_grad", message, location };
+        if !ctx.same(self) {
+            return Err(fail(format!("a gradient for \"{}\" from another context", var_entry.name)));
+        }
+        if value.shape() != var_entry.shape.dims() || value.dtype() != var_entry.dtype {
+            return Err(fail(format!(
+                "variable \"{}\" is {}{} but the gradient given is {}{}",
+                var_entry.name,
+                var_entry.dtype,
+                var_entry.shape,
+                value.dtype(),
+                value.shape_ir()
+            )));
+        }
+        let node = state.resolve(r);
+        for w in &mut state.ws.grads {
+            if let Some(g) = w.grads.get_mut(&var.id()) {
+                *g = node;
+                return Ok(());
+            }
+        }
+        Err(fail(format!("no gradient of \"{}\" is held", var_entry.name)))
+    }
+
     /// Releases every gradient workspace, newest first: the next
     /// `backward` starts from zero. Tensors already taken from a
     /// [`Gradients`] keep their values.

@@ -248,6 +248,26 @@ impl Context {
         ids.into_iter().map(|id| self.variable_handle(&state, id)).collect()
     }
 
+    /// Every variable of the context, each with its current value node
+    /// and a handle on that value (a snapshot: later assignments do not
+    /// change what the handle reads).
+    pub(crate) fn variable_snapshot(&self) -> Vec<(Variable, NodeId, Tensor)> {
+        let mut state = self.state();
+        (0..state.ws.vars.len() as u32)
+            .map(|i| {
+                let id = VarId(i);
+                let v = state.ws.var(id).clone();
+                let value = self.handle(&mut state, v.value, v.shape.clone(), v.dtype);
+                (self.variable_handle(&state, id), v.value, value)
+            })
+            .collect()
+    }
+
+    /// The node a variable's value is now.
+    pub(crate) fn value_node(&self, var: &Variable) -> NodeId {
+        self.state().ws.value(var.id())
+    }
+
     pub(crate) fn variable_handle(&self, state: &State, id: VarId) -> Variable {
         let v = state.ws.var(id);
         let var = VarRef { ctx: self.clone(), id, shape: v.shape.clone(), dtype: v.dtype };

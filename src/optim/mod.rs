@@ -63,6 +63,42 @@ pub trait Optimizer {
     /// Sets the learning rate of the following steps (a runtime value:
     /// no recompile). A negative or non-finite rate is an error.
     fn set_lr(&mut self, lr: f64) -> Result<()>;
+
+    /// Records the backward pass of `loss` whose gradients the next
+    /// [`Optimizer::step`] uses: `loss.backward()`. A loss scaler
+    /// (`kiln::autocast::GradScaler`) records the backward pass of the
+    /// scaled loss instead, which is why [`TrainStep`] calls this rather
+    /// than `backward` itself.
+    fn backward(&mut self, loss: &Tensor) -> Result<()> {
+        loss.backward().map(|_| ())
+    }
+}
+
+/// A boxed optimizer is an optimizer, so a program can choose one at run
+/// time (`Box<dyn Optimizer>`: AdamW, or AdamW under a loss scaler) and
+/// hand it to a [`TrainStep`].
+impl<O: Optimizer + ?Sized> Optimizer for Box<O> {
+    fn step(&mut self) -> Result<()> {
+        (**self).step()
+    }
+
+    #[track_caller]
+    fn zero_grad(&self) -> Result<()> {
+        (**self).zero_grad()
+    }
+
+    fn lr(&self) -> f64 {
+        (**self).lr()
+    }
+
+    #[track_caller]
+    fn set_lr(&mut self, lr: f64) -> Result<()> {
+        (**self).set_lr(lr)
+    }
+
+    fn backward(&mut self, loss: &Tensor) -> Result<()> {
+        (**self).backward(loss)
+    }
 }
 
 /// The parameters an optimizer updates, and the context they live on.

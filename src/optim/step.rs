@@ -11,7 +11,10 @@ use crate::{Context, Location, Result, Tensor};
 /// the optimizer's update of every parameter, as one plan launched
 /// without recording anything (the host cost is flat in the model's
 /// size). The optimizer stays reachable ([`TrainStep::optimizer`]) for
-/// schedules: `set_lr` is a runtime value, so it changes no plan.
+/// schedules: `set_lr` is a runtime value, so it changes no plan. The
+/// gradients come from [`Optimizer::backward`], so an optimizer under a
+/// loss scaler (`kiln::autocast::GradScaler`) scales, checks and skips
+/// inside the replayed plan too.
 ///
 /// ```
 /// use kiln::prelude::*;
@@ -52,7 +55,7 @@ impl<O: Optimizer, L: FnMut(&[Tensor]) -> Result<Tensor>> TrainStep<O, L> {
         let (opt, loss) = (&mut self.opt, &mut self.loss);
         let mut step = |b: &[Tensor]| -> Result<Vec<Tensor>> {
             let l = loss(b)?;
-            l.backward()?;
+            opt.backward(&l)?;
             opt.step()?;
             opt.zero_grad()?;
             Ok(vec![l])

@@ -11,6 +11,7 @@
 //! also runs after every pass, and a failure names the pass that broke the
 //! graph.
 
+mod autocast;
 mod autodiff;
 mod constant_fold;
 mod cse;
@@ -22,6 +23,7 @@ mod simplify;
 mod streams;
 mod view_fold;
 
+pub use autocast::{policy_text, Autocast, OpKey, PolicyEntry, Precision, POLICY};
 pub use autodiff::{grad_region, gradients, Autodiff, GradRequest};
 pub use constant_fold::ConstantFold;
 pub use cse::Cse;
@@ -33,7 +35,7 @@ pub use simplify::Simplify;
 pub use streams::Streams;
 pub use view_fold::ViewFold;
 
-use crate::ir::{self, Graph, Phase};
+use crate::ir::{self, DType, Graph, Phase};
 use crate::{Error, Result};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -50,6 +52,12 @@ pub trait Pass: Send + Sync {
     /// forward, so a pass turned off never moves a graph back).
     fn reaches(&self) -> Phase {
         Phase::Canonical
+    }
+    /// Whether the pass has anything to do under these options. A pass
+    /// that does not apply is skipped like one turned off (no span, no
+    /// dump): autocast applies only when [`PassOptions::autocast`] is set.
+    fn applies(&self, _options: &PassOptions) -> bool {
+        true
     }
 }
 
@@ -124,28 +132,38 @@ pub struct PassOptions {
     /// How many streams the streams pass may spread independent work over
     /// (at least 1). With 1 there are no events.
     pub streams: u32,
+    /// Mixed precision: the low float type (`bf16` or `f16`) the autocast
+    /// pass runs products in, or `None` (the default) for none.
+    /// `Context::with_autocast` sets it; any other dtype is refused by the
+    /// pass with [`Error::Config`].
+    pub autocast: Option<DType>,
 }
 
 impl Default for PassOptions {
-    /// Exact math, one stream.
+    /// Exact math, one stream, no autocast.
     fn default() -> PassOptions {
-        PassOptions { fast_math: false, streams: 1 }
+        PassOptions { fast_math: false, streams: 1, autocast: None }
     }
 }
 
 impl fmt::Display for PassOptions {
-    /// The text a test header or a cache key uses: `fast-math streams=2`.
+    /// The text a test header or a cache key uses: `fast-math streams=2`,
+    /// `streams=1 autocast=bf16`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.fast_math {
             write!(f, "fast-math ")?;
         }
-        write!(f, "streams={}", self.streams)
+        write!(f, "streams={}", self.streams)?;
+        if let Some(low) = self.autocast {
+            write!(f, " autocast={low}")?;
+        }
+        Ok(())
     }
 }
 
 impl PassOptions {
     /// Options from a pass test header's settings (`fast-math`,
-    /// `streams=N`); anything else is [`Error::Config`].
+    /// `streams=N`, `autocast=bf16|f16`); anything else is [`Error::Config`].
     pub fn from_settings<S: AsRef<str>>(settings: &[S]) -> Result<PassOptions> {
         let mut options = PassOptions::default();
         for setting in settings {
@@ -156,9 +174,18 @@ impl PassOptions {
                 options.streams = n.parse().ok().filter(|&n| n >= 1).ok_or_else(|| {
                     Error::Config(format!("`{setting}`: streams must be a whole number of at least 1"))
                 })?;
+            } else if let Some(name) = setting.strip_prefix("autocast=") {
+                options.autocast = match DType::from_name(name) {
+                    Some(low @ (DType::BF16 | DType::F16)) => Some(low),
+                    _ => {
+                        return Err(Error::Config(format!(
+                            "`{setting}`: autocast runs in bf16 or f16, not `{name}`"
+                        )))
+                    }
+                };
             } else {
                 return Err(Error::Config(format!(
-                    "unknown pass setting `{setting}`; settings are `fast-math` and `streams=N`"
+                    "unknown pass setting `{setting}`; settings are `fast-math`, `streams=N` and `autocast=bf16|f16`"
                 )));
             }
         }
@@ -229,6 +256,11 @@ impl fmt::Debug for PassInfo {
 /// `Tensor::backward` (and by its `.kir` cases), so toggling it changes
 /// nothing.
 pub static REGISTRY: &[PassInfo] = &[
+    PassInfo {
+        pass: &Autocast,
+        description:
+            "run products in bf16/f16 and keep accumulations in f32, by a policy table (with_autocast)",
+    },
     PassInfo { pass: &ViewFold, description: "compose chains of views and drop identity views" },
     PassInfo { pass: &ConstantFold, description: "turn nodes of one known value into full constants" },
     PassInfo { pass: &Cse, description: "merge nodes that compute the same value" },
@@ -252,6 +284,9 @@ pub static REGISTRY: &[PassInfo] = &[
 /// for an earlier one (a `where` that constant folding forwards, joining
 /// two views) is left as it is.
 pub static PIPELINE: &[&dyn Pass] = &[
+    // Mixed precision first (only under `with_autocast`): the casts it adds
+    // are then folded, merged and fused like any other node.
+    &Autocast,
     // Views first, so folding and CSE see one view per chain.
     &ViewFold,
     // Fold constants (views of a Full included) before comparing nodes.
@@ -494,7 +529,7 @@ fn run_pipeline(
     };
     let mut cx = PassCtx { options: config.options, ..PassCtx::default() };
     for (step, pass) in PIPELINE.iter().enumerate() {
-        if !config.is_enabled(pass.name()) {
+        if !config.is_enabled(pass.name()) || !pass.applies(&cx.options) {
             continue;
         }
         let stats = run_pass(*pass, &mut graph, &mut cx, verify)?;

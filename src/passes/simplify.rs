@@ -206,7 +206,8 @@ mod tests {
 
     fn simplify(src: &str, fast_math: bool) -> (String, PassCtx) {
         let mut g = parse(src).unwrap();
-        let mut cx = PassCtx { options: PassOptions { fast_math, streams: 1 }, ..PassCtx::default() };
+        let mut cx =
+            PassCtx { options: PassOptions { fast_math, ..PassOptions::default() }, ..PassCtx::default() };
         Simplify.run(&mut g, &mut cx).unwrap();
         crate::ir::verify(&g).unwrap();
         (print(&g), cx)

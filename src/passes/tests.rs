@@ -18,6 +18,7 @@ fn registry_names_are_unique_kebab_case() {
     assert_eq!(
         names,
         [
+            "autocast",
             "view-fold",
             "constant-fold",
             "cse",
