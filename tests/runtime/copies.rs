@@ -91,8 +91,30 @@ fn a_batch_uploaded_while_steps_run_never_lands_in_a_block_a_step_still_reads() 
 /// the plan, and the plan would have finished by the time the read
 /// returned. (Not a timing assertion: the plan is hundreds of times longer
 /// than the copy, and the test asserts an order.)
+///
+/// It runs in a child process of its own (this test binary, this test
+/// only): with the suite's other tests on the same GPU at once (16 test
+/// threads compiling and loading kernels), the order failed once on the
+/// H100 while it held alone and under memcheck. Other threads' driver
+/// calls (module loads) may serialize with the upload; see the closing
+/// note of issue 18.
 #[test]
 fn an_upload_and_its_read_finish_while_a_long_plan_runs() -> Result<()> {
+    if !devices().iter().any(|(name, _)| *name == "cuda") {
+        return Ok(());
+    }
+    if std::env::var("KILN_ISOLATED_TEST").is_err() {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let out = std::process::Command::new(exe)
+            .args(["--exact", "copies::an_upload_and_its_read_finish_while_a_long_plan_runs", "--nocapture"])
+            .env("KILN_ISOLATED_TEST", "1")
+            .output()
+            .expect("the test binary runs");
+        let text =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && text.contains("1 passed"), "the isolated run failed:\n{text}");
+        return Ok(());
+    }
     for (name, make) in devices() {
         if name != "cuda" {
             continue;
@@ -116,7 +138,7 @@ fn an_upload_and_its_read_finish_while_a_long_plan_runs() -> Result<()> {
         assert_eq!(x.to_vec::<f32>()?, want);
         let read = t0.elapsed();
         let pending = poll_once(&mut long).is_pending();
-        let total = block_on(long)?;
+        let total = if pending { block_on(long)? } else { 0.0 };
         let finished = t0.elapsed();
         eprintln!(
             "{name}: launched at {launched:?}, uploaded at {uploaded:?}, read at {read:?}, the plan read at {finished:?}"
