@@ -143,12 +143,14 @@ fn big_graph(n: usize) -> kiln::ir::Graph {
     kiln::ir::text::parse(&text).unwrap()
 }
 
+/// A graph of 2,000 nodes (what `layout-rs` could not lay out) is drawn
+/// whole: every node, every region (how long it takes is
+/// `benches/report.rs`'s).
 #[test]
-fn layout_of_2000_nodes_is_fast() {
-    let g = big_graph(2000);
-    let took = kiln::report::time_layout(&g);
-    eprintln!("layout + SVG of 2,000 nodes: {took:?}");
-    assert!(took.as_secs_f64() < 10.0, "layout of 2,000 nodes took {took:?}");
+fn a_graph_of_2000_nodes_is_drawn_whole() {
+    let svg = kiln::report::graph_svg(&big_graph(2000));
+    assert_eq!(svg.matches("<g class=\"node").count(), 2000);
+    assert!(svg.contains("block4/layer7"), "the last region is missing");
 }
 
 #[test]
@@ -164,19 +166,17 @@ fn viewer_reads_a_dump_directory_and_a_kir_file() {
     };
     let r = Report::from_dump_dir(&recorded).unwrap();
     assert!(r.steps().len() >= 9, "{}", r.steps().len());
-    // The binary: a dump folder, with the CUDA kernels of its plan.
+    // The binary: a dump folder, with the CUDA kernels of its plan. Cargo
+    // builds it next to this test; a test binary copied elsewhere (the GPU
+    // bundle) has no viewer beside it, and says so.
+    let viewer = PathBuf::from(env!("CARGO_BIN_EXE_kiln-view"));
+    assert!(viewer.exists(), "kiln-view is not at {}: run this test with cargo test", viewer.display());
     let page = dir.join("view.html");
-    let out = Command::new(env!("CARGO_BIN_EXE_kiln-view"))
-        .arg(&recorded)
-        .arg("-o")
-        .arg(&page)
-        .arg("--cuda")
-        .output()
-        .unwrap();
+    let out = Command::new(&viewer).arg(&recorded).arg("-o").arg(&page).arg("--cuda").output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let html = std::fs::read_to_string(&page).unwrap();
     assert!(html.contains("<svg") && html.contains("memory"), "kiln-view wrote no report");
-    let out = Command::new(env!("CARGO_BIN_EXE_kiln-view")).arg(dir.join("nothing-here")).output().unwrap();
+    let out = Command::new(&viewer).arg(dir.join("nothing-here")).output().unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("kiln-view:"));
     let kir = dir.join("g.kir");
     std::fs::write(&kir, kiln::ir::text::print(&big_graph(12))).unwrap();
@@ -186,26 +186,27 @@ fn viewer_reads_a_dump_directory_and_a_kir_file() {
     assert!(matches!(err, Error::Io(_)), "{err}");
 }
 
-/// What `kiln_report_writes_a_page_per_compile` runs in a child process
-/// with `KILN_REPORT` set (the variable is read when a context is made,
-/// so it cannot be set for one test of this process).
-#[test]
-#[ignore = "run by kiln_report_writes_a_page_per_compile"]
-fn kiln_report_child() {
-    let ctx = Context::cpu().with_seed(1);
-    mlp(&ctx).to_vec::<f32>().unwrap();
-}
-
+/// `KILN_REPORT` is read when a context is made, so it cannot be set for
+/// one test of this process: the test runs itself again in a child process
+/// (this binary, this test only) with the variable set, and there (where
+/// `KILN_REPORT_CHILD` says so) runs a small model, then checks the page.
 #[test]
 fn kiln_report_writes_a_page_per_compile() {
+    if std::env::var("KILN_REPORT_CHILD").is_ok() {
+        let ctx = Context::cpu().with_seed(1);
+        mlp(&ctx).to_vec::<f32>().unwrap();
+        return;
+    }
     let dir = out_dir("kiln-report-env");
     let _ = std::fs::remove_dir_all(&dir);
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "kiln_report_child"])
+        .args(["--exact", "kiln_report_writes_a_page_per_compile"])
         .env("KILN_REPORT", &dir)
+        .env("KILN_REPORT_CHILD", "1")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("1 passed"), "the child run failed:\n{stdout}");
     let pages: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(pages.len(), 1, "{pages:?}");
     let html = std::fs::read_to_string(&pages[0]).unwrap();

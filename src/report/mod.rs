@@ -264,10 +264,8 @@ fn in_file(path: &Path, e: Error) -> Error {
     }
 }
 
-/// Lays out a graph and says how long it took: the layout measurement
-/// (`tests/report.rs` runs it on 2,000 nodes).
-pub fn time_layout(graph: &Graph) -> std::time::Duration {
-    let start = std::time::Instant::now();
-    let _ = svg::draw(graph, "t", None);
-    start.elapsed()
+/// `graph` drawn as an SVG document, as the report draws each pass (the
+/// layered layout of `layout.rs`; fused bodies are not expanded).
+pub fn graph_svg(graph: &Graph) -> String {
+    svg::draw(graph, "g", None).svg
 }
