@@ -21,17 +21,15 @@
 //! Without a GPU it says so and exits 0 (`KILN_REQUIRE_CUDA=1`: 1).
 
 use kiln::autocast::{GradScaler, ScalerConfig};
-use kiln::nn::{
-    self, Conv2d, Conv2dOptions, Flatten, LayerNorm, Linear, MaxPool2d, Module, ReLU, Residual, Sequential,
-    GELU,
-};
+use kiln::nn::{self, Conv2d, Conv2dOptions, Flatten, Linear, MaxPool2d, Module, ReLU, Sequential};
 use kiln::optim::{AdamConfig, AdamW, Optimizer, Sgd, SgdConfig, TrainStep};
 use kiln::prelude::*;
 use std::io::Write;
 
-const D: usize = 256;
-const HIDDEN: usize = 1024;
-const BLOCKS: usize = 16;
+#[path = "common/models.rs"]
+mod models;
+
+use models::{blocks, median, mlp, D};
 
 /// A JSON number, or `null` for a NaN or infinity (JSON has neither).
 fn json_number(v: f32) -> String {
@@ -40,25 +38,6 @@ fn json_number(v: f32) -> String {
     } else {
         "null".into()
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
-fn mlp(ctx: &Context) -> Result<Sequential> {
-    Sequential::new(ctx, "mlp", |ctx| {
-        Ok(vec![
-            Linear::new(ctx, "0", 784, 1024)?.boxed(),
-            ReLU.boxed(),
-            Linear::new(ctx, "2", 1024, 1024)?.boxed(),
-            ReLU.boxed(),
-            Linear::new(ctx, "4", 1024, 1024)?.boxed(),
-            ReLU.boxed(),
-            Linear::new(ctx, "6", 1024, 10)?.boxed(),
-        ])
-    })
 }
 
 /// digits' CNN (examples/digits.rs, without dropout).
@@ -75,24 +54,6 @@ fn cnn(ctx: &Context) -> Result<Sequential> {
             Flatten.boxed(),
             Linear::new(ctx, "8", 128, 10)?.boxed(),
         ])
-    })
-}
-
-fn blocks(ctx: &Context) -> Result<Sequential> {
-    Sequential::new(ctx, "blocks", |ctx| {
-        (0..BLOCKS)
-            .map(|b| {
-                let block = Sequential::new(ctx, &format!("{b}"), |ctx| {
-                    Ok(vec![
-                        LayerNorm::new(ctx, "ln", D)?.boxed(),
-                        Linear::new(ctx, "fc1", D, HIDDEN)?.boxed(),
-                        GELU.boxed(),
-                        Linear::new(ctx, "fc2", HIDDEN, D)?.boxed(),
-                    ])
-                })?;
-                Ok(Residual::new(block).boxed())
-            })
-            .collect()
     })
 }
 

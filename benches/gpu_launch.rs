@@ -36,20 +36,16 @@
 //!
 //! Without a GPU it says so and exits 0 (`KILN_REQUIRE_CUDA=1`: 1).
 
-use kiln::nn::{self, LayerNorm, Linear, Module, ReLU, Residual, Sequential, GELU};
+use kiln::nn::{self, Module};
 use kiln::optim::{AdamConfig, AdamW, Sgd, SgdConfig, TrainStep};
 use kiln::prelude::*;
 use std::io::Write;
 use std::time::Instant;
 
-const D: usize = 256;
-const HIDDEN: usize = 1024;
-const BLOCKS: usize = 16;
+#[path = "common/models.rs"]
+mod models;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
+use models::{blocks, median, mlp, D};
 
 /// One output row (and its JSON line).
 fn row(out: &mut Option<std::fs::File>, workload: &str, imp: &str, ms: f64, extra: &str) {
@@ -120,38 +116,6 @@ fn ncu_calls(mut f: impl FnMut() -> Result<()>) -> Result<()> {
     // SAFETY: as above.
     unsafe { cudarc::driver::sys::cuProfilerStop() };
     Ok(())
-}
-
-fn blocks(ctx: &Context) -> Result<Sequential> {
-    Sequential::new(ctx, "blocks", |ctx| {
-        (0..BLOCKS)
-            .map(|b| {
-                let block = Sequential::new(ctx, &format!("{b}"), |ctx| {
-                    Ok(vec![
-                        LayerNorm::new(ctx, "ln", D)?.boxed(),
-                        Linear::new(ctx, "fc1", D, HIDDEN)?.boxed(),
-                        GELU.boxed(),
-                        Linear::new(ctx, "fc2", HIDDEN, D)?.boxed(),
-                    ])
-                })?;
-                Ok(Residual::new(block).boxed())
-            })
-            .collect()
-    })
-}
-
-fn mlp(ctx: &Context) -> Result<Sequential> {
-    Sequential::new(ctx, "mlp", |ctx| {
-        Ok(vec![
-            Linear::new(ctx, "0", 784, 1024)?.boxed(),
-            ReLU.boxed(),
-            Linear::new(ctx, "2", 1024, 1024)?.boxed(),
-            ReLU.boxed(),
-            Linear::new(ctx, "4", 1024, 1024)?.boxed(),
-            ReLU.boxed(),
-            Linear::new(ctx, "6", 1024, 10)?.boxed(),
-        ])
-    })
 }
 
 fn main() -> Result<()> {
