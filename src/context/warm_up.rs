@@ -2,7 +2,7 @@
 //! compiling took.
 //!
 //! A first read pays for the plan's compile: the passes, then on CUDA the
-//! kernels (NVRTC, in parallel, or the disk cache; see
+//! kernels (NVRTC, one program per plan, or the disk cache; see
 //! `backends/cuda/nvrtc.rs`). A server or a training script can pay that
 //! at start-up instead: [`Context::warm_up`] compiles what a read of the
 //! given tensors would run, without running it, so the read that follows
