@@ -69,6 +69,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod attention;
 pub mod backends;
 pub mod capture;
 mod context;
@@ -85,7 +86,7 @@ pub mod typed;
 pub use context::{Context, Gradients, RegionStats, Stats, Variable, VariableInfo, Workspace};
 pub use error::{Error, Location, Result};
 pub use ir::{DType, Element};
-pub use tensor::{IntoOperand, Operand, Tensor};
+pub use tensor::{IntoDim, IntoOperand, Operand, Tensor};
 
 /// What most programs need: `use kiln::prelude::*;`.
 pub mod prelude {
