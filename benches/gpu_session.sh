@@ -8,6 +8,9 @@
 #   bash benches/gpu_session.sh racecheck
 #   bash benches/gpu_session.sh bench        # benches/gpu.rs + torch_baseline.py, one table
 #   bash benches/gpu_session.sh launch       # benches/gpu_launch.rs + torch_launch.py (issue 18)
+#   bash benches/gpu_session.sh transformer  # benches/gpu_transformer.rs + torch_transformer.py (issue 20)
+#   bash benches/gpu_session.sh minilm       # examples/embed.rs and tests-nn (bert) on the real weights,
+#                                            # from the model folder in $KILN_MODEL_DIR (see benches/minilm_halves.py)
 # Several stages in one call: bash benches/gpu_session.sh tests quickstart
 # Full logs go to $OUT (the device tool brings them back).
 set -uo pipefail
@@ -56,6 +59,22 @@ for stage in "$@"; do
       cat "$OUT/launch-kiln.log"
       PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-400} python3 benches/torch_launch.py "$OUT/kiln_launch.jsonl" --markdown "$OUT/launch.md" > "$OUT/launch-torch.log" 2>&1 || status=1
       tail -40 "$OUT/launch-torch.log" ;;
+    transformer)
+      KILN_BENCH_OUT=$OUT/kiln_transformer.jsonl timeout 400 $bin/benches-gpu_transformer > "$OUT/transformer-kiln.log" 2>&1 || status=1
+      cat "$OUT/transformer-kiln.log"
+      PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-500} python3 benches/torch_transformer.py "$OUT/kiln_transformer.jsonl" --markdown "$OUT/transformer.md" > "$OUT/transformer-torch.log" 2>&1 || status=1
+      tail -50 "$OUT/transformer-torch.log" ;;
+    minilm)
+      # The real weights: the f32 checkpoint travels as two safetensors
+      # halves of disjoint tensors (benches/minilm_halves.py), which the
+      # test and the example read as one checkpoint.
+      dir=${KILN_MODEL_DIR:-.cache/models/all-minilm-l6-v2}
+      export KILN_MODEL_DIR=$dir KILN_REQUIRE_MODEL=1
+      timeout 120 $bin/examples-embed "$dir" "a cat sits" "a dog sits" "tax law" > "$OUT/embed.log" 2>&1 || status=1
+      timeout 120 $bin/examples-embed --dtype bf16 "$dir" "a cat sits" "a dog sits" "tax law" >> "$OUT/embed.log" 2>&1 || status=1
+      cat "$OUT/embed.log"
+      timeout 300 $bin/tests-nn bert --nocapture > "$OUT/nn-bert.log" 2>&1 || status=1
+      summary "$OUT/nn-bert.log"; grep "largest" "$OUT/nn-bert.log" ;;
     *) echo "unknown stage $stage"; status=1 ;;
   esac
 done

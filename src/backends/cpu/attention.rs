@@ -103,6 +103,7 @@ impl<A: Acc> MaskRead<'_, A> {
 }
 
 /// `softmax(scale q kᵀ + mask) v` into `out` (`[b, h, sq, dv]`, dense).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     q: &CpuBuffer,
     k: &CpuBuffer,

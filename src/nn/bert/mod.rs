@@ -33,3 +33,31 @@ pub use pool::{mean_pool, normalize};
 pub use tokenizer::{Batch, Tokenizer};
 
 use crate::Tensor;
+use std::path::{Path, PathBuf};
+
+/// The safetensors files of the checkpoint in a model folder:
+/// `model.safetensors`, or else every `model-*.safetensors` (a sharded
+/// checkpoint, or one split into parts to travel), in name order.
+pub fn checkpoint_files(dir: &Path) -> crate::Result<Vec<PathBuf>> {
+    let whole = dir.join("model.safetensors");
+    if whole.exists() {
+        return Ok(vec![whole]);
+    }
+    let mut parts: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| crate::Error::Io(format!("cannot read {}: {e}", dir.display())))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("model-") && n.ends_with(".safetensors"))
+        })
+        .collect();
+    parts.sort();
+    if parts.is_empty() {
+        return Err(crate::Error::Io(format!(
+            "{} has no model.safetensors (nor model-*.safetensors parts)",
+            dir.display()
+        )));
+    }
+    Ok(parts)
+}
