@@ -23,12 +23,13 @@ use std::io::Write;
 use std::time::Instant;
 
 type Call = Box<dyn FnMut() -> Result<Tensor>>;
+type Make = Box<dyn Fn(&Context) -> Result<Call>>;
 
 struct Workload {
     name: String,
     /// FLOPs of one call (matmuls and attention's two products).
     flops: f64,
-    make: Box<dyn Fn(&Context) -> Result<Call>>,
+    make: Make,
 }
 
 const B: usize = 32;

@@ -8,6 +8,7 @@
 //! tests say so and pass, unless `KILN_REQUIRE_MODEL=1`.
 
 #[path = "bert_reference.rs"]
+#[allow(clippy::excessive_precision)]
 mod reference;
 
 use kiln::nn::bert::{checkpoint_files, hf_name, mean_pool, normalize, Bert, BertConfig, Tokenizer};

@@ -40,8 +40,9 @@ print()
 print(f"pub const EMBEDDINGS: [[f32; {emb.shape[1]}]; {emb.shape[0]}] = [")
 for row in emb:
     print("    [")
-    vals = [repr(float(x)) for x in row]
+    # numpy's shortest text that reads back as the same f32
+    vals = [np.format_float_positional(x, unique=True, trim="0") for x in row]
     for i in range(0, len(vals), 8):
-        print("        " + ", ".join(v if ("." in v or "e" in v) else v + ".0" for v in vals[i:i + 8]) + ",")
+        print("        " + ", ".join(vals[i:i + 8]) + ",")
     print("    ],")
 print("];")

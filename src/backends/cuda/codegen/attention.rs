@@ -106,12 +106,14 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
     let _ = writeln!(s, "  const I i = qb * {rows} + t;\n  const bool active = i < {sq};");
     let _ = writeln!(s, "  A qr[{}], acc[{}], sc[{tile}];", d.max(1), dv.max(1));
     let _ = writeln!(s, "  A m = NEG_INF, l = 0;");
+    // Every loop over a head dim is unrolled: the arrays stay in registers
+    // only when no index is a run-time value.
     let _ = writeln!(
         s,
-        "  for (int c = 0; c < {d}; ++c) qr[c] = active ? (A){} : (A)0;",
+        "  #pragma unroll\n  for (int c = 0; c < {d}; ++c) qr[c] = active ? (A){} : (A)0;",
         load(&format!("q[{}]", spec.q.at("b", "h", "i", "c")))
     );
-    let _ = writeln!(s, "  for (int c = 0; c < {dv}; ++c) acc[c] = 0;");
+    let _ = writeln!(s, "  #pragma unroll\n  for (int c = 0; c < {dv}; ++c) acc[c] = 0;");
     // Causal: this block's rows never see keys past its last row.
     let end = if spec.causal {
         format!("(qb + 1) * {rows} < {sk} ? (qb + 1) * {rows} : (I){sk}")
@@ -168,15 +170,15 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
     s.push_str("      const A mn = tmax > m ? tmax : m;\n");
     let _ = writeln!(s, "      const A corr = {ex}(m - mn);");
     s.push_str("      m = mn;\n      l *= corr;\n");
-    let _ = writeln!(s, "      for (int c = 0; c < {dv}; ++c) acc[c] *= corr;");
+    let _ = writeln!(s, "      #pragma unroll\n      for (int c = 0; c < {dv}; ++c) acc[c] *= corr;");
     let _ = writeln!(s, "      #pragma unroll\n      for (int r = 0; r < {tile}; ++r) {{");
     s.push_str("        if (sc[r] == NEG_INF) continue;\n");
     let _ = writeln!(s, "        const A p = {ex}(sc[r] - m);");
     s.push_str("        l += p;\n");
-    let _ = writeln!(s, "        for (int c = 0; c < {dv}; ++c) acc[c] += p * vs[r * {dv} + c];");
+    let _ = writeln!(s, "        #pragma unroll\n        for (int c = 0; c < {dv}; ++c) acc[c] += p * vs[r * {dv} + c];");
     s.push_str("      }\n    }\n  }\n");
     s.push_str("  if (active) {\n    const A inv = l == 0 ? (A)0 : (A)1 / l;\n");
-    let _ = writeln!(s, "    for (int c = 0; c < {dv}; ++c)");
+    let _ = writeln!(s, "    #pragma unroll\n    for (int c = 0; c < {dv}; ++c)");
     let _ = writeln!(
         s,
         "      out[(bh * {sq} + i) * {dv} + c] = {};\n  }}\n}}",
