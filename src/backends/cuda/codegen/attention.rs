@@ -175,7 +175,10 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
     s.push_str("        if (sc[r] == NEG_INF) continue;\n");
     let _ = writeln!(s, "        const A p = {ex}(sc[r] - m);");
     s.push_str("        l += p;\n");
-    let _ = writeln!(s, "        #pragma unroll\n        for (int c = 0; c < {dv}; ++c) acc[c] += p * vs[r * {dv} + c];");
+    let _ = writeln!(
+        s,
+        "        #pragma unroll\n        for (int c = 0; c < {dv}; ++c) acc[c] += p * vs[r * {dv} + c];"
+    );
     s.push_str("      }\n    }\n  }\n");
     s.push_str("  if (active) {\n    const A inv = l == 0 ? (A)0 : (A)1 / l;\n");
     let _ = writeln!(s, "    #pragma unroll\n    for (int c = 0; c < {dv}; ++c)");
