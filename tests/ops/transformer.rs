@@ -352,3 +352,51 @@ fn attention_refuses_what_it_cannot_take() {
     let m = msg(q.scaled_dot_product_attention(&q, &q.cast(DType::F64), None, false, None));
     assert!(m.contains("attention values are f64 but the queries are f32"), "{m}");
 }
+
+/// The generated CUDA kernels this file's ops add (attention with each
+/// kind of mask, in f32 and bf16, and index_add) run on the CPU emulator
+/// in every CI run, against the CPU backend, as one plan (one g++ build).
+/// The tests above cover every dtype on the emulator with
+/// `KILN_TEST_EMULATE=1`, and on a GPU.
+#[cfg(feature = "cuda-emulator")]
+#[test]
+fn generated_attention_and_index_add_kernels_run_on_the_emulator() -> Result<()> {
+    let run = |ctx: &Context| -> Result<Vec<Vec<f32>>> {
+        let mut rng = Rng::new(2004);
+        let mut t = |shape: &[usize]| tensor_f(ctx, DType::F32, &rand_f(&mut rng, DType::F32, shape, 1.0));
+        let (q, k, v) = (t(&[2, 2, 20, 8]), t(&[2, 2, 40, 8]), t(&[2, 2, 40, 8]));
+        let add = t(&[2, 2, 20, 40]);
+        let keep = key_mask(ctx, 2, 40);
+        let (x, src) = (t(&[6, 3]), t(&[5, 3]));
+        let idx = ctx.tensor(&[5i64, 0, 5, 2, 5], [5]);
+        let bf = |a: &Tensor| a.cast(DType::BF16);
+        let outs = [
+            q.scaled_dot_product_attention(&k, &v, None, false, None),
+            q.scaled_dot_product_attention(&k, &v, None, true, None),
+            q.scaled_dot_product_attention(&k, &v, Some(&keep), false, Some(0.5)),
+            q.scaled_dot_product_attention(&k, &v, Some(&add), true, None),
+            bf(&q).scaled_dot_product_attention(&bf(&k), &bf(&v), Some(&keep), true, None).cast(DType::F32),
+            x.index_add(0, &idx, &src),
+        ];
+        ctx.realize(&outs.iter().collect::<Vec<_>>())?;
+        outs.iter().map(|o| o.to_vec::<f32>()).collect()
+    };
+    let (cpu, emu) = (run(&Context::cpu())?, run(&Context::cuda_emulated())?);
+    for (i, (c, e)) in cpu.iter().zip(&emu).enumerate() {
+        let tol = if i == 4 { 1e-2 } else { 1e-5 };
+        for (j, (a, b)) in c.iter().zip(e).enumerate() {
+            assert!(
+                (a - b).abs() <= tol * (1.0 + a.abs()),
+                "output {i} element {j}: cpu {a}, emulated cuda {b}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A `[b, 1, 1, s]` key-padding mask keeping all but every fourth key.
+#[cfg(feature = "cuda-emulator")]
+fn key_mask(ctx: &Context, b: usize, s: usize) -> Tensor {
+    let keep: Vec<bool> = (0..b * s).map(|i| i % 4 != 3).collect();
+    ctx.tensor(&keep, [b, 1, 1, s])
+}
