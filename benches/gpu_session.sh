@@ -14,6 +14,9 @@
 #                                            # AMP_ARGS=--all adds the CNN and 16-block rows, AMP_ONLY=<substring>
 #                                            # and AMP_MODES=eager,compile,reduce-overhead pick rows and torch modes
 #   bash benches/gpu_session.sh digits-amp   # examples/digits.rs MLP and --conv under --autocast bf16 (and f32)
+#   bash benches/gpu_session.sh transformer  # benches/gpu_transformer.rs + torch_transformer.py (issue 20)
+#   bash benches/gpu_session.sh minilm       # examples/embed.rs and tests-nn (bert) on the real weights,
+#                                            # from the model folder in $KILN_MODEL_DIR (see benches/minilm_halves.py)
 # Several stages in one call: bash benches/gpu_session.sh tests quickstart
 # Full logs go to $OUT (the device tool brings them back).
 set -uo pipefail
@@ -110,6 +113,22 @@ for stage in "$@"; do
         timeout 240 $bin/examples-digits $a --out "$OUT/$f" > "$OUT/$f.log" 2>&1 || status=1
         echo "-- digits $a"; tail -4 "$OUT/$f.log"
       done ;;
+    transformer)
+      KILN_BENCH_OUT=$OUT/kiln_transformer.jsonl timeout 400 $bin/benches-gpu_transformer > "$OUT/transformer-kiln.log" 2>&1 || status=1
+      cat "$OUT/transformer-kiln.log"
+      PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-500} python3 benches/torch_transformer.py "$OUT/kiln_transformer.jsonl" --markdown "$OUT/transformer.md" > "$OUT/transformer-torch.log" 2>&1 || status=1
+      tail -50 "$OUT/transformer-torch.log" ;;
+    minilm)
+      # The real weights: the f32 checkpoint travels as two safetensors
+      # halves of disjoint tensors (benches/minilm_halves.py), which the
+      # test and the example read as one checkpoint.
+      dir=${KILN_MODEL_DIR:-.cache/models/all-minilm-l6-v2}
+      export KILN_MODEL_DIR=$dir KILN_REQUIRE_MODEL=1
+      timeout 120 $bin/examples-embed "$dir" "a cat sits" "a dog sits" "tax law" > "$OUT/embed.log" 2>&1 || status=1
+      timeout 120 $bin/examples-embed --dtype bf16 "$dir" "a cat sits" "a dog sits" "tax law" >> "$OUT/embed.log" 2>&1 || status=1
+      cat "$OUT/embed.log"
+      timeout 300 $bin/tests-nn bert --nocapture > "$OUT/nn-bert.log" 2>&1 || status=1
+      summary "$OUT/nn-bert.log"; grep "largest" "$OUT/nn-bert.log" ;;
     *) echo "unknown stage $stage"; status=1 ;;
   esac
 done

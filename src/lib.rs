@@ -71,6 +71,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod attention;
 pub mod autocast;
 pub mod backends;
 pub mod capture;
@@ -93,7 +94,7 @@ pub use context::{
 };
 pub use error::{Error, Location, Result};
 pub use ir::{DType, Element};
-pub use tensor::{IntoOperand, Operand, Tensor};
+pub use tensor::{IntoDim, IntoOperand, Operand, Tensor};
 
 /// What most programs need: `use kiln::prelude::*;`.
 pub mod prelude {

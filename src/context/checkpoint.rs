@@ -234,7 +234,7 @@ pub(crate) fn st_dtype(d: DType) -> Dtype {
     }
 }
 
-fn kiln_dtype(d: Dtype) -> Option<DType> {
+pub(crate) fn kiln_dtype(d: Dtype) -> Option<DType> {
     Some(match d {
         Dtype::F16 => DType::F16,
         Dtype::BF16 => DType::BF16,

@@ -278,7 +278,14 @@ fn encode(graph: &Graph, id: NodeId, operands: &[NodeId], marks: &[(u32, u32)], 
                 put(w, *v as u64);
             }
         }
-        Op::Gather { dim } | Op::IndexSelect { dim } | Op::Cat { dim } => put(w, *dim as u64),
+        Op::Gather { dim } | Op::IndexSelect { dim } | Op::IndexAdd { dim } | Op::Cat { dim } => {
+            put(w, *dim as u64)
+        }
+        Op::Attention { scale, causal, mask } => {
+            put(w, scale.to_bits());
+            put(w, *causal as u64);
+            put(w, *mask as u64);
+        }
         Op::Fused(body) => {
             // Not recorded by the API; its printed body is exact.
             let text = crate::ir::text::print(body.graph());
@@ -317,6 +324,8 @@ fn op_tag(op: &Op) -> u64 {
         Op::IndexSelect { .. } => 20,
         Op::Cat { .. } => 21,
         Op::Fused(_) => 22,
+        Op::IndexAdd { .. } => 23,
+        Op::Attention { .. } => 24,
     }
 }
 

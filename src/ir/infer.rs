@@ -2,7 +2,7 @@
 //! accepts and what it produces. The user API, the parser and the verifier
 //! all call [`infer`], so they cannot disagree.
 
-use super::{BinaryOp, DType, Op, ReduceOp, Shape};
+use super::{AttnMask, BinaryOp, DType, Op, ReduceOp, Shape};
 
 /// The result type of `op` applied to operands of the given types, or a
 /// message saying what is wrong. `Ok(None)` for source ops, whose type is
@@ -238,6 +238,84 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
             let mut out = x.clone();
             out.0[*dim] = idx.0[0];
             (out, d)
+        }
+        Op::IndexAdd { dim } => {
+            let ((x, d), (idx, di), (src, ds)) = (ty(0), ty(1), ty(2));
+            index_dtype(name, di)?;
+            if ds != d {
+                return Err(mixed(name, d, ds));
+            }
+            if d == DType::Bool {
+                return Err("index_add is not defined on bool; cast to a numeric dtype first".into());
+            }
+            if idx.rank() != 1 {
+                return Err(format!("index_add needs a 1-D index, got {idx}"));
+            }
+            if *dim >= x.rank() {
+                return Err(format!("index_add dim {dim} is out of range for {x}"));
+            }
+            let mut want = x.clone();
+            want.0[*dim] = idx.0[0];
+            if *src != want {
+                return Err(format!(
+                    "index_add of source {src} into {x} along dim {dim} with {} indices: the source must be {want}",
+                    idx.0[0]
+                ));
+            }
+            (x.clone(), d)
+        }
+        Op::Attention { mask, .. } => {
+            let ((q, dq), (k, dk), (v, dv)) = (ty(0), ty(1), ty(2));
+            for (what, dt) in [("keys", dk), ("values", dv)] {
+                if dt != dq {
+                    return Err(format!(
+                        "attention {what} are {dt} but the queries are {dq}; cast one side first"
+                    ));
+                }
+            }
+            if !dq.is_float() {
+                return Err(format!("attention needs float tensors, got {dq}; cast them first"));
+            }
+            if q.rank() != 4 || k.rank() != 4 || v.rank() != 4 {
+                return Err(format!(
+                    "attention takes [batch, heads, seq, dim] queries, keys and values, got {q}, {k} and {v}"
+                ));
+            }
+            let (b, h, sq, d) = (q.0[0], q.0[1], q.0[2], q.0[3]);
+            if k.0[..2] != q.0[..2] || v.0[..2] != q.0[..2] {
+                return Err(format!(
+                    "attention batch and head dims differ: queries {q}, keys {k}, values {v}"
+                ));
+            }
+            if k.0[3] != d {
+                return Err(format!(
+                    "attention queries {q} and keys {k} have different head dims ({d} and {})",
+                    k.0[3]
+                ));
+            }
+            if v.0[2] != k.0[2] {
+                return Err(format!("attention keys {k} and values {v} have different lengths"));
+            }
+            let sk = k.0[2];
+            if *mask != AttnMask::None {
+                let (m, dm) = ty(3);
+                let want = Shape(vec![b, h, sq, sk]);
+                if *m != want {
+                    return Err(format!("attention mask {m} must have shape {want} (broadcast it first)"));
+                }
+                match mask {
+                    AttnMask::Additive if dm != dq => {
+                        return Err(format!(
+                            "an additive attention mask must be {dq} like the queries, got {dm}"
+                        ))
+                    }
+                    AttnMask::Keep if dm != DType::Bool => {
+                        return Err(format!("a boolean attention mask must be bool, got {dm}"))
+                    }
+                    _ => {}
+                }
+            }
+            (Shape(vec![b, h, sq, v.0[3]]), dq)
         }
         Op::Cat { dim } => {
             let (first, d) = ty(0);

@@ -93,6 +93,30 @@ pub enum PoolKind {
     Avg,
 }
 
+/// What the optional fourth operand of an [`Op::Attention`] node is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AttnMask {
+    /// No mask operand.
+    None,
+    /// A float mask of the query's dtype, added to the scaled scores
+    /// (`-inf` or a large negative value removes a key).
+    Additive,
+    /// A bool mask: `true` keeps the key, `false` removes it (PyTorch's
+    /// boolean `attn_mask`).
+    Keep,
+}
+
+impl AttnMask {
+    /// The text IR's word for it (`mask=additive`).
+    pub fn name(self) -> &'static str {
+        match self {
+            AttnMask::None => "none",
+            AttnMask::Additive => "additive",
+            AttnMask::Keep => "bool",
+        }
+    }
+}
+
 /// One operation. Source ops (`Input`, `Buffer`, `Full`, `Arange`,
 /// `Random`) take their shape and dtype from the node; every other op's
 /// shape and dtype follow from its operands ([`super::infer`]).
@@ -196,6 +220,32 @@ pub enum Op {
         /// The indexed dimension.
         dim: usize,
     },
+    /// `torch.index_add(x, dim, index, src)`: operands x, 1-D index (i64
+    /// or i32), src (x's shape with `dim` resized to the index's length);
+    /// the result is `x` with `src[.., i, ..]` added at `index[i]` along
+    /// `dim`, in index order. The scatter-add that `index_select`'s
+    /// gradient (an embedding's) is.
+    IndexAdd {
+        /// The indexed dimension.
+        dim: usize,
+    },
+    /// Scaled dot-product attention over `[batch, heads, seq, dim]`:
+    /// operands q `[b, h, sq, d]`, k `[b, h, sk, d]`, v `[b, h, sk, dv]`
+    /// and, unless `mask` is `None`, a mask of shape `[b, h, sq, sk]`
+    /// (usually an expand of a `[b, 1, 1, sk]` key-padding mask). The
+    /// result `[b, h, sq, dv]` is `softmax(scale * q kᵀ + mask) v`, one
+    /// node so that backends run it as one kernel that never stores the
+    /// `[sq, sk]` scores (see `crate::attention`). A query row whose keys
+    /// are all removed gives zeros.
+    Attention {
+        /// The factor on `q kᵀ` (usually `1 / sqrt(d)`).
+        scale: f64,
+        /// Also remove key `j > i` from query row `i` (top-left aligned,
+        /// as PyTorch's `is_causal`).
+        causal: bool,
+        /// What the fourth operand is, if any.
+        mask: AttnMask,
+    },
     /// Concatenation of two or more operands along `dim`.
     Cat {
         /// The joined dimension.
@@ -232,6 +282,8 @@ impl Op {
             Op::Pool2d { kind: PoolKind::Avg, .. } => "avg_pool2d",
             Op::Gather { .. } => "gather",
             Op::IndexSelect { .. } => "index_select",
+            Op::IndexAdd { .. } => "index_add",
+            Op::Attention { .. } => "attention",
             Op::Cat { .. } => "cat",
             Op::Fused(_) => "fused",
         }
@@ -271,7 +323,9 @@ impl Op {
             | Op::Conv2d { .. }
             | Op::Gather { .. }
             | Op::IndexSelect { .. } => 2,
-            Op::Where => 3,
+            Op::Where | Op::IndexAdd { .. } => 3,
+            Op::Attention { mask: AttnMask::None, .. } => 3,
+            Op::Attention { .. } => 4,
             Op::Fused(body) => body.inputs(),
             Op::Cat { .. } => return None,
         })

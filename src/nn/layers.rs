@@ -134,9 +134,9 @@ impl Module for LayerNorm {
 
 /// A lookup table (PyTorch's `nn.Embedding`): integer ids of any shape
 /// give rows of `weight` (`[num, dim]`, from `N(0, 1)`), shape
-/// `ids.shape + [dim]`. Its gradient is `index_select`'s, a one-hot
-/// product: fine for small tables, quadratic in the table size for big
-/// vocabularies.
+/// `ids.shape + [dim]`. Its gradient is `index_select`'s, a scatter-add
+/// (`index_add`) of the output gradient's rows into zeros: linear in the
+/// number of ids, whatever the vocabulary's size.
 pub struct Embedding {
     ctx: Context,
     name: String,

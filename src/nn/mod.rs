@@ -38,12 +38,14 @@
 //! maps onto a PyTorch state dict name for name.
 
 mod activation;
+pub mod bert;
 mod checkpoint;
 mod container;
 mod conv;
 mod ema;
 mod layers;
 mod loss;
+mod mapped;
 
 pub use activation::{Flatten, ReLU, Sigmoid, Tanh, GELU};
 pub use checkpoint::{load, save};
@@ -52,6 +54,7 @@ pub use conv::{AvgPool2d, Conv2d, Conv2dOptions, MaxPool2d};
 pub use ema::Ema;
 pub use layers::{Dropout, Embedding, LayerNorm, Linear};
 pub use loss::{binary_cross_entropy_with_logits, cross_entropy, cross_entropy_smoothed, mse};
+pub use mapped::{load_mapped, table, LoadReport};
 
 use crate::{Context, DType, Error, Location, Result, Tensor, Variable};
 

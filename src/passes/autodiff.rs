@@ -36,6 +36,7 @@
 //! `stack` (a `cat` of reshapes), `narrow` (a `slice`), `mean` and `matmul`
 //! with broadcast batch dims (an `expand`).
 
+mod attention;
 mod build;
 mod rules;
 mod window;

@@ -214,8 +214,11 @@ impl Tensor {
     /// dtype.
     #[track_caller]
     pub fn where_cond(&self, on_true: impl IntoOperand, on_false: impl IntoOperand) -> Tensor {
-        let location = Location::caller();
-        let (t, f) = match (on_true.into_operand(), on_false.into_operand()) {
+        self.where_at(on_true.into_operand(), on_false.into_operand(), Location::caller())
+    }
+
+    pub(crate) fn where_at(&self, on_true: Operand, on_false: Operand, location: Location) -> Tensor {
+        let (t, f) = match (on_true, on_false) {
             (Operand::Tensor(t), Operand::Tensor(f)) => (t, f),
             (Operand::Tensor(t), Operand::Scalar(s)) => match t.scalar_like(s, "where", location) {
                 Ok(f) => (t, f),

@@ -11,14 +11,19 @@
 //! reductions, linear algebra and convolution, indexing.
 
 mod creation;
+mod dim;
+mod display;
 mod elementwise;
 mod grad;
 mod index;
 mod linalg;
+mod mask;
 mod operators;
 mod reduce;
+mod split;
 mod view;
 
+pub use dim::IntoDim;
 pub use elementwise::{IntoOperand, Operand};
 
 use crate::context::{Context, VarId};

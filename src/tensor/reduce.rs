@@ -5,16 +5,20 @@
 //! per row block, and keeping them primitive lets every later pass (and
 //! autodiff) see through them.
 
-use super::Tensor;
+use super::{IntoDim, Tensor};
 use crate::ir::{BinaryOp, Op, ReduceOp, UnaryOp};
 use crate::{Error, Location};
 
 impl Tensor {
-    /// Sum over `dims` (integers wrap in their dtype; floats accumulate in
+    /// Sum over `dims` (negative dims count from the end; integers wrap in their dtype; floats accumulate in
     /// f64). With `keepdim` the reduced dims stay as size 1.
     #[track_caller]
-    pub fn sum(&self, dims: &[usize], keepdim: bool) -> Tensor {
-        self.reduce_at(ReduceOp::Sum, dims, keepdim, Location::caller())
+    pub fn sum<D: IntoDim>(&self, dims: &[D], keepdim: bool) -> Tensor {
+        let location = Location::caller();
+        match self.dims_of("sum", dims, location) {
+            Ok(dims) => self.reduce_at(ReduceOp::Sum, &dims, keepdim, location),
+            Err(failed) => failed,
+        }
     }
 
     /// Sum of every element, as a scalar tensor.
@@ -26,27 +30,43 @@ impl Tensor {
 
     /// Mean over `dims` (float dtypes).
     #[track_caller]
-    pub fn mean(&self, dims: &[usize], keepdim: bool) -> Tensor {
-        self.reduce_at(ReduceOp::Mean, dims, keepdim, Location::caller())
+    pub fn mean<D: IntoDim>(&self, dims: &[D], keepdim: bool) -> Tensor {
+        let location = Location::caller();
+        match self.dims_of("mean", dims, location) {
+            Ok(dims) => self.reduce_at(ReduceOp::Mean, &dims, keepdim, location),
+            Err(failed) => failed,
+        }
     }
 
     /// Maximum over `dims` (NaN wins).
     #[track_caller]
-    pub fn max(&self, dims: &[usize], keepdim: bool) -> Tensor {
-        self.reduce_at(ReduceOp::Max, dims, keepdim, Location::caller())
+    pub fn max<D: IntoDim>(&self, dims: &[D], keepdim: bool) -> Tensor {
+        let location = Location::caller();
+        match self.dims_of("max", dims, location) {
+            Ok(dims) => self.reduce_at(ReduceOp::Max, &dims, keepdim, location),
+            Err(failed) => failed,
+        }
     }
 
     /// Minimum over `dims` (NaN wins).
     #[track_caller]
-    pub fn min(&self, dims: &[usize], keepdim: bool) -> Tensor {
-        self.reduce_at(ReduceOp::Min, dims, keepdim, Location::caller())
+    pub fn min<D: IntoDim>(&self, dims: &[D], keepdim: bool) -> Tensor {
+        let location = Location::caller();
+        match self.dims_of("min", dims, location) {
+            Ok(dims) => self.reduce_at(ReduceOp::Min, &dims, keepdim, location),
+            Err(failed) => failed,
+        }
     }
 
     /// Index (`i64`) of the first maximum along `dim` (a NaN counts as the
     /// maximum, as in PyTorch).
     #[track_caller]
-    pub fn argmax(&self, dim: usize, keepdim: bool) -> Tensor {
-        self.reduce_at(ReduceOp::ArgMax, &[dim], keepdim, Location::caller())
+    pub fn argmax(&self, dim: impl IntoDim, keepdim: bool) -> Tensor {
+        let location = Location::caller();
+        match self.dim_of("argmax", dim, location) {
+            Ok(dim) => self.reduce_at(ReduceOp::ArgMax, &[dim], keepdim, location),
+            Err(failed) => failed,
+        }
     }
 
     pub(crate) fn reduce_at(
@@ -67,8 +87,12 @@ impl Tensor {
     /// `exp(x) / sum(exp(x))` along `dim`, computed stably (the row maximum
     /// is subtracted first). Recorded as max, sub, exp, sum, div.
     #[track_caller]
-    pub fn softmax(&self, dim: usize) -> Tensor {
+    pub fn softmax(&self, dim: impl IntoDim) -> Tensor {
         let location = Location::caller();
+        let dim = match self.dim_of("softmax", dim, location) {
+            Ok(d) => d,
+            Err(failed) => return failed,
+        };
         let e = self.shifted_at("softmax", dim, location).unary_at(UnaryOp::Exp, location);
         let s = e.reduce_at(ReduceOp::Sum, &[dim], true, location);
         e.binary_at(s.into_operand_tensor(), BinaryOp::Div, false, location)
@@ -76,8 +100,12 @@ impl Tensor {
 
     /// `log(softmax(x))` along `dim`, computed as `x - max - log(sum(exp(x - max)))`.
     #[track_caller]
-    pub fn log_softmax(&self, dim: usize) -> Tensor {
+    pub fn log_softmax(&self, dim: impl IntoDim) -> Tensor {
         let location = Location::caller();
+        let dim = match self.dim_of("log_softmax", dim, location) {
+            Ok(d) => d,
+            Err(failed) => return failed,
+        };
         let shifted = self.shifted_at("log_softmax", dim, location);
         let lse = shifted.unary_at(UnaryOp::Exp, location).reduce_at(ReduceOp::Sum, &[dim], true, location);
         shifted.binary_at(

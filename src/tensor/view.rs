@@ -1,7 +1,7 @@
 //! Views: ops that re-index without arithmetic. Backends answer them with
 //! a new layout over the same bytes where strides allow (no copy).
 
-use super::Tensor;
+use super::{IntoDim, Tensor};
 use crate::ir::{Op, Shape};
 use crate::{Error, Location};
 
@@ -28,14 +28,22 @@ impl Tensor {
     /// Reorders dimensions: dimension `i` of the result is dimension
     /// `perm[i]` of `self`.
     #[track_caller]
-    pub fn permute(&self, perm: &[usize]) -> Tensor {
-        Tensor::record(&[self], Op::Permute(perm.to_vec()), None, Location::caller())
+    pub fn permute<D: IntoDim>(&self, perm: &[D]) -> Tensor {
+        let location = Location::caller();
+        match self.dims_of("permute", perm, location) {
+            Ok(perm) => Tensor::record(&[self], Op::Permute(perm), None, location),
+            Err(failed) => failed,
+        }
     }
 
     /// Swaps two dimensions.
     #[track_caller]
-    pub fn transpose(&self, dim0: usize, dim1: usize) -> Tensor {
-        self.transpose_at(dim0, dim1, Location::caller())
+    pub fn transpose(&self, dim0: impl IntoDim, dim1: impl IntoDim) -> Tensor {
+        let location = Location::caller();
+        match (self.dim_of("transpose", dim0, location), self.dim_of("transpose", dim1, location)) {
+            (Ok(a), Ok(b)) => self.transpose_at(a, b, location),
+            (Err(failed), _) | (_, Err(failed)) => failed,
+        }
     }
 
     pub(crate) fn transpose_at(&self, dim0: usize, dim1: usize, location: Location) -> Tensor {
@@ -79,8 +87,21 @@ impl Tensor {
 
     /// `len` elements of dimension `dim` from `start` (PyTorch `narrow`).
     #[track_caller]
-    pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Tensor {
-        let location = Location::caller();
+    pub fn narrow(&self, dim: impl IntoDim, start: usize, len: usize) -> Tensor {
+        self.narrow_at(dim, start, len, Location::caller())
+    }
+
+    pub(crate) fn narrow_at(
+        &self,
+        dim: impl IntoDim,
+        start: usize,
+        len: usize,
+        location: Location,
+    ) -> Tensor {
+        let dim = match self.dim_of("narrow", dim, location) {
+            Ok(d) => d,
+            Err(failed) => return failed,
+        };
         match self.shape().get(dim) {
             _ if self.error().is_some() => self.clone(),
             None => self.fail_shape(
@@ -103,8 +124,12 @@ impl Tensor {
     /// Elements `start..end` of dimension `dim`, every `step`-th
     /// (`x[:, start:end:step]` in Python).
     #[track_caller]
-    pub fn slice(&self, dim: usize, start: usize, end: usize, step: usize) -> Tensor {
+    pub fn slice(&self, dim: impl IntoDim, start: usize, end: usize, step: usize) -> Tensor {
         let location = Location::caller();
+        let dim = match self.dim_of("slice", dim, location) {
+            Ok(d) => d,
+            Err(failed) => return failed,
+        };
         if step == 0 || end < start {
             return self.fail_shape(
                 "slice",
@@ -118,8 +143,12 @@ impl Tensor {
 
     /// Removes dimension `dim`, which must have size 1.
     #[track_caller]
-    pub fn squeeze(&self, dim: usize) -> Tensor {
+    pub fn squeeze(&self, dim: impl IntoDim) -> Tensor {
         let location = Location::caller();
+        let dim = match self.dim_of("squeeze", dim, location) {
+            Ok(d) => d,
+            Err(failed) => return failed,
+        };
         match self.shape().get(dim) {
             Some(1) => {
                 let mut dims = self.shape().to_vec();
@@ -134,10 +163,15 @@ impl Tensor {
         }
     }
 
-    /// Inserts a dimension of size 1 at `dim` (`0..=rank`).
+    /// Inserts a dimension of size 1 at `dim` (`0..=rank`; `-1` appends
+    /// one, as in PyTorch).
     #[track_caller]
-    pub fn unsqueeze(&self, dim: usize) -> Tensor {
-        self.unsqueeze_at(dim, Location::caller())
+    pub fn unsqueeze(&self, dim: impl IntoDim) -> Tensor {
+        let location = Location::caller();
+        match self.dim_in("unsqueeze", dim, self.rank() + 1, location) {
+            Ok(d) => self.unsqueeze_at(d, location),
+            Err(failed) => failed,
+        }
     }
 
     pub(crate) fn unsqueeze_at(&self, dim: usize, location: Location) -> Tensor {

@@ -129,6 +129,45 @@ static CASES: &[Case] = &[
     case("index-select-middle", &[(&[2, 4, 3], Any)], |ctx, x| {
         x[0].index_select(1, &ctx.tensor(&[0i64, 2], [2]))
     }),
+    case("index-add", &[(&[4, 3], Any), (&[5, 3], Any)], |ctx, x| {
+        x[0].index_add(0, &ctx.tensor(&[3i64, 1, 3, 0, 3], [5]), &x[1])
+    }),
+    case("index-select-negative-dim", &[(&[2, 4], Any)], |ctx, x| {
+        x[0].index_select(-1, &ctx.tensor(&[1i64, 1, 3], [3]))
+    }),
+    // Masks and splits.
+    case("tril", &[(&[2, 3, 4], Any)], |_, x| x[0].tril(1).exp()),
+    case("triu-below", &[(&[3, 3], Any)], |_, x| x[0].triu(-1)),
+    case("chunk", &[(&[2, 6], Any)], |_, x| {
+        let parts = x[0].chunk(3, -1).unwrap_or_default();
+        &parts[0] * &parts[2] - &parts[1]
+    }),
+    case("split-sizes", &[(&[5, 2], Any)], |_, x| {
+        let parts = x[0].split_sizes(&[2, 3], 0).unwrap_or_default();
+        parts[1].sum(&[0], true) * &parts[0]
+    }),
+    // Attention: queries, keys and values (and an additive mask) at once.
+    case("attention", &[(&[1, 2, 3, 4], Any), (&[1, 2, 5, 4], Any), (&[1, 2, 5, 3], Any)], |_, x| {
+        x[0].scaled_dot_product_attention(&x[1], &x[2], None, false, None)
+    }),
+    case("attention-causal", &[(&[2, 1, 4, 3], Any), (&[2, 1, 4, 3], Any), (&[2, 1, 4, 2], Any)], |_, x| {
+        x[0].scaled_dot_product_attention(&x[1], &x[2], None, true, Some(0.7))
+    }),
+    case(
+        "attention-additive-mask",
+        &[(&[1, 2, 3, 4], Any), (&[1, 2, 5, 4], Any), (&[1, 2, 5, 4], Any), (&[1, 1, 3, 5], Any)],
+        |_, x| x[0].scaled_dot_product_attention(&x[1], &x[2], Some(&x[3]), false, None),
+    ),
+    case(
+        "attention-key-padding",
+        &[(&[2, 2, 3, 4], Any), (&[2, 2, 5, 4], Any), (&[2, 2, 5, 4], Any)],
+        |ctx, x| {
+            // The second batch row keeps no key: its output and gradients are zero.
+            let keep = ctx.tensor(&[1i64, 1, 0, 1, 0, 0, 0, 0, 0, 0], [2, 5]);
+            let mask = kiln::attention::key_padding_mask(&keep);
+            x[0].scaled_dot_product_attention(&x[1], &x[2], Some(&mask), true, None)
+        },
+    ),
     // A small network: everything at once.
     case("mlp", &[(&[4, 3], Any), (&[3, 5], Any), (&[5], Any), (&[5, 2], Any)], |_, x| {
         let h = (x[0].matmul(&x[1]) + &x[2]).gelu();
@@ -287,6 +326,12 @@ fn the_table_covers_every_differentiable_op() {
         "avg-pool2d",
         "gather",
         "index-select",
+        "index-add",
+        "tril",
+        "triu",
+        "chunk",
+        "split",
+        "attention",
     ] {
         assert!(names.iter().any(|n| n.starts_with(op)), "no gradcheck case for {op}");
     }

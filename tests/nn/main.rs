@@ -3,6 +3,8 @@
 //! gradient accumulation, checkpoints, the data adaptors, and every
 //! misuse as a golden message. One binary, so CI links once.
 
+#[cfg(feature = "tokenizers")]
+mod bert;
 mod checkpoint;
 mod data;
 mod errors;

@@ -11,4 +11,5 @@ mod errors;
 mod index;
 mod linalg;
 mod reduce;
+mod transformer;
 mod views;

@@ -169,7 +169,7 @@ fn sum_all_and_reductions_of_scalars() {
             }
             // A rank-0 tensor reduced over no dims is itself.
             let (s, hs) = rand_tensor(&ctx, &mut rng, dtype, &[]);
-            check(&s.sum(&[], false), dtype, &hs, 0.0, "sum of a scalar over []");
+            check(&s.sum::<usize>(&[], false), dtype, &hs, 0.0, "sum of a scalar over []");
             check(&s.sum_all(), dtype, &hs, 0.0, "sum_all of a scalar");
         }
     });

@@ -6,8 +6,9 @@
 
 use super::elementwise::{contiguous, fill_chunks};
 use super::layout::Layout;
-use super::storage::{dispatch, Out};
+use super::storage::{dispatch, Elem, Out};
 use super::CpuBuffer;
+use crate::ir::Element;
 use crate::ir::{DType, NodeId, Shape};
 use crate::{Error, Result};
 
@@ -133,6 +134,54 @@ pub(crate) fn cat(parts: &[&CpuBuffer], dim: usize, out_shape: &Shape, out: Out<
         }
         if at != total {
             return Err(Error::Backend(format!("cpu: cat operands do not fill {out_shape}")));
+        }
+        Ok(())
+    })
+}
+
+/// `x` with `src[.., i, ..]` added at `index[i]` along `dim`, in index
+/// order (torch.index_add), into `out`. Sequential in the index, so a
+/// repeated index sums in a fixed order and every run gives the same bits.
+/// Floats add in f64 and round once, which for f32, f16 and bf16 is the
+/// correctly rounded sum (the CUDA kernel's float add rounds the same).
+pub(crate) fn index_add(
+    x: &CpuBuffer,
+    idx: &CpuBuffer,
+    src: &CpuBuffer,
+    dim: usize,
+    node: NodeId,
+    out: Out<'_>,
+) -> Result<()> {
+    let ix = indices(idx)?;
+    let shape = x.shape().clone();
+    let size = *shape.0.get(dim).ok_or_else(|| Error::Backend("cpu: index_add dim out of range".into()))?;
+    check("index_add", &ix, dim, size, node)?;
+    let outer: usize = shape.0[..dim].iter().product();
+    let inner: usize = shape.0[dim + 1..].iter().product();
+    fits(out.len(), shape.numel(), "index_add")?;
+    dispatch!(x.dtype(), T => {
+        let out = out.get::<T>()?;
+        super::elementwise::copy_into(x.view::<T>()?, out);
+        let s = contiguous(src.view::<T>()?)?;
+        if s.len() != outer * ix.len() * inner {
+            return Err(Error::Backend(format!("cpu: index_add source {} does not fit", src.shape())));
+        }
+        let add = |a: T, b: T| -> T {
+            if T::DTYPE.is_float() {
+                T::from_f64(a.to_f64() + b.to_f64())
+            } else {
+                T::from_i64(a.to_i64().wrapping_add(b.to_i64()))
+            }
+        };
+        if inner > 0 {
+            for o in 0..outer {
+                for (j, &i) in ix.iter().enumerate() {
+                    let dst = &mut out[(o * size + i as usize) * inner..][..inner];
+                    for (d, &v) in dst.iter_mut().zip(&s[(o * ix.len() + j) * inner..][..inner]) {
+                        *d = add(*d, v);
+                    }
+                }
+            }
         }
         Ok(())
     })

@@ -4,7 +4,7 @@
 use super::arena::Arena;
 use super::exec::{CpuExecutable, Place, Step};
 use super::storage::{dispatch, Elem, Out, Storage};
-use super::{conv, elementwise, index, pool, reduce, source, CpuBuffer, Layout};
+use super::{attention, conv, elementwise, index, pool, reduce, source, CpuBuffer, Layout};
 use crate::backends::{Buffer, RngArgs};
 use crate::ir::{Element, Op, Shape};
 use crate::{Error, Result};
@@ -132,6 +132,16 @@ impl CpuExecutable {
             }
             Op::Gather { dim } => write!(|out| index::gather(x()?, y()?, *dim, step.id, out)),
             Op::IndexSelect { dim } => write!(|out| index::index_select(x()?, y()?, *dim, step.id, out)),
+            Op::IndexAdd { dim } => {
+                let z = args.get(2).ok_or_else(|| Error::Backend("cpu: index_add lacks operand 2".into()))?;
+                write!(|out| index::index_add(x()?, y()?, z, *dim, step.id, out))
+            }
+            Op::Attention { scale, causal, mask } => {
+                let k = args.get(1).ok_or_else(|| Error::Backend("cpu: attention lacks its keys".into()))?;
+                let v =
+                    args.get(2).ok_or_else(|| Error::Backend("cpu: attention lacks its values".into()))?;
+                write!(|out| attention::attention(x()?, k, v, args.get(3), *mask, *scale, *causal, out))
+            }
             Op::Cat { dim } => {
                 let parts: Vec<&CpuBuffer> = args.iter().collect();
                 write!(|out| index::cat(&parts, *dim, shape, out))

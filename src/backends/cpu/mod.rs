@@ -16,6 +16,7 @@
 //! constant folding.
 
 mod arena;
+mod attention;
 mod conv;
 mod elementwise;
 mod exec;

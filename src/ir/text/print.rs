@@ -200,7 +200,12 @@ fn attrs(op: &Op, dtype: crate::ir::DType) -> String {
         Op::Pool2d { kernel, stride, padding, .. } => {
             format!(" kernel={} stride={} padding={}", list(kernel), list(stride), list(padding))
         }
-        Op::Gather { dim } | Op::IndexSelect { dim } | Op::Cat { dim } => format!(" dim={dim}"),
+        Op::Gather { dim } | Op::IndexSelect { dim } | Op::IndexAdd { dim } | Op::Cat { dim } => {
+            format!(" dim={dim}")
+        }
+        Op::Attention { scale, causal, mask } => {
+            format!(" scale={scale:?} mask={}{}", mask.name(), if *causal { " causal" } else { "" })
+        }
         Op::Fused(body) => format!(" kind={}", body.kind().name()),
     }
 }

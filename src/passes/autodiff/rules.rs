@@ -88,7 +88,18 @@ pub(super) fn vjp(
             Ok(out)
         }
         Op::Gather { dim } => Ok(vec![Some(gather(b, dim, xs[0], xs[1], g)?), None]),
-        Op::IndexSelect { dim } => Ok(vec![Some(index_select(b, dim, xs[0], xs[1], g)?), None]),
+        Op::IndexSelect { dim } => {
+            // A scatter-add of g into zeros: linear in the number of picked
+            // rows, whatever the table's size (an embedding's gradient).
+            let zero = b.zeros_like(xs[0])?;
+            Ok(vec![Some(b.op(Op::IndexAdd { dim }, &[zero, xs[1], g])?), None])
+        }
+        Op::IndexAdd { dim } => Ok(vec![
+            Some(g),
+            None,
+            if wanted[2] { Some(b.op(Op::IndexSelect { dim }, &[g, xs[1]])?) } else { None },
+        ]),
+        Op::Attention { scale, causal, mask } => super::attention::vjp(b, g, xs, wanted, scale, causal, mask),
         Op::Conv2d { stride, padding, dilation, groups } => {
             let conv = window::Conv { stride, padding, dilation, groups };
             Ok(vec![
@@ -350,30 +361,4 @@ fn gather(b: &mut Builder, dim: usize, x: NodeId, index: NodeId, g: NodeId) -> B
         }
     }
     Ok(dx)
-}
-
-/// `index_select`'s rule, `dx = one_hot(index)ᵀ · g` with `dim` moved to
-/// the front: a scatter-add as one matmul.
-fn index_select(b: &mut Builder, dim: usize, x: NodeId, index: NodeId, g: NodeId) -> Built {
-    let xshape = b.shape(x);
-    let dtype = b.dtype(x);
-    let gshape = b.shape(g);
-    let rank = gshape.rank();
-    let (classes, picked) = (xshape.0[dim], gshape.0[dim]);
-    let hot = one_hot(b, index, classes, dtype)?; // [picked, classes]
-    let hot_t = b.transpose_last(hot)?; // [classes, picked]
-    let mut front: Vec<usize> = vec![dim];
-    front.extend((0..rank).filter(|&d| d != dim));
-    let moved = b.permute(g, &front)?;
-    let rest: usize = gshape.0.iter().enumerate().filter(|&(d, _)| d != dim).map(|(_, &n)| n).product();
-    let flat = b.reshape(moved, &Shape::new([picked, rest]))?;
-    let prod = b.matmul(hot_t, flat)?; // [classes, rest]
-    let mut unflat = Shape(front.iter().map(|&d| gshape.0[d]).collect());
-    unflat.0[0] = classes;
-    let back = b.reshape(prod, &unflat)?;
-    let mut inverse = vec![0; rank];
-    for (i, &p) in front.iter().enumerate() {
-        inverse[p] = i;
-    }
-    b.permute(back, &inverse)
 }

@@ -11,7 +11,8 @@
 //! an e-class.
 
 use crate::ir::{
-    infer, BinaryOp, BufferId, CompareOp, DType, Distribution, Op, PoolKind, ReduceOp, Scalar, Shape, UnaryOp,
+    infer, AttnMask, BinaryOp, BufferId, CompareOp, DType, Distribution, Op, PoolKind, ReduceOp, Scalar,
+    Shape, UnaryOp,
 };
 use egg::{Analysis, DidMerge, EGraph, Id, Language};
 
@@ -49,24 +50,64 @@ pub enum OpKey {
     Input(u32),
     Buffer(BufferId),
     Full(ScalarBits),
-    Arange { start: ScalarBits, step: ScalarBits },
-    Random { dist: Distribution, stream: u64 },
+    Arange {
+        start: ScalarBits,
+        step: ScalarBits,
+    },
+    Random {
+        dist: Distribution,
+        stream: u64,
+    },
     Reshape(Shape),
     Permute(Vec<usize>),
     Expand(Shape),
-    Slice { dim: usize, start: usize, step: usize, len: usize },
+    Slice {
+        dim: usize,
+        start: usize,
+        step: usize,
+        len: usize,
+    },
     Unary(UnaryOp),
     Binary(BinaryOp),
     Compare(CompareOp),
     Where,
     Cast(DType),
-    Reduce { op: ReduceOp, dims: Vec<usize>, keepdim: bool },
+    Reduce {
+        op: ReduceOp,
+        dims: Vec<usize>,
+        keepdim: bool,
+    },
     MatMul,
-    Conv2d { stride: [usize; 2], padding: [usize; 2], dilation: [usize; 2], groups: usize },
-    Pool2d { kind: PoolKind, kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2] },
-    Gather { dim: usize },
-    IndexSelect { dim: usize },
-    Cat { dim: usize },
+    Conv2d {
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+        groups: usize,
+    },
+    Pool2d {
+        kind: PoolKind,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+    },
+    Gather {
+        dim: usize,
+    },
+    IndexSelect {
+        dim: usize,
+    },
+    IndexAdd {
+        dim: usize,
+    },
+    /// The scale keyed by its bits.
+    Attention {
+        scale: u64,
+        causal: bool,
+        mask: AttnMask,
+    },
+    Cat {
+        dim: usize,
+    },
     Fused(FusedKey),
 }
 
@@ -131,6 +172,10 @@ impl From<&Op> for OpKey {
             }
             Op::Gather { dim } => OpKey::Gather { dim: *dim },
             Op::IndexSelect { dim } => OpKey::IndexSelect { dim: *dim },
+            Op::IndexAdd { dim } => OpKey::IndexAdd { dim: *dim },
+            Op::Attention { scale, causal, mask } => {
+                OpKey::Attention { scale: scale.to_bits(), causal: *causal, mask: *mask }
+            }
             Op::Cat { dim } => OpKey::Cat { dim: *dim },
             Op::Fused(body) => OpKey::Fused(FusedKey(body.clone(), body.to_string())),
         }
@@ -170,6 +215,10 @@ impl OpKey {
             OpKey::Fused(key) => Op::Fused(key.0.clone()),
             OpKey::Gather { dim } => Op::Gather { dim: *dim },
             OpKey::IndexSelect { dim } => Op::IndexSelect { dim: *dim },
+            OpKey::IndexAdd { dim } => Op::IndexAdd { dim: *dim },
+            OpKey::Attention { scale, causal, mask } => {
+                Op::Attention { scale: f64::from_bits(*scale), causal: *causal, mask: *mask }
+            }
             OpKey::Cat { dim } => Op::Cat { dim: *dim },
         }
     }

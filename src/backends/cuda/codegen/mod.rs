@@ -9,12 +9,15 @@
 //! - [`reduction`]: fused row reductions (softmax, layer norm) and every
 //!   unfused reduction: a thread, warp or block per row.
 //! - [`ops`]: the ops no library runs and that are no body: random numbers,
-//!   ranges, fills, gather, index_select, concatenation, integer matmul.
+//!   ranges, fills, gather, index_select, index_add, concatenation,
+//!   integer matmul.
+//! - [`attention`]: the flash-style attention kernel.
 //!
 //! Every kernel is `extern "C" __global__ void <name>(out, in0, in1, ...)`
 //! with one pointer per buffer operand; its source starts with
 //! `#include "kiln.cuh"` (`kernels/kiln.cuh`, inlined when compiled).
 
+pub(crate) mod attention;
 pub(crate) mod body;
 pub(crate) mod elementwise;
 mod expr;

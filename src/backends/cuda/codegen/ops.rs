@@ -283,3 +283,53 @@ pub(crate) fn int_matmul(name: &str, a: &Operand, b: &Operand, out: &Shape) -> K
     let _ = writeln!(src, "    out[i] = {};", types::store(dtype, &types::settle(dtype, "acc")));
     close(name, src, numel, vec![0, 1])
 }
+
+/// `torch.index_add`'s scatter, after `out` holds a copy of `x`: one
+/// thread per (outer, inner) column of `out`, walking the index in order
+/// and adding `src`'s row to the row it names. No two threads touch one
+/// element, so there are no atomics and the sums run in index order, the
+/// CPU kernel's order: every run, on every backend, gives the same bits.
+/// A bad index is skipped and reported through `status` (its position in
+/// the index).
+pub(crate) fn index_add(name: &str, idx: &Operand, src: &Operand, dim: usize, out: &Shape) -> Kernel {
+    let dtype = src.dtype;
+    let (size, len) = (out.0[dim], idx.access.shape().0[0]);
+    let outer: usize = out.0[..dim].iter().product();
+    let inner: usize = out.0[dim + 1..].iter().product();
+    let columns = outer * inner;
+    let index = index_type(out.numel().max(src.access.shape().numel()), &[idx.clone(), src.clone()]);
+    let mut p = vec![format!("{}* __restrict__ out", types::storage(dtype))];
+    if idx.source == Source::Buffer {
+        p.push(format!("const {}* __restrict__ in1", types::storage(idx.dtype)));
+    }
+    if src.source == Source::Buffer {
+        p.push(format!("const {}* __restrict__ in2", types::storage(dtype)));
+    }
+    p.push(STATUS.into());
+    let mut s = open(name, &p.join(", "), index, columns);
+    let _ = writeln!(s, "    const I o = i / {inner}, c = i % {inner};", inner = inner.max(1));
+    let _ = writeln!(s, "    for (I j = 0; j < {len}; ++j) {{");
+    let _ = writeln!(s, "      const kiln::i64 v = {};", index_value(idx, &idx.access, "j"));
+    let _ = writeln!(s, "      if (v < 0 || v >= {size}LL) {{");
+    s.push_str("        if (i == 0) atomicMin(status, (unsigned long long)j);\n        continue;\n      }\n");
+    let at = format!("(o * {size} + (I)v) * {inner} + c");
+    let read = match src.source {
+        Source::Const(c) => types::literal(dtype, c),
+        Source::Buffer => types::load(
+            dtype,
+            &format!("in2[{}]", src.access.offset_of(&format!("((o * {len} + j) * {inner} + c)"))),
+        ),
+    };
+    let old = types::load(dtype, &format!("out[{at}]"));
+    let add = if dtype.is_float() { format!("{old} + {read}") } else { format!("kiln::iadd({old}, {read})") };
+    let sum = types::settle(dtype, &add);
+    let _ = writeln!(s, "      out[{at}] = {};\n    }}", types::store(dtype, &sum));
+    let mut params = Vec::new();
+    if idx.source == Source::Buffer {
+        params.push(1);
+    }
+    if src.source == Source::Buffer {
+        params.push(2);
+    }
+    close(name, s, columns, params)
+}

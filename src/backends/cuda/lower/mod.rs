@@ -22,6 +22,7 @@
 //! dense view of an output slot shares it; any other is copied into a slot
 //! of its own right after its value is computed.
 
+mod attention;
 mod ops;
 
 use super::codegen::index::Access;

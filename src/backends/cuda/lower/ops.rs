@@ -87,6 +87,10 @@ impl Lowering<'_> {
                 let gather = matches!(node.op, Op::Gather { .. });
                 self.index(id, gather, *dim, &ops, &node.shape, dst)
             }
+            Op::IndexAdd { dim } => self.index_add(id, *dim, &ops, &node.shape, dst),
+            Op::Attention { scale, causal, mask } => {
+                self.attention(&ops, *scale, *causal, *mask, &node.shape, dst)
+            }
             Op::Cat { dim } => {
                 let parts: Vec<Operand> = ops.iter().map(operand).collect();
                 let k = self.add_kernel("cat", |n| Ok(ops::cat(n, &parts, *dim, &node.shape)))?;
@@ -321,7 +325,7 @@ impl Lowering<'_> {
     }
 
     /// `value` as a dense tensor in scratch.
-    fn materialize(&mut self, value: &Value) -> Result<Value, String> {
+    pub(super) fn materialize(&mut self, value: &Value) -> Result<Value, String> {
         let shape = value.layout.shape.clone();
         let dst = self.new_scratch(bytes(&shape, value.dtype));
         self.copy_into(value, &shape, dst)?;
@@ -537,7 +541,7 @@ fn replace_with_input(g: &Graph, replaced: NodeId, k: usize) -> (Graph, usize) {
 }
 
 /// A value as a kernel operand.
-fn operand(v: &Value) -> Operand {
+pub(super) fn operand(v: &Value) -> Operand {
     Operand {
         source: match v.storage {
             Storage::Mem(_) => Source::Buffer,
@@ -549,7 +553,7 @@ fn operand(v: &Value) -> Operand {
 }
 
 /// The locations of the values in memory, in order (kernel pointer args).
-fn buffer_locs(vs: &[Value]) -> Vec<Loc> {
+pub(super) fn buffer_locs(vs: &[Value]) -> Vec<Loc> {
     vs.iter()
         .filter_map(|v| match v.storage {
             Storage::Mem(l) => Some(l),

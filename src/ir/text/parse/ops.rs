@@ -4,8 +4,8 @@
 
 use super::clip;
 use crate::ir::{
-    BinaryOp, BufferId, CompareOp, DType, Distribution, FusedBody, Graph, Op, PoolKind, ReduceOp, Scalar,
-    Shape, UnaryOp,
+    AttnMask, BinaryOp, BufferId, CompareOp, DType, Distribution, FusedBody, Graph, Op, PoolKind, ReduceOp,
+    Scalar, Shape, UnaryOp,
 };
 use std::sync::Arc;
 
@@ -115,6 +115,8 @@ pub(super) enum Kind {
     Pool(PoolKind),
     Gather,
     IndexSelect,
+    IndexAdd,
+    Attention,
     Cat,
     Fused,
 }
@@ -138,6 +140,8 @@ const FIXED: &[(&str, Kind)] = &[
     ("avg_pool2d", Kind::Pool(PoolKind::Avg)),
     ("gather", Kind::Gather),
     ("index_select", Kind::IndexSelect),
+    ("index_add", Kind::IndexAdd),
+    ("attention", Kind::Attention),
     ("cat", Kind::Cat),
     ("fused", Kind::Fused),
 ];
@@ -284,6 +288,19 @@ pub(super) fn build_op(
         }
         Kind::Gather => Op::Gather { dim: a.usize("dim", m, "gather %x, %i dim=1")? },
         Kind::IndexSelect => Op::IndexSelect { dim: a.usize("dim", m, "index_select %x, %i dim=0")? },
+        Kind::IndexAdd => Op::IndexAdd { dim: a.usize("dim", m, "index_add %x, %i, %s dim=0")? },
+        Kind::Attention => {
+            let ex = "attention %q, %k, %v scale=0.125 mask=none causal";
+            let w = a.word("scale", m, ex)?;
+            let scale: f64 = w.parse().map_err(|_| format!("scale must be a number, found '{}'", clip(w)))?;
+            let mask = match a.word("mask", m, ex)? {
+                "none" => AttnMask::None,
+                "additive" => AttnMask::Additive,
+                "bool" => AttnMask::Keep,
+                other => return Err(format!("mask must be none, additive or bool, found '{}'", clip(other))),
+            };
+            Op::Attention { scale, causal: a.flag("causal"), mask }
+        }
         Kind::Cat => Op::Cat { dim: a.usize("dim", m, "cat %a, %b dim=0")? },
         Kind::Fused => {
             return Err("a fused node ends its line with `{`, then its body, then a `}` line".into())

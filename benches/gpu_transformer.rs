@@ -1,0 +1,146 @@
+//! Issue 20's GPU targets, kiln's side (`benches/torch_transformer.py` is
+//! PyTorch's, run in the same device call by `gpu_session.sh transformer`):
+//!
+//! - attention alone, `[32, 12, 512, 64]`: f16 and bf16 with and without a
+//!   causal mask (against SDPA's flash backend), f32 (against its
+//!   efficient and math backends);
+//! - the MiniLM encoder (6 layers, 384 wide, 12 heads) at batch 64 × 128
+//!   tokens, f32 and bf16, random weights of the real shapes;
+//! - a BERT-base-sized encoder (12 layers, 768, 12 heads) at 32 × 128, bf16.
+//!
+//! Each: the first call's wall time (a cold kernel cache when
+//! `KILN_CACHE_DIR` is fresh), 5 warm-up calls, then the median of 50 calls
+//! timed with CUDA events around the whole call (record, run, wait). TF32
+//! is off. `KILN_BENCH_OUT=file.jsonl` also writes JSON lines.
+//!
+//!     cargo bench --features cuda --bench gpu_transformer [name filter]
+//!
+//! Without a GPU it says so and exits 0 (with `KILN_REQUIRE_CUDA=1`, 1).
+
+use kiln::nn::bert::{Bert, BertConfig};
+use kiln::prelude::*;
+use std::io::Write;
+use std::time::Instant;
+
+type Call = Box<dyn FnMut() -> Result<Tensor>>;
+type Make = Box<dyn Fn(&Context) -> Result<Call>>;
+
+struct Workload {
+    name: String,
+    /// FLOPs of one call (matmuls and attention's two products).
+    flops: f64,
+    make: Make,
+}
+
+const B: usize = 32;
+const H: usize = 12;
+const S: usize = 512;
+const HD: usize = 64;
+
+fn attention(dtype: DType, causal: bool) -> Workload {
+    // 4 b h s² d, halved by a causal mask.
+    let flops = 4.0 * (B * H * S * S * HD) as f64 / if causal { 2.0 } else { 1.0 };
+    Workload {
+        name: format!("attention [32,12,512,64] {dtype}{}", if causal { " causal" } else { "" }),
+        flops,
+        make: Box::new(move |ctx| {
+            let q = ctx.randn_dtype([B, H, S, HD], dtype);
+            let k = ctx.randn_dtype([B, H, S, HD], dtype);
+            let v = ctx.randn_dtype([B, H, S, HD], dtype);
+            ctx.realize(&[&q, &k, &v])?;
+            Ok(Box::new(move || Ok(q.scaled_dot_product_attention(&k, &v, None, causal, None))))
+        }),
+    }
+}
+
+fn encoder(label: &str, config: BertConfig, batch: usize, seq: usize, dtype: DType) -> Workload {
+    let (w, l, f) = (config.hidden_size, config.num_hidden_layers, config.intermediate_size);
+    let tokens = (batch * seq) as f64;
+    let flops =
+        l as f64 * (2.0 * tokens * (4 * w * w + 2 * w * f) as f64 + 4.0 * (batch * seq * seq * w) as f64);
+    Workload {
+        name: format!("{label} encoder {batch}x{seq} {dtype}"),
+        flops,
+        make: Box::new(move |ctx| {
+            let model = Bert::new(ctx, "bert", &config, dtype)?;
+            let params = kiln::nn::Params::parameters(&model);
+            ctx.realize(&params.iter().map(|v| &**v).collect::<Vec<&Tensor>>())?;
+            let ids: Vec<i64> = (0..batch * seq).map(|i| (i * 7919 % config.vocab_size) as i64).collect();
+            let ids = ctx.tensor(&ids, [batch, seq]);
+            let mask = ctx.ones_dtype([batch, seq], DType::I64);
+            ctx.realize(&[&ids, &mask])?;
+            Ok(Box::new(move || model.forward(&ids, &mask)))
+        }),
+    }
+}
+
+fn workloads() -> Vec<Workload> {
+    let mut out = Vec::new();
+    for dtype in [DType::F16, DType::BF16, DType::F32] {
+        for causal in [false, true] {
+            out.push(attention(dtype, causal));
+        }
+    }
+    out.push(encoder("MiniLM-L6", BertConfig::minilm_l6(), 64, 128, DType::F32));
+    out.push(encoder("MiniLM-L6", BertConfig::minilm_l6(), 64, 128, DType::BF16));
+    out.push(encoder("BERT-base", BertConfig::base(), 32, 128, DType::BF16));
+    out
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() -> Result<()> {
+    let ctx0 = match Context::cuda(0) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("benches/gpu_transformer: no CUDA device ({e})");
+            let required = std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1");
+            std::process::exit(if required { 1 } else { 0 });
+        }
+    };
+    println!("device: {}", ctx0.device_description());
+    drop(ctx0);
+    let mut out = std::env::var("KILN_BENCH_OUT").ok().and_then(|p| std::fs::File::create(p).ok());
+    let only = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
+    println!(
+        "{:<48} {:>10} {:>10} {:>9} {:>8}",
+        "workload (kiln)", "first ms", "median ms", "peak MiB", "TFLOP/s"
+    );
+    for w in workloads() {
+        if only.as_deref().is_some_and(|o| !w.name.contains(o)) {
+            continue;
+        }
+        let ctx = Context::cuda(0)?.with_seed(1);
+        let mut call = (w.make)(&ctx)?;
+        ctx.sync()?;
+        let mut timer = ctx.device_timer()?.ok_or_else(|| Error::Backend("no device timer".into()))?;
+        let t0 = Instant::now();
+        call()?.realize()?;
+        let first_ms = t0.elapsed().as_secs_f64() * 1e3;
+        for _ in 0..5 {
+            call()?.realize()?;
+        }
+        let mut times = Vec::new();
+        for _ in 0..50 {
+            timer.start()?;
+            call()?.realize()?;
+            times.push(timer.stop()?);
+        }
+        let ms = median(times);
+        let s = ctx.stats();
+        let peak = s.peak_bytes as f64 / (1 << 20) as f64;
+        let tflops = w.flops / (ms * 1e-3) / 1e12;
+        println!("{:<48} {first_ms:>10.1} {ms:>10.3} {peak:>9.0} {tflops:>8.1}", w.name);
+        if let Some(f) = out.as_mut() {
+            let _ = writeln!(
+                f,
+                "{{\"impl\":\"kiln\",\"workload\":\"{}\",\"first_ms\":{first_ms:.3},\"median_ms\":{ms:.4},\"peak_mib\":{peak:.1},\"tflops\":{tflops:.2},\"compiles\":{},\"kernels\":{}}}",
+                w.name, s.compiles, s.kernel_compiles
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,263 @@
+//! Scaled dot-product attention on the CPU: a blocked kernel with the
+//! online softmax of flash attention, so the `[sq, sk]` scores of a head
+//! never exist as a whole (a block of `QB × KB` of them at a time).
+//!
+//! For each (batch, head) and block of `QB` query rows the kernel walks
+//! the keys in blocks of `KB`: scores of the block, then per row the new
+//! running maximum `m'`, the factor `e^(m - m')` that rescales what was
+//! summed so far, the running sum `l` of `e^(s - m')` and the running
+//! output `acc += e^(s - m') v`. At the end `out = acc / l`. A removed
+//! key (causal, `false` in a bool mask, `-inf` added) counts as `-inf`;
+//! a row with every key removed has `l = 0` and gives zeros. f16, bf16
+//! and f32 accumulate in f32, f64 in f64, as the CUDA kernel does.
+//!
+//! Operands may be any strided view (the heads of a `[b, s, h, d]`
+//! projection permuted, a key-padding mask expanded over heads and
+//! queries): queries, keys and values are copied to dense accumulator-type
+//! scratch (linear in their size), the mask is read through its strides
+//! so an expanded mask costs nothing.
+
+use super::elementwise::contiguous;
+use super::storage::{dispatch, Elem, Out};
+use super::CpuBuffer;
+use crate::ir::{AttnMask, DType};
+use crate::{Error, Result};
+use rayon::prelude::*;
+
+/// Query rows per block (one task's rows share each key block).
+const QB: usize = 16;
+/// Keys per block.
+const KB: usize = 64;
+
+/// The accumulator type: f32 for f16/bf16/f32, f64 for f64.
+trait Acc:
+    Copy
+    + Send
+    + Sync
+    + PartialOrd
+    + std::ops::Add<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Div<Output = Self>
+    + 'static
+{
+    const ZERO: Self;
+    const NEG_INF: Self;
+    fn of(x: f64) -> Self;
+    fn exp(self) -> Self;
+    fn wide(self) -> f64;
+}
+
+impl Acc for f32 {
+    const ZERO: f32 = 0.0;
+    const NEG_INF: f32 = f32::NEG_INFINITY;
+    fn of(x: f64) -> f32 {
+        x as f32
+    }
+    fn exp(self) -> f32 {
+        f32::exp(self)
+    }
+    fn wide(self) -> f64 {
+        self as f64
+    }
+}
+
+impl Acc for f64 {
+    const ZERO: f64 = 0.0;
+    const NEG_INF: f64 = f64::NEG_INFINITY;
+    fn of(x: f64) -> f64 {
+        x
+    }
+    fn exp(self) -> f64 {
+        f64::exp(self)
+    }
+    fn wide(self) -> f64 {
+        self
+    }
+}
+
+/// The mask, read through its strides: `[b, h, i, j]` is
+/// `data[offset + b s0 + h s1 + i s2 + j s3]`.
+struct MaskRead<'a, A> {
+    kind: AttnMask,
+    keep: &'a [bool],
+    add: Vec<A>,
+    strides: [usize; 4],
+    offset: usize,
+}
+
+impl<A: Acc> MaskRead<'_, A> {
+    /// The mask's term for `(b, h, i, j)`: 0, the additive value, or
+    /// `-inf` for a removed key.
+    #[inline]
+    fn at(&self, b: usize, h: usize, i: usize, j: usize) -> A {
+        let s = &self.strides;
+        let o = self.offset + b * s[0] + h * s[1] + i * s[2] + j * s[3];
+        match self.kind {
+            AttnMask::None => A::ZERO,
+            AttnMask::Additive => self.add[o],
+            AttnMask::Keep if self.keep[o] => A::ZERO,
+            AttnMask::Keep => A::NEG_INF,
+        }
+    }
+}
+
+/// `softmax(scale q kᵀ + mask) v` into `out` (`[b, h, sq, dv]`, dense).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention(
+    q: &CpuBuffer,
+    k: &CpuBuffer,
+    v: &CpuBuffer,
+    mask: Option<&CpuBuffer>,
+    kind: AttnMask,
+    scale: f64,
+    causal: bool,
+    out: Out<'_>,
+) -> Result<()> {
+    let (qs, ks, vs) = (&q.shape().0, &k.shape().0, &v.shape().0);
+    if qs.len() != 4 || ks.len() != 4 || vs.len() != 4 {
+        return Err(Error::Backend("cpu: attention operands must have rank 4".into()));
+    }
+    let dims = Dims { b: qs[0], h: qs[1], sq: qs[2], sk: ks[2], d: qs[3], dv: vs[3] };
+    if out.len() != dims.b * dims.h * dims.sq * dims.dv {
+        return Err(Error::Backend("cpu: attention output of the wrong size".into()));
+    }
+    if kind != AttnMask::None && mask.is_none() {
+        return Err(Error::Backend("cpu: attention lacks its mask operand".into()));
+    }
+    match q.dtype() {
+        DType::F64 => run::<f64, f64>(q, k, v, mask, kind, scale, causal, &dims, out),
+        DType::F32 => run::<f32, f32>(q, k, v, mask, kind, scale, causal, &dims, out),
+        DType::F16 => run::<half::f16, f32>(q, k, v, mask, kind, scale, causal, &dims, out),
+        DType::BF16 => run::<half::bf16, f32>(q, k, v, mask, kind, scale, causal, &dims, out),
+        d => Err(Error::Backend(format!("cpu: attention is not defined on {d}"))),
+    }
+}
+
+/// The sizes: batch, heads, query and key lengths, head dims.
+struct Dims {
+    b: usize,
+    h: usize,
+    sq: usize,
+    sk: usize,
+    d: usize,
+    dv: usize,
+}
+
+/// The operand as dense accumulator-type values.
+fn dense<T: Elem, A: Acc>(x: &CpuBuffer) -> Result<Vec<A>> {
+    Ok(contiguous(x.view::<T>()?)?.into_iter().map(|e| A::of(Elem::to_f64(e))).collect())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run<T: Elem, A: Acc>(
+    q: &CpuBuffer,
+    k: &CpuBuffer,
+    v: &CpuBuffer,
+    mask: Option<&CpuBuffer>,
+    kind: AttnMask,
+    scale: f64,
+    causal: bool,
+    n: &Dims,
+    out: Out<'_>,
+) -> Result<()> {
+    let (q, k, v) = (dense::<T, A>(q)?, dense::<T, A>(k)?, dense::<T, A>(v)?);
+    let mut read = MaskRead { kind, keep: &[], add: Vec::new(), strides: [0; 4], offset: 0 };
+    if let Some(m) = mask.filter(|_| kind != AttnMask::None) {
+        let l = m.layout();
+        read.strides = [l.strides[0], l.strides[1], l.strides[2], l.strides[3]];
+        read.offset = l.offset;
+        match kind {
+            AttnMask::Keep => read.keep = m.view::<bool>()?.data,
+            _ => {
+                read.add = dispatch!(m.dtype(), M => m.view::<M>()?.data.iter().map(|e| A::of(Elem::to_f64(*e))).collect())
+            }
+        }
+    }
+    let out = out.get::<T>()?;
+    let scale = A::of(scale);
+    let (sq, sk, d, dv) = (n.sq, n.sk, n.d, n.dv);
+    out.par_chunks_mut((sq * dv).max(1)).enumerate().for_each(|(bh, head_out)| {
+        let (b, h) = (bh / n.h.max(1), bh % n.h.max(1));
+        let qh = &q[bh * sq * d..][..sq * d];
+        let kh = &k[bh * sk * d..][..sk * d];
+        let vh = &v[bh * sk * dv..][..sk * dv];
+        head_out.par_chunks_mut(QB * dv.max(1)).enumerate().for_each(|(blk, rows_out)| {
+            let r0 = blk * QB;
+            let rows = rows_out.len() / dv.max(1);
+            let mut m = [A::NEG_INF; QB];
+            let mut l = [A::ZERO; QB];
+            let mut acc = vec![A::ZERO; rows * dv];
+            let mut s = [A::ZERO; KB];
+            // Causal: keys past the block's last row are never needed.
+            let end = if causal { sk.min(r0 + rows) } else { sk };
+            for j0 in (0..end).step_by(KB) {
+                let kn = KB.min(end - j0);
+                for r in 0..rows {
+                    let i = r0 + r;
+                    let qi = &qh[i * d..][..d];
+                    let mut best = m[r];
+                    for (c, sc) in s[..kn].iter_mut().enumerate() {
+                        let j = j0 + c;
+                        *sc = if causal && j > i {
+                            A::NEG_INF
+                        } else {
+                            dot(qi, &kh[j * d..][..d]) * scale + read.at(b, h, i, j)
+                        };
+                        if *sc > best {
+                            best = *sc;
+                        }
+                    }
+                    if best == A::NEG_INF {
+                        continue; // every key so far removed: nothing to add
+                    }
+                    let correction = (m[r] - best).exp();
+                    m[r] = best;
+                    let row = &mut acc[r * dv..][..dv];
+                    if correction != A::of(1.0) {
+                        row.iter_mut().for_each(|a| *a = *a * correction);
+                    }
+                    let mut sum = A::ZERO;
+                    for (c, &sc) in s[..kn].iter().enumerate() {
+                        let p = (sc - best).exp();
+                        if p == A::ZERO {
+                            continue;
+                        }
+                        sum = sum + p;
+                        let vj = &vh[(j0 + c) * dv..][..dv];
+                        for (a, &x) in row.iter_mut().zip(vj) {
+                            *a = *a + p * x;
+                        }
+                    }
+                    l[r] = l[r] * correction + sum;
+                }
+            }
+            for r in 0..rows {
+                let inv = if l[r] == A::ZERO { A::ZERO } else { A::of(1.0) / l[r] };
+                for (o, &a) in rows_out[r * dv..][..dv].iter_mut().zip(&acc[r * dv..][..dv]) {
+                    *o = T::from_f64((a * inv).wide());
+                }
+            }
+        });
+    });
+    Ok(())
+}
+
+/// `Σ a_i b_i` with eight partial sums, so the loop vectorizes.
+#[inline]
+fn dot<A: Acc>(a: &[A], b: &[A]) -> A {
+    let mut lanes = [A::ZERO; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for t in 0..8 {
+            lanes[t] = lanes[t] + x[t] * y[t];
+        }
+    }
+    let mut sum =
+        ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    for (&x, &y) in ra.iter().zip(rb) {
+        sum = sum + x * y;
+    }
+    sum
+}

@@ -1,0 +1,197 @@
+//! The attention kernel: one generated flash-style kernel per shape, for
+//! [`Op::Attention`](crate::ir::Op::Attention).
+//!
+//! A block owns `rows` consecutive query rows of one (batch, head), one
+//! thread per row (`rows` = the query length rounded up to a warp, at most
+//! 128). It walks the keys in tiles of `tile` keys: the block loads the
+//! tile's keys and values into shared memory (as f32), then every thread
+//! computes its row's `tile` scores into registers, the tile maximum, one
+//! rescale of its running sum and output (the online softmax), and adds
+//! `e^(s - m) v` for the tile. The `[sq, sk]` scores exist only as one
+//! tile in registers; global memory sees q, k, v (each read once per
+//! block) and the output. f16, bf16 and f32 accumulate in f32, f64 in
+//! f64; scores of removed keys are skipped, and a row with no key left
+//! writes zeros, as the CPU kernel does.
+//!
+//! All threads of a block reach every `__syncthreads` (rows past the end
+//! compute and write nothing), so the kernel runs as it is on the CPU
+//! emulator. It is a CUDA-core kernel: no tensor-core (mma) path yet,
+//! which is where the f16/bf16 gap to FlashAttention lies.
+
+use super::{types, Kernel};
+use crate::ir::{AttnMask, DType};
+use std::fmt::Write;
+
+/// The largest head dim the kernel keeps in registers.
+pub(crate) const MAX_HEAD_DIM: usize = 256;
+
+/// One strided operand: element offset, strides of `[b, h, s, d]`.
+#[derive(Clone, Debug)]
+pub(crate) struct Strided {
+    /// Element offset of `[0, 0, 0, 0]`.
+    pub offset: usize,
+    /// Element strides of the four dims (0 for a broadcast dim).
+    pub strides: [usize; 4],
+}
+
+impl Strided {
+    fn at(&self, b: &str, h: &str, s: &str, d: &str) -> String {
+        let [s0, s1, s2, s3] = self.strides;
+        let term = |x: &str, st: usize| if st == 0 { String::new() } else { format!(" + {x} * {st}LL") };
+        format!("{}LL{}{}{}{}", self.offset, term(b, s0), term(h, s1), term(s, s2), term(d, s3))
+    }
+}
+
+/// What the kernel is generated for.
+#[derive(Clone, Debug)]
+pub(crate) struct Spec {
+    pub dtype: DType,
+    pub batch: usize,
+    pub heads: usize,
+    pub sq: usize,
+    pub sk: usize,
+    pub d: usize,
+    pub dv: usize,
+    pub scale: f64,
+    pub causal: bool,
+    pub mask: AttnMask,
+    pub mask_dtype: DType,
+    pub q: Strided,
+    pub k: Strided,
+    pub v: Strided,
+    pub m: Option<Strided>,
+}
+
+/// The kernel for `spec`, or why there is none.
+pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
+    let Spec { dtype, batch, heads, sq, sk, d, dv, .. } = *spec;
+    if d.max(dv) > MAX_HEAD_DIM {
+        return Err(format!(
+            "the CUDA attention kernel keeps a head in registers and takes head dims up to {MAX_HEAD_DIM}, got {d} and {dv}"
+        ));
+    }
+    let acc = if dtype == DType::F64 { "double" } else { "float" };
+    let rows = sq.div_ceil(32).clamp(1, 4) * 32;
+    let tile = match d.max(dv) {
+        0..=64 => 32,
+        65..=128 => 16,
+        _ => 8,
+    };
+    let qblocks = sq.div_ceil(rows).max(1);
+    let grid = (batch * heads * qblocks).max(1);
+    let st = types::storage(dtype);
+    let load = |e: &str| types::load(dtype, e);
+    let mut p = vec![
+        format!("{st}* __restrict__ out"),
+        format!("const {st}* __restrict__ q"),
+        format!("const {st}* __restrict__ k"),
+        format!("const {st}* __restrict__ v"),
+    ];
+    if spec.mask != AttnMask::None {
+        p.push(format!("const {}* __restrict__ mask", types::storage(spec.mask_dtype)));
+    }
+    let inf = if acc == "double" {
+        "__longlong_as_double(0xfff0000000000000LL)"
+    } else {
+        "__int_as_float(0xff800000)"
+    };
+    let ex = if acc == "double" { "exp" } else { "expf" };
+    let mut s = format!("extern \"C\" __global__ void {name}({}) {{\n", p.join(", "));
+    let _ = writeln!(s, "  typedef long long I;\n  typedef {acc} A;");
+    let _ = writeln!(s, "  const A NEG_INF = {inf};");
+    let _ = writeln!(s, "  __shared__ A ks[{}];\n  __shared__ A vs[{}];", tile * d.max(1), tile * dv.max(1));
+    let _ = writeln!(s, "  const int t = threadIdx.x;");
+    let _ = writeln!(s, "  const I qb = (I)blockIdx.x % {qblocks}, bh = (I)blockIdx.x / {qblocks};");
+    let _ = writeln!(s, "  const I b = bh / {heads}, h = bh % {heads};", heads = heads.max(1));
+    let _ = writeln!(s, "  const I i = qb * {rows} + t;\n  const bool active = i < {sq};");
+    let _ = writeln!(s, "  A qr[{}], acc[{}], sc[{tile}];", d.max(1), dv.max(1));
+    let _ = writeln!(s, "  A m = NEG_INF, l = 0;");
+    // Every loop over a head dim is unrolled: the arrays stay in registers
+    // only when no index is a run-time value.
+    let _ = writeln!(
+        s,
+        "  #pragma unroll\n  for (int c = 0; c < {d}; ++c) qr[c] = active ? (A){} : (A)0;",
+        load(&format!("q[{}]", spec.q.at("b", "h", "i", "c")))
+    );
+    let _ = writeln!(s, "  #pragma unroll\n  for (int c = 0; c < {dv}; ++c) acc[c] = 0;");
+    // Causal: this block's rows never see keys past its last row.
+    let end = if spec.causal {
+        format!("(qb + 1) * {rows} < {sk} ? (qb + 1) * {rows} : (I){sk}")
+    } else {
+        format!("(I){sk}")
+    };
+    let _ = writeln!(s, "  const I kend = {end};");
+    let _ = writeln!(s, "  for (I j0 = 0; j0 < kend; j0 += {tile}) {{");
+    s.push_str("    __syncthreads();  // the previous tile's readers are done\n");
+    for (arr, x, op, n) in [("ks", &spec.k, "k", d), ("vs", &spec.v, "v", dv)] {
+        let _ = writeln!(s, "    for (int e = t; e < {tile} * {n}; e += {rows}) {{");
+        let _ = writeln!(s, "      const I r = e / {n}, c = e % {n}, j = j0 + r;", n = n.max(1));
+        let _ = writeln!(
+            s,
+            "      {arr}[e] = j < {sk} ? (A){} : (A)0;\n    }}",
+            load(&format!("{op}[{}]", x.at("b", "h", "j", "c")))
+        );
+    }
+    s.push_str("    __syncthreads();\n");
+    let _ = writeln!(s, "    A tmax = NEG_INF;");
+    let _ = writeln!(s, "    #pragma unroll\n    for (int r = 0; r < {tile}; ++r) {{");
+    s.push_str("      const I j = j0 + r;\n      A dot = 0;\n");
+    let _ = writeln!(
+        s,
+        "      #pragma unroll\n      for (int c = 0; c < {d}; ++c) dot += qr[c] * ks[r * {d} + c];"
+    );
+    let mut removed = format!("!active || j >= {sk}");
+    if spec.causal {
+        removed.push_str(" || j > i");
+    }
+    let mut score = format!("dot * (A){:?}", spec.scale);
+    if let Some(m) = &spec.m {
+        let at = format!("mask[{}]", m.at("b", "h", "i", "j"));
+        match spec.mask {
+            AttnMask::Keep => {
+                let _ = writeln!(s, "      const bool keep = ({removed}) ? false : {at};");
+                removed = "!keep".into();
+            }
+            AttnMask::Additive => {
+                let _ = writeln!(
+                    s,
+                    "      const A add = ({removed}) ? (A)0 : (A){};",
+                    types::load(spec.mask_dtype, &at)
+                );
+                score.push_str(" + add");
+            }
+            AttnMask::None => {}
+        }
+    }
+    let _ = writeln!(s, "      sc[r] = ({removed}) ? NEG_INF : {score};");
+    s.push_str("      tmax = sc[r] > tmax ? sc[r] : tmax;\n    }\n");
+    // One rescale per tile: the running maximum moves at most once.
+    s.push_str("    if (tmax != NEG_INF) {\n");
+    s.push_str("      const A mn = tmax > m ? tmax : m;\n");
+    let _ = writeln!(s, "      const A corr = {ex}(m - mn);");
+    s.push_str("      m = mn;\n      l *= corr;\n");
+    let _ = writeln!(s, "      #pragma unroll\n      for (int c = 0; c < {dv}; ++c) acc[c] *= corr;");
+    let _ = writeln!(s, "      #pragma unroll\n      for (int r = 0; r < {tile}; ++r) {{");
+    s.push_str("        if (sc[r] == NEG_INF) continue;\n");
+    let _ = writeln!(s, "        const A p = {ex}(sc[r] - m);");
+    s.push_str("        l += p;\n");
+    let _ = writeln!(
+        s,
+        "        #pragma unroll\n        for (int c = 0; c < {dv}; ++c) acc[c] += p * vs[r * {dv} + c];"
+    );
+    s.push_str("      }\n    }\n  }\n");
+    s.push_str("  if (active) {\n    const A inv = l == 0 ? (A)0 : (A)1 / l;\n");
+    let _ = writeln!(s, "    #pragma unroll\n    for (int c = 0; c < {dv}; ++c)");
+    let _ = writeln!(
+        s,
+        "      out[(bh * {sq} + i) * {dv} + c] = {};\n  }}\n}}",
+        types::store(dtype, &format!("({})(acc[c] * inv)", types::compute(dtype)))
+    );
+    Ok(Kernel::new(
+        name,
+        s,
+        grid as u32,
+        rows as u32,
+        if spec.mask == AttnMask::None { vec![0, 1, 2] } else { vec![0, 1, 2, 3] },
+    ))
+}

@@ -1,0 +1,97 @@
+//! Lowering of the two ops issue 20 added: `index_add` (a copy of the
+//! base, then the scatter kernel) and `attention` (one generated kernel
+//! over strided operands; see `codegen/attention.rs`).
+
+use super::ops::{buffer_locs, operand};
+use super::{Lowering, Storage, Value};
+use crate::backends::cuda::codegen::attention::{flash, Spec, Strided};
+use crate::backends::cuda::codegen::ops;
+use crate::backends::cuda::program::{IndexCheck, Launch, Loc, Region};
+use crate::ir::{AttnMask, DType, NodeId, Shape};
+
+impl Lowering<'_> {
+    /// `out = x`, then `out[.., index[j], ..] += src[.., j, ..]` in index order.
+    pub(super) fn index_add(
+        &mut self,
+        id: NodeId,
+        dim: usize,
+        ops: &[Value],
+        shape: &Shape,
+        dst: Loc,
+    ) -> Result<(), String> {
+        self.copy_into(&ops[0], shape, dst)?;
+        let (idx, src) = (operand(&ops[1]), operand(&ops[2]));
+        if idx.access.shape().numel() == 0 {
+            return Ok(());
+        }
+        let status_at = 8 * (1 + self.plan.random_streams as u64) + 16 * self.checks.len() as u64;
+        let status = Loc::new(Region::Params, status_at);
+        let k = self.add_kernel("index_add", |n| Ok(ops::index_add(n, &idx, &src, dim, shape)))?;
+        let mut args = vec![dst];
+        args.extend(buffer_locs(&ops[1..]));
+        args.push(status);
+        self.launches.push(Launch::Kernel { kernel: k, args });
+        let report = self.add_kernel("index_report", |n| Ok(ops::index_report(n, &idx, &idx.access)))?;
+        let mut args = vec![status];
+        if let Storage::Mem(l) = ops[1].storage {
+            args.push(l);
+        }
+        self.launches.push(Launch::Kernel { kernel: report, args });
+        self.checks.push(IndexCheck {
+            node: id,
+            op: "index_add",
+            dim,
+            size: shape.0[dim],
+            status: status_at,
+        });
+        Ok(())
+    }
+
+    /// One launch of the flash kernel for this shape.
+    pub(super) fn attention(
+        &mut self,
+        ops: &[Value],
+        scale: f64,
+        causal: bool,
+        mask: AttnMask,
+        shape: &Shape,
+        dst: Loc,
+    ) -> Result<(), String> {
+        // The kernel reads memory through strides; a constant operand (a
+        // `full`, which has no memory) is written out first.
+        let mut vals = Vec::with_capacity(ops.len());
+        for v in ops {
+            vals.push(match v.storage {
+                Storage::Mem(_) => v.clone(),
+                Storage::Const(_) => self.materialize(v)?,
+            });
+        }
+        let strided = |v: &Value| {
+            let s = &v.layout.strides;
+            Strided { offset: v.layout.offset, strides: [s[0], s[1], s[2], s[3]] }
+        };
+        let (q, k) = (&vals[0].layout.shape.0, &vals[1].layout.shape.0);
+        let spec = Spec {
+            dtype: vals[0].dtype,
+            batch: q[0],
+            heads: q[1],
+            sq: q[2],
+            sk: k[2],
+            d: q[3],
+            dv: shape.0[3],
+            scale,
+            causal,
+            mask,
+            mask_dtype: vals.get(3).map_or(DType::Bool, |m| m.dtype),
+            q: strided(&vals[0]),
+            k: strided(&vals[1]),
+            v: strided(&vals[2]),
+            m: vals.get(3).map(strided),
+        };
+        let kernel = self.add_kernel("attention", |n| flash(n, &spec))?;
+        let mut args = vec![dst];
+        args.extend(buffer_locs(&vals));
+        self.launches.push(Launch::Kernel { kernel, args });
+        Ok(())
+    }
+}
