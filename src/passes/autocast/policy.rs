@@ -51,6 +51,8 @@ pub enum OpKey {
     MatMul,
     /// `conv2d`.
     Conv2d,
+    /// `attention` (its two products; softmax inside the kernel is f32).
+    Attention,
     /// A reduction (`sum`, `mean`, `max`, `min`).
     Reduce(ReduceOp),
     /// A unary elementwise function.
@@ -62,7 +64,9 @@ pub enum OpKey {
 impl OpKey {
     fn matches(self, op: &Op) -> bool {
         match (self, op) {
-            (OpKey::MatMul, Op::MatMul) | (OpKey::Conv2d, Op::Conv2d { .. }) => true,
+            (OpKey::MatMul, Op::MatMul)
+            | (OpKey::Conv2d, Op::Conv2d { .. })
+            | (OpKey::Attention, Op::Attention { .. }) => true,
             (OpKey::Reduce(a), Op::Reduce { op: b, .. }) => a == *b,
             (OpKey::Unary(a), Op::Unary(b)) => a == *b,
             (OpKey::Binary(a), Op::Binary(b)) => a == *b,
@@ -74,6 +78,7 @@ impl OpKey {
         match self {
             OpKey::MatMul => "matmul",
             OpKey::Conv2d => "conv2d",
+            OpKey::Attention => "attention",
             OpKey::Reduce(r) => r.mnemonic(),
             OpKey::Unary(u) => u.mnemonic(),
             OpKey::Binary(b) => b.mnemonic(),
@@ -98,8 +103,15 @@ pub static POLICY: &[PolicyEntry] = &[
     // Products: tensor cores run bf16/f16 GEMMs and convolutions at about
     // 15x the f32 rate and half the bytes; every backend accumulates them
     // in f32 and rounds once, so the error is one rounding of the inputs
-    // and one of the result (PyTorch's autocast "lower" list).
-    PolicyEntry { name: "products", precision: Precision::Low, ops: &[OpKey::MatMul, OpKey::Conv2d] },
+    // and one of the result (PyTorch's autocast "lower" list). Attention is
+    // two products around a softmax that every backend keeps in f32 inside
+    // the one kernel (online max and sum in f32), as PyTorch's autocast
+    // runs scaled_dot_product_attention in the low type.
+    PolicyEntry {
+        name: "products",
+        precision: Precision::Low,
+        ops: &[OpKey::MatMul, OpKey::Conv2d, OpKey::Attention],
+    },
     // Reductions: a sum of n low-precision terms rounded to 8 mantissa bits
     // loses every term below 2^-8 of the total (a bias gradient over a
     // batch, a mean). max and min are exact in any type, but softmax's max
@@ -146,7 +158,7 @@ pub fn precision_of(op: &Op) -> (Precision, Option<&'static str>) {
 }
 
 /// The policy as one line for `low`, as the autocast dump's header prints
-/// it: `autocast bf16: products=low(matmul conv2d) reductions=f32(...) ...
+/// it: `autocast bf16: products=low(matmul conv2d attention) reductions=f32(...) ...
 /// else=follow; outputs keep their dtype`.
 pub fn policy_text(low: DType) -> String {
     let mut s = format!("autocast {low}:");
@@ -187,7 +199,7 @@ mod tests {
     #[test]
     fn the_text_names_every_entry() {
         let t = policy_text(DType::BF16);
-        assert!(t.starts_with("autocast bf16: products=bf16(matmul conv2d) reductions=f32(sum mean max min)"));
+        assert!(t.starts_with("autocast bf16: products=bf16(matmul conv2d attention) reductions=f32(sum mean max min)"));
         for e in POLICY {
             assert!(t.contains(e.name));
         }

@@ -44,7 +44,7 @@ fn a_weight_read_twice_is_cast_once_and_outputs_keep_their_dtype() {
     let g = parse(&text).unwrap();
     let outs: Vec<DType> = g.outputs().iter().map(|&o| g.node(o).dtype).collect();
     assert_eq!(outs, [DType::F32, DType::F32]);
-    assert!(cx.notes[0].starts_with("autocast bf16: products=bf16(matmul conv2d)"));
+    assert!(cx.notes[0].starts_with("autocast bf16: products=bf16(matmul conv2d attention)"));
 }
 
 #[test]
