@@ -57,6 +57,34 @@ inline T __shfl_xor_sync(unsigned, T v, int m) {
   return r;
 }
 
+template <class T>
+inline T __shfl_sync(unsigned, T v, int src) {
+  unsigned t = threadIdx.x, w = t / 32;
+  unsigned long long bits = 0;
+  memcpy(&bits, &v, sizeof(T));
+  emu::exchange[t] = bits;
+  pthread_barrier_wait(&emu::warp_barrier[w]);
+  unsigned long long o = emu::exchange[w * 32 + ((unsigned)src & 31u)];
+  pthread_barrier_wait(&emu::warp_barrier[w]);
+  T r;
+  memcpy(&r, &o, sizeof(T));
+  return r;
+}
+
+namespace emu {
+inline unsigned gather_slots[1024][8];
+// Every lane of the calling thread's warp gets every lane's n <= 8 words
+// (all[lane][i]), with two barriers: what a warp-wide tensor-core product
+// needs, without one shuffle per element (kiln::mma_16816).
+inline void warp_gather(const unsigned* v, int n, unsigned (*all)[8]) {
+  unsigned t = threadIdx.x, w = t / 32;
+  memcpy(gather_slots[t], v, n * sizeof(unsigned));
+  pthread_barrier_wait(&warp_barrier[w]);
+  memcpy(all, gather_slots[w * 32], 32 * sizeof(gather_slots[0]));
+  pthread_barrier_wait(&warp_barrier[w]);
+}
+}  // namespace emu
+
 inline float __uint_as_float(unsigned u) {
   float f;
   memcpy(&f, &u, 4);

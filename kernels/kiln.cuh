@@ -299,4 +299,97 @@ __device__ __forceinline__ T group_reduce(T v, Op op) {
   return r;
 }
 
+// ---------------------------------------------------------------------------
+// Tensor-core tiles (the f16/bf16 attention kernel, codegen/attention_mma.rs).
+// mma_16816 is one warp-wide D += A B with A 16x16 and B 16x8 in f16 or bf16
+// and D in f32, in PTX's m16n8k16 fragment layout: lane = 4 g + c holds, two
+// 16-bit values per u32 (the lower index in the low half), A's rows g and
+// g+8 at columns 2c, 2c+1 (a[0], a[1]) and 2c+8, 2c+9 (a[2], a[3]), B's
+// column g at rows 2c, 2c+1 (b[0]) and 2c+8, 2c+9 (b[1]), and D's rows g
+// (d[0], d[1]) and g+8 (d[2], d[3]) at columns 2c, 2c+1. On sm_80 and later
+// it is one `mma.sync`; elsewhere, and in the CPU emulator, the same product
+// from warp shuffles in the same layout (slow, but the kernel runs and
+// checks everywhere).
+
+__device__ __forceinline__ float half_at(u32 pair, int hi, f16) {
+  f16 h;
+  h.bits = (unsigned short)(hi ? pair >> 16 : pair & 0xffffu);
+  return to_float(h);
+}
+__device__ __forceinline__ float half_at(u32 pair, int hi, bf16) {
+  bf16 h;
+  h.bits = (unsigned short)(hi ? pair >> 16 : pair & 0xffffu);
+  return to_float(h);
+}
+// Two floats rounded to the narrow type T, packed as one fragment register.
+__device__ __forceinline__ u32 pack2(float lo, float hi, f16) {
+  return (u32)f16_from(lo).bits | ((u32)f16_from(hi).bits << 16);
+}
+__device__ __forceinline__ u32 pack2(float lo, float hi, bf16) {
+  return (u32)bf16_from(lo).bits | ((u32)bf16_from(hi).bits << 16);
+}
+
+template <class T>
+__device__ __forceinline__ void mma_16816_shuffled(float* d, const u32* a, const u32* b) {
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+#ifdef KILN_EMULATE
+  // The emulator's shuffles cost two barriers each: gather the warp's
+  // fragments once instead.
+  u32 mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+  u32 all[32][8];
+  emu::warp_gather(mine, 6, all);
+  for (int k = 0; k < 16; ++k) {
+    const int hi = k >= 8, src = (k % 8) / 2, half = k % 2;
+    const float a0 = half_at(all[g * 4 + src][hi ? 2 : 0], half, T());
+    const float a1 = half_at(all[g * 4 + src][hi ? 3 : 1], half, T());
+    const float b0 = half_at(all[2 * c * 4 + src][4 + hi], half, T());
+    const float b1 = half_at(all[(2 * c + 1) * 4 + src][4 + hi], half, T());
+    d[0] += a0 * b0;
+    d[1] += a0 * b1;
+    d[2] += a1 * b0;
+    d[3] += a1 * b1;
+  }
+  return;
+#endif
+  for (int k = 0; k < 16; ++k) {
+    const int hi = k >= 8, src = (k % 8) / 2, half = k % 2;
+    const float a0 = half_at(__shfl_sync(0xffffffffu, hi ? a[2] : a[0], g * 4 + src), half, T());
+    const float a1 = half_at(__shfl_sync(0xffffffffu, hi ? a[3] : a[1], g * 4 + src), half, T());
+    const float b0 = half_at(__shfl_sync(0xffffffffu, b[hi], 2 * c * 4 + src), half, T());
+    const float b1 = half_at(__shfl_sync(0xffffffffu, b[hi], (2 * c + 1) * 4 + src), half, T());
+    d[0] += a0 * b0;
+    d[1] += a0 * b1;
+    d[2] += a1 * b0;
+    d[3] += a1 * b1;
+  }
+}
+
+__device__ __forceinline__ void mma_16816(float* d, const u32* a, const u32* b, f16) {
+#if !defined(KILN_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  mma_16816_shuffled<f16>(d, a, b);
+#endif
+}
+__device__ __forceinline__ void mma_16816(float* d, const u32* a, const u32* b, bf16) {
+#if !defined(KILN_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  mma_16816_shuffled<bf16>(d, a, b);
+#endif
+}
+
+// Eight 16-bit elements, for 16-byte loads and stores.
+struct __align__(16) u16x8 {
+  u32 w[4];
+};
+
 }  // namespace kiln

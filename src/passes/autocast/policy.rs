@@ -199,7 +199,9 @@ mod tests {
     #[test]
     fn the_text_names_every_entry() {
         let t = policy_text(DType::BF16);
-        assert!(t.starts_with("autocast bf16: products=bf16(matmul conv2d attention) reductions=f32(sum mean max min)"));
+        assert!(t.starts_with(
+            "autocast bf16: products=bf16(matmul conv2d attention) reductions=f32(sum mean max min)"
+        ));
         for e in POLICY {
             assert!(t.contains(e.name));
         }

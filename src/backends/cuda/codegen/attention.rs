@@ -5,18 +5,18 @@
 //! thread per row (`rows` = the query length rounded up to a warp, at most
 //! 128). It walks the keys in tiles of `tile` keys: the block loads the
 //! tile's keys and values into shared memory (as f32), then every thread
-//! computes its row's `tile` scores into registers, the tile maximum, one
-//! rescale of its running sum and output (the online softmax), and adds
-//! `e^(s - m) v` for the tile. The `[sq, sk]` scores exist only as one
-//! tile in registers; global memory sees q, k, v (each read once per
+//! computes its row's `tile` scores into its own column of a shared tile,
+//! the tile maximum, one rescale of its running sum and output (the online
+//! softmax), and adds `e^(s - m) v` for the tile. The `[sq, sk]` scores
+//! exist only as that tile; global memory sees q, k, v (each read once per
 //! block) and the output. f16, bf16 and f32 accumulate in f32, f64 in
 //! f64; scores of removed keys are skipped, and a row with no key left
 //! writes zeros, as the CPU kernel does.
 //!
 //! All threads of a block reach every `__syncthreads` (rows past the end
 //! compute and write nothing), so the kernel runs as it is on the CPU
-//! emulator. It is a CUDA-core kernel: no tensor-core (mma) path yet,
-//! which is where the f16/bf16 gap to FlashAttention lies.
+//! emulator. It is a CUDA-core kernel, for f32, f64 and the f16/bf16
+//! head dims the tensor-core kernel (`attention_mma.rs`) does not take.
 
 use super::{types, Kernel};
 use crate::ir::{AttnMask, DType};
@@ -35,7 +35,7 @@ pub(crate) struct Strided {
 }
 
 impl Strided {
-    fn at(&self, b: &str, h: &str, s: &str, d: &str) -> String {
+    pub(crate) fn at(&self, b: &str, h: &str, s: &str, d: &str) -> String {
         let [s0, s1, s2, s3] = self.strides;
         let term = |x: &str, st: usize| if st == 0 { String::new() } else { format!(" + {x} * {st}LL") };
         format!("{}LL{}{}{}{}", self.offset, term(b, s0), term(h, s1), term(s, s2), term(d, s3))
@@ -64,6 +64,9 @@ pub(crate) struct Spec {
 
 /// The kernel for `spec`, or why there is none.
 pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
+    if super::attention_mma::applies(spec) {
+        return Ok(super::attention_mma::flash_mma(name, spec));
+    }
     let Spec { dtype, batch, heads, sq, sk, d, dv, .. } = *spec;
     if d.max(dv) > MAX_HEAD_DIM {
         return Err(format!(
@@ -72,11 +75,17 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
     }
     let acc = if dtype == DType::F64 { "double" } else { "float" };
     let rows = sq.div_ceil(32).clamp(1, 4) * 32;
-    let tile = match d.max(dv) {
+    let mut tile = match d.max(dv) {
         0..=64 => 32,
         65..=128 => 16,
         _ => 8,
     };
+    // Keys, values and scores of a tile within the 48 KiB of static shared
+    // memory (f64 halves the tile).
+    let width = if dtype == DType::F64 { 8 } else { 4 };
+    while tile > 1 && tile * (d + dv + rows) * width > 48 * 1024 {
+        tile /= 2;
+    }
     let qblocks = sq.div_ceil(rows).max(1);
     let grid = (batch * heads * qblocks).max(1);
     let st = types::storage(dtype);
@@ -100,11 +109,15 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
     let _ = writeln!(s, "  typedef long long I;\n  typedef {acc} A;");
     let _ = writeln!(s, "  const A NEG_INF = {inf};");
     let _ = writeln!(s, "  __shared__ A ks[{}];\n  __shared__ A vs[{}];", tile * d.max(1), tile * dv.max(1));
+    // A tile's scores, column t for thread t: in shared memory rather than
+    // registers, so the loops over a tile's keys need not be unrolled
+    // (unrolled, a 64-dim head took NVRTC about 9 s on the H100).
+    let _ = writeln!(s, "  __shared__ A scs[{}];", tile * rows);
     let _ = writeln!(s, "  const int t = threadIdx.x;");
     let _ = writeln!(s, "  const I qb = (I)blockIdx.x % {qblocks}, bh = (I)blockIdx.x / {qblocks};");
     let _ = writeln!(s, "  const I b = bh / {heads}, h = bh % {heads};", heads = heads.max(1));
     let _ = writeln!(s, "  const I i = qb * {rows} + t;\n  const bool active = i < {sq};");
-    let _ = writeln!(s, "  A qr[{}], acc[{}], sc[{tile}];", d.max(1), dv.max(1));
+    let _ = writeln!(s, "  A qr[{}], acc[{}];", d.max(1), dv.max(1));
     let _ = writeln!(s, "  A m = NEG_INF, l = 0;");
     // Every loop over a head dim is unrolled: the arrays stay in registers
     // only when no index is a run-time value.
@@ -134,7 +147,7 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
     }
     s.push_str("    __syncthreads();\n");
     let _ = writeln!(s, "    A tmax = NEG_INF;");
-    let _ = writeln!(s, "    #pragma unroll\n    for (int r = 0; r < {tile}; ++r) {{");
+    let _ = writeln!(s, "    #pragma unroll 1\n    for (int r = 0; r < {tile}; ++r) {{");
     s.push_str("      const I j = j0 + r;\n      A dot = 0;\n");
     let _ = writeln!(
         s,
@@ -163,17 +176,19 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
             AttnMask::None => {}
         }
     }
-    let _ = writeln!(s, "      sc[r] = ({removed}) ? NEG_INF : {score};");
-    s.push_str("      tmax = sc[r] > tmax ? sc[r] : tmax;\n    }\n");
+    let _ = writeln!(s, "      const A sc = ({removed}) ? NEG_INF : {score};");
+    let _ = writeln!(s, "      scs[r * {rows} + t] = sc;");
+    s.push_str("      tmax = sc > tmax ? sc : tmax;\n    }\n");
     // One rescale per tile: the running maximum moves at most once.
     s.push_str("    if (tmax != NEG_INF) {\n");
     s.push_str("      const A mn = tmax > m ? tmax : m;\n");
     let _ = writeln!(s, "      const A corr = {ex}(m - mn);");
     s.push_str("      m = mn;\n      l *= corr;\n");
     let _ = writeln!(s, "      #pragma unroll\n      for (int c = 0; c < {dv}; ++c) acc[c] *= corr;");
-    let _ = writeln!(s, "      #pragma unroll\n      for (int r = 0; r < {tile}; ++r) {{");
-    s.push_str("        if (sc[r] == NEG_INF) continue;\n");
-    let _ = writeln!(s, "        const A p = {ex}(sc[r] - m);");
+    let _ = writeln!(s, "      #pragma unroll 1\n      for (int r = 0; r < {tile}; ++r) {{");
+    let _ = writeln!(s, "        const A sc = scs[r * {rows} + t];");
+    s.push_str("        if (sc == NEG_INF) continue;\n");
+    let _ = writeln!(s, "        const A p = {ex}(sc - m);");
     s.push_str("        l += p;\n");
     let _ = writeln!(
         s,

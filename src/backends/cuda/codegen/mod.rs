@@ -11,13 +11,15 @@
 //! - [`ops`]: the ops no library runs and that are no body: random numbers,
 //!   ranges, fills, gather, index_select, index_add, concatenation,
 //!   integer matmul.
-//! - [`attention`]: the flash-style attention kernel.
+//! - [`attention`]: the flash-style attention kernel (CUDA cores), and
+//!   [`attention_mma`]: its tensor-core form for f16/bf16.
 //!
 //! Every kernel is `extern "C" __global__ void <name>(out, in0, in1, ...)`
 //! with one pointer per buffer operand; its source starts with
 //! `#include "kiln.cuh"` (`kernels/kiln.cuh`, inlined when compiled).
 
 pub(crate) mod attention;
+pub(crate) mod attention_mma;
 pub(crate) mod body;
 pub(crate) mod elementwise;
 mod expr;

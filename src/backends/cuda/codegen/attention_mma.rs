@@ -1,0 +1,261 @@
+//! The tensor-core attention kernel, for f16 and bf16 heads whose dims are
+//! multiples of 16 (queries and keys) and 8 (values), up to 128: every
+//! BERT, GPT and Llama head. Other shapes and f32/f64 take the CUDA-core
+//! kernel of `attention.rs`.
+//!
+//! FlashAttention-2's schedule, written with `kiln::mma_16816` (one
+//! warp-wide 16×16 by 16×8 product, f32 accumulation; see `kiln.cuh`):
+//!
+//! - A block of 4 warps owns 64 query rows of one (batch, head); each warp
+//!   owns 16 of them. The block stages its queries through shared memory
+//!   once, and each warp keeps its 16×d query tile in registers as `mma`
+//!   fragments.
+//! - The block walks the keys in tiles of 64: it loads the tile's keys
+//!   (row-major) and values (transposed, so that `v` is read as `mma`'s
+//!   column-major operand with 32-bit loads) into shared memory, rows padded
+//!   by 8 elements so that a warp's fragment loads hit 32 distinct banks.
+//! - Each warp computes its 16×64 scores with `mma` into registers, masks
+//!   them (bounds, causal, bool or additive mask), and updates the online
+//!   softmax per row: the row maximum and sum are spread over the 4 lanes
+//!   that hold a row and combined with two shuffles. The probabilities,
+//!   rounded to the input type, become the A operand of `p · v` without
+//!   leaving registers (the score accumulator's layout is the A
+//!   fragment's).
+//! - The output tile is divided by the row sum once at the end and stored;
+//!   a row whose keys are all removed stores zeros.
+//!
+//! Scores are scaled by `scale · log2(e)` so that the softmax runs on
+//! `exp2`. Global loads are 16 bytes wide where an operand's head dim is
+//! contiguous and its other strides are multiples of 8 (heads of a
+//! projection, permuted or not); otherwise element by element.
+
+use super::attention::{Spec, Strided};
+use super::{types, Kernel};
+use crate::ir::{AttnMask, DType};
+use std::fmt::Write;
+
+/// Query rows of a block (16 per warp).
+const ROWS: usize = 64;
+/// Keys per tile.
+const KEYS: usize = 64;
+/// Threads of a block.
+const THREADS: usize = 128;
+/// Padding of a shared-memory row, in elements.
+const PAD: usize = 8;
+/// The largest head dim the kernel keeps in registers.
+pub(crate) const MAX_MMA_HEAD_DIM: usize = 128;
+
+/// Whether the tensor-core kernel takes `spec`.
+pub(crate) fn applies(spec: &Spec) -> bool {
+    matches!(spec.dtype, DType::F16 | DType::BF16)
+        && spec.d % 16 == 0
+        && spec.dv % 8 == 0
+        && (16..=MAX_MMA_HEAD_DIM).contains(&spec.d)
+        && (8..=MAX_MMA_HEAD_DIM).contains(&spec.dv)
+}
+
+/// Whether an operand's rows of `n` head-dim elements can be read 8 at a
+/// time (16 bytes, aligned: buffers are 64-byte aligned).
+fn vectorized(x: &Strided, n: usize) -> bool {
+    x.strides[3] == 1 && n % 8 == 0 && x.offset % 8 == 0 && x.strides[..3].iter().all(|s| s % 8 == 0)
+}
+
+/// The kernel for `spec` (which [`applies`]).
+pub(crate) fn flash_mma(name: &str, spec: &Spec) -> Kernel {
+    let Spec { dtype, batch, heads, sq, sk, d, dv, .. } = *spec;
+    let qblocks = sq.div_ceil(ROWS).max(1);
+    let grid = (batch * heads * qblocks).max(1);
+    let st = types::storage(dtype);
+    let tag = format!("{st}()");
+    let (kst, vst) = (d + PAD, KEYS + PAD);
+    let log2e = std::f64::consts::LOG2_E;
+    let mut p = vec![
+        format!("{st}* __restrict__ out"),
+        format!("const {st}* __restrict__ q"),
+        format!("const {st}* __restrict__ k"),
+        format!("const {st}* __restrict__ v"),
+    ];
+    if spec.mask != AttnMask::None {
+        p.push(format!("const {}* __restrict__ mask", types::storage(spec.mask_dtype)));
+    }
+    let mut s = format!("extern \"C\" __global__ void {name}({}) {{\n", p.join(", "));
+    s.push_str("  typedef long long I;\n  typedef kiln::u32 U;\n");
+    s.push_str("  const float NEG_INF = __int_as_float(0xff800000);\n");
+    // Keys (and, before the first tile, the queries: ROWS == KEYS) and the
+    // transposed values.
+    let _ = writeln!(s, "  __align__(16) __shared__ unsigned short ks[{}];", KEYS * kst);
+    let _ = writeln!(s, "  __align__(16) __shared__ unsigned short vt[{}];", dv * vst);
+    s.push_str("  const int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, c = lane % 4;\n");
+    let _ = writeln!(s, "  const I qb = (I)blockIdx.x % {qblocks}, bh = (I)blockIdx.x / {qblocks};");
+    let _ = writeln!(s, "  const I b = bh / {heads}, h = bh % {heads};", heads = heads.max(1));
+    let _ = writeln!(s, "  const I i0 = qb * {ROWS};");
+    // This thread's two rows of the scores and the output.
+    s.push_str("  const int r0 = w * 16 + g;\n  const I ia = i0 + r0, ib = ia + 8;\n");
+
+    // Queries: staged through `ks`, then held as A fragments.
+    tile_load(&mut s, "q", &spec.q, d, "i0", sq, |r, c| format!("ks[{r} * {kst} + {c}]"), true);
+    s.push_str("  __syncthreads();\n");
+    let _ = writeln!(s, "  U qf[{}][4];", d / 16);
+    let _ = writeln!(s, "  #pragma unroll\n  for (int kk = 0; kk < {}; ++kk) {{", d / 16);
+    for (x, row, col) in [(0, "r0", "0"), (1, "r0 + 8", "0"), (2, "r0", "8"), (3, "r0 + 8", "8")] {
+        let _ = writeln!(s, "    qf[kk][{x}] = *(const U*)&ks[({row}) * {kst} + kk * 16 + {col} + 2 * c];");
+    }
+    s.push_str("  }\n");
+    let _ = writeln!(s, "  float o[{}][4];", dv / 8);
+    let _ = writeln!(
+        s,
+        "  #pragma unroll\n  for (int n = 0; n < {}; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;",
+        dv / 8
+    );
+    s.push_str("  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};\n");
+    let end =
+        if spec.causal { format!("i0 + {ROWS} < {sk} ? i0 + {ROWS} : (I){sk}") } else { format!("(I){sk}") };
+    let _ = writeln!(s, "  const I kend = {end};");
+    let _ = writeln!(s, "  for (I j0 = 0; j0 < kend; j0 += {KEYS}) {{");
+    s.push_str("    __syncthreads();  // the previous tile's (or the queries') readers are done\n");
+    let mut tiles = String::new();
+    tile_load(&mut tiles, "k", &spec.k, d, "j0", sk, |r, c| format!("ks[{r} * {kst} + {c}]"), true);
+    tile_load(&mut tiles, "v", &spec.v, dv, "j0", sk, |r, c| format!("vt[({c}) * {vst} + {r}]"), false);
+    for line in tiles.lines() {
+        let _ = writeln!(s, "  {line}");
+    }
+    s.push_str("    __syncthreads();\n");
+
+    // Scores: s[n] is keys j0 + 8n .. j0 + 8n + 7.
+    let _ = writeln!(s, "    float sc[{}][4];", KEYS / 8);
+    let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n) {{", KEYS / 8);
+    s.push_str("      sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;\n");
+    let _ = writeln!(s, "      #pragma unroll\n      for (int kk = 0; kk < {}; ++kk) {{", d / 16);
+    let _ = writeln!(s, "        const unsigned short* kr = &ks[(n * 8 + g) * {kst} + kk * 16 + 2 * c];");
+    s.push_str("        const U bf[2] = {*(const U*)kr, *(const U*)(kr + 8)};\n");
+    let _ = writeln!(s, "        kiln::mma_16816(sc[n], qf[kk], bf, {tag});\n      }}\n    }}");
+
+    // Masks, the scale, and each row's tile maximum.
+    s.push_str("    float mx[2] = {NEG_INF, NEG_INF};\n");
+    let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n) {{", KEYS / 8);
+    s.push_str("      #pragma unroll\n      for (int e = 0; e < 4; ++e) {\n");
+    s.push_str("        const I i = e < 2 ? ia : ib, j = j0 + n * 8 + 2 * c + (e & 1);\n");
+    let mut removed = format!("j >= {sk} || i >= {sq}");
+    if spec.causal {
+        removed.push_str(" || j > i");
+    }
+    let mut score = format!("sc[n][e] * {:?}f", (spec.scale * log2e) as f32);
+    if let Some(mk) = &spec.m {
+        let at = format!("mask[{}]", mk.at("b", "h", "i", "j"));
+        match spec.mask {
+            AttnMask::Keep => {
+                let _ = writeln!(s, "        const bool keep = ({removed}) ? false : {at};");
+                removed = "!keep".into();
+            }
+            AttnMask::Additive => {
+                let _ = writeln!(
+                    s,
+                    "        const float add = ({removed}) ? 0.f : (float){};",
+                    types::load(spec.mask_dtype, &at)
+                );
+                let _ = write!(score, " + add * {:?}f", log2e as f32);
+            }
+            AttnMask::None => {}
+        }
+    }
+    let _ = writeln!(s, "        sc[n][e] = ({removed}) ? NEG_INF : {score};");
+    s.push_str("        mx[e / 2] = sc[n][e] > mx[e / 2] ? sc[n][e] : mx[e / 2];\n      }\n    }\n");
+    // The online softmax, per row: the 4 lanes of a row share its maximum.
+    s.push_str("    float base[2];\n");
+    s.push_str("    #pragma unroll\n    for (int r = 0; r < 2; ++r) {\n");
+    s.push_str("      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));\n");
+    s.push_str("      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));\n");
+    s.push_str("      const float mn = m[r] > mx[r] ? m[r] : mx[r];\n");
+    // A row with no key yet keeps corr = 1 and exponent base 0 (its scores
+    // are all -inf, so every p is 0).
+    s.push_str("      const float corr = mn == NEG_INF ? 1.f : exp2f(m[r] - mn);\n");
+    s.push_str("      base[r] = mn == NEG_INF ? 0.f : mn;\n      m[r] = mn;\n      l[r] *= corr;\n");
+    let _ = writeln!(
+        s,
+        "      #pragma unroll\n      for (int n = 0; n < {}; ++n) {{ o[n][2 * r] *= corr; o[n][2 * r + 1] *= corr; }}\n    }}",
+        dv / 8
+    );
+    let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n) {{", KEYS / 8);
+    s.push_str("      #pragma unroll\n      for (int e = 0; e < 4; ++e) {\n");
+    s.push_str(
+        "        sc[n][e] = exp2f(sc[n][e] - base[e / 2]);\n        l[e / 2] += sc[n][e];\n      }\n    }\n",
+    );
+    // p · v: the scores of keys 16kk .. 16kk + 15 are the A fragment.
+    let _ = writeln!(s, "    #pragma unroll\n    for (int kk = 0; kk < {}; ++kk) {{", KEYS / 16);
+    let _ = writeln!(
+        s,
+        "      const U pa[4] = {{kiln::pack2(sc[2 * kk][0], sc[2 * kk][1], {tag}), \
+         kiln::pack2(sc[2 * kk][2], sc[2 * kk][3], {tag}),\n        \
+         kiln::pack2(sc[2 * kk + 1][0], sc[2 * kk + 1][1], {tag}), \
+         kiln::pack2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], {tag})}};"
+    );
+    let _ = writeln!(s, "      #pragma unroll\n      for (int n = 0; n < {}; ++n) {{", dv / 8);
+    let _ = writeln!(s, "        const unsigned short* vr = &vt[(n * 8 + g) * {vst} + kk * 16 + 2 * c];");
+    s.push_str("        const U bf[2] = {*(const U*)vr, *(const U*)(vr + 8)};\n");
+    let _ = writeln!(s, "        kiln::mma_16816(o[n], pa, bf, {tag});\n      }}\n    }}\n  }}");
+
+    // The row sums, combined over a row's 4 lanes; the output, in pairs.
+    s.push_str("  #pragma unroll\n  for (int r = 0; r < 2; ++r) {\n");
+    s.push_str("    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);\n");
+    s.push_str("    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);\n");
+    s.push_str("    l[r] = l[r] == 0.f ? 0.f : 1.f / l[r];\n  }\n");
+    let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) {{", dv / 8);
+    s.push_str("    #pragma unroll\n    for (int r = 0; r < 2; ++r) {\n");
+    let _ = writeln!(s, "      const I i = r == 0 ? ia : ib;\n      if (i >= {sq}) continue;");
+    let _ = writeln!(
+        s,
+        "      *(U*)&out[(bh * {sq} + i) * {dv} + n * 8 + 2 * c] = kiln::pack2(o[n][2 * r] * l[r], o[n][2 * r + 1] * l[r], {tag});"
+    );
+    s.push_str("    }\n  }\n}\n");
+    let params = if spec.mask == AttnMask::None { vec![0, 1, 2] } else { vec![0, 1, 2, 3] };
+    Kernel::new(name, s, grid as u32, THREADS as u32, params)
+}
+
+/// Code that loads rows `start .. start + 64` (zeros past `len`) of
+/// operand `x` (`n` head-dim elements each) into shared memory at
+/// `dst(row, col)`; `contiguous` says `dst` holds 8 consecutive columns
+/// in one 16-byte slot (row-major tiles), so vector loads store whole.
+#[allow(clippy::too_many_arguments)]
+fn tile_load(
+    s: &mut String,
+    x: &str,
+    strided: &Strided,
+    n: usize,
+    start: &str,
+    len: usize,
+    dst: impl Fn(&str, &str) -> String,
+    contiguous: bool,
+) {
+    let rows = ROWS.max(KEYS);
+    if vectorized(strided, n) {
+        let per = n / 8;
+        let _ = writeln!(s, "  for (int e = t; e < {}; e += {THREADS}) {{", rows * per);
+        let _ = writeln!(s, "    const int r = e / {per}, c8 = e % {per} * 8;\n    const I j = {start} + r;");
+        s.push_str("    kiln::u16x8 x8 = {{0u, 0u, 0u, 0u}};\n");
+        let _ = writeln!(
+            s,
+            "    if (j < {len}) x8 = *(const kiln::u16x8*)&{x}[{}];",
+            strided.at("b", "h", "j", "c8")
+        );
+        if contiguous {
+            let _ = writeln!(s, "    *(kiln::u16x8*)&{} = x8;", dst("r", "c8"));
+        } else {
+            s.push_str("    #pragma unroll\n    for (int u = 0; u < 8; ++u)\n");
+            let _ = writeln!(
+                s,
+                "      {} = (unsigned short)(x8.w[u / 2] >> (16 * (u % 2)));",
+                dst("r", "c8 + u")
+            );
+        }
+        s.push_str("  }\n");
+    } else {
+        let _ = writeln!(s, "  for (int e = t; e < {}; e += {THREADS}) {{", rows * n);
+        let _ = writeln!(s, "    const int r = e / {n}, cc = e % {n};\n    const I j = {start} + r;");
+        let _ = writeln!(
+            s,
+            "    {} = j < {len} ? {x}[{}].bits : (unsigned short)0;\n  }}",
+            dst("r", "cc"),
+            strided.at("b", "h", "j", "cc")
+        );
+    }
+}
