@@ -15,6 +15,10 @@
 //!
 //!     cargo bench --features cuda --bench gpu_transformer [name filter]
 //!
+//! `--profile` also runs each workload 5 more times with kiln's profiler
+//! on (every node timed by CUDA events, launched eagerly) and prints where
+//! the device time goes, by op.
+//!
 //! Without a GPU it says so and exits 0 (with `KILN_REQUIRE_CUDA=1`, 1).
 
 use kiln::nn::bert::{Bert, BertConfig};
@@ -104,7 +108,8 @@ fn main() -> Result<()> {
     println!("device: {}", ctx0.device_description());
     drop(ctx0);
     let mut out = std::env::var("KILN_BENCH_OUT").ok().and_then(|p| std::fs::File::create(p).ok());
-    let only = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
+    let only = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let profile = std::env::args().any(|a| a == "--profile");
     println!(
         "{:<48} {:>10} {:>10} {:>9} {:>8}",
         "workload (kiln)", "first ms", "median ms", "peak MiB", "TFLOP/s"
@@ -141,6 +146,33 @@ fn main() -> Result<()> {
                 w.name, s.compiles, s.kernel_compiles
             );
         }
+        if profile {
+            print_profile(&w)?;
+        }
+    }
+    Ok(())
+}
+
+/// Where one call's device time goes, by op, over 5 profiled calls.
+fn print_profile(w: &Workload) -> Result<()> {
+    let ctx = Context::cuda(0)?.with_seed(1).with_profiling(true);
+    let mut call = (w.make)(&ctx)?;
+    call()?.realize()?;
+    ctx.reset_profile();
+    for _ in 0..5 {
+        call()?.realize()?;
+    }
+    let p = ctx.profile();
+    let runs = p.runs.len().max(1) as f64;
+    println!("  profile of {} ({} runs): wall {:.3} ms per call", w.name, p.runs.len(), p.wall_ms() / runs);
+    for r in p.by_op().iter().take(12) {
+        println!(
+            "    {:<40} {:>5} per call {:>9.3} ms per call {:>5.1}%",
+            r.key,
+            r.calls as f64 / runs,
+            r.total_ms / runs,
+            100.0 * r.share
+        );
     }
     Ok(())
 }

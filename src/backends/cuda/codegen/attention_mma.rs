@@ -90,7 +90,7 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec) -> Kernel {
     let _ = writeln!(s, "  const I b = bh / {heads}, h = bh % {heads};", heads = heads.max(1));
     let _ = writeln!(s, "  const I i0 = qb * {ROWS};");
     // This thread's two rows of the scores and the output.
-    s.push_str("  const int r0 = w * 16 + g;\n  const I ia = i0 + r0, ib = ia + 8;\n");
+    s.push_str("  const int r0 = w * 16 + g;\n  const int ia = (int)i0 + r0, ib = ia + 8;\n");
 
     // Queries: staged through `ks`, then held as A fragments.
     tile_load(&mut s, "q", &spec.q, d, "i0", sq, |r, c| format!("ks[{r} * {kst} + {c}]"), true);
@@ -130,27 +130,30 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec) -> Kernel {
     s.push_str("        const U bf[2] = {*(const U*)kr, *(const U*)(kr + 8)};\n");
     let _ = writeln!(s, "        kiln::mma_16816(sc[n], qf[kk], bf, {tag});\n      }}\n    }}");
 
-    // Masks, the scale, and each row's tile maximum.
+    // Masks, the scale, and each row's tile maximum. Rows past the end
+    // compute from zero queries and are never stored, so only keys are
+    // checked; a tile wholly inside the keys (and, causal, wholly at or
+    // below the block's first row) and without a mask skips the checks.
     s.push_str("    float mx[2] = {NEG_INF, NEG_INF};\n");
-    let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n) {{", KEYS / 8);
-    s.push_str("      #pragma unroll\n      for (int e = 0; e < 4; ++e) {\n");
-    s.push_str("        const I i = e < 2 ? ia : ib, j = j0 + n * 8 + 2 * c + (e & 1);\n");
-    let mut removed = format!("j >= {sk} || i >= {sq}");
+    let scale = format!("{:?}f", (spec.scale * log2e) as f32);
+    let mut removed = format!("j >= {sk}");
     if spec.causal {
         removed.push_str(" || j > i");
     }
-    let mut score = format!("sc[n][e] * {:?}f", (spec.scale * log2e) as f32);
+    let mut body = String::new();
+    let mut score = format!("sc[n][e] * {scale}");
     if let Some(mk) = &spec.m {
         let at = format!("mask[{}]", mk.at("b", "h", "i", "j"));
+        let outside = format!("j >= {sk} || i >= {sq}");
         match spec.mask {
             AttnMask::Keep => {
-                let _ = writeln!(s, "        const bool keep = ({removed}) ? false : {at};");
-                removed = "!keep".into();
+                let _ = writeln!(body, "const bool keep = ({outside}) ? false : {at};");
+                removed = if spec.causal { "!keep || j > i".into() } else { "!keep".into() };
             }
             AttnMask::Additive => {
                 let _ = writeln!(
-                    s,
-                    "        const float add = ({removed}) ? 0.f : (float){};",
+                    body,
+                    "const float add = ({outside}) ? 0.f : (float){};",
                     types::load(spec.mask_dtype, &at)
                 );
                 let _ = write!(score, " + add * {:?}f", log2e as f32);
@@ -158,8 +161,32 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec) -> Kernel {
             AttnMask::None => {}
         }
     }
-    let _ = writeln!(s, "        sc[n][e] = ({removed}) ? NEG_INF : {score};");
-    s.push_str("        mx[e / 2] = sc[n][e] > mx[e / 2] ? sc[n][e] : mx[e / 2];\n      }\n    }\n");
+    let _ = writeln!(body, "sc[n][e] = ({removed}) ? NEG_INF : {score};");
+    let walk = |s: &mut String, body: &str, ind: &str| {
+        let _ = writeln!(s, "{ind}#pragma unroll\n{ind}for (int n = 0; n < {}; ++n) {{", KEYS / 8);
+        let _ = writeln!(s, "{ind}  #pragma unroll\n{ind}  for (int e = 0; e < 4; ++e) {{");
+        for line in body.lines() {
+            let _ = writeln!(s, "{ind}    {line}");
+        }
+        let _ = writeln!(
+            s,
+            "{ind}    mx[e / 2] = sc[n][e] > mx[e / 2] ? sc[n][e] : mx[e / 2];\n{ind}  }}\n{ind}}}"
+        );
+    };
+    let checked = format!("const int i = e < 2 ? ia : ib, j = (int)j0 + n * 8 + 2 * c + (e & 1);\n{body}");
+    if spec.m.is_some() {
+        walk(&mut s, &checked, "    ");
+    } else {
+        let mut edge = format!("j0 + {KEYS} > {sk}");
+        if spec.causal {
+            let _ = write!(edge, " || j0 + {} > i0", KEYS - 1);
+        }
+        let _ = writeln!(s, "    if ({edge}) {{");
+        walk(&mut s, &checked, "      ");
+        s.push_str("    } else {\n");
+        walk(&mut s, &format!("sc[n][e] *= {scale};"), "      ");
+        s.push_str("    }\n");
+    }
     // The online softmax, per row: the 4 lanes of a row share its maximum.
     s.push_str("    float base[2];\n");
     s.push_str("    #pragma unroll\n    for (int r = 0; r < 2; ++r) {\n");
@@ -201,7 +228,7 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec) -> Kernel {
     s.push_str("    l[r] = l[r] == 0.f ? 0.f : 1.f / l[r];\n  }\n");
     let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) {{", dv / 8);
     s.push_str("    #pragma unroll\n    for (int r = 0; r < 2; ++r) {\n");
-    let _ = writeln!(s, "      const I i = r == 0 ? ia : ib;\n      if (i >= {sq}) continue;");
+    let _ = writeln!(s, "      const int i = r == 0 ? ia : ib;\n      if (i >= {sq}) continue;");
     let _ = writeln!(
         s,
         "      *(U*)&out[(bh * {sq} + i) * {dv} + n * 8 + 2 * c] = kiln::pack2(o[n][2 * r] * l[r], o[n][2 * r + 1] * l[r], {tag});"
