@@ -18,8 +18,13 @@ fn snap(f: impl FnOnce()) {
     s.bind(f);
 }
 
+/// `name` under cargo's temporary folder for this target when it exists
+/// (where the binary was built), else under the system's (a machine the
+/// binary was carried to).
 fn out_dir(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let built = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let base = if built.is_dir() { built.to_path_buf() } else { std::env::temp_dir() };
+    let dir = base.join(name);
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }

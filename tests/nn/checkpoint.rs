@@ -69,8 +69,7 @@ fn model(ctx: &Context) -> Result<Sequential> {
 }
 
 fn path(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("nn-{name}-{}.safetensors", std::process::id()))
+    crate::scratch_dir().join(format!("nn-{name}-{}.safetensors", std::process::id()))
 }
 
 #[test]

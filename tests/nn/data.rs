@@ -92,7 +92,7 @@ fn dataset_iterates_splits_and_subsets() -> Result<()> {
 }
 
 fn tmp(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("data-{name}-{}", std::process::id()))
+    crate::scratch_dir().join(format!("data-{name}-{}", std::process::id()))
 }
 
 #[test]

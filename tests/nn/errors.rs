@@ -112,8 +112,7 @@ fn averages_and_gradients() {
 }
 
 fn tmp(name: &str, contents: &str) -> (std::path::PathBuf, String) {
-    let p = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("errors-{name}-{}.csv", std::process::id()));
+    let p = crate::scratch_dir().join(format!("errors-{name}-{}.csv", std::process::id()));
     std::fs::write(&p, contents).unwrap();
     let shown = p.display().to_string();
     (p, shown)

@@ -14,6 +14,18 @@ mod optim;
 
 use kiln::prelude::*;
 
+/// A folder for the files tests write: cargo's temporary folder for this
+/// target when it exists (where the binary was built), else the system's
+/// (a machine the binary was carried to, such as the GPU machine).
+pub fn scratch_dir() -> std::path::PathBuf {
+    let built = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    if built.is_dir() {
+        built.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
 /// Insta settings that write into the repository's `snapshots/`.
 pub fn snapshots() -> insta::Settings {
     let mut s = insta::Settings::clone_current();
