@@ -9,7 +9,7 @@
 #   bash benches/gpu_session.sh bench        # benches/gpu.rs + torch_baseline.py, one table
 #   bash benches/gpu_session.sh launch       # benches/gpu_launch.rs + torch_launch.py (issue 18)
 #   bash benches/gpu_session.sh ncu          # the launch-bound rows' kernels under ncu, summed
-#   bash benches/gpu_session.sh coldstart    # first calls, empty kernel cache: one program per kernel vs one per plan, then warm
+#   bash benches/gpu_session.sh coldstart    # first calls, empty kernel cache: a plan as one program vs parts on threads, then warm
 #   bash benches/gpu_session.sh amp          # benches/gpu_amp.rs + torch_amp.py: mixed precision (issue 22);
 #                                            # AMP_ARGS=--all adds the CNN and 16-block rows, AMP_ONLY=<substring>
 #                                            # and AMP_MODES=eager,compile,reduce-overhead pick rows and torch modes
@@ -82,23 +82,23 @@ for stage in "$@"; do
         done
       done ;;
     coldstart)
-      # First calls with an empty kernel cache, each kernel its own NVRTC
-      # program (KILN_COMPILE_BATCH=0, as before issue 19) and a plan's
-      # kernels as one program (the default), then a second process on the
-      # batched run's cache.
-      for mode in one-by-one batched warm; do
+      # First calls with an empty kernel cache: a plan's kernels as one
+      # NVRTC program (KILN_COMPILE_THREADS=1, issue 19's first step) and
+      # as a few programs on threads (the default), then a second process
+      # on the threaded run's cache.
+      for mode in one-program threads warm; do
         [[ $mode != warm ]] && cache=$(mktemp -d)
-        batch=1; [[ $mode == one-by-one ]] && batch=0
-        KILN_CACHE_DIR=$cache KILN_COMPILE_BATCH=$batch KILN_BENCH_OUT=$OUT/cold-$mode.jsonl \
+        threads=; [[ $mode == one-program ]] && threads=1
+        KILN_CACHE_DIR=$cache KILN_COMPILE_THREADS=$threads KILN_BENCH_OUT=$OUT/cold-$mode.jsonl \
           timeout 300 $bin/benches-gpu > "$OUT/cold-$mode.log" 2>&1 || status=1
         echo "-- benches/gpu.rs, kernels compiled: $mode"
         python3 -c "import json,sys;[print(' ',r['workload'][:60],'| first',r['first_ms'],'| median',r['median_ms'],'| compiles',r.get('compiles'),'| kernels',r.get('kernels'),'| compile ms',r.get('compile_ms'),'| nvrtc ms',r.get('nvrtc_ms')) for r in map(json.loads,open(sys.argv[1]))]" "$OUT/cold-$mode.jsonl"
       done
-      for mode in one-by-one batched; do
-        cache=$(mktemp -d); batch=1; [[ $mode == one-by-one ]] && batch=0
+      for mode in one-program threads; do
+        cache=$(mktemp -d); threads=; [[ $mode == one-program ]] && threads=1
         for a in "" --conv; do
-          KILN_CACHE_DIR=$cache KILN_COMPILE_BATCH=$batch timeout 240 $bin/examples-digits $a --out "$OUT/cold-digits" > "$OUT/cold-digits$a-$mode.log" 2>&1 || status=1
-          echo "-- digits $a, kernels compiled: $mode"; grep -E "per epoch|accuracy" "$OUT/cold-digits$a-$mode.log"
+          KILN_CACHE_DIR=$cache KILN_COMPILE_THREADS=$threads timeout 240 $bin/examples-digits $a --out "$OUT/cold-digits" > "$OUT/cold-digits$a-$mode.log" 2>&1 || status=1
+          echo "-- digits $a, kernels compiled: $mode"; grep -E "per epoch|accuracy|epoch 1" "$OUT/cold-digits$a-$mode.log" | head -4
         done
       done ;;
     amp)

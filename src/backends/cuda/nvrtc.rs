@@ -22,17 +22,26 @@
 //! tries again). Identical kernels, within a plan (the lowering keeps one
 //! per source) and across plans of a device, are compiled once.
 //!
-//! A plan's kernels are compiled as one NVRTC program
-//! ([`KernelCache::get_all`]): `kiln.cuh` once, then every kernel the
-//! caches do not have. NVRTC's cost is mostly per program (about 17 ms
-//! each on the H100's host, for kernels of a few dozen lines), and it does
-//! not run programs of one process in parallel: measured with 1 to 16
-//! threads compiling a plan's 62 kernels, the summed NVRTC time grew with
-//! the threads (1.0 s, 1.9 s, 4.2 s, 8.3 s, 12.9 s) and the wall time did
-//! not fall. The batch is cached on disk under the key of the whole set;
-//! if it fails to compile, each kernel is compiled alone, so an error
-//! names its own kernel and source. `KILN_COMPILE_BATCH=0` compiles one
-//! program per kernel (the old way, for comparison).
+//! A plan's missing kernels are compiled as a few NVRTC programs on as
+//! many threads ([`KernelCache::get_all`]): each program is `kiln.cuh`
+//! once, then its share of the kernels. What costs is ptxas, per kernel
+//! (15-50 ms each on the H100's host; Philox normals the most), plus about
+//! 20 ms per program whatever it holds. NVRTC runs programs of one process
+//! on several threads at once, but a program per kernel pays the per-program
+//! cost once per kernel, and threads then gain nothing (measured: 62
+//! one-kernel programs took as long on 16 threads as on one). A few
+//! programs of several kernels each gain both ways: a 72-kernel plan took
+//! 2.1 s as one program and 0.5 s as 8 programs on 8 threads
+//! (`benches/nvrtc_probe.py`). The parts are balanced by source length and
+//! depend only on the set of kernels and the thread count, so a second
+//! process finds each part on disk under the key of its kernels. If a part
+//! fails to compile, its kernels are compiled alone, so an error names its
+//! own kernel and source.
+//!
+//! `KILN_COMPILE_THREADS` sets the threads (default: the host's cores, at
+//! most 8; 1 compiles a plan's kernels as one program) and
+//! `KILN_COMPILE_BATCH=0` compiles one program per kernel, as before
+//! issue 19 (for comparison).
 
 use super::codegen::Kernel;
 use crate::backends::DeviceStats;
@@ -48,6 +57,16 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// Options every kernel is compiled with (after the architecture).
 const OPTIONS: &[&str] = &["--fmad=false", "--std=c++17", "-default-device", "--diag-suppress=177,128,550"];
 
+/// Leaves out the runtime API declarations NVRTC otherwise parses for
+/// every program (about 4 ms of its 20); NVRTC 12.4 and later know it.
+const MINIMAL: &str = "--minimal";
+
+/// Kernels per program at least, when a plan's kernels are split.
+const MIN_PER_PART: usize = 2;
+
+/// Threads compiling one plan's kernels at most, by default.
+const MAX_THREADS: usize = 8;
+
 /// A kernel's slot in memory: filled once by the thread that compiles it.
 type Slot = Arc<OnceLock<CudaFunction>>;
 
@@ -55,6 +74,10 @@ type Slot = Arc<OnceLock<CudaFunction>>;
 pub(crate) struct KernelCache {
     arch: String,
     version: (i32, i32),
+    /// [`OPTIONS`], and [`MINIMAL`] where NVRTC knows it.
+    options: Vec<String>,
+    /// Threads compiling one plan's kernels ([`compile_threads`]).
+    threads: usize,
     memory: Mutex<HashMap<String, Slot>>,
     /// Serializes the filling of slots per key: held by the compiling thread.
     filling: Mutex<HashMap<String, Arc<Mutex<()>>>>,
@@ -88,9 +111,15 @@ impl KernelCache {
         if st != nvsys::nvrtcResult::NVRTC_SUCCESS {
             return Err(format!("NVRTC does not answer ({st:?})"));
         }
+        let mut options: Vec<String> = OPTIONS.iter().map(|s| s.to_string()).collect();
+        if (major, minor) >= (12, 4) {
+            options.push(MINIMAL.to_string());
+        }
         Ok(KernelCache {
             arch,
             version: (major, minor),
+            options,
+            threads: compile_threads(),
             memory: Mutex::new(HashMap::new()),
             filling: Mutex::new(HashMap::new()),
             dir: cache_dir(),
@@ -105,7 +134,7 @@ impl KernelCache {
             self.arch,
             self.version.0,
             self.version.1,
-            OPTIONS.join(" "),
+            self.options.join(" "),
             kernel.source
         )
     }
@@ -233,45 +262,102 @@ impl KernelCache {
                 None => rest.push(i),
             }
         }
-        let todo = &rest[..];
-        if todo.is_empty() {
+        if rest.is_empty() {
             return Ok(());
         }
-        let key: String =
-            todo.iter().map(|&i| keys[i].as_str()).collect::<Vec<_>>().join("\n--- batch ---\n");
-        let hash = format!("{:016x}", fnv1a(key.as_bytes()));
-        let cubin = match read_disk(self.dir.as_deref(), &hash, &key) {
-            Some(c) => {
-                self.stats.kernel_disk_hits.fetch_add(todo.len() as u64, Ordering::Relaxed);
-                c
-            }
-            None => {
-                let _span = tracing::debug_span!("nvrtc", kernels = todo.len()).entered();
-                let mut source = format!("{}\n", super::codegen::KILN_CUH);
-                for &i in todo {
-                    source.push_str(kernels[i].source.trim_start_matches(super::codegen::INCLUDE));
-                    source.push('\n');
+        // Each part from disk under the key of its kernels, else compiled.
+        let mut ready: Vec<(Vec<usize>, Vec<u8>)> = Vec::new();
+        let mut jobs: Vec<Part> = Vec::new();
+        for kernels_of_part in partition(kernels, &rest, self.threads) {
+            let key: String = kernels_of_part
+                .iter()
+                .map(|&i| keys[i].as_str())
+                .collect::<Vec<_>>()
+                .join("\n--- batch ---\n");
+            let hash = format!("{:016x}", fnv1a(key.as_bytes()));
+            match read_disk(self.dir.as_deref(), &hash, &key) {
+                Some(c) => {
+                    self.stats.kernel_disk_hits.fetch_add(kernels_of_part.len() as u64, Ordering::Relaxed);
+                    ready.push((kernels_of_part, c));
                 }
-                let started = std::time::Instant::now();
-                let c = self.compile_source(&format!("batch_{hash}"), &source)?;
-                let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                self.stats.kernel_compile_nanos.fetch_add(nanos, Ordering::Relaxed);
-                self.stats.kernel_compiles.fetch_add(todo.len() as u64, Ordering::Relaxed);
-                write_disk(self.dir.as_deref(), &hash, &key, &c);
-                c
+                None => jobs.push(Part { kernels: kernels_of_part, key, hash }),
             }
-        };
-        let module = ctx
-            .load_module(Ptx::from_binary(cubin))
-            .map_err(|e| Error::Backend(format!("cuda: loading a batch of {} kernels: {e:?}", todo.len())))?;
-        for &i in todo {
-            let f = module.load_function(&kernels[i].name).map_err(|e| {
-                Error::Backend(format!("cuda: kernel {} is not in its batch: {e:?}", kernels[i].name))
+        }
+        let compiled = self.compile_parts(kernels, &jobs);
+        for (part, result) in jobs.into_iter().zip(compiled) {
+            match result {
+                Ok(c) => {
+                    write_disk(self.dir.as_deref(), &part.hash, &part.key, &c);
+                    ready.push((part.kernels, c));
+                }
+                // Its kernels are compiled alone by the caller.
+                Err(e) => {
+                    tracing::debug!(error = %e, kernels = part.kernels.len(), "a part failed to compile")
+                }
+            }
+        }
+        for (part, cubin) in ready {
+            let module = ctx.load_module(Ptx::from_binary(cubin)).map_err(|e| {
+                Error::Backend(format!("cuda: loading a batch of {} kernels: {e:?}", part.len()))
             })?;
-            let _ = self.slot(&keys[i]).set(f.clone());
-            out[i] = Some(f);
+            for i in part {
+                let f = module.load_function(&kernels[i].name).map_err(|e| {
+                    Error::Backend(format!("cuda: kernel {} is not in its batch: {e:?}", kernels[i].name))
+                })?;
+                let _ = self.slot(&keys[i]).set(f.clone());
+                out[i] = Some(f);
+            }
         }
         Ok(())
+    }
+
+    /// Compiles each part as one program, the parts on threads of their
+    /// own (the first on this one). The wall time counts once in
+    /// `Stats::kernel_compile_time`.
+    fn compile_parts(&self, kernels: &[Kernel], parts: &[Part]) -> Vec<Result<Vec<u8>>> {
+        if parts.is_empty() {
+            return Vec::new();
+        }
+        let count: usize = parts.iter().map(|p| p.kernels.len()).sum();
+        let _span = tracing::debug_span!("nvrtc", parts = parts.len(), kernels = count).entered();
+        let started = std::time::Instant::now();
+        let compile = |part: &Part| {
+            let _span = tracing::debug_span!("nvrtc part", kernels = part.kernels.len()).entered();
+            let mut source = format!("{}\n", super::codegen::KILN_CUH);
+            for &i in &part.kernels {
+                source.push_str(kernels[i].source.trim_start_matches(super::codegen::INCLUDE));
+                source.push('\n');
+            }
+            self.compile_source(&format!("batch_{}", part.hash), &source)
+        };
+        let results: Vec<Result<Vec<u8>>> = std::thread::scope(|s| {
+            let spawned: Vec<_> = parts[1..]
+                .iter()
+                .map(|part| {
+                    // A thread that cannot start compiles on this one.
+                    std::thread::Builder::new()
+                        .name("kiln-nvrtc".into())
+                        .spawn_scoped(s, || compile(part))
+                        .map_err(|_| part)
+                })
+                .collect();
+            let mut results = vec![compile(&parts[0])];
+            for handle in spawned {
+                results.push(match handle {
+                    Ok(h) => h
+                        .join()
+                        .unwrap_or_else(|_| Err(Error::Backend("cuda: an NVRTC thread panicked".into()))),
+                    Err(part) => compile(part),
+                });
+            }
+            results
+        });
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.stats.kernel_compile_nanos.fetch_add(nanos, Ordering::Relaxed);
+        let compiled: usize =
+            parts.iter().zip(&results).filter(|(_, r)| r.is_ok()).map(|(p, _)| p.kernels.len()).sum();
+        self.stats.kernel_compiles.fetch_add(compiled as u64, Ordering::Relaxed);
+        results
     }
 
     /// From disk or NVRTC, loaded into the context.
@@ -323,7 +409,7 @@ impl KernelCache {
         let prog = nv::create_program(&src, Some(&file))
             .map_err(|e| Error::Backend(format!("cuda: NVRTC could not create a program: {e:?}")))?;
         let mut options: Vec<String> = vec![format!("--gpu-architecture={}", self.arch)];
-        options.extend(OPTIONS.iter().map(|s| s.to_string()));
+        options.extend(self.options.iter().cloned());
         // SAFETY: `prog` is live until destroyed below; the options are C strings.
         let compiled = unsafe { nv::compile_program(prog, &options) };
         let result = match compiled {
@@ -345,8 +431,52 @@ impl KernelCache {
     }
 }
 
-/// Whether a plan's missing kernels compile as one program
-/// (`KILN_COMPILE_BATCH=0` turns it off).
+/// Some of a plan's kernels, compiled as one program and cached under
+/// `key` (their keys joined) at `hash`.
+struct Part {
+    kernels: Vec<usize>,
+    key: String,
+    hash: String,
+}
+
+/// Threads for one plan's kernels: `KILN_COMPILE_THREADS`, else the
+/// host's cores up to [`MAX_THREADS`].
+fn compile_threads() -> usize {
+    match std::env::var("KILN_COMPILE_THREADS").ok().and_then(|v| v.parse::<usize>().ok()) {
+        Some(n) => n.max(1),
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_THREADS),
+    }
+}
+
+/// Splits `todo` (indices into `kernels`) into at most `threads` parts of
+/// at least [`MIN_PER_PART`] kernels, balanced by source length: the
+/// longest kernel goes to the lightest part first. Each part keeps the
+/// order of `todo`, so the same kernels and threads give the same parts.
+fn partition(kernels: &[Kernel], todo: &[usize], threads: usize) -> Vec<Vec<usize>> {
+    let count = threads.min(todo.len().div_ceil(MIN_PER_PART)).max(1);
+    // A kernel's cost: its length, plus what ptxas spends on any kernel.
+    let cost = |i: usize| kernels[i].source.len() + 1000;
+    let mut by_cost: Vec<(usize, usize)> = todo.iter().copied().enumerate().collect();
+    by_cost.sort_by_key(|&(_, i)| std::cmp::Reverse(cost(i)));
+    let mut load = vec![0usize; count];
+    let mut parts: Vec<Vec<(usize, usize)>> = vec![Vec::new(); count];
+    for (at, i) in by_cost {
+        let lightest = (0..count).min_by_key(|&p| load[p]).unwrap_or(0);
+        load[lightest] += cost(i);
+        parts[lightest].push((at, i));
+    }
+    parts
+        .into_iter()
+        .filter(|p| !p.is_empty())
+        .map(|mut p| {
+            p.sort_unstable();
+            p.into_iter().map(|(_, i)| i).collect()
+        })
+        .collect()
+}
+
+/// Whether a plan's missing kernels compile as programs of several
+/// kernels (`KILN_COMPILE_BATCH=0` turns it off).
 fn batching() -> bool {
     std::env::var("KILN_COMPILE_BATCH").map_or(true, |v| v != "0" && v != "off")
 }
@@ -403,9 +533,10 @@ fn cubin(prog: nvsys::nvrtcProgram) -> Result<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{read_disk, write_disk, KernelCache};
+    use super::{partition, read_disk, write_disk, KernelCache, MIN_PER_PART};
     use crate::backends::cuda::codegen::Kernel;
     use crate::backends::DeviceStats;
+    use cudarc::driver::PushKernelArg;
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
 
@@ -477,6 +608,104 @@ mod tests {
         let left: Vec<_> =
             std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
         assert_eq!(left.len(), 2, "temporary files left behind: {left:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn kernel_of_length(i: usize, len: usize) -> Kernel {
+        Kernel::new(&format!("k{i}"), "x".repeat(len), 1, 32, vec![])
+    }
+
+    /// A plan's kernels split into parts: every kernel in exactly one part,
+    /// no more parts than threads, none below the minimum, each part in the
+    /// order it was given, the costs balanced, and the same split twice.
+    #[test]
+    fn a_plans_kernels_split_into_balanced_parts() {
+        let lengths = [9000, 100, 200, 4000, 50, 50, 3000, 700, 800, 60, 70, 5000, 10, 20, 30, 40, 2000];
+        let kernels: Vec<Kernel> = lengths.iter().enumerate().map(|(i, &l)| kernel_of_length(i, l)).collect();
+        let todo: Vec<usize> = (0..kernels.len()).rev().collect();
+        for threads in [1, 2, 3, 8, 64] {
+            let parts = partition(&kernels, &todo, threads);
+            assert_eq!(parts, partition(&kernels, &todo, threads), "not deterministic");
+            assert!(parts.len() <= threads && parts.len() <= todo.len().div_ceil(MIN_PER_PART));
+            let mut seen: Vec<usize> = parts.concat();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..kernels.len()).collect::<Vec<_>>(), "{threads} threads: {parts:?}");
+            for p in &parts {
+                let at: Vec<usize> = p.iter().map(|i| todo.iter().position(|t| t == i).unwrap()).collect();
+                assert!(at.windows(2).all(|w| w[0] < w[1]), "a part out of order: {p:?}");
+            }
+            let cost = |p: &Vec<usize>| p.iter().map(|&i| kernels[i].source.len() + 1000).sum::<usize>();
+            let (lo, hi) = (parts.iter().map(cost).min().unwrap(), parts.iter().map(cost).max().unwrap());
+            // Longest first onto the lightest: no part exceeds another by
+            // more than the longest kernel.
+            assert!(hi - lo <= 9000 + 1000 + 20, "{threads} threads: costs {lo}..{hi}");
+        }
+        assert_eq!(partition(&kernels, &todo[..3], 8).len(), 2, "three kernels: two parts of two and one");
+        assert_eq!(partition(&kernels, &todo[..1], 8), vec![vec![todo[0]]]);
+    }
+
+    /// Twelve new kernels compiled through `get_all` in parts on four
+    /// threads: each function loads under its name and computes its own
+    /// kernel's value, and a second cache on the same folder reads them
+    /// all from disk and compiles none (needs a GPU; skips without one
+    /// unless `KILN_REQUIRE_CUDA=1`).
+    #[test]
+    fn a_plans_kernels_compile_in_parts_and_a_second_process_reads_them_from_disk() {
+        let opened = super::super::device::check_libraries()
+            .and_then(|()| cudarc::driver::CudaContext::new(0).map_err(|e| format!("{e:?}")));
+        let ctx = match opened {
+            Ok(ctx) => ctx,
+            Err(e) => {
+                let required = std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1");
+                assert!(!required, "KILN_REQUIRE_CUDA=1 but there is no usable GPU: {e}");
+                eprintln!("skipped: no CUDA ({e})");
+                return;
+            }
+        };
+        let dir = std::env::temp_dir().join(format!("kiln-parts-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (major, minor) = ctx.compute_capability().expect("capability");
+        let nonce = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() % 1_000_000);
+        let kernels: Vec<Kernel> = (0..12)
+            .map(|i| {
+                let name = format!("k_part_{i}");
+                let body = format!(
+                    "extern \"C\" __global__ void {name}(float* y) {{ y[threadIdx.x] = {i}.0f + {nonce}.0f; }}\n"
+                );
+                Kernel::new(&name, body, 1, 32, vec![])
+            })
+            .collect();
+        let new_cache = || {
+            let stats = Arc::new(DeviceStats::default());
+            let mut cache = KernelCache::new("sm_90".into(), stats.clone()).expect("NVRTC");
+            cache.arch = format!("sm_{major}{minor}");
+            cache.dir = Some(dir.clone());
+            cache.threads = 4;
+            (cache, stats)
+        };
+        let (first, stats) = new_cache();
+        let functions = first.get_all(&ctx, &kernels).expect("compiles");
+        assert_eq!(stats.kernel_compiles.load(Ordering::Relaxed), 12);
+        let stream = ctx.default_stream();
+        for (i, f) in functions.iter().enumerate() {
+            let mut y = stream.alloc_zeros::<f32>(32).expect("alloc");
+            let mut launch = stream.launch_builder(f);
+            launch.arg(&mut y);
+            // SAFETY: the kernel writes 32 floats of `y`, one per thread.
+            unsafe { launch.launch(cudarc::driver::LaunchConfig::for_num_elems(32)) }.expect("launch");
+            let host = stream.clone_dtoh(&y).expect("copy");
+            assert!(
+                host.iter().all(|&v| v == i as f32 + nonce as f32),
+                "kernel {i} computed {:?}",
+                &host[..4]
+            );
+        }
+        let (second, stats) = new_cache();
+        second.get_all(&ctx, &kernels).expect("loads");
+        assert_eq!(stats.kernel_compiles.load(Ordering::Relaxed), 0);
+        assert_eq!(stats.kernel_disk_hits.load(Ordering::Relaxed), 12);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

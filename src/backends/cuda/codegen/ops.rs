@@ -54,16 +54,21 @@ pub(crate) fn arange(name: &str, dtype: DType, numel: usize, start: Scalar, step
     close(name, src, numel, vec![])
 }
 
-/// Random numbers: element `i` of run stream `stream` (whose number the
-/// kernel reads from the run's parameter block, after the seed), exactly
-/// as `backends::philox` defines them. Uniform values that round up to 1
-/// in a narrow dtype become the largest value below 1.
-pub(crate) fn random(name: &str, dtype: DType, numel: usize, dist: Distribution, stream: usize) -> Kernel {
-    let params =
-        format!("{}* __restrict__ out, const unsigned long long* __restrict__ rng", types::storage(dtype));
+/// Random numbers: element `i` of a run stream, exactly as
+/// `backends::philox` defines them. The kernel reads the seed and the
+/// stream's number through two pointers into the run's parameter block,
+/// so every random tensor of one dtype, distribution and size shares one
+/// kernel (a model's initializers are dozens of them, and each costs ptxas
+/// 15-50 ms). Uniform values that round up to 1 in a narrow dtype become
+/// the largest value below 1.
+pub(crate) fn random(name: &str, dtype: DType, numel: usize, dist: Distribution) -> Kernel {
+    let params = format!(
+        "{}* __restrict__ out, const unsigned long long* __restrict__ seed_at, const unsigned long long* __restrict__ stream_at",
+        types::storage(dtype)
+    );
     let mut src = format!("extern \"C\" __global__ void {name}({params}) {{\n");
     let _ = writeln!(src, "  typedef {} I;\n  const I n = {numel};", small_index(numel));
-    let _ = writeln!(src, "  const unsigned long long seed = rng[0], stream = rng[{}];", stream + 1);
+    src.push_str("  const unsigned long long seed = *seed_at, stream = *stream_at;\n");
     src.push_str(
         "  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {\n",
     );

@@ -101,11 +101,13 @@ impl Lowering<'_> {
             }
             Op::Random { dist, stream } => {
                 let numel = node.shape.numel();
-                let k = self.add_kernel("random", |n| {
-                    Ok(ops::random(n, node.dtype, numel, *dist, *stream as usize))
-                })?;
-                self.launches
-                    .push(Launch::Kernel { kernel: k, args: vec![dst, Loc::new(Region::Params, 0)] });
+                let k = self.add_kernel("random", |n| Ok(ops::random(n, node.dtype, numel, *dist)))?;
+                // The parameter block holds the seed, then each stream's number.
+                let stream_at = Loc::new(Region::Params, 8 * (1 + *stream as u64));
+                self.launches.push(Launch::Kernel {
+                    kernel: k,
+                    args: vec![dst, Loc::new(Region::Params, 0), stream_at],
+                });
                 Ok(())
             }
             Op::Arange { start, step } => {
