@@ -125,9 +125,8 @@ pub struct DeviceStats {
     pub view_copies: AtomicU64,
     /// Kernels compiled at run time (NVRTC on CUDA).
     pub kernel_compiles: AtomicU64,
-    /// Nanoseconds spent in NVRTC, all kernels together (summed over the
-    /// threads that compiled them: more than the wall time when a plan's
-    /// kernels compile in parallel).
+    /// Nanoseconds waited on NVRTC, all kernels together (wall time: a
+    /// plan's kernels compile on several threads, and that counts once).
     pub kernel_compile_nanos: AtomicU64,
     /// Kernels loaded from the on-disk kernel cache instead of compiled.
     pub kernel_disk_hits: AtomicU64,

@@ -119,9 +119,10 @@ pub struct Stats {
     pub live_bytes: u64,
     /// Kernels compiled at run time (NVRTC on CUDA; 0 on the CPU).
     pub kernel_compiles: u64,
-    /// Time spent compiling those kernels, summed over the threads that
-    /// compiled them (a plan's kernels compile in parallel, so this can
-    /// exceed [`Stats::compile_time`]).
+    /// Wall time spent waiting on NVRTC for those kernels: a plan's
+    /// kernels compile as a few programs on threads at once, and that
+    /// counts once. Part of [`Stats::compile_time`] when the compile
+    /// happened on a plan's first run.
     pub kernel_compile_time: std::time::Duration,
     /// Kernels loaded from the on-disk kernel cache instead of compiled.
     pub kernel_disk_hits: u64,

@@ -1,7 +1,8 @@
 //! What a context lets people see of its compiles and runs: reports
 //! (`KILN_REPORT`, [`Context::report`]), the profiler
 //! ([`Context::with_profiling`], [`Context::profile`], `KILN_TRACE`) and
-//! recompile explanations (`Stats::recompiles`, `KILN_LOG=recompiles`).
+//! recompile explanations (`Stats::recompiles`, `KILN_LOG=recompiles`)
+//! and where each compile's time went (`KILN_LOG=compiles`).
 //!
 //! All of it lives in one [`Observe`] in the context's state, filled from
 //! the environment when the context is made. A read that hits the cache
@@ -20,6 +21,38 @@ use crate::{Location, Result};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// What a compile did with kernels (growth of the device's counters).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct KernelWork {
+    pub compiled: u64,
+    pub compile_time: Duration,
+    pub from_disk: u64,
+    pub in_memory: u64,
+}
+
+impl KernelWork {
+    /// The device's counters now.
+    pub(crate) fn now(stats: &crate::backends::DeviceStats) -> KernelWork {
+        use std::sync::atomic::Ordering::Relaxed;
+        KernelWork {
+            compiled: stats.kernel_compiles.load(Relaxed),
+            compile_time: Duration::from_nanos(stats.kernel_compile_nanos.load(Relaxed)),
+            from_disk: stats.kernel_disk_hits.load(Relaxed),
+            in_memory: stats.kernel_memory_hits.load(Relaxed),
+        }
+    }
+
+    /// What happened between `before` and `self`.
+    pub(crate) fn since(self, before: KernelWork) -> KernelWork {
+        KernelWork {
+            compiled: self.compiled.saturating_sub(before.compiled),
+            compile_time: self.compile_time.saturating_sub(before.compile_time),
+            from_disk: self.from_disk.saturating_sub(before.from_disk),
+            in_memory: self.in_memory.saturating_sub(before.in_memory),
+        }
+    }
+}
+
 /// Profiled runs a context keeps (older ones are dropped, so a long
 /// profiled loop does not grow without bound).
 const KEEP_RUNS: usize = 10_000;
@@ -33,6 +66,8 @@ pub(crate) struct Observe {
     trace: Option<PathBuf>,
     /// `KILN_LOG=recompiles`: print each explanation to stderr.
     log_recompiles: bool,
+    /// `KILN_LOG=compiles`: print each compile's phases to stderr.
+    log_compiles: bool,
     profile: Profile,
     signatures: Vec<Signature>,
     pub(crate) recompiles: Vec<Recompile>,
@@ -43,7 +78,7 @@ pub(crate) struct Observe {
 
 impl Observe {
     /// From `KILN_REPORT`, `KILN_TRACE` and `KILN_LOG` (a comma-separated
-    /// list; `recompiles` is the one topic so far).
+    /// list of topics: `recompiles`, `compiles`).
     pub(crate) fn from_env() -> Observe {
         let path = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
         let log = std::env::var("KILN_LOG").unwrap_or_default();
@@ -51,6 +86,7 @@ impl Observe {
             report_dir: path("KILN_REPORT"),
             trace: path("KILN_TRACE"),
             log_recompiles: log.split(',').any(|t| t.trim() == "recompiles"),
+            log_compiles: log.split(',').any(|t| t.trim() == "compiles"),
             profile: Profile::default(),
             signatures: Vec::new(),
             recompiles: Vec::new(),
@@ -84,6 +120,38 @@ impl Observe {
             self.signatures.remove(0);
         }
         self.signatures.push(now);
+    }
+
+    /// After a compile: where its time went, as a `tracing` event and,
+    /// with `KILN_LOG=compiles`, a line on stderr. `kernels` is the
+    /// device's kernel counters' growth over the compile.
+    pub(crate) fn on_compiled(
+        &self,
+        nodes: usize,
+        optimize: Duration,
+        backend: Duration,
+        kernels: KernelWork,
+    ) {
+        let mut line = format!(
+            "compiled a plan of {nodes} nodes in {:.1} ms: passes {:.1} ms, backend {:.1} ms",
+            (optimize + backend).as_secs_f64() * 1e3,
+            optimize.as_secs_f64() * 1e3,
+            backend.as_secs_f64() * 1e3,
+        );
+        if kernels.compiled + kernels.from_disk + kernels.in_memory > 0 {
+            line += &format!(
+                " ({} kernels compiled in {:.1} ms, {} from the disk cache, {} already loaded)",
+                kernels.compiled,
+                kernels.compile_time.as_secs_f64() * 1e3,
+                kernels.from_disk,
+                kernels.in_memory
+            );
+        }
+        tracing::debug!(target: "kiln::compile", "{line}");
+        if self.log_compiles {
+            // The user asked for these lines on stderr (KILN_LOG=compiles).
+            eprintln!("kiln: {line}");
+        }
     }
 
     /// Runs the pipeline, traced when a report will be written.

@@ -22,6 +22,7 @@
 //! target meanwhile, its buffer stays and ours is only returned.
 
 use super::key::{extract_walked, KeyHash, PlanKey, Walker};
+use super::observe::KernelWork;
 use super::{Context, State};
 use crate::backends::{Buffer, Executable, Launched, RngArgs};
 use crate::ir::{self, BufferId, Graph, NodeId, Op, Plan};
@@ -230,8 +231,12 @@ impl Context {
                 let (optimized, records) = state.observe.optimize(extracted, &config)?;
                 let plan = Arc::new(Plan::new(optimized).binding(walk.inputs.len()));
                 let optimized_at = std::time::Instant::now();
+                let kernels_before = KernelWork::now(&self.inner.backend.stats());
                 let exe = self.inner.backend.compile_with(plan.clone(), &state.compile)?;
-                state.compile_times.note(optimized_at - started, optimized_at.elapsed());
+                let (optimize, backend) = (optimized_at - started, optimized_at.elapsed());
+                state.compile_times.note(optimize, backend);
+                let kernels = KernelWork::now(&self.inner.backend.stats()).since(kernels_before);
+                state.observe.on_compiled(plan.graph.len(), optimize, backend, kernels);
                 if let Some(records) = records {
                     self.report_compile(state, &records, &plan);
                 }

@@ -99,7 +99,8 @@ fn two_plans_sharing_kernels_compile_them_once() -> Result<()> {
 
 /// Eight threads compile and read different graphs on one context at once
 /// (on CUDA, the plans compile one at a time under the context's lock, each
-/// as one NVRTC program, while the other threads wait and then read):
+/// as a few NVRTC programs on threads of its own, while the other threads
+/// wait and then read):
 /// every value is its own graph's.
 #[test]
 fn threads_compiling_on_one_context_at_once_get_their_own_values() -> Result<()> {
