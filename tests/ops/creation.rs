@@ -231,3 +231,41 @@ fn random_numbers_are_deterministic_per_seed_and_distinct_per_node() {
         assert!(d.iter().all(|&x| x == 0.0), "s - s is not zero: the node was drawn twice");
     });
 }
+
+/// Random tensors of one size in one plan: on CUDA they share a kernel
+/// that reads its stream's number through a pointer (a model's
+/// initializers are dozens of draws), so each must still draw its own
+/// stream, the CPU's numbers, over many reads of interleaved plans.
+#[test]
+fn random_tensors_of_one_size_in_one_plan_draw_their_own_streams() {
+    let draw = |ctx: &Context| {
+        let parts = [ctx.randn([300]), ctx.randn([300]), ctx.rand([300]), ctx.rand([300]), ctx.randn([301])];
+        Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0).to_vec::<f32>().unwrap()
+    };
+    // Each new random node draws a new stream: a context's second round
+    // gives new numbers, the CPU context's second round's.
+    let reference: Vec<Vec<Vec<f32>>> = (0..4)
+        .map(|seed| {
+            let ctx = Context::cpu().with_seed(seed);
+            (0..3).map(|_| draw(&ctx)).collect()
+        })
+        .collect();
+    each_backend(|| {
+        let contexts: Vec<Context> = (0..4).map(|seed| dev().with_seed(seed)).collect();
+        for round in 0..3 {
+            for (seed, ctx) in contexts.iter().enumerate() {
+                let got = draw(ctx);
+                let want = &reference[seed][round];
+                // Double-precision log and cos may differ in their last
+                // bits between libm and CUDA; as f32 they agree closely.
+                let far =
+                    got.iter().zip(want).filter(|(g, w)| (*g - *w).abs() > 1e-6 * w.abs().max(1.0)).count();
+                assert_eq!(far, 0, "seed {seed}, round {round}: {far} values differ from the CPU's");
+                for (a, b) in [(0, 300), (600, 900)] {
+                    let same = (0..300).filter(|&i| got[a + i] == got[b + i]).count();
+                    assert!(same < 5, "seed {seed}: parts at {a} and {b} agree in {same} of 300 places");
+                }
+            }
+        }
+    });
+}

@@ -133,6 +133,7 @@ impl Device {
         let name = ctx.name().unwrap_or_else(|_| format!("CUDA device {ordinal}"));
         let pool = Pool::new(ctx.clone(), stats.clone());
         let kernels = KernelCache::new(format!("sm_{major}{minor}"), stats.clone())?;
+        kernels.start_warm_up(&ctx);
         let mut state = LaunchState {
             streams: Vec::new(),
             capture: Vec::new(),

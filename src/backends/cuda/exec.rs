@@ -81,11 +81,60 @@ fn bad(msg: impl std::fmt::Display) -> Error {
     Error::Backend(format!("cuda: {msg}"))
 }
 
+/// The plans of a program's library calls (cuDNN convolutions and
+/// pooling, cuBLASLt epilogues), by (step, launch).
+#[derive(Default)]
+struct LibraryPlans {
+    convs: HashMap<(usize, usize), ConvPlan>,
+    pools: HashMap<(usize, usize), PoolPlan>,
+    lts: HashMap<(usize, usize), LtPlan>,
+}
+
+impl LibraryPlans {
+    /// Whether `program` calls a library that needs a plan.
+    fn needed(program: &Program) -> bool {
+        program.steps.iter().flat_map(|s| &s.launches).any(|l| {
+            matches!(l, Launch::Conv(_) | Launch::Pool(_))
+                || matches!(l, Launch::Gemm(g) if g.epilogue != Epilogue::None)
+        })
+    }
+
+    /// Chooses every library call's algorithm, under the launch lock.
+    fn new(dev: &Device, program: &Program) -> Result<LibraryPlans> {
+        let mut plans = LibraryPlans::default();
+        let mut ls = dev.launch()?;
+        let launches = program.prelude.iter().enumerate().map(|(j, l)| (PRELUDE, j, 0usize, l)).chain(
+            program.steps.iter().enumerate().flat_map(|(i, s)| {
+                s.launches.iter().enumerate().map(move |(j, l)| (i, j, s.stream as usize, l))
+            }),
+        );
+        for (i, j, stream, l) in launches {
+            match l {
+                Launch::Conv(c) => {
+                    let plan =
+                        ConvPlan::new(ls.dnn[stream].handle, c, dev.dnn_workspace_limit, &dev.conv_algos)?;
+                    ls.grow_dnn_workspace(stream, plan.workspace)?;
+                    plans.convs.insert((i, j), plan);
+                }
+                Launch::Pool(p) => {
+                    plans.pools.insert((i, j), PoolPlan::new(p)?);
+                }
+                Launch::Gemm(g) if g.epilogue != Epilogue::None => {
+                    if let Some(plan) = LtPlan::new(ls.blas[stream].lt, g)? {
+                        plans.lts.insert((i, j), plan);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(plans)
+    }
+}
+
 impl CudaExecutable {
     pub fn new(dev: Arc<Device>, plan: &Plan, program: Program, graphs: bool) -> Result<CudaExecutable> {
         let _span = tracing::debug_span!("compile", backend = "cuda", steps = program.steps.len()).entered();
         dev.bind()?;
-        let functions = dev.kernels.get_all(&dev.ctx, &program.kernels)?;
         let alloc = |bytes: u64| -> Result<Option<DeviceAlloc>> {
             if bytes == 0 {
                 Ok(None)
@@ -96,41 +145,30 @@ impl CudaExecutable {
         let arena = alloc(program.arena_bytes)?;
         let scratch = alloc(program.scratch_bytes)?;
         let params = dev.pool.alloc(program.params_bytes.max(8))?;
-        let mut convs = HashMap::new();
-        let mut pools = HashMap::new();
-        let mut lts = HashMap::new();
-        {
-            let mut ls = dev.launch()?;
-            ls.ensure_streams(program.streams as usize)?;
-            let launches = program.prelude.iter().enumerate().map(|(j, l)| (PRELUDE, j, 0usize, l)).chain(
-                program.steps.iter().enumerate().flat_map(|(i, s)| {
-                    s.launches.iter().enumerate().map(move |(j, l)| (i, j, s.stream as usize, l))
-                }),
-            );
-            for (i, j, stream, l) in launches {
-                match l {
-                    Launch::Conv(c) => {
-                        let plan = ConvPlan::new(
-                            ls.dnn[stream].handle,
-                            c,
-                            dev.dnn_workspace_limit,
-                            &dev.conv_algos,
-                        )?;
-                        ls.grow_dnn_workspace(stream, plan.workspace)?;
-                        convs.insert((i, j), plan);
-                    }
-                    Launch::Pool(p) => {
-                        pools.insert((i, j), PoolPlan::new(p)?);
-                    }
-                    Launch::Gemm(g) if g.epilogue != Epilogue::None => {
-                        if let Some(plan) = LtPlan::new(ls.blas[stream].lt, g)? {
-                            lts.insert((i, j), plan);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
+        dev.launch()?.ensure_streams(program.streams as usize)?;
+        // The kernels compile while cuDNN and cuBLASLt choose their
+        // algorithms: both take a plan's first compile tens to hundreds of
+        // milliseconds, on different resources (the host's cores; the GPU).
+        let compile = || -> Result<Vec<CudaFunction>> {
+            dev.bind()?;
+            dev.kernels.get_all(&dev.ctx, &program.kernels)
+        };
+        let (functions, libraries) = if LibraryPlans::needed(&program) {
+            std::thread::scope(|s| {
+                let compiling =
+                    std::thread::Builder::new().name("kiln-kernels".into()).spawn_scoped(s, compile);
+                let libraries = LibraryPlans::new(&dev, &program);
+                let functions = match compiling {
+                    Ok(h) => h.join().unwrap_or_else(|_| Err(bad("the kernel compile thread panicked"))),
+                    // A thread that cannot start compiles on this one.
+                    Err(_) => compile(),
+                };
+                (functions, libraries)
+            })
+        } else {
+            (compile(), Ok(LibraryPlans::default()))
+        };
+        let (functions, LibraryPlans { convs, pools, lts }) = (functions?, libraries?);
         let events = (0..program.events).map(|_| Event::new()).collect::<Result<Vec<_>>>()?;
         let joins = (1..program.streams).map(|_| Event::new()).collect::<Result<Vec<_>>>()?;
         let _ = plan;

@@ -103,7 +103,7 @@ impl Lowering<'_> {
                 let numel = node.shape.numel();
                 let k = self.add_kernel("random", |n| Ok(ops::random(n, node.dtype, numel, *dist)))?;
                 // The parameter block holds the seed, then each stream's number.
-                let stream_at = Loc::new(Region::Params, 8 * (1 + *stream as u64));
+                let stream_at = Loc::new(Region::Params, 8 * (1 + *stream));
                 self.launches.push(Launch::Kernel {
                     kernel: k,
                     args: vec![dst, Loc::new(Region::Params, 0), stream_at],

@@ -43,15 +43,21 @@
 //! `KILN_COMPILE_BATCH=0` compiles one program per kernel, as before
 //! issue 19 (for comparison).
 
+mod disk;
+mod parts;
+
 use super::codegen::Kernel;
 use crate::backends::DeviceStats;
 use crate::{Error, Result};
 use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::{result as nv, sys as nvsys, Ptx};
+pub use disk::cache_dir;
+use disk::{hash_of, read_disk, write_disk};
+use parts::{compile_threads, partition, Part};
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Options every kernel is compiled with (after the architecture).
@@ -60,12 +66,6 @@ const OPTIONS: &[&str] = &["--fmad=false", "--std=c++17", "-default-device", "--
 /// Leaves out the runtime API declarations NVRTC otherwise parses for
 /// every program (about 4 ms of its 20); NVRTC 12.4 and later know it.
 const MINIMAL: &str = "--minimal";
-
-/// Kernels per program at least, when a plan's kernels are split.
-const MIN_PER_PART: usize = 2;
-
-/// Threads compiling one plan's kernels at most, by default.
-const MAX_THREADS: usize = 8;
 
 /// A kernel's slot in memory: filled once by the thread that compiles it.
 type Slot = Arc<OnceLock<CudaFunction>>;
@@ -83,25 +83,13 @@ pub(crate) struct KernelCache {
     filling: Mutex<HashMap<String, Arc<Mutex<()>>>>,
     dir: Option<PathBuf>,
     stats: Arc<DeviceStats>,
+    /// The process's NVRTC warm-up, if this cache started it
+    /// ([`KernelCache::start_warm_up`]); joined when the cache goes.
+    warm_up: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
-/// The disk cache folder the environment asks for (see the module docs).
-pub fn cache_dir() -> Option<PathBuf> {
-    match std::env::var("KILN_CACHE_DIR") {
-        Ok(v) if v == "off" || v == "0" => None,
-        Ok(v) if !v.is_empty() => Some(PathBuf::from(v)),
-        _ => {
-            let base = std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-            Some(base.join("kiln").join("kernels"))
-        }
-    }
-}
-
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
-}
+/// Whether this process has started its NVRTC warm-up.
+static WARM_UP_STARTED: AtomicBool = AtomicBool::new(false);
 
 impl KernelCache {
     pub fn new(arch: String, stats: Arc<DeviceStats>) -> std::result::Result<KernelCache, String> {
@@ -124,7 +112,30 @@ impl KernelCache {
             filling: Mutex::new(HashMap::new()),
             dir: cache_dir(),
             stats,
+            warm_up: Mutex::new(None),
         })
+    }
+
+    /// Pays NVRTC's first-use cost in the background, once per process:
+    /// the first program a process compiles takes about 130 ms more than
+    /// the next (NVRTC loads its built-ins, the driver its module loader),
+    /// and a script builds its model and reads its data meanwhile. A
+    /// trivial kernel is compiled and loaded on a thread of its own; a
+    /// plan compiled meanwhile just runs beside it.
+    pub fn start_warm_up(&self, ctx: &Arc<CudaContext>) {
+        if WARM_UP_STARTED.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let (arch, options, ctx) = (self.arch.clone(), self.options.clone(), ctx.clone());
+        let warm = move || {
+            let _span = tracing::debug_span!("nvrtc warm-up").entered();
+            let source = "extern \"C\" __global__ void kiln_warm_up() {}\n";
+            if let Ok(cubin) = compile_with(&arch, &options, "kiln_warm_up", source) {
+                let _ = ctx.load_module(Ptx::from_binary(cubin));
+            }
+        };
+        let started = std::thread::Builder::new().name("kiln-nvrtc-warm-up".into()).spawn(warm);
+        *self.warm_up.lock().unwrap_or_else(|e| e.into_inner()) = started.ok();
     }
 
     /// The cache key of `kernel`: everything its CUBIN depends on.
@@ -251,7 +262,7 @@ impl KernelCache {
         // Kernels a one-at-a-time compile left on disk load alone.
         let mut rest = Vec::new();
         for &i in todo {
-            let hash = format!("{:016x}", fnv1a(keys[i].as_bytes()));
+            let hash = hash_of(&keys[i]);
             match read_disk(self.dir.as_deref(), &hash, &keys[i]) {
                 Some(c) => {
                     self.stats.kernel_disk_hits.fetch_add(1, Ordering::Relaxed);
@@ -274,7 +285,7 @@ impl KernelCache {
                 .map(|&i| keys[i].as_str())
                 .collect::<Vec<_>>()
                 .join("\n--- batch ---\n");
-            let hash = format!("{:016x}", fnv1a(key.as_bytes()));
+            let hash = hash_of(&key);
             match read_disk(self.dir.as_deref(), &hash, &key) {
                 Some(c) => {
                     self.stats.kernel_disk_hits.fetch_add(kernels_of_part.len() as u64, Ordering::Relaxed);
@@ -362,7 +373,7 @@ impl KernelCache {
 
     /// From disk or NVRTC, loaded into the context.
     fn load(&self, ctx: &Arc<CudaContext>, kernel: &Kernel, key: &str) -> Result<CudaFunction> {
-        let hash = format!("{:016x}", fnv1a(key.as_bytes()));
+        let hash = hash_of(key);
         let cubin = match read_disk(self.dir.as_deref(), &hash, key) {
             Some(c) => {
                 self.stats.kernel_disk_hits.fetch_add(1, Ordering::Relaxed);
@@ -403,115 +414,52 @@ impl KernelCache {
 
     /// NVRTC: compilable source to CUBIN; a failure carries NVRTC's log.
     fn compile_source(&self, name: &str, source: &str) -> Result<Vec<u8>> {
-        let src =
-            CString::new(source).map_err(|_| Error::Backend("cuda: a NUL in generated source".into()))?;
-        let file = CString::new(format!("{name}.cu")).unwrap_or_default();
-        let prog = nv::create_program(&src, Some(&file))
-            .map_err(|e| Error::Backend(format!("cuda: NVRTC could not create a program: {e:?}")))?;
-        let mut options: Vec<String> = vec![format!("--gpu-architecture={}", self.arch)];
-        options.extend(self.options.iter().cloned());
-        // SAFETY: `prog` is live until destroyed below; the options are C strings.
-        let compiled = unsafe { nv::compile_program(prog, &options) };
-        let result = match compiled {
-            Ok(()) => cubin(prog),
-            Err(e) => {
-                // SAFETY: as above.
-                let log = unsafe { nv::get_program_log(prog) }
-                    .map(|l| l.iter().map(|&c| c as u8 as char).collect::<String>())
-                    .unwrap_or_default();
-                Err(Error::Backend(format!(
-                    "cuda: NVRTC failed to compile kernel {name} ({e:?}):\n{}",
-                    log.trim_end_matches('\0')
-                )))
-            }
-        };
-        // SAFETY: destroyed once, after its last use.
-        let _ = unsafe { nv::destroy_program(prog) };
-        result
+        compile_with(&self.arch, &self.options, name, source)
     }
 }
 
-/// Some of a plan's kernels, compiled as one program and cached under
-/// `key` (their keys joined) at `hash`.
-struct Part {
-    kernels: Vec<usize>,
-    key: String,
-    hash: String,
-}
-
-/// Threads for one plan's kernels: `KILN_COMPILE_THREADS`, else the
-/// host's cores up to [`MAX_THREADS`].
-fn compile_threads() -> usize {
-    match std::env::var("KILN_COMPILE_THREADS").ok().and_then(|v| v.parse::<usize>().ok()) {
-        Some(n) => n.max(1),
-        None => std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_THREADS),
+impl Drop for KernelCache {
+    fn drop(&mut self) {
+        // The warm-up must not be inside NVRTC while the process exits.
+        if let Some(h) = self.warm_up.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = h.join();
+        }
     }
 }
 
-/// Splits `todo` (indices into `kernels`) into at most `threads` parts of
-/// at least [`MIN_PER_PART`] kernels, balanced by source length: the
-/// longest kernel goes to the lightest part first. Each part keeps the
-/// order of `todo`, so the same kernels and threads give the same parts.
-fn partition(kernels: &[Kernel], todo: &[usize], threads: usize) -> Vec<Vec<usize>> {
-    let count = threads.min(todo.len().div_ceil(MIN_PER_PART)).max(1);
-    // A kernel's cost: its length, plus what ptxas spends on any kernel.
-    let cost = |i: usize| kernels[i].source.len() + 1000;
-    let mut by_cost: Vec<(usize, usize)> = todo.iter().copied().enumerate().collect();
-    by_cost.sort_by_key(|&(_, i)| std::cmp::Reverse(cost(i)));
-    let mut load = vec![0usize; count];
-    let mut parts: Vec<Vec<(usize, usize)>> = vec![Vec::new(); count];
-    for (at, i) in by_cost {
-        let lightest = (0..count).min_by_key(|&p| load[p]).unwrap_or(0);
-        load[lightest] += cost(i);
-        parts[lightest].push((at, i));
-    }
-    parts
-        .into_iter()
-        .filter(|p| !p.is_empty())
-        .map(|mut p| {
-            p.sort_unstable();
-            p.into_iter().map(|(_, i)| i).collect()
-        })
-        .collect()
+/// NVRTC: compilable source to CUBIN for `arch` with `options`; a failure
+/// carries NVRTC's log.
+fn compile_with(arch: &str, options: &[String], name: &str, source: &str) -> Result<Vec<u8>> {
+    let src = CString::new(source).map_err(|_| Error::Backend("cuda: a NUL in generated source".into()))?;
+    let file = CString::new(format!("{name}.cu")).unwrap_or_default();
+    let prog = nv::create_program(&src, Some(&file))
+        .map_err(|e| Error::Backend(format!("cuda: NVRTC could not create a program: {e:?}")))?;
+    let mut all: Vec<String> = vec![format!("--gpu-architecture={arch}")];
+    all.extend(options.iter().cloned());
+    // SAFETY: `prog` is live until destroyed below; the options are C strings.
+    let compiled = unsafe { nv::compile_program(prog, &all) };
+    let result = match compiled {
+        Ok(()) => cubin(prog),
+        Err(e) => {
+            // SAFETY: as above.
+            let log = unsafe { nv::get_program_log(prog) }
+                .map(|l| l.iter().map(|&c| c as u8 as char).collect::<String>())
+                .unwrap_or_default();
+            Err(Error::Backend(format!(
+                "cuda: NVRTC failed to compile kernel {name} ({e:?}):\n{}",
+                log.trim_end_matches('\0')
+            )))
+        }
+    };
+    // SAFETY: destroyed once, after its last use.
+    let _ = unsafe { nv::destroy_program(prog) };
+    result
 }
 
 /// Whether a plan's missing kernels compile as programs of several
 /// kernels (`KILN_COMPILE_BATCH=0` turns it off).
 fn batching() -> bool {
     std::env::var("KILN_COMPILE_BATCH").map_or(true, |v| v != "0" && v != "off")
-}
-
-/// The cached CUBIN of `key`, if the folder has it under `hash`.
-fn read_disk(dir: Option<&Path>, hash: &str, key: &str) -> Option<Vec<u8>> {
-    let dir = dir?;
-    let stored = std::fs::read_to_string(dir.join(format!("{hash}.key"))).ok()?;
-    if stored != key {
-        return None;
-    }
-    std::fs::read(dir.join(format!("{hash}.cubin"))).ok().filter(|c| !c.is_empty())
-}
-
-/// Best effort: a cache that cannot be written only costs compiles.
-fn write_disk(dir: Option<&Path>, hash: &str, key: &str, cubin: &[u8]) {
-    let Some(dir) = dir else { return };
-    if std::fs::create_dir_all(dir).is_err() {
-        tracing::warn!(dir = %dir.display(), "cannot create the kernel cache folder; kernels are not cached on disk");
-        return;
-    }
-    // A name no other write uses, in this process or another.
-    static WRITES: AtomicU64 = AtomicU64::new(0);
-    let write = |ext: &str, bytes: &[u8]| -> std::io::Result<()> {
-        let n = WRITES.fetch_add(1, Ordering::Relaxed);
-        let tmp = dir.join(format!("{hash}.{ext}.{}.{n}.tmp", std::process::id()));
-        std::fs::write(&tmp, bytes)?;
-        std::fs::rename(&tmp, dir.join(format!("{hash}.{ext}"))).inspect_err(|_| {
-            let _ = std::fs::remove_file(&tmp);
-        })
-    };
-    // The cubin first: a key without its cubin is a miss, never a wrong load.
-    if write("cubin", cubin).and_then(|()| write("key", key.as_bytes())).is_err() {
-        tracing::warn!(dir = %dir.display(), "cannot write to the kernel cache folder");
-    }
 }
 
 fn cubin(prog: nvsys::nvrtcProgram) -> Result<Vec<u8>> {
@@ -533,7 +481,7 @@ fn cubin(prog: nvsys::nvrtcProgram) -> Result<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{partition, read_disk, write_disk, KernelCache, MIN_PER_PART};
+    use super::KernelCache;
     use crate::backends::cuda::codegen::Kernel;
     use crate::backends::DeviceStats;
     use cudarc::driver::PushKernelArg;
@@ -574,74 +522,6 @@ mod tests {
         });
         assert_eq!(stats.kernel_compiles.load(Ordering::Relaxed), 1);
         assert_eq!(stats.kernel_memory_hits.load(Ordering::Relaxed), 15);
-    }
-
-    /// Eight threads of one process write the same kernel with different
-    /// bytes at once (each its own length and fill), while others read:
-    /// every read finds a whole file, one writer's, or nothing.
-    #[test]
-    fn concurrent_writes_of_one_kernel_never_publish_half_a_file() {
-        let dir = std::env::temp_dir().join(format!("kiln-cache-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let key = "kiln kernel test\nsame key";
-        std::thread::scope(|s| {
-            for t in 0..8u8 {
-                let dir = &dir;
-                s.spawn(move || {
-                    for _ in 0..20 {
-                        let cubin = vec![t + 1; 200_000 + t as usize * 1000];
-                        write_disk(Some(dir), "00000000000000aa", key, &cubin);
-                        if let Some(got) = read_disk(Some(dir), "00000000000000aa", key) {
-                            let fill = got[0];
-                            assert!(
-                                got.len() == 200_000 + (fill as usize - 1) * 1000
-                                    && got.iter().all(|&b| b == fill),
-                                "a torn cache file: {} bytes starting {fill}",
-                                got.len()
-                            );
-                        }
-                    }
-                });
-            }
-        });
-        assert!(read_disk(Some(&dir), "00000000000000aa", key).is_some());
-        let left: Vec<_> =
-            std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
-        assert_eq!(left.len(), 2, "temporary files left behind: {left:?}");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    fn kernel_of_length(i: usize, len: usize) -> Kernel {
-        Kernel::new(&format!("k{i}"), "x".repeat(len), 1, 32, vec![])
-    }
-
-    /// A plan's kernels split into parts: every kernel in exactly one part,
-    /// no more parts than threads, none below the minimum, each part in the
-    /// order it was given, the costs balanced, and the same split twice.
-    #[test]
-    fn a_plans_kernels_split_into_balanced_parts() {
-        let lengths = [9000, 100, 200, 4000, 50, 50, 3000, 700, 800, 60, 70, 5000, 10, 20, 30, 40, 2000];
-        let kernels: Vec<Kernel> = lengths.iter().enumerate().map(|(i, &l)| kernel_of_length(i, l)).collect();
-        let todo: Vec<usize> = (0..kernels.len()).rev().collect();
-        for threads in [1, 2, 3, 8, 64] {
-            let parts = partition(&kernels, &todo, threads);
-            assert_eq!(parts, partition(&kernels, &todo, threads), "not deterministic");
-            assert!(parts.len() <= threads && parts.len() <= todo.len().div_ceil(MIN_PER_PART));
-            let mut seen: Vec<usize> = parts.concat();
-            seen.sort_unstable();
-            assert_eq!(seen, (0..kernels.len()).collect::<Vec<_>>(), "{threads} threads: {parts:?}");
-            for p in &parts {
-                let at: Vec<usize> = p.iter().map(|i| todo.iter().position(|t| t == i).unwrap()).collect();
-                assert!(at.windows(2).all(|w| w[0] < w[1]), "a part out of order: {p:?}");
-            }
-            let cost = |p: &Vec<usize>| p.iter().map(|&i| kernels[i].source.len() + 1000).sum::<usize>();
-            let (lo, hi) = (parts.iter().map(cost).min().unwrap(), parts.iter().map(cost).max().unwrap());
-            // Longest first onto the lightest: no part exceeds another by
-            // more than the longest kernel.
-            assert!(hi - lo <= 9000 + 1000 + 20, "{threads} threads: costs {lo}..{hi}");
-        }
-        assert_eq!(partition(&kernels, &todo[..3], 8).len(), 2, "three kernels: two parts of two and one");
-        assert_eq!(partition(&kernels, &todo[..1], 8), vec![vec![todo[0]]]);
     }
 
     /// Twelve new kernels compiled through `get_all` in parts on four
