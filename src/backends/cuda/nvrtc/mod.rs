@@ -259,27 +259,14 @@ impl KernelCache {
         todo: &[usize],
         out: &mut [Option<CudaFunction>],
     ) -> Result<()> {
-        // Kernels a one-at-a-time compile left on disk load alone.
-        let mut rest = Vec::new();
-        for &i in todo {
-            let hash = hash_of(&keys[i]);
-            match read_disk(self.dir.as_deref(), &hash, &keys[i]) {
-                Some(c) => {
-                    self.stats.kernel_disk_hits.fetch_add(1, Ordering::Relaxed);
-                    let f = self.load_cubin(ctx, &kernels[i], c)?;
-                    let _ = self.slot(&keys[i]).set(f.clone());
-                    out[i] = Some(f);
-                }
-                None => rest.push(i),
-            }
-        }
-        if rest.is_empty() {
-            return Ok(());
-        }
+        // The parts depend only on `todo` (what memory lacks) and the
+        // threads, never on what the disk holds: a second process, whose
+        // memory lacks the same kernels, asks the disk for the same parts.
+        // (A part of one kernel is that kernel's own entry.)
         // Each part from disk under the key of its kernels, else compiled.
         let mut ready: Vec<(Vec<usize>, Vec<u8>)> = Vec::new();
         let mut jobs: Vec<Part> = Vec::new();
-        for kernels_of_part in partition(kernels, &rest, self.threads) {
+        for kernels_of_part in partition(kernels, todo, self.threads) {
             let key: String = kernels_of_part
                 .iter()
                 .map(|&i| keys[i].as_str())
@@ -524,11 +511,12 @@ mod tests {
         assert_eq!(stats.kernel_memory_hits.load(Ordering::Relaxed), 15);
     }
 
-    /// Twelve new kernels compiled through `get_all` in parts on four
-    /// threads: each function loads under its name and computes its own
-    /// kernel's value, and a second cache on the same folder reads them
-    /// all from disk and compiles none (needs a GPU; skips without one
-    /// unless `KILN_REQUIRE_CUDA=1`).
+    /// Twelve new kernels compiled through `get_all` in parts on eight
+    /// threads (four parts of two, four of one, which are those kernels'
+    /// own entries): each function loads under its name and computes its
+    /// own kernel's value, and a second cache on the same folder reads
+    /// them all from disk and compiles none (needs a GPU; skips without
+    /// one unless `KILN_REQUIRE_CUDA=1`).
     #[test]
     fn a_plans_kernels_compile_in_parts_and_a_second_process_reads_them_from_disk() {
         let opened = super::super::device::check_libraries()
@@ -562,7 +550,7 @@ mod tests {
             let mut cache = KernelCache::new("sm_90".into(), stats.clone()).expect("NVRTC");
             cache.arch = format!("sm_{major}{minor}");
             cache.dir = Some(dir.clone());
-            cache.threads = 4;
+            cache.threads = 8;
             (cache, stats)
         };
         let (first, stats) = new_cache();
@@ -573,8 +561,13 @@ mod tests {
             let mut y = stream.alloc_zeros::<f32>(32).expect("alloc");
             let mut launch = stream.launch_builder(f);
             launch.arg(&mut y);
-            // SAFETY: the kernel writes 32 floats of `y`, one per thread.
-            unsafe { launch.launch(cudarc::driver::LaunchConfig::for_num_elems(32)) }.expect("launch");
+            let one_warp = cudarc::driver::LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: one warp: the kernel writes the 32 floats of `y`, one per thread.
+            unsafe { launch.launch(one_warp) }.expect("launch");
             let host = stream.clone_dtoh(&y).expect("copy");
             assert!(
                 host.iter().all(|&v| v == i as f32 + nonce as f32),
