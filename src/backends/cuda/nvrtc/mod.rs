@@ -27,14 +27,15 @@
 //! once, then its share of the kernels. What costs is ptxas, per kernel
 //! (15-50 ms each on the H100's host; Philox normals the most), plus about
 //! 20 ms per program whatever it holds. NVRTC runs programs of one process
-//! on several threads at once, but a program per kernel pays the per-program
-//! cost once per kernel, and threads then gain nothing (measured: 62
-//! one-kernel programs took as long on 16 threads as on one). A few
-//! programs of several kernels each gain both ways: a 72-kernel plan took
-//! 2.1 s as one program and 0.5 s as 8 programs on 8 threads
-//! (`benches/nvrtc_probe.py`). The parts are balanced by source length and
-//! depend only on the set of kernels and the thread count, so a second
-//! process finds each part on disk under the key of its kernels. If a part
+//! on several threads at once, but with many more kernels than threads a
+//! program per kernel pays the per-program cost once per kernel, and the
+//! threads then gain little (measured: 62 one-kernel programs took as long
+//! on 16 threads as on one). A program per thread gains both ways: a
+//! 72-kernel plan took 2.1 s as one program and 0.5 s as 8 programs on 8
+//! threads (`benches/nvrtc_probe.py`). The parts are balanced by source
+//! length and depend only on the kernels memory lacks and the thread
+//! count, so a second process finds each part on disk under the key of
+//! its kernels. If a part
 //! fails to compile, its kernels are compiled alone, so an error names its
 //! own kernel and source.
 //!
@@ -173,9 +174,9 @@ impl KernelCache {
         Ok(f)
     }
 
-    /// The loaded functions of `kernels`, in order: from memory or disk
-    /// where cached, the rest compiled as one program (see the module
-    /// docs), and what that leaves one at a time.
+    /// The loaded functions of `kernels`, in order: from memory where
+    /// loaded, the rest in parts from disk or compiled on threads (see the
+    /// module docs), and what a failed part leaves one at a time.
     pub fn get_all(&self, ctx: &Arc<CudaContext>, kernels: &[Kernel]) -> Result<Vec<CudaFunction>> {
         let _span = tracing::debug_span!("kernels", count = kernels.len()).entered();
         let mut out: Vec<Option<CudaFunction>> = vec![None; kernels.len()];
