@@ -476,23 +476,29 @@ mod tests {
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
 
+    /// Device 0, or `None` (the test skips) when there is no usable GPU
+    /// and `KILN_REQUIRE_CUDA=1` does not demand one.
+    fn gpu_or_skip() -> Option<Arc<cudarc::driver::CudaContext>> {
+        // The libraries are checked first: cudarc's loaders panic.
+        let opened = super::super::device::check_libraries()
+            .and_then(|()| cudarc::driver::CudaContext::new(0).map_err(|e| format!("{e:?}")));
+        match opened {
+            Ok(ctx) => Some(ctx),
+            Err(e) => {
+                let required = std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1");
+                assert!(!required, "KILN_REQUIRE_CUDA=1 but there is no usable GPU: {e}");
+                eprintln!("skipped: no CUDA ({e})");
+                None
+            }
+        }
+    }
+
     /// Sixteen threads ask one cache for the same new kernel at once: it
     /// is compiled once, and every thread gets it (needs a GPU; skips
     /// without one unless `KILN_REQUIRE_CUDA=1`).
     #[test]
     fn threads_asking_for_one_kernel_at_once_compile_it_once() {
-        // The libraries are checked first: cudarc's loaders panic.
-        let opened = super::super::device::check_libraries()
-            .and_then(|()| cudarc::driver::CudaContext::new(0).map_err(|e| format!("{e:?}")));
-        let ctx = match opened {
-            Ok(ctx) => ctx,
-            Err(e) => {
-                let required = std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-                assert!(!required, "KILN_REQUIRE_CUDA=1 but there is no usable GPU: {e}");
-                eprintln!("skipped: no CUDA ({e})");
-                return;
-            }
-        };
+        let Some(ctx) = gpu_or_skip() else { return };
         let stats = Arc::new(DeviceStats::default());
         let mut cache = KernelCache::new("sm_90".into(), stats.clone()).expect("NVRTC");
         let (major, minor) = ctx.compute_capability().expect("capability");
@@ -520,17 +526,7 @@ mod tests {
     /// one unless `KILN_REQUIRE_CUDA=1`).
     #[test]
     fn a_plans_kernels_compile_in_parts_and_a_second_process_reads_them_from_disk() {
-        let opened = super::super::device::check_libraries()
-            .and_then(|()| cudarc::driver::CudaContext::new(0).map_err(|e| format!("{e:?}")));
-        let ctx = match opened {
-            Ok(ctx) => ctx,
-            Err(e) => {
-                let required = std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-                assert!(!required, "KILN_REQUIRE_CUDA=1 but there is no usable GPU: {e}");
-                eprintln!("skipped: no CUDA ({e})");
-                return;
-            }
-        };
+        let Some(ctx) = gpu_or_skip() else { return };
         let dir = std::env::temp_dir().join(format!("kiln-parts-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let (major, minor) = ctx.compute_capability().expect("capability");
