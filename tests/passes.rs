@@ -8,7 +8,7 @@
 use kiln::backends::cpu::CpuBackend;
 use kiln::backends::{Backend, Buffer, RngArgs};
 use kiln::ir::text::{parse_test_file, print};
-use kiln::ir::{verify, DType, Graph, HostData, Op, Plan, Shape};
+use kiln::ir::{verify, DType, Graph, HostData, Op, Plan, RegionAutocast, Shape};
 use kiln::passes::{optimize, pass_names, run_single, PassOptions, PipelineConfig};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -63,7 +63,7 @@ fn check_case(pass: &str, path: &Path) -> String {
     let after = print(&after_graph);
     if pass == "autodiff" {
         check_gradients(path, &case.graph, &after_graph);
-    } else if let Some(low) = options.autocast {
+    } else if let Some(low) = options.autocast.or_else(|| region_low(&case.graph)) {
         check_close_in(path, &case.graph, &after_graph, low);
     } else {
         check_same_values(path, &case.graph, &after_graph);
@@ -85,6 +85,15 @@ fn check_case(pass: &str, path: &Path) -> String {
         after_graph.len()
     ));
     out
+}
+
+/// The low type a region of the graph sets for itself, if any (a case
+/// whose autocast is per region).
+fn region_low(graph: &Graph) -> Option<DType> {
+    graph.regions().iter().find_map(|r| match r.autocast {
+        RegionAutocast::Low(d) => Some(d),
+        _ => None,
+    })
 }
 
 /// A small deterministic generator (splitmix64), so inputs never depend on

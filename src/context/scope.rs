@@ -14,6 +14,7 @@
 
 use super::workspace::{check_name, Frame, ScopeEntry, ScopeId};
 use super::Context;
+use crate::ir::{DType, RegionAutocast};
 use crate::{Error, Location, Result};
 use std::collections::BTreeMap;
 
@@ -97,6 +98,85 @@ impl Context {
         guard.done = true;
         self.pop_at(name, location)?;
         result
+    }
+
+    /// [`Context::scope`] with mixed precision of its own: the products
+    /// (matmul, conv2d, attention) recorded in the scope, in its children
+    /// that do not say otherwise, and in its gradients (`grad/<scope>`)
+    /// run in `low` (`Some(DType::BF16)` or `Some(DType::F16)`), and with
+    /// `None` autocast is off there even under [`Context::with_autocast`].
+    /// This is PyTorch's `torch.autocast(...)` block (and its
+    /// `enabled=False`) as a property of a region: the autocast pass reads
+    /// each product's region. The setting is fixed when the scope is
+    /// first entered; a plain [`Context::scope`] re-enters it with its
+    /// setting, and entering it with another setting is an error.
+    ///
+    /// ```
+    /// use kiln::prelude::*;
+    /// let ctx = Context::cpu();
+    /// let x = ctx.rand([4, 8]);
+    /// let w = ctx.rand([8, 8]);
+    /// let y = ctx.scope_with_autocast("encoder", Some(DType::BF16), |_| Ok(x.matmul(&w)))?;
+    /// let z = y.matmul(&w); // outside: f32
+    /// let text = kiln::ir::text::print(&ctx.optimized_graph(&[&z])?);
+    /// assert!(text.contains("region encoder autocast=bf16"));
+    /// assert!(text.contains("bf16[4,8] = matmul"));
+    /// assert!(text.contains("f32[4,8] = matmul"));
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn scope_with_autocast<R>(
+        &self,
+        name: &str,
+        low: Option<DType>,
+        f: impl FnOnce(&Context) -> Result<R>,
+    ) -> Result<R> {
+        let location = Location::caller();
+        let setting = match low {
+            None => RegionAutocast::Off,
+            Some(d @ (DType::BF16 | DType::F16)) => RegionAutocast::Low(d),
+            Some(other) => {
+                return Err(Error::Argument {
+                    op: "scope_with_autocast",
+                    message: format!(
+                        "autocast runs products in bf16 or f16, not {other}; pass None to turn it off in scope \"{name}\""
+                    ),
+                    location,
+                })
+            }
+        };
+        {
+            let state = self.state();
+            let parent = state.ws.current();
+            if let Some(&child) = state.ws.scope(parent).children.get(name) {
+                let entry = state.ws.scope(child);
+                let before = state.graph.regions()[entry.region.0 as usize].autocast;
+                if before != setting {
+                    return Err(Error::Workspace {
+                        op: "scope",
+                        message: format!(
+                            "scope \"{}\" was entered with autocast {before} before, now with {setting}; a scope keeps its autocast (use another scope name)",
+                            entry.path
+                        ),
+                        location,
+                    });
+                }
+            }
+        }
+        let set = |ctx: &Context| {
+            let mut state = ctx.state();
+            let region = state.region;
+            state.graph.set_region_autocast(region, setting);
+        };
+        self.scope_at(
+            name,
+            &[],
+            |ctx| {
+                set(ctx);
+                f(ctx)
+            },
+            location,
+        )
     }
 
     /// Enters the scope `name` without a closure (Caffe2's push); leave it

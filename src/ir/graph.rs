@@ -45,13 +45,41 @@ impl RegionId {
 }
 
 /// A region: a named child of another region. Regions name and group
-/// nodes (`encoder/layer1`); they do not change what a node computes.
+/// nodes (`encoder/layer1`); they change what a node computes only through
+/// their autocast setting.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Region {
     /// The last path component (empty for the root).
     pub name: String,
     /// The enclosing region (`None` for the root).
     pub parent: Option<RegionId>,
+    /// Mixed precision for the nodes in this region and the regions under
+    /// it that do not say otherwise (`Context::scope_with_autocast`).
+    pub autocast: RegionAutocast,
+}
+
+/// A region's own autocast setting. The root's is always `Inherit`: it
+/// takes the context's (`Context::with_autocast`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum RegionAutocast {
+    /// As the enclosing region.
+    #[default]
+    Inherit,
+    /// Products (matmul, conv2d, attention) in this low type (bf16 or f16).
+    Low(DType),
+    /// No autocast: the region computes as recorded.
+    Off,
+}
+
+impl fmt::Display for RegionAutocast {
+    /// `bf16`, `f16`, `off` (`inherit` for the default).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RegionAutocast::Inherit => f.write_str("inherit"),
+            RegionAutocast::Low(d) => write!(f, "{d}"),
+            RegionAutocast::Off => f.write_str("off"),
+        }
+    }
 }
 
 /// How far through the pipeline a graph has come. It only moves forward.
@@ -119,7 +147,7 @@ impl Graph {
     pub fn new() -> Graph {
         Graph {
             g: StableGraph::default(),
-            regions: vec![Region { name: String::new(), parent: None }],
+            regions: vec![Region { name: String::new(), parent: None, autocast: RegionAutocast::Inherit }],
             outputs: Vec::new(),
             phase: Phase::Recorded,
             tables: PlanTables::default(),
@@ -424,7 +452,11 @@ impl Graph {
         if let Some(i) = self.regions.iter().position(|r| r.parent == Some(parent) && r.name == name) {
             return RegionId(i as u32);
         }
-        self.regions.push(Region { name: name.to_string(), parent: Some(parent) });
+        self.regions.push(Region {
+            name: name.to_string(),
+            parent: Some(parent),
+            autocast: RegionAutocast::Inherit,
+        });
         RegionId(self.regions.len() as u32 - 1)
     }
 
@@ -432,6 +464,25 @@ impl Graph {
     /// (`""` is the root).
     pub fn region_path(&mut self, path: &str) -> RegionId {
         path.split('/').filter(|p| !p.is_empty()).fold(RegionId::ROOT, |r, name| self.region(r, name))
+    }
+
+    /// The region with this `/`-separated path, if the graph has it.
+    pub fn find_region(&self, path: &str) -> Option<RegionId> {
+        path.split('/').filter(|p| !p.is_empty()).try_fold(RegionId::ROOT, |r, name| {
+            self.regions
+                .iter()
+                .position(|c| c.parent == Some(r) && c.name == name)
+                .map(|i| RegionId(i as u32))
+        })
+    }
+
+    /// Sets a region's own autocast setting (the root's stays `Inherit`).
+    pub fn set_region_autocast(&mut self, id: RegionId, autocast: RegionAutocast) {
+        if id != RegionId::ROOT {
+            if let Some(r) = self.regions.get_mut(id.0 as usize) {
+                r.autocast = autocast;
+            }
+        }
     }
 
     /// The `/`-separated path of a region (`""` for the root).

@@ -54,7 +54,7 @@ mod verify;
 
 pub use dtype::{DType, Element, HostData, Scalar};
 pub use fused::{FusedBody, FusedKind};
-pub use graph::{Graph, Node, NodeId, NodeSet, Phase, Region, RegionId};
+pub use graph::{Graph, Node, NodeId, NodeSet, Phase, Region, RegionAutocast, RegionId};
 pub use infer::{infer, mixed, window_out};
 pub use op::{AttnMask, BinaryOp, BufferId, CompareOp, Distribution, Op, PoolKind, ReduceOp, UnaryOp};
 pub use plan::{Event, EventId, MemoryPlan, Placement, Plan, PlanTables, StreamId, StreamPlan, ValueMemory};

@@ -1,8 +1,13 @@
 //! Autocast: mixed precision as a rewrite of the whole step's graph.
 //!
 //! *Does.* Under [`PassOptions::autocast`] (`Context::with_autocast`),
-//! gives every node recorded in `f32` the precision [`POLICY`] names
-//! for its op and inserts the casts that makes necessary:
+//! or in regions with an autocast setting of their own
+//! (`Context::scope_with_autocast`; a region inherits its parent's, the
+//! root the context's, and a gradient region `grad/<path>` that of
+//! `<path>`), gives every node recorded in `f32` the precision [`POLICY`]
+//! names for its op and inserts the casts that makes necessary. Only the
+//! *low* ops look at their region: what follows follows its operands,
+//! whatever region it is in.
 //! - *low* ops (matmul, conv2d) run in the low type: their `f32`
 //!   operands are cast to it and so is their result;
 //! - *f32* ops (reductions, exp/log/pow, rsqrt/sqrt/recip) run in the
@@ -55,7 +60,7 @@ mod policy;
 pub use policy::{policy_text, OpKey, PolicyEntry, Precision, POLICY};
 
 use super::{Changed, Pass, PassCtx, PassOptions};
-use crate::ir::{infer, DType, Graph, Node, NodeId, Op, Phase, ReduceOp};
+use crate::ir::{infer, DType, Graph, Node, NodeId, Op, Phase, ReduceOp, RegionAutocast, RegionId};
 use crate::{Error, Result};
 use std::collections::HashMap;
 
@@ -73,22 +78,38 @@ impl Pass for Autocast {
         Phase::Recorded
     }
 
-    fn applies(&self, options: &PassOptions) -> bool {
-        options.autocast.is_some()
+    fn applies(&self, options: &PassOptions, graph: &Graph) -> bool {
+        options.autocast.is_some() || graph.regions().iter().any(|r| r.autocast != RegionAutocast::Inherit)
     }
 
     fn run(&self, graph: &mut Graph, cx: &mut PassCtx) -> Result<Changed> {
-        let Some(low) = cx.options.autocast else { return Ok(Changed::No) };
-        if !matches!(low, DType::BF16 | DType::F16) {
-            return Err(Error::Config(format!("autocast runs in bf16 or f16, not {low}")));
+        let lows = region_lows(graph, cx.options.autocast)?;
+        let mut used: Vec<DType> = lows.iter().flatten().copied().collect();
+        used.sort_by_key(|d| d.name());
+        used.dedup();
+        for &low in &used {
+            cx.note(policy_text(low));
         }
-        cx.note(policy_text(low));
+        let scoped: Vec<String> = graph
+            .regions()
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.autocast != RegionAutocast::Inherit)
+            .map(|(i, r)| format!("{} {}", graph.region_name(RegionId(i as u32)), r.autocast))
+            .collect();
+        if !scoped.is_empty() {
+            cx.note(format!("regions: {}", scoped.join(", ")));
+        }
+        if used.is_empty() {
+            return Ok(Changed::No);
+        }
         let (out, counts) = {
-            let _span = tracing::debug_span!("autocast-rewrite", low = low.name()).entered();
-            rewrite(graph, low)?
+            let _span = tracing::debug_span!("autocast-rewrite").entered();
+            rewrite(graph, &lows)?
         };
+        let to = used.iter().map(|d| d.name()).collect::<Vec<_>>().join("/");
         cx.note(format!(
-            "{} node(s) to {low}, {} cast(s) added, {} output(s) cast back",
+            "{} node(s) to {to}, {} cast(s) added, {} output(s) cast back",
             counts.lowered, counts.casts, counts.outputs
         ));
         for _ in 0..counts.lowered + counts.casts {
@@ -188,9 +209,49 @@ fn constant_like(graph: &Graph, order: &[NodeId]) -> Vec<bool> {
     like
 }
 
+/// Per region (by id), the low type its products run in, `None` where they
+/// stay `f32`: the region's own setting, else its parent's, up to the
+/// root, which takes the context's (`global`). A gradient region
+/// `grad/<path>` takes `<path>`'s, so a backward product runs in the type
+/// of its forward one.
+fn region_lows(graph: &Graph, global: Option<DType>) -> Result<Vec<Option<DType>>> {
+    let check = |low: DType| match low {
+        DType::BF16 | DType::F16 => Ok(low),
+        other => Err(Error::Config(format!("autocast runs in bf16 or f16, not {other}"))),
+    };
+    if let Some(low) = global {
+        check(low)?;
+    }
+    let regions = graph.regions();
+    let own = |mut id: RegionId| -> Result<Option<DType>> {
+        loop {
+            let r = &regions[id.0 as usize];
+            match r.autocast {
+                RegionAutocast::Low(low) => return check(low).map(Some),
+                RegionAutocast::Off => return Ok(None),
+                RegionAutocast::Inherit => match r.parent {
+                    Some(p) => id = p,
+                    None => return Ok(global),
+                },
+            }
+        }
+    };
+    (0..regions.len() as u32)
+        .map(|i| {
+            let path = graph.region_name(RegionId(i));
+            let forward = match path.strip_prefix("grad") {
+                Some(rest) if rest.is_empty() || rest.starts_with('/') => graph.find_region(rest),
+                _ => None,
+            };
+            own(forward.unwrap_or(RegionId(i)))
+        })
+        .collect()
+}
+
 /// Builds the rewritten graph: one walk in topological order that decides
 /// each node's type from its operands' new types and adds the casts.
-fn rewrite(graph: &Graph, low: DType) -> Result<(Graph, Counts)> {
+/// `lows` is [`region_lows`].
+fn rewrite(graph: &Graph, lows: &[Option<DType>]) -> Result<(Graph, Counts)> {
     let order = graph.topo_order();
     let pinned = pinned(graph, &order);
     let like = constant_like(graph, &order);
@@ -219,7 +280,7 @@ fn rewrite(graph: &Graph, low: DType) -> Result<(Graph, Counts)> {
         let target = match compute_type(graph, id) {
             Some(DType::F32) => match policy::precision_of(&node.op).0 {
                 _ if matches!(node.op, Op::Fused(_)) => DType::F32,
-                Precision::Low => low,
+                Precision::Low => lows.get(node.region.0 as usize).copied().flatten().unwrap_or(DType::F32),
                 Precision::Recorded => DType::F32,
                 Precision::Follow if pinned[id.index()] => DType::F32,
                 Precision::Follow => {

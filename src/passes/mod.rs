@@ -53,10 +53,11 @@ pub trait Pass: Send + Sync {
     fn reaches(&self) -> Phase {
         Phase::Canonical
     }
-    /// Whether the pass has anything to do under these options. A pass
-    /// that does not apply is skipped like one turned off (no span, no
-    /// dump): autocast applies only when [`PassOptions::autocast`] is set.
-    fn applies(&self, _options: &PassOptions) -> bool {
+    /// Whether the pass has anything to do on `graph` under these options.
+    /// A pass that does not apply is skipped like one turned off (no span,
+    /// no dump): autocast applies only when [`PassOptions::autocast`] is
+    /// set or a region of the graph has an autocast setting.
+    fn applies(&self, _options: &PassOptions, _graph: &Graph) -> bool {
         true
     }
 }
@@ -529,7 +530,7 @@ fn run_pipeline(
     };
     let mut cx = PassCtx { options: config.options, ..PassCtx::default() };
     for (step, pass) in PIPELINE.iter().enumerate() {
-        if !config.is_enabled(pass.name()) || !pass.applies(&cx.options) {
+        if !config.is_enabled(pass.name()) || !pass.applies(&cx.options, &graph) {
             continue;
         }
         let stats = run_pass(*pass, &mut graph, &mut cx, verify)?;

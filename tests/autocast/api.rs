@@ -83,3 +83,95 @@ fn misuse_is_a_golden_message() {
         bad.iter().map(|c| GradScaler::new(&ctx, sgd(), *c).err().expect("refused").to_string()).collect();
     snapshots().bind(|| insta::assert_snapshot!("grad-scaler-config", messages.join("\n")));
 }
+
+/// `scope_with_autocast`: only the scope's products (and its gradients')
+/// run in bf16, the root's stay f32 (exact to f32), a scope inside turns
+/// it off again, every read keeps its f32 dtype, and a loop over the
+/// same scopes compiles once. Misuse (a non-low type; re-entering with
+/// another setting) is an error naming the scope.
+#[test]
+fn a_scope_with_autocast_runs_only_its_own_products_low() -> Result<()> {
+    let ctx = Context::cpu().with_seed(11);
+    let x = ctx.randn([5, 32]);
+    let w1 = ctx.variable("w1", ctx.randn([32, 16]) * 0.2)?;
+    let w2 = ctx.variable("w2", ctx.randn([16, 4]) * 0.2)?;
+    let w3 = ctx.variable("w3", ctx.randn([4, 4]) * 0.2)?;
+    let step = || -> Result<(Tensor, Tensor, Tensor)> {
+        let h = ctx.scope_with_autocast("encoder", Some(DType::BF16), |ctx| {
+            let h = x.matmul(&w1);
+            // Off again inside: this product stays f32.
+            let inner = ctx.scope_with_autocast("exact", None, |_| Ok(h.matmul(&w2)))?;
+            Ok(inner)
+        })?;
+        let y = h.matmul(&w3);
+        let loss = (&y * &y).mean(&[0, 1], false);
+        Ok((h, y, loss))
+    };
+    let (h, y, loss) = step()?;
+    assert_eq!((h.dtype(), y.dtype(), loss.dtype()), (DType::F32, DType::F32, DType::F32));
+    let grads = loss.backward()?;
+    let g1 = grads.get(&w1).expect("a gradient of w1");
+    let text = ctx.explain(&[&y, g1])?;
+    assert!(text.contains("region encoder autocast=bf16"), "{text}");
+    assert!(text.contains("region encoder/exact autocast=off"), "{text}");
+    // The encoder's product and its weight's gradient product are bf16;
+    // the others are f32.
+    let low = text.lines().filter(|l| l.contains("bf16[") && l.contains("= matmul")).count();
+    let high = text.lines().filter(|l| l.contains(" f32[") && l.contains("= matmul")).count();
+    assert!(low >= 2 && high >= 2, "{low} bf16 and {high} f32 products:\n{text}");
+
+    // Values: the first product in bf16, everything after it exact in f32
+    // from that product's values.
+    let (xv, w1v, w2v, w3v) =
+        (x.to_vec::<f32>()?, w1.to_vec::<f32>()?, w2.to_vec::<f32>()?, w3.to_vec::<f32>()?);
+    let mm = |a: &[f64], b: &[f32], n: usize, k: usize, m: usize| -> Vec<f64> {
+        (0..n * m).map(|i| (0..k).map(|l| a[(i / m) * k + l] * b[l * m + i % m] as f64).sum()).collect()
+    };
+    let x64: Vec<f64> = xv.iter().map(|&v| v as f64).collect();
+    let first = mm(&x64, &w1v, 5, 32, 16);
+    let first_norm: Vec<f64> = {
+        let ax: Vec<f64> = x64.iter().map(|v| v.abs()).collect();
+        let aw: Vec<f32> = w1v.iter().map(|v| v.abs()).collect();
+        mm(&ax, &aw, 5, 32, 16)
+    };
+    let got_h = h.to_vec::<f32>()?;
+    let hv: Vec<f64> = got_h.iter().map(|&v| v as f64).collect();
+    let mut differs = false;
+    // h = (x w1) w2 with x w1 in bf16: compare with the f64 product of the
+    // bf16-rounded first product's bound.
+    let second = mm(&first, &w2v, 5, 16, 4);
+    let second_norm = {
+        let aw: Vec<f32> = w2v.iter().map(|v| v.abs()).collect();
+        mm(&first_norm, &aw, 5, 16, 4)
+    };
+    for i in 0..20 {
+        let err = (hv[i] - second[i]).abs();
+        assert!(err <= second_norm[i] * 3.0 * 2f64.powi(-8) + 1e-6, "h[{i}] {err} off");
+        differs |= err > second_norm[i] * 1e-6;
+    }
+    assert!(differs, "the encoder's product is as exact as f32's: it did not run in bf16");
+    // The root's product is f32 from h's values.
+    let yv = y.to_vec::<f32>()?;
+    let want = mm(&hv, &w3v, 5, 4, 4);
+    for i in 0..20 {
+        assert!((yv[i] as f64 - want[i]).abs() <= 1e-5 * want[i].abs().max(1.0), "y[{i}] is not f32-exact");
+    }
+
+    // The same scopes again: the loop's later steps compile nothing new.
+    let compiles = ctx.stats().compiles;
+    for _ in 0..3 {
+        let (_, _, loss) = step()?;
+        loss.item::<f32>()?;
+    }
+    assert!(ctx.stats().compiles <= compiles + 1, "{} -> {}", compiles, ctx.stats().compiles);
+
+    // Misuse.
+    let err = ctx.scope_with_autocast("encoder", Some(DType::F16), |_| Ok(())).unwrap_err().to_string();
+    assert!(err.contains("scope \"encoder\" was entered with autocast bf16 before, now with f16"), "{err}");
+    let err = ctx.scope_with_autocast("half", Some(DType::F64), |_| Ok(())).unwrap_err().to_string();
+    assert!(err.contains("not f64") && err.contains("scope \"half\""), "{err}");
+    // A plain scope re-enters with the setting.
+    let y2 = ctx.scope("encoder", |_| Ok(x.matmul(&w1)))?;
+    assert!(ctx.explain(&[&y2])?.contains("bf16[5,16] = matmul"));
+    Ok(())
+}

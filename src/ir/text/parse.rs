@@ -2,7 +2,7 @@
 //! every failure is an `Error::Parse` with the 1-based line.
 
 use crate::ir::verify::{check_node, type_text};
-use crate::ir::{DType, Graph, Node, NodeId, Op, Shape};
+use crate::ir::{DType, Graph, Node, NodeId, Op, RegionAutocast, RegionId, Shape};
 use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
 
@@ -166,6 +166,11 @@ fn parse_lines(lines: &[(usize, &str)], total: usize, verify: bool) -> Result<Gr
             st.definition(&mut cur, body)?;
         } else if line == "}" {
             return Err(parse_err(n, "a `}` without a fused node to close"));
+        } else if line.split_whitespace().next() == Some("region") {
+            if !st.order.is_empty() {
+                return Err(parse_err(n, "`region` lines come before the first definition"));
+            }
+            region_line(&mut st.graph, line, n)?;
         } else if line.split_whitespace().next() == Some("plan") {
             if st.plan.is_some() || !st.order.is_empty() {
                 return Err(parse_err(n, "the `plan` line comes once, before the first definition"));
@@ -330,4 +335,32 @@ impl State {
         }
         Ok(())
     }
+}
+
+/// `region encoder/layer1 autocast=bf16` (or `f16`, `off`): a region's own
+/// autocast setting.
+fn region_line(graph: &mut Graph, line: &str, n: usize) -> Result<()> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let usage = "expected `region <path> autocast=bf16|f16|off`";
+    let (path, setting) = match words.as_slice() {
+        ["region", path, setting] => (*path, *setting),
+        _ => return Err(parse_err(n, format!("{usage}, found '{}'", clip(line)))),
+    };
+    let autocast = match setting.strip_prefix("autocast=") {
+        Some("off") => RegionAutocast::Off,
+        Some(name) => match DType::from_name(name) {
+            Some(d @ (DType::BF16 | DType::F16)) => RegionAutocast::Low(d),
+            _ => return Err(parse_err(n, format!("autocast runs in bf16 or f16 (or is off), not `{name}`"))),
+        },
+        None => return Err(parse_err(n, format!("{usage}, found '{}'", clip(line)))),
+    };
+    let id = graph.region_path(path);
+    if id == RegionId::ROOT {
+        return Err(parse_err(
+            n,
+            "the root region takes the context's autocast (a test header's `autocast=`), not a `region` line",
+        ));
+    }
+    graph.set_region_autocast(id, autocast);
+    Ok(())
 }

@@ -1,11 +1,12 @@
 //! Graph → text.
 
-use crate::ir::{Graph, NodeId, Op, Placement};
+use crate::ir::{Graph, NodeId, Op, Placement, RegionAutocast, RegionId};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
 /// Prints the graph in the text IR: a `plan` line when the graph carries
-/// planning tables, the nodes its outputs need (in schedule order when it
+/// planning tables, a `region <path> autocast=<bf16|f16|off>` line for each
+/// region with an autocast setting of its own, the nodes its outputs need (in schedule order when it
 /// has a schedule, else numbered densely in structural topological order),
 /// then `return`. Ends with a newline. Deterministic, so it can be
 /// snapshotted and diffed.
@@ -29,6 +30,14 @@ fn print_into(out: &mut String, graph: &Graph, indent: &str) {
     let annotations = Annotations::of(graph, &name);
     if let Some(header) = plan_header(graph) {
         let _ = writeln!(out, "{indent}{header}");
+    }
+    if indent.is_empty() {
+        for (i, r) in graph.regions().iter().enumerate() {
+            if r.autocast != RegionAutocast::Inherit {
+                let _ =
+                    writeln!(out, "region {} autocast={}", graph.region_name(RegionId(i as u32)), r.autocast);
+            }
+        }
     }
     for (i, &id) in order.iter().enumerate() {
         let node = graph.node(id);
