@@ -292,6 +292,18 @@ fn parse_errors() {
     parse_error("text__parse_error_test_header_in_plain_file", "%0: f32[2] = input 0\ntest dce\nreturn %0\n");
     parse_error("text__parse_error_test_file_without_pass", "test\n%0: f32[2] = input 0\nreturn %0\n");
     parse_error("text__parse_error_empty_region", &format!("{x}%1: f32[2,3] = neg %x @\nreturn %1\n"));
+    parse_error(
+        "text__parse_error_region_line_after_a_definition",
+        &format!("{x}region a autocast=bf16\nreturn %x\n"),
+    );
+    parse_error(
+        "text__parse_error_region_autocast_not_low",
+        &format!("region a autocast=f64\n{x}return %x\n"),
+    );
+    parse_error(
+        "text__parse_error_region_autocast_on_the_root",
+        &format!("region / autocast=bf16\n{x}return %x\n"),
+    );
     parse_error("text__parse_error_zero_kernel_conv", "%x: f32[1,1,4,4] = input 0\n%w: f32[1,1,0,3] = input 1\n%1: f32[1,1,5,2] = conv2d %x, %w stride=[1,1] padding=[0,0] dilation=[1,1] groups=1\nreturn %1\n");
     parse_error(
         "text__parse_error_slice_overflow",

@@ -15,7 +15,9 @@
 //! A line is `%name: dtype[dims] = mnemonic operands attrs` and an optional
 //! `@region/path` (omitted for the root region). Operands are separated by
 //! commas, attributes (`key=value`, `key=[a,b]`, bare flags like `keepdim`,
-//! positional values like `input 0` or `full 0.5`) by spaces. `reshape`,
+//! positional values like `input 0` or `full 0.5`) by spaces. Before the
+//! first definition, `region <path> autocast=bf16|f16|off` gives a region
+//! its own autocast setting (`Context::scope_with_autocast`). `reshape`,
 //! `expand` and `cast` take their target from the declared type. Lines
 //! starting with `;;` and blank lines are comments.
 //!
