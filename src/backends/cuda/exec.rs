@@ -91,9 +91,10 @@ struct LibraryPlans {
 }
 
 impl LibraryPlans {
-    /// Whether `program` calls a library that needs a plan.
+    /// Whether `program` calls a library that needs a plan (in its
+    /// prelude or its steps, as [`LibraryPlans::new`] walks them).
     fn needed(program: &Program) -> bool {
-        program.steps.iter().flat_map(|s| &s.launches).any(|l| {
+        program.prelude.iter().chain(program.steps.iter().flat_map(|s| &s.launches)).any(|l| {
             matches!(l, Launch::Conv(_) | Launch::Pool(_))
                 || matches!(l, Launch::Gemm(g) if g.epilogue != Epilogue::None)
         })
