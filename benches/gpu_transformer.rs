@@ -26,6 +26,11 @@ use kiln::prelude::*;
 use std::io::Write;
 use std::time::Instant;
 
+#[path = "common/models.rs"]
+mod models;
+
+use models::median;
+
 type Call = Box<dyn FnMut() -> Result<Tensor>>;
 type Make = Box<dyn Fn(&Context) -> Result<Call>>;
 
@@ -89,11 +94,6 @@ fn workloads() -> Vec<Workload> {
     out.push(encoder("MiniLM-L6", BertConfig::minilm_l6(), 64, 128, DType::BF16));
     out.push(encoder("BERT-base", BertConfig::base(), 32, 128, DType::BF16));
     out
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 fn main() -> Result<()> {
