@@ -1,5 +1,9 @@
 //! The graph: nodes with ordered operands, regions, outputs and a phase.
 
+mod region;
+
+pub use region::{Region, RegionAutocast, RegionId};
+
 use super::{infer, DType, Op, PlanTables, Shape};
 use petgraph::stable_graph::{NodeIndex, StableGraph};
 use petgraph::visit::{EdgeRef, IntoEdgeReferences};
@@ -32,53 +36,6 @@ impl NodeId {
 impl fmt::Display for NodeId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "%{}", self.0)
-    }
-}
-
-/// Identifies a region (a node of the region tree).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RegionId(pub u32);
-
-impl RegionId {
-    /// The root region, which every graph has; its path is empty.
-    pub const ROOT: RegionId = RegionId(0);
-}
-
-/// A region: a named child of another region. Regions name and group
-/// nodes (`encoder/layer1`); they change what a node computes only through
-/// their autocast setting.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Region {
-    /// The last path component (empty for the root).
-    pub name: String,
-    /// The enclosing region (`None` for the root).
-    pub parent: Option<RegionId>,
-    /// Mixed precision for the nodes in this region and the regions under
-    /// it that do not say otherwise (`Context::scope_with_autocast`).
-    pub autocast: RegionAutocast,
-}
-
-/// A region's own autocast setting. The root's is always `Inherit`: it
-/// takes the context's (`Context::with_autocast`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum RegionAutocast {
-    /// As the enclosing region.
-    #[default]
-    Inherit,
-    /// Products (matmul, conv2d, attention) in this low type (bf16 or f16).
-    Low(DType),
-    /// No autocast: the region computes as recorded.
-    Off,
-}
-
-impl fmt::Display for RegionAutocast {
-    /// `bf16`, `f16`, `off` (`inherit` for the default).
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RegionAutocast::Inherit => f.write_str("inherit"),
-            RegionAutocast::Low(d) => write!(f, "{d}"),
-            RegionAutocast::Off => f.write_str("off"),
-        }
     }
 }
 
@@ -440,64 +397,6 @@ impl Graph {
     /// Moves the phase forward (never back: a request to go back is ignored).
     pub fn advance_phase(&mut self, phase: Phase) {
         self.phase = self.phase.max(phase);
-    }
-
-    /// The region tree, indexed by `RegionId`.
-    pub fn regions(&self) -> &[Region] {
-        &self.regions
-    }
-
-    /// The child of `parent` called `name`, created if missing.
-    pub fn region(&mut self, parent: RegionId, name: &str) -> RegionId {
-        if let Some(i) = self.regions.iter().position(|r| r.parent == Some(parent) && r.name == name) {
-            return RegionId(i as u32);
-        }
-        self.regions.push(Region {
-            name: name.to_string(),
-            parent: Some(parent),
-            autocast: RegionAutocast::Inherit,
-        });
-        RegionId(self.regions.len() as u32 - 1)
-    }
-
-    /// The region with this `/`-separated path, created if missing
-    /// (`""` is the root).
-    pub fn region_path(&mut self, path: &str) -> RegionId {
-        path.split('/').filter(|p| !p.is_empty()).fold(RegionId::ROOT, |r, name| self.region(r, name))
-    }
-
-    /// The region with this `/`-separated path, if the graph has it.
-    pub fn find_region(&self, path: &str) -> Option<RegionId> {
-        path.split('/').filter(|p| !p.is_empty()).try_fold(RegionId::ROOT, |r, name| {
-            self.regions
-                .iter()
-                .position(|c| c.parent == Some(r) && c.name == name)
-                .map(|i| RegionId(i as u32))
-        })
-    }
-
-    /// Sets a region's own autocast setting (the root's stays `Inherit`).
-    pub fn set_region_autocast(&mut self, id: RegionId, autocast: RegionAutocast) {
-        if id != RegionId::ROOT {
-            if let Some(r) = self.regions.get_mut(id.0 as usize) {
-                r.autocast = autocast;
-            }
-        }
-    }
-
-    /// The `/`-separated path of a region (`""` for the root).
-    pub fn region_name(&self, id: RegionId) -> String {
-        let mut parts = Vec::new();
-        let mut cur = Some(id);
-        while let Some(r) = cur {
-            let region = &self.regions[r.0 as usize];
-            if !region.name.is_empty() {
-                parts.push(region.name.as_str());
-            }
-            cur = region.parent;
-        }
-        parts.reverse();
-        parts.join("/")
     }
 
     /// The nodes the outputs depend on, operands before users. The order is
