@@ -2,6 +2,7 @@
 //! conv2d with stride, padding, dilation and groups; max and average pooling.
 
 use crate::reference::*;
+use kiln::prelude::DType;
 
 /// `torch.matmul` on host arrays: 1-D operands promoted and the added dim removed.
 fn matmul_host<T: Copy>(a: &Nd<T>, b: &Nd<T>, zero: T, acc: impl FnMut(T, T, T) -> T) -> Nd<T> {
@@ -48,6 +49,40 @@ fn matmul_on_float_dtypes() {
                 let k = sa[sa.len() - 1] as f64;
                 let scale = k.sqrt() * max_abs(&a) * max_abs(&b);
                 check_f(&got, dtype, &want, scale, &format!("matmul {sa:?} x {sb:?}"));
+            }
+        }
+    });
+}
+
+/// `(a @ b) as f32` of halves, as autocast writes a weight gradient. CUDA
+/// stores the GEMM's f32 accumulator (`Gemm::out_dtype`), so its result
+/// is within f32 roundings of the exact product; the CPU rounds the
+/// product to the half type first, as the graph reads, so it is within
+/// half roundings. Fails on CUDA if the widening GEMM is not taken.
+#[test]
+fn a_half_product_widened_to_f32() {
+    each_backend(|| {
+        let ctx = dev();
+        let mut rng = Rng::new(32);
+        for dtype in [DType::BF16, DType::F16] {
+            for (sa, sb) in [
+                (&[7usize, 5][..], &[5usize, 3][..]),
+                (&[3, 129], &[129, 2]),
+                (&[2, 3, 4], &[2, 4, 5]),
+                (&[3, 0], &[0, 2]),
+            ] {
+                let a = rand_f(&mut rng, dtype, sa, 1.0);
+                let b = rand_f(&mut rng, dtype, sb, 1.0);
+                let got = tensor_f(&ctx, dtype, &a).matmul(&tensor_f(&ctx, dtype, &b)).cast(DType::F32);
+                let want = matmul_host(&a, &b, 0.0, |s, x, y| s + x * y);
+                let scale = (sa[sa.len() - 1] as f64).sqrt() * max_abs(&a) * max_abs(&b);
+                let what = format!("({dtype} {sa:?} x {sb:?}) as f32 on {}", ctx.device());
+                if ctx.device().starts_with("cuda") {
+                    check_f(&got, DType::F32, &want, scale, &what);
+                } else {
+                    // Half values in f32: back to the half type exactly.
+                    check_f(&got.cast(dtype), dtype, &want, scale, &what);
+                }
             }
         }
     });

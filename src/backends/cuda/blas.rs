@@ -3,7 +3,8 @@
 //! A kiln matmul arrives already in cuBLAS's column-major terms (see
 //! [`super::program::Gemm`]): a transposed view is `CUBLAS_OP_T` on the
 //! same bytes, a broadcast batch is a batch stride of 0. f16 and bf16
-//! multiply with f32 accumulation; f32 uses plain FP32 arithmetic unless
+//! multiply with f32 accumulation (and store it as f32 where the plan
+//! widens the product, `Gemm::out_dtype`); f32 uses plain FP32 arithmetic unless
 //! the context allows TF32 (`Context::with_tf32`); f64 is f64 throughout.
 
 use super::program::Gemm;
@@ -33,6 +34,11 @@ pub(crate) fn gemm(handle: cublasHandle_t, stream: CUstream, g: &Gemm, a: u64, b
         DType::F32 => (Data::CUDA_R_32F, Compute::CUBLAS_COMPUTE_32F),
         DType::F64 => (Data::CUDA_R_64F, Compute::CUBLAS_COMPUTE_64F),
         d => return Err(Error::Backend(format!("cuda: cuBLAS has no {d} GEMM"))),
+    };
+    let out = match (g.dtype, g.out_dtype) {
+        (a, c) if a == c => data,
+        (DType::F16 | DType::BF16, DType::F32) => Data::CUDA_R_32F,
+        (a, c) => return Err(Error::Backend(format!("cuda: cuBLAS has no {a} GEMM storing {c}"))),
     };
     let op = |t: bool| if t { Op::CUBLAS_OP_T } else { Op::CUBLAS_OP_N };
     let (one_f, zero_f) = (1.0f32, 0.0f32);
@@ -69,7 +75,7 @@ pub(crate) fn gemm(handle: cublasHandle_t, stream: CUstream, g: &Gemm, a: u64, b
             long(g.b.2),
             beta,
             c as *mut c_void,
-            data,
+            out,
             int(g.c.1, "ldc")?,
             long(g.c.2),
             int(g.batch, "batch")?,
@@ -79,8 +85,8 @@ pub(crate) fn gemm(handle: cublasHandle_t, stream: CUstream, g: &Gemm, a: u64, b
     };
     if status != cublasStatus_t::CUBLAS_STATUS_SUCCESS {
         return Err(Error::Backend(format!(
-            "cuda: cuBLAS GEMM ({} m={} n={} k={} batch={}) failed: {status:?}",
-            g.dtype, g.m, g.n, g.k, g.batch
+            "cuda: cuBLAS GEMM ({} to {} m={} n={} k={} batch={}) failed: {status:?}",
+            g.dtype, g.out_dtype, g.m, g.n, g.k, g.batch
         )));
     }
     Ok(())

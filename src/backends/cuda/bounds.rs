@@ -93,6 +93,7 @@ impl Program {
                 let matrix = |(loc, ld, stride): (Loc, usize, usize),
                               rows: usize,
                               cols: usize,
+                              size: u64,
                               what: &str| {
                     if rows == 0 || cols == 0 || g.batch == 0 {
                         return self.inside(loc, 0, what);
@@ -106,9 +107,9 @@ impl Program {
                 };
                 let (ra, ca) = if g.transa { (g.k, g.m) } else { (g.m, g.k) };
                 let (rb, cb) = if g.transb { (g.n, g.k) } else { (g.k, g.n) };
-                matrix(g.a, ra, ca, "A")?;
-                matrix(g.b, rb, cb, "B")?;
-                matrix(g.c, g.m, g.n, "C")?;
+                matrix(g.a, ra, ca, size, "A")?;
+                matrix(g.b, rb, cb, size, "B")?;
+                matrix(g.c, g.m, g.n, g.out_dtype.size() as u64, "C")?;
                 if let Epilogue::Bias(b) | Epilogue::BiasRelu(b) = g.epilogue {
                     self.inside(b, g.m as u64 * size, &format!("{at}: the GEMM's bias"))?;
                 }

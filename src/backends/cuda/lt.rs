@@ -62,7 +62,9 @@ impl LtPlan {
             Epilogue::Bias(_) => (lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS, true),
             Epilogue::BiasRelu(_) => (lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS, true),
         };
-        if g.batch != 1 {
+        // A widened product (`out_dtype` f32) never carries an epilogue;
+        // lowering keeps the two apart.
+        if g.batch != 1 || g.out_dtype != g.dtype {
             return Ok(None);
         }
         // cublasOperation_t as the attribute's int32: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.

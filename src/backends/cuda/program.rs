@@ -53,8 +53,13 @@ impl Loc {
 /// `A` is kiln's `b` and its `B` is kiln's `a`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Gemm {
-    /// Element type of A, B and C.
+    /// Element type of A and B.
     pub dtype: DType,
+    /// Element type of C: `dtype`, or f32 for an f16/bf16 product that
+    /// is widened right away (the body `cast<f32>(a @ b)`): the GEMM then
+    /// stores its f32 accumulator, skipping the round to the half type,
+    /// the half-size scratch it would sit in and the cast kernel.
+    pub out_dtype: DType,
     /// Whether A is transposed (`CUBLAS_OP_T`).
     pub transa: bool,
     /// Whether B is transposed.
@@ -310,6 +315,9 @@ impl Launch {
                     Epilogue::Relu => write!(f, " epilogue=relu")?,
                     Epilogue::Bias(b) => write!(f, " epilogue=bias({b})")?,
                     Epilogue::BiasRelu(b) => write!(f, " epilogue=bias-relu({b})")?,
+                }
+                if g.out_dtype != g.dtype {
+                    write!(f, " out={}", g.out_dtype)?;
                 }
                 if g.tf32 {
                     write!(f, " tf32")?;

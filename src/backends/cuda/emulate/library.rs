@@ -54,7 +54,7 @@ pub(super) fn gemm(g: &Gemm, at: &dyn Fn(Loc) -> u64) -> Result<()> {
                     unsafe { acc += read(a, bt * g.a.2 + ai, g.dtype) * read(b, bt * g.b.2 + bi, g.dtype) };
                 }
                 // SAFETY: as above.
-                unsafe { write(c, bt * g.c.2 + i + j * g.c.1, g.dtype, acc) };
+                unsafe { write(c, bt * g.c.2 + i + j * g.c.1, g.out_dtype, acc) };
             }
         }
     }

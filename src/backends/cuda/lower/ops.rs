@@ -52,7 +52,7 @@ impl Lowering<'_> {
             }
             Op::MatMul => {
                 let (a, b) = (ops[0].clone(), ops[1].clone());
-                self.matmul(&a, &b, &node.shape, node.dtype, dst, Epilogue::None)
+                self.matmul(&a, &b, &node.shape, node.dtype, node.dtype, dst, Epilogue::None)
             }
             Op::Conv2d { stride, padding, dilation, groups } => {
                 let x = self.library_operand(&ops[0], false)?;
@@ -188,18 +188,23 @@ impl Lowering<'_> {
                 let b = self.leaf_value(g, args[1], ops)?;
                 let epilogue = self.lt_epilogue(g, mm, body.output(), ops)?;
                 if body.output() == mm {
-                    return self.matmul(&a, &b, &node.shape, node.dtype, dst, epilogue);
+                    return self.matmul(&a, &b, &node.shape, node.dtype, node.dtype, dst, epilogue);
+                }
+                let out = g.node(body.output());
+                if widens(g, mm, body.output()) {
+                    // `cast<f32>(a @ b)` of halves: the GEMM stores its f32
+                    // accumulator in `dst` (no scratch, no epilogue kernel).
+                    return self.matmul(&a, &b, &node.shape, node.dtype, out.dtype, dst, Epilogue::None);
                 }
                 // The epilogue reads the product where the GEMM left it. In
                 // `dst` itself, overwriting it element for element, when
                 // the output has the product's shape and element size;
-                // otherwise (a cast to a narrower type, as in `(a @ b) as
-                // f16`) the product does not fit `dst`, whose bytes the
-                // memory plan sized for the output, so it goes to scratch.
-                let out = g.node(body.output());
+                // otherwise (a cast, as in `(a @ b) as f16`) the product
+                // does not fit `dst`, whose bytes the memory plan sized for
+                // the output, so it goes to scratch.
                 let in_place = out.shape == node.shape && out.dtype.size() == node.dtype.size();
                 let product = if in_place { dst } else { self.new_scratch(bytes(&node.shape, node.dtype)) };
-                self.matmul(&a, &b, &node.shape, node.dtype, product, epilogue)?;
+                self.matmul(&a, &b, &node.shape, node.dtype, node.dtype, product, epilogue)?;
                 let (epi, extra) = replace_with_input(g, mm, body.inputs());
                 let mut epi_ops = ops.to_vec();
                 epi_ops.push(Value::dense(product, node.shape.clone(), node.dtype));
@@ -345,14 +350,18 @@ impl Lowering<'_> {
         }
     }
 
-    /// `a . b` into `dst`: cuBLAS for float dtypes (views of transposes are
-    /// read as they are), a generated kernel for integers.
+    /// `a . b` of `dtype` into `dst`: cuBLAS for float dtypes (views of
+    /// transposes are read as they are), a generated kernel for integers.
+    /// Stored as `out_dtype`: `dtype`, or f32 for a widened f16/bf16
+    /// product (see [`Gemm::out_dtype`]).
+    #[allow(clippy::too_many_arguments)]
     fn matmul(
         &mut self,
         a: &Value,
         b: &Value,
         shape: &Shape,
         dtype: DType,
+        out_dtype: DType,
         dst: Loc,
         epilogue: Epilogue,
     ) -> Result<(), String> {
@@ -363,7 +372,7 @@ impl Lowering<'_> {
         }
         if k == 0 {
             let numel = shape.numel();
-            let kid = self.add_kernel("fill", |n| Ok(ops::fill(n, dtype, numel, Scalar::Int(0))))?;
+            let kid = self.add_kernel("fill", |n| Ok(ops::fill(n, out_dtype, numel, Scalar::Int(0))))?;
             self.launches.push(Launch::Kernel { kernel: kid, args: vec![dst] });
             return Ok(());
         }
@@ -403,6 +412,7 @@ impl Lowering<'_> {
         // out^T (n x m) = b^T (n x k) . a^T (k x m) in column-major terms.
         self.launches.push(Launch::Gemm(Gemm {
             dtype,
+            out_dtype,
             transa: tb,
             transb: ta,
             m: n,
@@ -458,6 +468,14 @@ impl Lowering<'_> {
         });
         Ok(())
     }
+}
+
+/// Whether a matmul body is only `cast<f32>(mm)` of an f16/bf16 product,
+/// which one GEMM computes by storing its f32 accumulator.
+fn widens(g: &Graph, mm: NodeId, out: NodeId) -> bool {
+    matches!(g.node(out).op, Op::Cast(DType::F32))
+        && g.operands(out) == [mm]
+        && matches!(g.node(mm).dtype, DType::F16 | DType::BF16)
 }
 
 /// A GEMM operand `[.., r, c]`: (read column-major, leading dimension,
