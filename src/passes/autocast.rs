@@ -20,7 +20,10 @@
 //!   element, or an elementwise value of such operands only (dropout's
 //!   scale): a
 //!   bias added to a bf16 product is cast to bf16, it does not widen the
-//!   product, as PyTorch's 0-d tensors do not promote.
+//!   product, as PyTorch's 0-d tensors do not promote. But a constant
+//!   the low type cannot hold (non-zero yet rounding to zero, or
+//!   overflowing) keeps its op in f32: autodiff chose it for f32 (the
+//!   gelu gradient's guard `|x| < 1e-18` would be `|x| < 0` in f16).
 //!
 //! Two rules override the table. A value that reaches a graph output
 //! through following ops only (views and elementwise) keeps its recorded
@@ -60,7 +63,7 @@ mod policy;
 pub use policy::{policy_text, OpKey, PolicyEntry, Precision, POLICY};
 
 use super::{Changed, Pass, PassCtx, PassOptions};
-use crate::ir::{infer, DType, Graph, Node, NodeId, Op, Phase, ReduceOp, RegionAutocast, RegionId};
+use crate::ir::{infer, DType, Graph, Node, NodeId, Op, Phase, ReduceOp, RegionAutocast, RegionId, Scalar};
 use crate::{Error, Result};
 use std::collections::HashMap;
 
@@ -209,6 +212,27 @@ fn constant_like(graph: &Graph, order: &[NodeId]) -> Vec<bool> {
     like
 }
 
+/// Whether `id` is a recorded-f32 constant (a `full`, or a view of one)
+/// that `low` cannot hold: a non-zero value that rounds to zero, or a
+/// finite one that overflows. An op reading it stays f32, because the
+/// constant was chosen for f32: the gelu gradient's guard `|x| < 1e-18`
+/// is `|x| < 0` in f16, and its `gelu(x) / x` is then 0/0 at `x = 0`.
+fn constant_lost_in(graph: &Graph, mut id: NodeId, low: DType) -> bool {
+    if low == DType::F32 || graph.node(id).dtype != DType::F32 {
+        return false;
+    }
+    while graph.node(id).op.is_view() {
+        id = graph.operands(id)[0];
+    }
+    match graph.node(id).op {
+        Op::Full(Scalar::Float(v)) => match Scalar::Float(v).cast(low) {
+            Scalar::Float(r) => (v != 0.0 && r == 0.0) || (v.is_finite() && !r.is_finite()),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
 /// Per region (by id), the low type its products run in, `None` where they
 /// stay `f32`: the region's own setting, else its parent's, up to the
 /// root, which takes the context's (`global`). A gradient region
@@ -289,12 +313,18 @@ fn rewrite(graph: &Graph, lows: &[Option<DType>]) -> Result<(Graph, Counts)> {
                         .zip(&new)
                         .filter(|(o, _)| graph.node(**o).dtype == DType::F32 && !like[o.index()])
                         .map(|(_, n)| b.out.node(*n).dtype);
-                    deciding
+                    let low = deciding
                         .fold(None, |acc: Option<DType>, d| match acc {
                             Some(DType::F32) => Some(DType::F32),
                             _ => Some(d),
                         })
-                        .unwrap_or(DType::F32)
+                        .unwrap_or(DType::F32);
+                    let lost = operands.iter().any(|&o| constant_lost_in(graph, o, low));
+                    if lost {
+                        DType::F32
+                    } else {
+                        low
+                    }
                 }
             },
             _ => DType::F32,
