@@ -5,7 +5,7 @@
 //! ```text
 //! backward of loss · scale                    (GradScaler::backward)
 //! g = held gradient / scale                   for every held gradient
-//! ok = max over all g of |g| < inf            (false for any inf or NaN)
+//! ok = (max over all held |gradient|) / scale < inf   (false for any inf or NaN)
 //! the inner optimizer's step on g             (its assignments, gated:)
 //! v = ok ? v_new : v_old                      for every variable it assigned
 //! t = tracker + 1
@@ -134,18 +134,22 @@ impl<O: Optimizer> GradScaler<O> {
         let inverse = self.scale.recip();
         let mut worst: Option<Tensor> = None;
         for (var, g) in &held {
-            let unscaled = g * &inverse.cast(g.dtype());
-            let dims: Vec<usize> = (0..unscaled.rank()).collect();
-            let m = unscaled.abs().max(&dims, false).cast(DType::F32);
+            // The check reads the scaled gradient, so the unscaled one is
+            // read only by the update and fuses into its kernel instead
+            // of being materialized for the check as well.
+            let m = largest_magnitude(g).cast(DType::F32);
             worst = Some(match worst {
                 None => m,
                 Some(w) => w.maximum(&m),
             });
-            self.ctx.replace_grad(var, &unscaled, location)?;
+            self.ctx.replace_grad(var, &(g * &inverse.cast(g.dtype())), location)?;
         }
         let Some(worst) = worst else { return Ok(()) };
-        // NaN compares false, so a NaN anywhere makes `ok` false too.
-        let ok = worst.lt(f32::INFINITY);
+        // max |g / scale| = max |g| / scale (rounding is monotone), so this
+        // is PyTorch's check of the unscaled gradients: an overflow in the
+        // unscaling fails it too. NaN compares false, so a NaN anywhere
+        // makes `ok` false.
+        let ok = (&worst * &inverse).lt(f32::INFINITY);
         let before = self.ctx.variable_snapshot();
         self.inner.step()?;
         for (var, node, old) in before {
@@ -162,6 +166,21 @@ impl<O: Optimizer> GradScaler<O> {
         self.tracker.assign(ok.where_cond(grow.where_cond(0i64, &t), 0i64))?;
         Ok(())
     }
+}
+
+/// `max |g|` over every element, in two reductions: a whole-tensor
+/// reduction runs in one block of threads on CUDA, while a reduction over
+/// the last dim runs a group of threads per row, with `abs` fused into
+/// it and the gradient read through its view (a `Linear` weight's is the
+/// transpose of a product) rather than copied.
+fn largest_magnitude(g: &Tensor) -> Tensor {
+    let a = g.abs();
+    if g.rank() < 2 {
+        let dims: Vec<usize> = (0..g.rank()).collect();
+        return a.max(&dims, false);
+    }
+    let rows: Vec<usize> = (0..g.rank() - 1).collect();
+    a.max(&[g.rank() - 1], false).max(&rows, false)
 }
 
 impl<O: Optimizer> Optimizer for GradScaler<O> {

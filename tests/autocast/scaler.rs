@@ -188,3 +188,35 @@ fn a_captured_step_skips_and_grows_as_an_uncaptured_one() -> Result<()> {
     assert_eq!(captured.1.iter().find(|(n, _)| n == "adamw/step").map(|s| s.1[0]), Some(7.0));
     Ok(())
 }
+
+/// A GELU whose input is exactly 0 (a zero row through a bias-free
+/// product) has a finite gradient in f16 too: autodiff's guard for
+/// `gelu(x) / x` is an f32 constant (1e-18) that f16 cannot hold, so the
+/// autocast pass keeps the guard's compare in f32. When the compare ran
+/// in f16 (`|x| < 0`) every step of a GELU model was skipped: the 16-block
+/// benchmark never trained under f16.
+#[test]
+fn a_gelu_at_zero_does_not_skip_f16_steps() -> Result<()> {
+    let ctx = Context::cpu().with_seed(5).with_autocast(DType::F16);
+    let w = ctx.variable("w", ctx.randn([6, 8]))?;
+    let mut opt = GradScaler::new(
+        &ctx,
+        kiln::optim::Sgd::new(&w, kiln::optim::SgdConfig { lr: 0.1, ..Default::default() })?,
+        config(),
+    )?;
+    let mut xs: Vec<f32> = (0..4 * 6).map(|i| ((i * 37 % 11) as f32 - 5.0) / 5.0).collect();
+    xs[..6].fill(0.0);
+    let x = ctx.tensor(&xs, [4, 6]);
+    let w0 = w.to_vec::<f32>()?;
+    for _ in 0..2 {
+        let h = x.matmul(&w).gelu();
+        let loss = (&h * &h).mean(&[0, 1], false);
+        opt.backward(&loss)?;
+        opt.step()?;
+        opt.zero_grad()?;
+    }
+    assert_eq!(value(&ctx, "grad_scaler/growth_tracker")?, [2.0], "both steps were finite");
+    assert_eq!(value(&ctx, "grad_scaler/scale")?, [256.0]);
+    assert_ne!(w.to_vec::<f32>()?, w0, "the steps updated the weight");
+    Ok(())
+}
