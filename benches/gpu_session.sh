@@ -13,6 +13,8 @@
 #   bash benches/gpu_session.sh amp          # benches/gpu_amp.rs + torch_amp.py: mixed precision (issue 22);
 #                                            # AMP_ARGS=--all adds the CNN and 16-block rows, AMP_ONLY=<substring>
 #                                            # and AMP_MODES=eager,compile,reduce-overhead pick rows and torch modes
+#   bash benches/gpu_session.sh ddp          # benches/gpu_ddp.rs + torch_ddp.py: data parallel on every GPU (issue 24),
+#                                            # f32 then bf16 autocast; needs nvidia-h200-x2 (or more GPUs)
 #   bash benches/gpu_session.sh digits-amp   # examples/digits.rs MLP and --conv under --autocast bf16 (and f32)
 #   bash benches/gpu_session.sh transformer  # benches/gpu_transformer.rs + torch_transformer.py (issue 20)
 #   bash benches/gpu_session.sh minilm       # examples/embed.rs and tests-nn (bert) on the real weights,
@@ -107,6 +109,13 @@ for stage in "$@"; do
       PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-400} python3 benches/torch_amp.py "$OUT/kiln_amp.jsonl" --markdown "$OUT/amp.md" \
         ${AMP_ARGS:-} ${AMP_ONLY:+--only "$AMP_ONLY"} --modes ${AMP_MODES:-eager,compile,reduce-overhead} > "$OUT/amp-torch.log" 2>&1 || status=1
       tail -60 "$OUT/amp-torch.log" ;;
+    ddp)
+      for a in "" --bf16; do
+        timeout ${KILN_TIMEOUT:-300} $bin/benches-gpu_ddp $a > "$OUT/ddp-kiln$a.log" 2>&1 || status=1
+        cat "$OUT/ddp-kiln$a.log"
+        PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-300} python3 benches/torch_ddp.py $a > "$OUT/ddp-torch$a.log" 2>&1 || status=1
+        tail -5 "$OUT/ddp-torch$a.log"
+      done ;;
     digits-amp)
       for a in "" "--autocast bf16" --conv "--conv --autocast bf16"; do
         f=digits$(echo "$a" | tr -d ' -')

@@ -77,6 +77,7 @@ pub mod backends;
 pub mod capture;
 mod context;
 pub mod data;
+pub mod dist;
 mod error;
 pub mod ir;
 pub mod nn;

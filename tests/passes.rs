@@ -208,10 +208,18 @@ fn check_close_in(path: &Path, before: &Graph, after: &Graph, low: DType) {
     }
 }
 
+/// A CPU backend that is rank 0 of a group of one, so that cases with
+/// collectives run (each is the identity there).
+fn solo_backend() -> CpuBackend {
+    let backend = CpuBackend::new();
+    backend.join_group(kiln::dist::Joining::solo()).expect("a fresh backend joins");
+    backend
+}
+
 /// Both graphs' outputs on the CPU, from the same seeded inputs, after
 /// checking they agree in number, dtype and length.
 fn run_both(path: &Path, before: &Graph, after: &Graph) -> (Vec<HostData>, Vec<HostData>) {
-    let backend = CpuBackend::new();
+    let backend = solo_backend();
     let mut rng = Rng(seed_of(path));
     // Every input slot of the original graph, dead ones included.
     let mut slots: BTreeMap<u32, (Shape, DType)> = BTreeMap::new();
@@ -246,7 +254,7 @@ fn run_both(path: &Path, before: &Graph, after: &Graph) -> (Vec<HostData>, Vec<H
 /// match central finite differences of the input graph's loss (f64 cases,
 /// PyTorch's gradcheck tolerances).
 fn check_gradients(path: &Path, before: &Graph, after: &Graph) {
-    let backend = CpuBackend::new();
+    let backend = solo_backend();
     let mut rng = Rng(seed_of(path));
     let mut slots: BTreeMap<u32, (Shape, DType)> = BTreeMap::new();
     for id in before.node_ids() {

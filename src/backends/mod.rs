@@ -10,7 +10,7 @@ pub mod philox;
 
 use crate::ir::{DType, HostData, Plan, Shape};
 use crate::runtime::Completion;
-use crate::Result;
+use crate::{Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -180,6 +180,20 @@ pub trait Backend: Send + Sync {
     /// run), or `None` where work runs on the caller's thread (the CPU).
     fn timer(&self) -> Result<Option<Box<dyn DeviceTimer>>> {
         Ok(None)
+    }
+    /// Becomes a rank of a process group (see [`crate::dist`]): plans
+    /// compiled from then on run their collectives in it. Once per
+    /// backend; may block until every rank joins (NCCL).
+    fn join_group(&self, joining: crate::dist::Joining) -> Result<()> {
+        let _ = joining;
+        Err(Error::Device {
+            message: format!("the {} backend runs no collectives", self.name()),
+            location: crate::Location::caller(),
+        })
+    }
+    /// The group this device is a rank of, if any.
+    fn member(&self) -> Option<crate::dist::Joining> {
+        None
     }
 }
 

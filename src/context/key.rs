@@ -286,6 +286,10 @@ fn encode(graph: &Graph, id: NodeId, operands: &[NodeId], marks: &[(u32, u32)], 
             put(w, *causal as u64);
             put(w, *mask as u64);
         }
+        Op::Collective(c) => match c {
+            crate::ir::Collective::AllReduce(op) => put(w, *op as u64),
+            crate::ir::Collective::Broadcast(root) => put(w, 1000 + *root as u64),
+        },
         Op::Fused(body) => {
             // Not recorded by the API; its printed body is exact.
             let text = crate::ir::text::print(body.graph());
@@ -326,6 +330,7 @@ fn op_tag(op: &Op) -> u64 {
         Op::Fused(_) => 22,
         Op::IndexAdd { .. } => 23,
         Op::Attention { .. } => 24,
+        Op::Collective(_) => 25,
     }
 }
 

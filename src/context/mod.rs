@@ -48,6 +48,9 @@ pub struct Context {
 pub(crate) struct Inner {
     pub(crate) backend: Box<dyn Backend>,
     pub(crate) state: Mutex<State>,
+    /// A number no other context of the process has (device errors name
+    /// contexts by it).
+    pub(crate) serial: u64,
 }
 
 /// Everything that changes as the user records and reads.
@@ -241,7 +244,9 @@ impl Context {
             runs: Default::default(),
             observe,
         };
-        Context { inner: Arc::new(Inner { backend, state: Mutex::new(state) }) }
+        static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let serial = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Context { inner: Arc::new(Inner { backend, state: Mutex::new(state), serial }) }
     }
 
     /// Sets the random seed. Random numbers are counter-based (Philox

@@ -118,7 +118,11 @@ impl Variable {
         let (ctx, r) = value.live()?;
         if !ctx.same(self.ctx()) {
             return Err(Error::Device {
-                message: "assign of a tensor from another context; make it on the variable's context".into(),
+                message: format!(
+                    "assign of a tensor on {} to a variable on {}; copy it with `.to(&ctx)`",
+                    ctx.label(),
+                    self.ctx().label()
+                ),
                 location,
             });
         }

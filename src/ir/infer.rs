@@ -2,7 +2,7 @@
 //! accepts and what it produces. The user API, the parser and the verifier
 //! all call [`infer`], so they cannot disagree.
 
-use super::{AttnMask, BinaryOp, DType, Op, ReduceOp, Shape};
+use super::{AttnMask, BinaryOp, Collective, DType, Op, ReduceOp, Shape};
 
 /// The result type of `op` applied to operands of the given types, or a
 /// message saying what is wrong. `Ok(None)` for source ops, whose type is
@@ -340,6 +340,22 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
             let mut out = first.clone();
             out.0[*dim] = total;
             (out, d)
+        }
+        Op::Collective(c) => {
+            let (s, d) = ty(0);
+            match c {
+                Collective::AllReduce(ReduceOp::ArgMax) => {
+                    return Err("all_reduce takes sum, mean, max or min, not argmax".into())
+                }
+                Collective::AllReduce(_) if d == DType::Bool => {
+                    return Err(format!("{name} is not defined on bool; cast to a numeric dtype first"))
+                }
+                Collective::AllReduce(ReduceOp::Mean) if !d.is_float() => {
+                    return Err(format!("all_reduce_mean needs a float dtype, got {d}; use all_reduce_sum"))
+                }
+                _ => {}
+            }
+            (s.clone(), d)
         }
         Op::Fused(body) => {
             let g = body.graph();

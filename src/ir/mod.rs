@@ -56,7 +56,9 @@ pub use dtype::{DType, Element, HostData, Scalar};
 pub use fused::{FusedBody, FusedKind};
 pub use graph::{Graph, Node, NodeId, NodeSet, Phase, Region, RegionAutocast, RegionId};
 pub use infer::{infer, mixed, window_out};
-pub use op::{AttnMask, BinaryOp, BufferId, CompareOp, Distribution, Op, PoolKind, ReduceOp, UnaryOp};
+pub use op::{
+    AttnMask, BinaryOp, BufferId, Collective, CompareOp, Distribution, Op, PoolKind, ReduceOp, UnaryOp,
+};
 pub use plan::{Event, EventId, MemoryPlan, Placement, Plan, PlanTables, StreamId, StreamPlan, ValueMemory};
 pub use shape::Shape;
 pub use verify::verify;

@@ -117,6 +117,33 @@ impl AttnMask {
     }
 }
 
+/// A collective: the same op on every rank of a process group (see
+/// `crate::dist`), each rank contributing its operand. Every rank's plan
+/// issues its collectives in the same order; the k-th collective of one
+/// rank meets the k-th of every other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Collective {
+    /// Every rank gets the elementwise sum (`Sum`) or mean (`Mean`) of all
+    /// ranks' operands, summed in rank order, so every rank holds the same
+    /// bits.
+    AllReduce(ReduceOp),
+    /// Every rank gets rank `root`'s operand.
+    Broadcast(u32),
+}
+
+impl Collective {
+    /// The text IR mnemonic (`all_reduce_sum`, `broadcast`).
+    pub fn mnemonic(self) -> &'static str {
+        match self {
+            Collective::AllReduce(ReduceOp::Mean) => "all_reduce_mean",
+            Collective::AllReduce(ReduceOp::Max) => "all_reduce_max",
+            Collective::AllReduce(ReduceOp::Min) => "all_reduce_min",
+            Collective::AllReduce(_) => "all_reduce_sum",
+            Collective::Broadcast(_) => "broadcast",
+        }
+    }
+}
+
 /// One operation. Source ops (`Input`, `Buffer`, `Full`, `Arange`,
 /// `Random`) take their shape and dtype from the node; every other op's
 /// shape and dtype follow from its operands ([`super::infer`]).
@@ -254,6 +281,10 @@ pub enum Op {
     /// A body of ops run as one kernel (see [`super::fused`]); operand `k`
     /// is the body's `input k`.
     Fused(Arc<FusedBody>),
+    /// A collective across the ranks of the context's process group; the
+    /// result has the operand's shape and dtype. Never folded, fused or
+    /// moved across another collective: its value depends on other ranks.
+    Collective(Collective),
 }
 
 impl Op {
@@ -286,6 +317,7 @@ impl Op {
             Op::Attention { .. } => "attention",
             Op::Cat { .. } => "cat",
             Op::Fused(_) => "fused",
+            Op::Collective(c) => c.mnemonic(),
         }
     }
 
@@ -305,6 +337,11 @@ impl Op {
         matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Cast(_))
     }
 
+    /// True for collectives (their value depends on other ranks).
+    pub fn is_collective(&self) -> bool {
+        matches!(self, Op::Collective(_))
+    }
+
     /// The number of operands the op takes; `None` for `Cat` (two or more).
     pub fn arity(&self) -> Option<usize> {
         Some(match self {
@@ -316,7 +353,8 @@ impl Op {
             | Op::Unary(_)
             | Op::Cast(_)
             | Op::Reduce { .. }
-            | Op::Pool2d { .. } => 1,
+            | Op::Pool2d { .. }
+            | Op::Collective(_) => 1,
             Op::Binary(_)
             | Op::Compare(_)
             | Op::MatMul

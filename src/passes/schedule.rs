@@ -11,6 +11,10 @@
 //! view chain starts from) whose last reader it is, readers of views of
 //! the root included, unless that root is what a graph output reads. Notes
 //! the simulated peak of the new order and of the topological order.
+//! A collective (`crate::dist`) is taken as soon as it is ready, whatever
+//! its score: it runs on a stream of its own, so issuing it early is what
+//! lets it overlap the compute still to come (the rest of a backward
+//! pass); its bytes are a gradient's, small next to what overlap saves.
 //!
 //! *Does not.* Look ahead (a node that allocates now to free more later
 //! loses to one that allocates less), change the graph, or pick streams or
@@ -75,6 +79,8 @@ struct Dag {
     /// Whether a root's bytes are freed after its last reader (not an
     /// output's, not an input's or a constant's).
     freeable: Vec<bool>,
+    /// Whether the node is a collective (issued as soon as it is ready).
+    collective: Vec<bool>,
 }
 
 impl Dag {
@@ -119,7 +125,8 @@ impl Dag {
             }
             roots_read.push(rs);
         }
-        Dag { ids, operands, users, alloc, roots_read, readers, freeable }
+        let collective = ids.iter().map(|&id| graph.node(id).op.is_collective()).collect();
+        Dag { ids, operands, users, alloc, roots_read, readers, freeable, collective }
     }
 
     fn len(&self) -> usize {
@@ -135,6 +142,9 @@ impl Dag {
         let mut score = vec![0i64; n];
         let mut heap: BinaryHeap<(i64, Reverse<usize>)> = BinaryHeap::new();
         let score_of = |i: usize, pending: &[usize]| -> i64 {
+            if self.collective[i] {
+                return i64::MAX;
+            }
             let freed: u64 = self.roots_read[i]
                 .iter()
                 .filter(|&&r| self.freeable[r] && pending[r] == 1)

@@ -22,9 +22,15 @@
 //!    earlier events already order gets none. Edges from values that exist
 //!    before the run (inputs, constants, views of them) need no event.
 //!
+//! Collectives (`crate::dist`) go to a stream of their own, one past the
+//! compute streams, whatever the option: every rank must issue them in
+//! one order (a single stream, in schedule order, does), and the compute
+//! after one (the rest of the backward pass) does not wait for it. A
+//! collective neither continues nor starts a chain another node joins.
+//!
 //! The stream count in the table is the number of streams used (at most
-//! the option). Events are numbered in the schedule order of their
-//! recorders.
+//! the option, plus one for collectives). Events are numbered in the
+//! schedule order of their recorders.
 //!
 //! *Does not.* Move nodes in the schedule (a backend issues work in
 //! schedule order), balance by measured time, or change the graph.
@@ -72,7 +78,9 @@ impl Pass for Streams {
 /// The stream plan of `order` on at most `max_streams` streams.
 fn plan_streams(graph: &Graph, order: &[NodeId], max_streams: u32) -> StreamPlan {
     let n = order.len();
-    if max_streams == 1 || n == 0 {
+    let collective: Vec<bool> = order.iter().map(|&id| graph.node(id).op.is_collective()).collect();
+    let any_collective = collective.contains(&true);
+    if (max_streams == 1 && !any_collective) || n == 0 {
         let stream_of = order.iter().map(|&id| (id, StreamId(0))).collect();
         return StreamPlan { count: 1, stream_of, events: Vec::new() };
     }
@@ -102,7 +110,10 @@ fn plan_streams(graph: &Graph, order: &[NodeId], max_streams: u32) -> StreamPlan
     let mut tails: Vec<usize> = Vec::new();
     let mut work: Vec<u64> = Vec::new();
     for t in 0..n {
-        let joined = operands[t].iter().copied().find(|&o| first_user[o] == t && tails[chain_of[o]] == o);
+        let joined = operands[t]
+            .iter()
+            .copied()
+            .find(|&o| first_user[o] == t && tails[chain_of[o]] == o && !collective[o] && !collective[t]);
         let c = match joined {
             Some(o) => chain_of[o],
             None => {
@@ -122,7 +133,9 @@ fn plan_streams(graph: &Graph, order: &[NodeId], max_streams: u32) -> StreamPlan
     let mut stream_of_chain = vec![u32::MAX; tails.len()];
     let mut load = vec![0u64; max_streams as usize];
     for c in 0..tails.len() {
-        if work[c] > 0 {
+        if collective[tails[c]] {
+            stream_of_chain[c] = max_streams; // the collectives' own stream
+        } else if work[c] > 0 {
             let s = (0..load.len()).min_by_key(|&s| (load[s], s)).unwrap_or(0);
             load[s] += work[c];
             stream_of_chain[c] = s as u32;

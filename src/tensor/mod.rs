@@ -161,7 +161,14 @@ impl Tensor {
     pub(crate) fn node_in(&self, ctx: &Context, location: Location) -> Result<NodeId> {
         let (own, _) = self.live()?;
         if !own.same(ctx) {
-            return Err(Error::Device { message: "the tensor belongs to another context".into(), location });
+            return Err(Error::Device {
+                message: format!(
+                    "the tensor belongs to {}, not {}; copy it with `.to(&ctx)`",
+                    own.label(),
+                    ctx.label()
+                ),
+                location,
+            });
         }
         self.current_node()
     }
@@ -189,8 +196,10 @@ impl Tensor {
                         if !c.same(own) {
                             return Tensor::failed(Error::Device {
                                 message: format!(
-                                    "{} of tensors from two different contexts; make them on one context",
-                                    op.mnemonic()
+                                    "{} of tensors from two different contexts, {} and {}; copy one with `.to(&ctx)`",
+                                    op.mnemonic(),
+                                    c.label(),
+                                    own.label()
                                 ),
                                 location,
                             });

@@ -111,6 +111,9 @@ pub(super) struct CpuExecutable {
     pub fused: HashMap<NodeId, FusedKernel>,
     /// The clock readings of a profiled plan (`CompileOptions::profile`).
     pub profile: Option<crate::profile::Recorder>,
+    /// The process group the plan's collectives run in (the backend's,
+    /// when it was compiled).
+    pub member: Option<crate::dist::Joining>,
 }
 
 fn bad(msg: String) -> Error {
@@ -207,6 +210,7 @@ impl CpuExecutable {
             streams,
             fused,
             profile: None,
+            member: None,
         })
     }
 }

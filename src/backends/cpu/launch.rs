@@ -142,6 +142,22 @@ impl CpuExecutable {
                     args.get(2).ok_or_else(|| Error::Backend("cpu: attention lacks its values".into()))?;
                 write!(|out| attention::attention(x()?, k, v, args.get(3), *mask, *scale, *causal, out))
             }
+            Op::Collective(what) => {
+                let member = self.member.as_ref().ok_or_else(|| {
+                    Error::Backend(format!(
+                        "cpu: {} in a plan of a context in no process group",
+                        what.mnemonic()
+                    ))
+                })?;
+                let sent = x()?.to_host()?;
+                let got = member.host.exchange(member.rank, *what, shape, sent)?;
+                write!(|out| {
+                    let dst = out.get::<T>()?;
+                    let src = super::storage::typed::<T>(&got)?;
+                    dst.copy_from_slice(src);
+                    Ok(())
+                })
+            }
             Op::Cat { dim } => {
                 let parts: Vec<&CpuBuffer> = args.iter().collect();
                 write!(|out| index::cat(&parts, *dim, shape, out))

@@ -141,12 +141,14 @@ impl CpuBuffer {
 #[derive(Clone, Debug, Default)]
 pub struct CpuBackend {
     stats: Arc<DeviceStats>,
+    /// The process group this backend is a rank of (`crate::dist`).
+    member: std::sync::OnceLock<crate::dist::Joining>,
 }
 
 impl CpuBackend {
     /// A CPU backend with fresh counters.
     pub fn new() -> CpuBackend {
-        CpuBackend { stats: Arc::new(DeviceStats::default()) }
+        CpuBackend { stats: Arc::new(DeviceStats::default()), member: Default::default() }
     }
 }
 
@@ -181,7 +183,7 @@ impl Backend for CpuBackend {
     }
 
     fn compile(&self, plan: Arc<Plan>) -> Result<Arc<dyn Executable>> {
-        Ok(Arc::new(CpuExecutable::new(plan, self.stats.clone())?))
+        self.compile_with(plan, &Default::default())
     }
 
     fn compile_with(
@@ -190,6 +192,7 @@ impl Backend for CpuBackend {
         options: &crate::backends::CompileOptions,
     ) -> Result<Arc<dyn Executable>> {
         let mut exe = CpuExecutable::new(plan, self.stats.clone())?;
+        exe.member = self.member.get().cloned();
         if options.profile {
             exe.profile = Some(crate::profile::Recorder::new(&exe.plan));
         }
@@ -198,5 +201,15 @@ impl Backend for CpuBackend {
 
     fn stats(&self) -> Arc<DeviceStats> {
         self.stats.clone()
+    }
+
+    fn join_group(&self, joining: crate::dist::Joining) -> Result<()> {
+        self.member
+            .set(joining)
+            .map_err(|_| Error::Backend("cpu: this backend is already a rank of a group".into()))
+    }
+
+    fn member(&self) -> Option<crate::dist::Joining> {
+        self.member.get().cloned()
     }
 }

@@ -80,6 +80,9 @@ pub(crate) fn cuda_of<'b>(b: &'b Buffer, dev: &Device) -> Result<&'b CudaBuffer>
 pub struct CudaBackend {
     dev: Arc<Device>,
     stats: Arc<DeviceStats>,
+    /// The process group this device is a rank of, and its NCCL
+    /// communicator (`crate::dist`).
+    group: std::sync::OnceLock<(crate::dist::Joining, Arc<super::nccl::Comm>)>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -97,7 +100,7 @@ impl CudaBackend {
         // in Device::open come first, and this catches what they miss.
         let opened = std::panic::catch_unwind(|| Device::open(ordinal, stats.clone()))
             .unwrap_or_else(|_| Err("the CUDA libraries could not be loaded".into()))?;
-        Ok(CudaBackend { dev: Arc::new(opened), stats })
+        Ok(CudaBackend { dev: Arc::new(opened), stats, group: Default::default() })
     }
 
     /// The device's name and architecture (`NVIDIA H100 80GB HBM3 (sm_90)`).
@@ -216,6 +219,7 @@ impl Backend for CudaBackend {
         // around its launches (see `profile.rs`).
         let graphs = options.cuda_graphs && !options.profile;
         let mut exe = CudaExecutable::new(self.dev.clone(), &plan, program, graphs)?;
+        exe.comm = self.group.get().map(|(_, comm)| comm.clone());
         if options.profile {
             exe.profile = Some(super::profile::StepTimes::new(&plan, &exe.program)?);
         }
@@ -228,5 +232,25 @@ impl Backend for CudaBackend {
 
     fn timer(&self) -> Result<Option<Box<dyn crate::backends::DeviceTimer>>> {
         Ok(Some(Box::new(super::device::Timer::new(self.dev.clone())?)))
+    }
+
+    fn join_group(&self, joining: crate::dist::Joining) -> Result<()> {
+        if self.group.get().is_some() {
+            return Err(Error::Backend("cuda: this device is already a rank of a group".into()));
+        }
+        let id = joining.nccl_id.ok_or_else(|| Error::Backend("cuda: a group without an NCCL id".into()))?;
+        self.dev
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| Error::Backend(format!("cuda: binding the context: {e:?}")))?;
+        let comm = super::nccl::Comm::init(&id, joining.size, joining.rank).map_err(Error::Backend)?;
+        tracing::info!(rank = joining.rank, size = joining.size, nccl = ?super::nccl::version(), "joined an NCCL group");
+        self.group
+            .set((joining, Arc::new(comm)))
+            .map_err(|_| Error::Backend("cuda: this device is already a rank of a group".into()))
+    }
+
+    fn member(&self) -> Option<crate::dist::Joining> {
+        self.group.get().map(|(j, _)| j.clone())
     }
 }

@@ -125,6 +125,11 @@ impl Program {
                 self.tensor4(&p.x, size, &format!("{at}: the pooling's input"))?;
                 self.tensor4(&p.y, size, &format!("{at}: the pooling's output"))?;
             }
+            Launch::Collective(c) => {
+                let bytes = c.count as u64 * c.dtype.size() as u64;
+                self.inside(c.src, bytes, &format!("{at}: the collective's operand"))?;
+                self.inside(c.dst, bytes, &format!("{at}: the collective's result"))?;
+            }
         }
         Ok(())
     }

@@ -50,6 +50,8 @@ pub(crate) struct CudaExecutable {
     status: super::completion::StatusCopies,
     /// Step events of a profiled plan (`profile.rs`).
     pub profile: Option<super::profile::StepTimes>,
+    /// The device's NCCL communicator, for plans with collectives.
+    pub comm: Option<Arc<super::nccl::Comm>>,
 }
 
 /// Where each region is for one run (or one captured graph).
@@ -189,6 +191,7 @@ impl CudaExecutable {
             program,
             dev,
             profile: None,
+            comm: None,
         })
     }
 
@@ -338,6 +341,13 @@ impl CudaExecutable {
                 let h = &ls.dnn[idx];
                 dnn::set_stream(h.handle, raw(stream)).map_err(|e| e.to_string())?;
                 plan.run(h.handle, b.ptr(p.x.at), b.ptr(p.y.at)).map_err(|e| e.to_string())?;
+            }
+            Launch::Collective(c) => {
+                let comm =
+                    self.comm.as_ref().ok_or("a collective in a plan of a device in no process group")?;
+                // SAFETY: lowering sized both locations for `count`
+                // elements (checked by `bounds.rs`), in this run's memory.
+                unsafe { comm.enqueue(c, b.ptr(c.src), b.ptr(c.dst), raw(stream) as *mut _) }?;
             }
         }
         Ok(())

@@ -43,6 +43,8 @@ mod lt;
 #[cfg(feature = "cuda-backend")]
 mod memory;
 #[cfg(feature = "cuda-backend")]
+pub(crate) mod nccl;
+#[cfg(feature = "cuda-backend")]
 mod nvrtc;
 #[cfg(feature = "cuda-backend")]
 mod profile;
@@ -56,6 +58,29 @@ pub(crate) use backend::cuda_of;
 pub use backend::{CudaBackend, CudaBuffer};
 #[cfg(feature = "cuda-backend")]
 pub use nvrtc::cache_dir;
+
+/// Every CUDA device the driver reports, in words (`cuda:0 NVIDIA H100
+/// 80GB HBM3 (sm_90)`), without opening a context on any.
+#[cfg(feature = "cuda-backend")]
+pub(crate) fn device_names() -> std::result::Result<Vec<String>, String> {
+    use cudarc::driver::{result, sys};
+    device::check_libraries()?;
+    std::panic::catch_unwind(|| -> std::result::Result<Vec<String>, String> {
+        result::init().map_err(|e| format!("{e:?}"))?;
+        let n = result::device::get_count().map_err(|e| format!("{e:?}"))?;
+        (0..n)
+            .map(|k| {
+                let dev = result::device::get(k).map_err(|e| format!("{e:?}"))?;
+                let name = result::device::get_name(dev).map_err(|e| format!("{e:?}"))?;
+                let attr = |a| unsafe { result::device::get_attribute(dev, a) }.map_err(|e| format!("{e:?}"));
+                let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+                let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+                Ok(format!("cuda:{k} {name} (sm_{major}{minor})"))
+            })
+            .collect()
+    })
+    .unwrap_or_else(|_| Err("the CUDA driver could not be loaded".into()))
+}
 
 /// Free and total bytes of CUDA device `ordinal` as the driver reports
 /// them (tests compare them before a context is made and after it is

@@ -168,6 +168,24 @@ pub enum Launch {
     Conv(Conv),
     /// A cuDNN pooling.
     Pool(Pool),
+    /// An NCCL collective (see `crate::dist`).
+    Collective(CollectiveCall),
+}
+
+/// One NCCL call of the rank's communicator: `count` dense elements from
+/// `src` combined across ranks into `dst` (which may be `src`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CollectiveCall {
+    /// What is computed.
+    pub what: crate::ir::Collective,
+    /// Element type.
+    pub dtype: DType,
+    /// Elements.
+    pub count: usize,
+    /// This rank's operand.
+    pub src: Loc,
+    /// The result.
+    pub dst: Loc,
 }
 
 /// The launches of one plan node, on its stream, between its events.
@@ -337,6 +355,13 @@ impl Launch {
                 c.groups,
                 if c.tf32 { " tf32" } else { "" }
             ),
+            Launch::Collective(c) => {
+                write!(f, "nccl {} {} count={} {} -> {}", c.what.mnemonic(), c.dtype, c.count, c.src, c.dst)?;
+                if let crate::ir::Collective::Broadcast(root) = c.what {
+                    write!(f, " root={root}")?;
+                }
+                Ok(())
+            }
             Launch::Pool(p) => write!(
                 f,
                 "{} {} x={} y={} kernel={:?} stride={:?} padding={:?}",

@@ -1,6 +1,6 @@
 //! Graph → text.
 
-use crate::ir::{Graph, NodeId, Op, Placement, RegionAutocast, RegionId};
+use crate::ir::{Collective, Graph, NodeId, Op, Placement, RegionAutocast, RegionId};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
@@ -216,5 +216,7 @@ fn attrs(op: &Op, dtype: crate::ir::DType) -> String {
             format!(" scale={scale:?} mask={}{}", mask.name(), if *causal { " causal" } else { "" })
         }
         Op::Fused(body) => format!(" kind={}", body.kind().name()),
+        Op::Collective(Collective::Broadcast(root)) => format!(" root={root}"),
+        Op::Collective(Collective::AllReduce(_)) => String::new(),
     }
 }

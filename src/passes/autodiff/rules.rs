@@ -13,7 +13,7 @@
 
 use super::build::{Builder, Built};
 use super::window;
-use crate::ir::{BinaryOp, CompareOp, DType, NodeId, Op, ReduceOp, Shape, UnaryOp};
+use crate::ir::{BinaryOp, Collective, CompareOp, DType, NodeId, Op, ReduceOp, Shape, UnaryOp};
 
 /// One node's rule: the gradient for each operand slot whose `wanted` is
 /// true (`None` elsewhere). `y` is the node, `g` its gradient.
@@ -111,6 +111,16 @@ pub(super) fn vjp(
             one(window::Pool { kind, kernel, stride, padding }.input_grad(b, xs[0], y, g))
         }
         Op::Compare(_) => Ok(vec![None; xs.len()]),
+        // The loss is the sum of every rank's: each rank's operand reaches
+        // every rank's result, so its gradient is the sum (mean) of every
+        // rank's incoming gradient, one more collective of the same kind.
+        Op::Collective(c @ Collective::AllReduce(ReduceOp::Sum | ReduceOp::Mean)) => {
+            one(b.op(Op::Collective(c), &[g]))
+        }
+        Op::Collective(c) => Err(format!(
+            "{} has no gradient rule; detach its operand (only all_reduce_sum and all_reduce_mean differentiate)",
+            c.mnemonic()
+        )),
         Op::Fused(_) => {
             Err("a fused node has no gradient rule (autodiff runs on graphs before fusion)".into())
         }

@@ -11,8 +11,8 @@
 //! an e-class.
 
 use crate::ir::{
-    infer, AttnMask, BinaryOp, BufferId, CompareOp, DType, Distribution, Op, PoolKind, ReduceOp, Scalar,
-    Shape, UnaryOp,
+    infer, AttnMask, BinaryOp, BufferId, Collective, CompareOp, DType, Distribution, Op, PoolKind, ReduceOp,
+    Scalar, Shape, UnaryOp,
 };
 use egg::{Analysis, DidMerge, EGraph, Id, Language};
 
@@ -109,6 +109,7 @@ pub enum OpKey {
         dim: usize,
     },
     Fused(FusedKey),
+    Collective(Collective),
 }
 
 /// A fused body keyed by its printed text (simplify runs before fusion,
@@ -178,6 +179,7 @@ impl From<&Op> for OpKey {
             }
             Op::Cat { dim } => OpKey::Cat { dim: *dim },
             Op::Fused(body) => OpKey::Fused(FusedKey(body.clone(), body.to_string())),
+            Op::Collective(c) => OpKey::Collective(*c),
         }
     }
 }
@@ -220,6 +222,7 @@ impl OpKey {
                 Op::Attention { scale: f64::from_bits(*scale), causal: *causal, mask: *mask }
             }
             OpKey::Cat { dim } => Op::Cat { dim: *dim },
+            OpKey::Collective(c) => Op::Collective(*c),
         }
     }
 

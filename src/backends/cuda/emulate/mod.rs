@@ -66,6 +66,14 @@ impl Backend for EmulatedCuda {
         self.compile_with(plan, &CompileOptions::default())
     }
 
+    fn join_group(&self, joining: crate::dist::Joining) -> Result<()> {
+        self.cpu.join_group(joining)
+    }
+
+    fn member(&self) -> Option<crate::dist::Joining> {
+        self.cpu.member()
+    }
+
     fn compile_with(&self, plan: Arc<Plan>, options: &CompileOptions) -> Result<Arc<dyn Executable>> {
         let program = super::lower(&plan, options.tf32)?;
         let library = build(&program)?;
@@ -280,6 +288,22 @@ impl Emulated {
             Launch::Gemm(g) => library::gemm(g, resolve),
             Launch::Conv(c) => library::conv(c, resolve),
             Launch::Pool(p) => library::pool(p, resolve),
+            Launch::Collective(c) => {
+                let member = self.cpu.member().ok_or_else(|| {
+                    Error::Backend("emulator: a collective in a plan of a device in no process group".into())
+                })?;
+                let n = c.count * c.dtype.size();
+                // SAFETY: lowering sized both locations for `count` elements
+                // of the dtype (checked by `bounds.rs`); they do not overlap
+                // the host result copied out of the exchange.
+                let src = unsafe { std::slice::from_raw_parts(resolve(c.src) as *const u8, n) };
+                let sent = from_bytes(src, c.count, c.dtype);
+                let got = member.host.exchange(member.rank, c.what, &Shape::new([c.count]), sent)?;
+                let bytes = host_bytes(&got);
+                // SAFETY: as above; `bytes` holds exactly `n` bytes.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), resolve(c.dst) as *mut u8, n) };
+                Ok(())
+            }
         }
     }
 }

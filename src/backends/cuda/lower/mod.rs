@@ -23,6 +23,7 @@
 //! of its own right after its value is computed.
 
 mod attention;
+mod collective;
 mod ops;
 
 use super::codegen::index::Access;

@@ -88,6 +88,7 @@ impl Lowering<'_> {
                 self.index(id, gather, *dim, &ops, &node.shape, dst)
             }
             Op::IndexAdd { dim } => self.index_add(id, *dim, &ops, &node.shape, dst),
+            Op::Collective(what) => self.collective(*what, &ops[0], dst),
             Op::Attention { scale, causal, mask } => {
                 self.attention(&ops, *scale, *causal, *mask, &node.shape, dst)
             }
@@ -340,7 +341,7 @@ impl Lowering<'_> {
     }
 
     /// A cuDNN operand: in memory with positive strides (`dense`: packed).
-    fn library_operand(&mut self, v: &Value, dense: bool) -> Result<Value, String> {
+    pub(super) fn library_operand(&mut self, v: &Value, dense: bool) -> Result<Value, String> {
         let ok = matches!(v.storage, Storage::Mem(_))
             && if dense { v.layout.is_contiguous() } else { v.layout.strides.iter().all(|&s| s > 0) };
         if ok {

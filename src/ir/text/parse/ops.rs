@@ -4,8 +4,8 @@
 
 use super::clip;
 use crate::ir::{
-    AttnMask, BinaryOp, BufferId, CompareOp, DType, Distribution, FusedBody, Graph, Op, PoolKind, ReduceOp,
-    Scalar, Shape, UnaryOp,
+    AttnMask, BinaryOp, BufferId, Collective, CompareOp, DType, Distribution, FusedBody, Graph, Op, PoolKind,
+    ReduceOp, Scalar, Shape, UnaryOp,
 };
 use std::sync::Arc;
 
@@ -119,6 +119,7 @@ pub(super) enum Kind {
     Attention,
     Cat,
     Fused,
+    Collective(Collective),
 }
 
 const FIXED: &[(&str, Kind)] = &[
@@ -144,6 +145,11 @@ const FIXED: &[(&str, Kind)] = &[
     ("attention", Kind::Attention),
     ("cat", Kind::Cat),
     ("fused", Kind::Fused),
+    ("all_reduce_sum", Kind::Collective(Collective::AllReduce(ReduceOp::Sum))),
+    ("all_reduce_mean", Kind::Collective(Collective::AllReduce(ReduceOp::Mean))),
+    ("all_reduce_max", Kind::Collective(Collective::AllReduce(ReduceOp::Max))),
+    ("all_reduce_min", Kind::Collective(Collective::AllReduce(ReduceOp::Min))),
+    ("broadcast", Kind::Collective(Collective::Broadcast(0))),
 ];
 
 /// Every mnemonic with its kind, in a fixed order.
@@ -302,6 +308,12 @@ pub(super) fn build_op(
             Op::Attention { scale, causal: a.flag("causal"), mask }
         }
         Kind::Cat => Op::Cat { dim: a.usize("dim", m, "cat %a, %b dim=0")? },
+        Kind::Collective(Collective::Broadcast(_)) => {
+            let root = a.usize("root", m, "broadcast %x root=0")?;
+            let root = u32::try_from(root).map_err(|_| format!("broadcast root {root} is too large"))?;
+            Op::Collective(Collective::Broadcast(root))
+        }
+        Kind::Collective(c) => Op::Collective(c),
         Kind::Fused => {
             return Err("a fused node ends its line with `{`, then its body, then a `}` line".into())
         }

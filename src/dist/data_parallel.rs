@@ -1,0 +1,283 @@
+//! Data-parallel training: one replica of a model per rank, each step one
+//! captured plan per device (forward, backward, bucketed all-reduce of the
+//! gradients, optimizer update).
+//!
+//! The gradients are averaged by [`AverageGradients`], an optimizer that
+//! wraps the user's: its step records, per bucket of gradients (last
+//! parameters first, as backward produces them), `cat` of the flattened
+//! gradients, one `all_reduce_mean`, and slices back, then the inner
+//! optimizer's update reads the averages. Because it is all one graph, the
+//! schedule pass issues each bucket's all-reduce as soon as its gradients
+//! exist and the stream pass puts it on the collectives' stream, so it
+//! runs while the earlier layers are still differentiated (PyTorch DDP
+//! gets this from autograd hooks; here the compiler sees it).
+//!
+//! Ownership: each rank's replica (its [`TrainStep`]) is driven by a
+//! thread of its own during [`DataParallel::step`] (a scoped thread per
+//! rank per step), so a rank that blocks in a collective never blocks
+//! another's recording or launching.
+
+use super::Group;
+use crate::nn::Params;
+use crate::optim::{Optimizer, TrainStep};
+use crate::{Context, Error, Location, Result, Tensor, Variable};
+
+/// An optimizer that first averages every held gradient over the
+/// context's process group, in buckets of about `bucket_bytes`, then
+/// steps `inner`. See the [module docs](self).
+pub struct AverageGradients<O> {
+    inner: O,
+    ctx: Context,
+    params: Vec<Variable>,
+    bucket_bytes: usize,
+}
+
+impl<O: Optimizer> AverageGradients<O> {
+    /// Averages the gradients of `params` (on `ctx`, a rank of a group)
+    /// before `inner` steps.
+    pub fn new(ctx: &Context, params: &impl Params, inner: O, bucket_bytes: usize) -> AverageGradients<O> {
+        AverageGradients {
+            inner,
+            ctx: ctx.clone(),
+            params: params.parameters(),
+            bucket_bytes: bucket_bytes.max(1),
+        }
+    }
+
+    /// The wrapped optimizer.
+    pub fn inner(&mut self) -> &mut O {
+        &mut self.inner
+    }
+
+    fn average(&self, location: Location) -> Result<()> {
+        let held: Vec<(Variable, Tensor)> =
+            self.params.iter().rev().filter_map(|p| self.ctx.grad(p).map(|g| (p.clone(), g))).collect();
+        let mut start = 0;
+        while start < held.len() {
+            let dtype = held[start].1.dtype();
+            let mut end = start;
+            let mut bytes = 0;
+            while end < held.len()
+                && held[end].1.dtype() == dtype
+                && (end == start || bytes < self.bucket_bytes)
+            {
+                bytes += held[end].1.shape().iter().product::<usize>() * dtype.size();
+                end += 1;
+            }
+            let bucket = &held[start..end];
+            if let [(var, g)] = bucket {
+                self.ctx.replace_grad(var, &g.all_reduce_mean(), location)?;
+            } else {
+                let flat: Vec<Tensor> = bucket.iter().map(|(_, g)| g.flatten()).collect();
+                let mean = Tensor::cat(&flat.iter().collect::<Vec<_>>(), 0).all_reduce_mean();
+                let mut offset = 0;
+                for (var, g) in bucket {
+                    let n: usize = g.shape().iter().product();
+                    let back = mean.narrow(0, offset, n).reshape(g.shape().to_vec());
+                    self.ctx.replace_grad(var, &back, location)?;
+                    offset += n;
+                }
+            }
+            start = end;
+        }
+        Ok(())
+    }
+}
+
+impl<O: Optimizer> Optimizer for AverageGradients<O> {
+    #[track_caller]
+    fn step(&mut self) -> Result<()> {
+        self.average(Location::caller())?;
+        self.inner.step()
+    }
+
+    fn zero_grad(&self) -> Result<()> {
+        self.inner.zero_grad()
+    }
+
+    fn lr(&self) -> f64 {
+        self.inner.lr()
+    }
+
+    fn set_lr(&mut self, lr: f64) -> Result<()> {
+        self.inner.set_lr(lr)
+    }
+
+    fn backward(&mut self, loss: &Tensor) -> Result<()> {
+        self.inner.backward(loss)
+    }
+}
+
+type LossFn = Box<dyn FnMut(&[Tensor]) -> Result<Tensor> + Send>;
+
+/// A model trained on several devices at once: one replica per rank,
+/// built by the same constructor, started from rank 0's parameters, each
+/// step splitting the batch and averaging the gradients.
+///
+/// ```
+/// use kiln::prelude::*;
+/// use kiln::dist::DataParallel;
+/// use kiln::nn::{self, Linear, Module};
+/// use kiln::optim::{Sgd, SgdConfig};
+///
+/// let ranks = [Context::cpu().with_seed(1), Context::cpu().with_seed(2)];
+/// let mut dp = DataParallel::new(&ranks, |ctx| {
+///     let model = Linear::new(ctx, "fc", 3, 1)?;
+///     let opt = Sgd::new(&model, SgdConfig { lr: 0.1, ..SgdConfig::default() })?;
+///     Ok((model, opt))
+/// }, |model, batch| nn::mse(&model.forward(&batch[0])?, &batch[1]))?;
+/// let host = Context::cpu();
+/// let (x, y) = (host.randn([8, 3]), host.randn([8, 1]));
+/// let first = dp.step(&[&x, &y])?[0].item::<f32>()?;
+/// for _ in 0..20 {
+///     dp.step(&[&x, &y])?;
+/// }
+/// assert!(dp.step(&[&x, &y])?[0].item::<f32>()? < first);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub struct DataParallel<O> {
+    group: Group,
+    replicas: Vec<TrainStep<AverageGradients<O>, LossFn>>,
+    params: Vec<Vec<Variable>>,
+}
+
+impl<O: Optimizer + Send> DataParallel<O> {
+    /// Makes `contexts` a [`Group`], builds a replica (model and optimizer)
+    /// on each with `build`, and copies rank 0's parameters to every rank
+    /// (a broadcast), so replicas start equal whatever their seeds. `loss`
+    /// computes a replica's loss from its shard of a batch. Gradients are
+    /// averaged in buckets of 4 MiB ([`DataParallel::with_bucket_bytes`]).
+    #[track_caller]
+    pub fn new<M, B, L>(contexts: &[Context], build: B, loss: L) -> Result<DataParallel<O>>
+    where
+        M: crate::nn::Module + 'static,
+        B: Fn(&Context) -> Result<(M, O)>,
+        L: Fn(&M, &[Tensor]) -> Result<Tensor> + Send + Sync + 'static,
+    {
+        let group = Group::new(contexts)?;
+        let loss = std::sync::Arc::new(loss);
+        let mut replicas = Vec::new();
+        let mut params = Vec::new();
+        for ctx in group.contexts() {
+            let (model, opt) = build(ctx)?;
+            let opt = AverageGradients::new(ctx, &model, opt, 4 << 20);
+            params.push(model.parameters());
+            let loss = loss.clone();
+            let f: LossFn = Box::new(move |batch: &[Tensor]| loss(&model, batch));
+            replicas.push(TrainStep::new(ctx, opt, f));
+        }
+        let dp = DataParallel { group, replicas, params };
+        dp.broadcast_parameters()?;
+        Ok(dp)
+    }
+
+    /// Averages gradients in buckets of about `bytes` (at least one
+    /// gradient each): smaller buckets start all-reducing sooner, larger
+    /// ones make fewer calls.
+    pub fn with_bucket_bytes(mut self, bytes: usize) -> DataParallel<O> {
+        for r in &mut self.replicas {
+            r.optimizer().bucket_bytes = bytes.max(1);
+        }
+        self
+    }
+
+    /// Every rank takes rank 0's parameters, each rank on a thread of its
+    /// own (the broadcasts meet across ranks).
+    fn broadcast_parameters(&self) -> Result<()> {
+        let params = &self.params;
+        std::thread::scope(|s| {
+            let hs: Vec<_> = self
+                .group
+                .contexts()
+                .iter()
+                .zip(params)
+                .map(|(ctx, ps)| {
+                    s.spawn(move || -> Result<()> {
+                        for p in ps {
+                            p.assign(p.tensor().broadcast_from(0))?;
+                        }
+                        let ts: Vec<Tensor> = ps.iter().map(Variable::tensor).collect();
+                        ctx.realize(&ts.iter().collect::<Vec<_>>())
+                    })
+                })
+                .collect();
+            hs.into_iter().try_for_each(|h| {
+                h.join().unwrap_or_else(|_| Err(Error::Backend("dist: a rank's thread panicked".into())))
+            })
+        })
+    }
+
+    /// One step on `batch`: every tensor is split along dim 0 into equal
+    /// shards (the batch must divide by the group's size), shard `k` is
+    /// copied to rank `k`, and every rank steps. Returns each rank's loss
+    /// (of its shard; computed without waiting).
+    #[track_caller]
+    pub fn step(&mut self, batch: &[&Tensor]) -> Result<Vec<Tensor>> {
+        let location = Location::caller();
+        let n = self.group.size();
+        let mut shards: Vec<Vec<Tensor>> = vec![Vec::new(); n];
+        for (i, t) in batch.iter().enumerate() {
+            let rows = t.shape().first().copied().unwrap_or(0);
+            if rows == 0 || rows % n != 0 {
+                return Err(Error::Argument {
+                    op: "DataParallel::step",
+                    message: format!(
+                        "batch tensor {i} has {rows} rows along dim 0, which does not split into {n} equal shards"
+                    ),
+                    location,
+                });
+            }
+            for (k, shard) in shards.iter_mut().enumerate() {
+                shard.push(t.narrow(0, k * rows / n, rows / n).to(&self.group.contexts()[k]));
+            }
+        }
+        self.step_shards(&shards)
+    }
+
+    /// One step where rank `k` trains on `shards[k]` (tensors on its own
+    /// context, e.g. from a loader per rank). Returns each rank's loss.
+    #[track_caller]
+    pub fn step_shards(&mut self, shards: &[Vec<Tensor>]) -> Result<Vec<Tensor>> {
+        let location = Location::caller();
+        if shards.len() != self.group.size() {
+            return Err(Error::Argument {
+                op: "DataParallel::step_shards",
+                message: format!("{} shard(s) given for {} rank(s)", shards.len(), self.group.size()),
+                location,
+            });
+        }
+        std::thread::scope(|s| {
+            let hs: Vec<_> = self
+                .replicas
+                .iter_mut()
+                .zip(shards)
+                .map(|(r, shard)| {
+                    s.spawn(move || {
+                        let refs: Vec<&Tensor> = shard.iter().collect();
+                        r.call(&refs)
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| Err(Error::Backend("dist: a rank's thread panicked".into())))
+                })
+                .collect()
+        })
+    }
+
+    /// The group the replicas are ranks of.
+    pub fn group(&self) -> &Group {
+        &self.group
+    }
+
+    /// Rank `k`'s parameters, in the model's order.
+    pub fn parameters(&self, rank: usize) -> &[Variable] {
+        self.params.get(rank).map_or(&[], Vec::as_slice)
+    }
+
+    /// Sets every replica's learning rate.
+    pub fn set_lr(&mut self, lr: f64) -> Result<()> {
+        self.replicas.iter_mut().try_for_each(|r| r.optimizer().set_lr(lr))
+    }
+}

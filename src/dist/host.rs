@@ -1,0 +1,292 @@
+//! The in-process transport: ranks that are contexts of one process (the
+//! CPU backend, the CUDA emulator) meet at a [`Rendezvous`], hand it their
+//! operand, and each takes back the combined result.
+//!
+//! Matching: every rank counts the collectives it has issued; the k-th of
+//! one rank meets the k-th of every other (NCCL's rule too). A k-th
+//! collective whose op, dtype or shape differs between ranks breaks the
+//! group with an error naming both ranks, never a wrong sum.
+//!
+//! Waiting: a rank blocks (a `Condvar`, on the caller's own thread, never
+//! a rayon worker: see `backends/cpu/run.rs`) until every rank has handed
+//! in its operand, at most [`Rendezvous::timeout`]. A rank that times out
+//! breaks the group: its sequence numbers no longer match the others', so
+//! every later collective of every rank fails at once with the same
+//! message instead of pairing the wrong rounds.
+//!
+//! Ownership: a rank's operand is copied into the round (host data it
+//! owns), and the result is shared (`Arc`) by the ranks that take it; the
+//! round is dropped once every rank has taken it. A rank that errors after
+//! handing in its operand leaves nothing borrowed behind.
+
+use crate::ir::{Collective, DType, HostData, ReduceOp, Shape};
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Where the ranks of one in-process group meet.
+#[derive(Debug)]
+pub(crate) struct Rendezvous {
+    size: usize,
+    timeout: Duration,
+    state: Mutex<Rounds>,
+    arrived: Condvar,
+}
+
+#[derive(Debug)]
+struct Rounds {
+    /// The next sequence number of each rank.
+    next: Vec<u64>,
+    open: HashMap<u64, Round>,
+    /// Why the group can no longer run collectives.
+    broken: Option<String>,
+}
+
+#[derive(Debug)]
+struct Round {
+    what: Collective,
+    dtype: DType,
+    shape: Shape,
+    /// The rank that opened the round (named when another disagrees).
+    opener: usize,
+    parts: Vec<Option<HostData>>,
+    handed_in: usize,
+    result: Option<Arc<HostData>>,
+    /// Ranks yet to take the result.
+    takers: usize,
+}
+
+fn lock(m: &Mutex<Rounds>) -> MutexGuard<'_, Rounds> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Rendezvous {
+    /// A meeting place for `size` ranks, each waiting at most `timeout`.
+    pub(crate) fn new(size: usize, timeout: Duration) -> Rendezvous {
+        Rendezvous {
+            size,
+            timeout,
+            state: Mutex::new(Rounds { next: vec![0; size], open: HashMap::new(), broken: None }),
+            arrived: Condvar::new(),
+        }
+    }
+
+    /// Rank `rank`'s part of its next collective: hands in `data` (dense,
+    /// row-major, `shape`) and returns what every rank gets.
+    pub(crate) fn exchange(
+        &self,
+        rank: usize,
+        what: Collective,
+        shape: &Shape,
+        data: HostData,
+    ) -> Result<Arc<HostData>> {
+        let mut s = lock(&self.state);
+        if let Some(why) = &s.broken {
+            return Err(Error::Runtime(format!("{}: the process group is broken: {why}", what.mnemonic())));
+        }
+        let seq = s.next[rank];
+        s.next[rank] += 1;
+        let dtype = data.dtype();
+        let size = self.size;
+        let round = s.open.entry(seq).or_insert_with(|| Round {
+            what,
+            dtype,
+            shape: shape.clone(),
+            opener: rank,
+            parts: (0..size).map(|_| None).collect(),
+            handed_in: 0,
+            result: None,
+            takers: size,
+        });
+        if round.what != what || round.dtype != dtype || round.shape != *shape {
+            let why = format!(
+                "collective #{seq} is {} {}{} on rank {} but {} {dtype}{shape} on rank {rank}; every rank must run the same collectives in the same order",
+                round.what.mnemonic(),
+                round.dtype,
+                round.shape,
+                round.opener,
+                what.mnemonic(),
+            );
+            s.broken = Some(why.clone());
+            self.arrived.notify_all();
+            return Err(Error::Runtime(why));
+        }
+        round.parts[rank] = Some(data);
+        round.handed_in += 1;
+        if round.handed_in == size {
+            let parts: Vec<HostData> = round.parts.iter_mut().filter_map(Option::take).collect();
+            round.result = Some(Arc::new(combine(what, parts)?));
+            self.arrived.notify_all();
+        }
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if let Some(why) = &s.broken {
+                return Err(Error::Runtime(format!(
+                    "{}: the process group is broken: {why}",
+                    what.mnemonic()
+                )));
+            }
+            let round =
+                s.open.get_mut(&seq).ok_or_else(|| Error::Backend("dist: a round vanished".into()))?;
+            if let Some(result) = round.result.clone() {
+                round.takers -= 1;
+                if round.takers == 0 {
+                    s.open.remove(&seq);
+                }
+                return Ok(result);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let missing: Vec<usize> = (0..size).filter(|&r| round.parts[r].is_none()).collect();
+                let why = format!(
+                    "rank {rank} waited {:?} in collective #{seq} ({} {dtype}{shape}) for rank(s) {missing:?}, which never ran it (ranks must run their steps concurrently, one thread each)",
+                    self.timeout,
+                    what.mnemonic()
+                );
+                s.broken = Some(why.clone());
+                self.arrived.notify_all();
+                return Err(Error::Runtime(why));
+            }
+            s = self.arrived.wait_timeout(s, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+}
+
+/// Every rank's result: the parts combined in rank order (so every rank
+/// gets the same bits), or the root's part.
+fn combine(what: Collective, mut parts: Vec<HostData>) -> Result<HostData> {
+    let n = parts.len();
+    let op = match what {
+        Collective::Broadcast(root) => {
+            let root = root as usize;
+            if root >= n {
+                return Err(Error::Runtime(format!("broadcast from rank {root} in a group of {n}")));
+            }
+            return Ok(parts.swap_remove(root));
+        }
+        Collective::AllReduce(op) => op,
+    };
+    // Floats accumulate in f64 and round once (for two ranks that is the
+    // correctly rounded sum NCCL's ring computes); integers wrap.
+    macro_rules! fold {
+        ($variant:ident, $first:expr, $to:expr, $from:expr) => {{
+            let mut acc: Vec<_> = $first.iter().map(|&x| $to(x)).collect();
+            for p in &parts[1..] {
+                let HostData::$variant(v) = p else {
+                    return Err(Error::Backend("dist: ranks handed in different dtypes".into()));
+                };
+                for (a, &x) in acc.iter_mut().zip(v) {
+                    *a = step(op, *a, $to(x));
+                }
+            }
+            HostData::$variant(acc.into_iter().map(|a| $from(finish(op, a, n))).collect())
+        }};
+    }
+    let first = parts.first().ok_or_else(|| Error::Backend("dist: a collective of no ranks".into()))?;
+    Ok(match first {
+        HostData::F16(v) => {
+            fold!(F16, v, |x: half::f16| Acc::F(x.to_f64()), |a: Acc| half::f16::from_f64(a.f()))
+        }
+        HostData::BF16(v) => {
+            fold!(BF16, v, |x: half::bf16| Acc::F(x.to_f64()), |a: Acc| half::bf16::from_f64(a.f()))
+        }
+        HostData::F32(v) => fold!(F32, v, |x: f32| Acc::F(x as f64), |a: Acc| a.f() as f32),
+        HostData::F64(v) => fold!(F64, v, |x: f64| Acc::F(x), |a: Acc| a.f()),
+        HostData::U8(v) => fold!(U8, v, |x: u8| Acc::I(x as i64), |a: Acc| a.i() as u8),
+        HostData::I32(v) => fold!(I32, v, |x: i32| Acc::I(x as i64), |a: Acc| a.i() as i32),
+        HostData::I64(v) => fold!(I64, v, |x: i64| Acc::I(x), |a: Acc| a.i()),
+        HostData::Bool(_) => return Err(Error::Runtime(format!("{} of bool", what.mnemonic()))),
+    })
+}
+
+/// An accumulator: floats in f64, integers in wrapping i64.
+#[derive(Clone, Copy)]
+enum Acc {
+    F(f64),
+    I(i64),
+}
+
+impl Acc {
+    fn f(self) -> f64 {
+        match self {
+            Acc::F(v) => v,
+            Acc::I(v) => v as f64,
+        }
+    }
+    fn i(self) -> i64 {
+        match self {
+            Acc::I(v) => v,
+            Acc::F(v) => v as i64,
+        }
+    }
+}
+
+fn step(op: ReduceOp, a: Acc, x: Acc) -> Acc {
+    match (a, x) {
+        (Acc::F(a), Acc::F(x)) => Acc::F(match op {
+            ReduceOp::Max if a.is_nan() || x.is_nan() => f64::NAN,
+            ReduceOp::Min if a.is_nan() || x.is_nan() => f64::NAN,
+            ReduceOp::Max => a.max(x),
+            ReduceOp::Min => a.min(x),
+            _ => a + x,
+        }),
+        (a, x) => Acc::I(match op {
+            ReduceOp::Max => a.i().max(x.i()),
+            ReduceOp::Min => a.i().min(x.i()),
+            _ => a.i().wrapping_add(x.i()),
+        }),
+    }
+}
+
+fn finish(op: ReduceOp, a: Acc, n: usize) -> Acc {
+    match (op, a) {
+        (ReduceOp::Mean, Acc::F(v)) => Acc::F(v / n as f64),
+        _ => a,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_on_threads_get_the_rank_ordered_sum() {
+        let rv = Arc::new(Rendezvous::new(3, Duration::from_secs(10)));
+        let shape = Shape::new([2]);
+        let results: Vec<Vec<f32>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..3)
+                .map(|r| {
+                    let (rv, shape) = (rv.clone(), shape.clone());
+                    s.spawn(move || {
+                        let data = HostData::F32(vec![r as f32 + 0.5, -(r as f32)]);
+                        let out = rv.exchange(r, Collective::AllReduce(ReduceOp::Sum), &shape, data).unwrap();
+                        match &*out {
+                            HostData::F32(v) => v.clone(),
+                            _ => unreachable!(),
+                        }
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in results {
+            assert_eq!(r, vec![4.5, -3.0]);
+        }
+    }
+
+    #[test]
+    fn a_rank_that_never_comes_breaks_the_group_with_a_timeout() {
+        let rv = Rendezvous::new(2, Duration::from_millis(50));
+        let err = rv
+            .exchange(0, Collective::AllReduce(ReduceOp::Sum), &Shape::new([1]), HostData::F32(vec![1.0]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("rank 0 waited") && err.contains("rank(s) [1]"), "{err}");
+        let again = rv
+            .exchange(1, Collective::AllReduce(ReduceOp::Sum), &Shape::new([1]), HostData::F32(vec![1.0]))
+            .unwrap_err()
+            .to_string();
+        assert!(again.contains("the process group is broken"), "{again}");
+    }
+}

@@ -1,0 +1,236 @@
+//! Several devices: process groups, collectives as graph ops, and
+//! data-parallel training ([`DataParallel`]).
+//!
+//! A [`Group`] makes contexts the ranks `0..n` of one process group. A
+//! collective ([`Tensor::all_reduce_sum`], [`Tensor::all_reduce_mean`],
+//! [`Tensor::broadcast_from`]) records an [`Op::Collective`] node like any
+//! other op: passes see it (it is never folded or fused), the stream pass
+//! puts every collective on a stream of its own so it overlaps the compute
+//! after it, and each backend lowers it: NCCL on CUDA (one communicator
+//! per device, the call enqueued on the planned stream and captured into
+//! the CUDA graph with the rest of the plan), an in-process
+//! [`Rendezvous`](host) on the CPU and the CUDA emulator, so the API and
+//! its tests run in CI.
+//!
+//! ```
+//! use kiln::prelude::*;
+//! use kiln::dist::Group;
+//!
+//! let ranks = [Context::cpu(), Context::cpu()];
+//! let group = Group::new(&ranks)?;
+//! let sums: Vec<Vec<f32>> = std::thread::scope(|s| {
+//!     let handles: Vec<_> = group.contexts().iter().enumerate().map(|(r, ctx)| {
+//!         s.spawn(move || ctx.full([3], r as f32 + 1.0).all_reduce_sum().to_vec::<f32>())
+//!     }).collect();
+//!     handles.into_iter().map(|h| h.join().unwrap()).collect::<Result<_>>()
+//! })?;
+//! assert_eq!(sums, vec![vec![3.0; 3], vec![3.0; 3]]);
+//! # Ok::<(), kiln::Error>(())
+//! ```
+//!
+//! # Ownership and waiting
+//! - Every rank runs its own plans on its own thread. A collective blocks
+//!   its rank's run (on the CPU) or orders its rank's streams (on CUDA)
+//!   until every rank has reached it: the k-th collective of each rank
+//!   meets the k-th of every other, so ranks must run the same programs.
+//!   Two ranks driven from one thread one after the other never meet: the
+//!   CPU transport gives up after [`Group::with_timeout`] (60 s by
+//!   default) and the group is broken from then on (every later
+//!   collective fails at once, naming the first failure); NCCL has no
+//!   timeout and would wait, which is why [`DataParallel`] runs one thread
+//!   per rank.
+//! - A rank's operand is copied into the exchange (CPU) or read in place by
+//!   NCCL while its run is in flight; the run owns both buffers (the
+//!   plan's arena) until it completes, as any other step's operands.
+//! - Dropping a [`Group`] does not leave it: the contexts stay ranks until
+//!   they are dropped (their plans hold the communicator).
+//!
+//! # Several processes, several hosts
+//! Out of scope for the runs so far, but the design extends without a new
+//! API: a rank's backend joins through a [`Joining`] (rank, size, and for
+//! NCCL the unique id). In one process, [`Group::new`] makes the id and
+//! joins every context on a thread of its own; across processes, rank 0
+//! would make the id (`ncclGetUniqueId`), the user's launcher (MPI, a TCP
+//! store, torchrun's environment) would hand its 128 bytes to every
+//! process, and each would join its one context with its rank. Plans,
+//! lowering and [`DataParallel`] do not change.
+
+mod data_parallel;
+pub(crate) mod host;
+mod ops;
+
+pub use data_parallel::{AverageGradients, DataParallel};
+
+use crate::{Context, Error, Location, Result};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a backend is handed to become rank `rank` of a group of `size`.
+#[derive(Clone, Debug)]
+pub struct Joining {
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the group.
+    pub size: usize,
+    /// The in-process meeting place (CPU and emulated ranks).
+    pub(crate) host: Arc<host::Rendezvous>,
+    /// NCCL's unique id for the group (CUDA ranks).
+    pub nccl_id: Option<[u8; 128]>,
+}
+
+impl Joining {
+    /// Rank 0 of a group of one: every collective is the identity. For
+    /// running a plan that has collectives on a bare backend by itself
+    /// (the pass tests do).
+    pub fn solo() -> Joining {
+        Joining {
+            rank: 0,
+            size: 1,
+            host: Arc::new(host::Rendezvous::new(1, Duration::from_secs(1))),
+            nccl_id: None,
+        }
+    }
+}
+
+/// A device the process can open, as [`devices`] lists them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// What [`Context::cuda`] takes (`None` for the CPU).
+    pub ordinal: Option<usize>,
+    /// The device in words (`cpu`, `cuda:1 NVIDIA H200 (sm_90)`).
+    pub description: String,
+}
+
+/// The devices kiln can open here: the CPU, then every CUDA device the
+/// driver reports (none in a build without the `cuda` feature, or where
+/// the driver or a library is missing; why is logged at info level).
+///
+/// ```
+/// let devices = kiln::dist::devices();
+/// assert_eq!(devices[0].description, "cpu");
+/// ```
+pub fn devices() -> Vec<DeviceInfo> {
+    #[cfg_attr(not(feature = "cuda-backend"), allow(unused_mut))]
+    let mut out = vec![DeviceInfo { ordinal: None, description: "cpu".into() }];
+    #[cfg(feature = "cuda-backend")]
+    match crate::backends::cuda::device_names() {
+        Ok(names) => out.extend(
+            names.into_iter().enumerate().map(|(k, d)| DeviceInfo { ordinal: Some(k), description: d }),
+        ),
+        Err(why) => tracing::info!(reason = %why, "no CUDA devices listed"),
+    }
+    out
+}
+
+/// Contexts joined as the ranks of one process group (rank `k` is
+/// `contexts()[k]`). See the [module docs](self).
+#[derive(Clone)]
+pub struct Group {
+    contexts: Vec<Context>,
+}
+
+impl Group {
+    /// Makes `contexts` ranks `0..n` of a new group, in order. They must be
+    /// distinct, on one kind of device (all CPU, all CUDA, or all
+    /// emulated), and in no group yet; CUDA contexts must be on distinct
+    /// devices (NCCL's rule). On CUDA this loads NCCL (`libnccl.so.2`,
+    /// found through `LD_LIBRARY_PATH` or `KILN_NCCL_LIBRARY`); a missing
+    /// library is an [`Error::Device`] naming the files looked for.
+    #[track_caller]
+    pub fn new(contexts: &[Context]) -> Result<Group> {
+        Group::with_timeout(contexts, Duration::from_secs(60))
+    }
+
+    /// [`Group::new`] where a CPU rank waits at most `timeout` for the
+    /// others in a collective before the group breaks.
+    #[track_caller]
+    pub fn with_timeout(contexts: &[Context], timeout: Duration) -> Result<Group> {
+        let location = Location::caller();
+        let fail = |message: String| Error::Device { message, location };
+        if contexts.is_empty() {
+            return Err(fail("a process group needs at least one context".into()));
+        }
+        for (i, a) in contexts.iter().enumerate() {
+            if let Some(j) = contexts[..i].iter().position(|b| b.same(a)) {
+                return Err(fail(format!(
+                    "contexts {j} and {i} are the same context; a rank needs a context of its own"
+                )));
+            }
+            if let Some(m) = a.member() {
+                return Err(fail(format!(
+                    "context {i} ({}) is already rank {} of a group of {}",
+                    a.label(),
+                    m.rank,
+                    m.size
+                )));
+            }
+        }
+        let kinds: Vec<&str> = contexts.iter().map(|c| c.device()).collect();
+        if kinds.iter().any(|k| *k != kinds[0]) {
+            return Err(fail(format!(
+                "a group's contexts must all be on one kind of device, got {}",
+                contexts.iter().map(|c| c.label()).collect::<Vec<_>>().join(", ")
+            )));
+        }
+        let nccl_id = if kinds[0] == "cuda" { Some(nccl_unique_id().map_err(fail)?) } else { None };
+        let size = contexts.len();
+        let host = Arc::new(host::Rendezvous::new(size, timeout));
+        let joinings: Vec<Joining> =
+            (0..size).map(|rank| Joining { rank, size, host: host.clone(), nccl_id }).collect();
+        // Every rank joins on a thread of its own: NCCL's init of one rank
+        // waits for all the others (as it would in separate processes).
+        let results: Vec<Result<()>> = std::thread::scope(|s| {
+            let handles: Vec<_> = contexts
+                .iter()
+                .zip(joinings)
+                .map(|(ctx, j)| s.spawn(move || ctx.inner.backend.join_group(j)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| Err(Error::Backend("dist: a rank panicked joining".into())))
+                })
+                .collect()
+        });
+        for (rank, r) in results.into_iter().enumerate() {
+            r.map_err(|e| fail(format!("rank {rank} ({}) could not join: {e}", contexts[rank].label())))?;
+        }
+        Ok(Group { contexts: contexts.to_vec() })
+    }
+
+    /// The ranks' contexts, rank 0 first.
+    pub fn contexts(&self) -> &[Context] {
+        &self.contexts
+    }
+
+    /// Ranks in the group.
+    pub fn size(&self) -> usize {
+        self.contexts.len()
+    }
+}
+
+#[cfg(feature = "cuda-backend")]
+fn nccl_unique_id() -> std::result::Result<[u8; 128], String> {
+    crate::backends::cuda::nccl::unique_id()
+}
+
+#[cfg(not(feature = "cuda-backend"))]
+fn nccl_unique_id() -> std::result::Result<[u8; 128], String> {
+    Err("this build of kiln has no CUDA backend".into())
+}
+
+impl Context {
+    /// This context's rank in its process group (`None` outside one).
+    pub fn rank(&self) -> Option<usize> {
+        self.member().map(|m| m.rank)
+    }
+
+    /// Ranks in this context's process group (`None` outside one).
+    pub fn world_size(&self) -> Option<usize> {
+        self.member().map(|m| m.size)
+    }
+
+    pub(crate) fn member(&self) -> Option<Joining> {
+        self.inner.backend.member()
+    }
+}
