@@ -85,6 +85,8 @@ pub(crate) struct Walk {
     pub inputs: Vec<BufferId>,
     /// Context stream of plan stream `k`.
     pub streams: Vec<u64>,
+    /// The sequence numbers of the collectives met, in walk order.
+    pub collectives: Vec<u64>,
     /// The key words and their hash.
     pub words: Vec<u64>,
     pub hash: u64,
@@ -122,6 +124,7 @@ impl Walker {
             order: std::mem::take(&mut self.spare_order),
             inputs: Vec::new(),
             streams: Vec::new(),
+            collectives: Vec::new(),
             words: std::mem::take(&mut self.spare_words),
             hash: 0,
         };
@@ -154,6 +157,12 @@ impl Walker {
         }
         for t in targets {
             put(&mut w, self.marks[t.index()].1 as u64);
+        }
+        // The collectives' recorded order, as ranks among themselves (the
+        // plan runs them in that order, and the numbers themselves grow
+        // with every step, so only the order may be part of the key).
+        for rank in seq_ranks(&w.collectives) {
+            put(&mut w, rank);
         }
         w
     }
@@ -286,10 +295,15 @@ fn encode(graph: &Graph, id: NodeId, operands: &[NodeId], marks: &[(u32, u32)], 
             put(w, *causal as u64);
             put(w, *mask as u64);
         }
-        Op::Collective(c) => match c {
-            crate::ir::Collective::AllReduce(op) => put(w, *op as u64),
-            crate::ir::Collective::Broadcast(root) => put(w, 1000 + *root as u64),
-        },
+        Op::Collective { what, seq } => {
+            match what {
+                crate::ir::Collective::AllReduce(op) => put(w, *op as u64),
+                crate::ir::Collective::Broadcast(root) => put(w, 1000 + *root as u64),
+            }
+            // The order among the walk's collectives goes in after the
+            // walk (`Walker::walk`): the seq itself differs every step.
+            w.collectives.push(*seq);
+        }
         Op::Fused(body) => {
             // Not recorded by the API; its printed body is exact.
             let text = crate::ir::text::print(body.graph());
@@ -330,14 +344,22 @@ fn op_tag(op: &Op) -> u64 {
         Op::Fused(_) => 22,
         Op::IndexAdd { .. } => 23,
         Op::Attention { .. } => 24,
-        Op::Collective(_) => 25,
+        Op::Collective { .. } => 25,
     }
+}
+
+/// For each of `seqs`, its rank among them (0 for the smallest).
+fn seq_ranks(seqs: &[u64]) -> Vec<u64> {
+    let mut sorted = seqs.to_vec();
+    sorted.sort_unstable();
+    seqs.iter().map(|s| sorted.partition_point(|x| x < s) as u64).collect()
 }
 
 /// Copies the walked nodes (`order`, with the walk's `inputs` and
 /// `streams`) into a graph of their own: buffers become `input k`, random
-/// streams are renumbered from 0, the targets are the outputs (what a
-/// cache miss compiles).
+/// streams are renumbered from 0, collectives are renumbered `0..k` in
+/// their recorded order, the targets are the outputs (what a cache miss
+/// compiles).
 pub(crate) fn extract_walked(
     graph: &Graph,
     targets: &[NodeId],
@@ -348,11 +370,16 @@ pub(crate) fn extract_walked(
     let mut out = graph.empty_like();
     let mut map: std::collections::HashMap<NodeId, NodeId> = Default::default();
     let slot_of = |list: &[u64], x: u64| list.iter().position(|&y| y == x).unwrap_or(usize::MAX);
+    let mut seqs: Vec<u64> = order.iter().filter_map(|&id| graph.node(id).op.effect_seq()).collect();
+    seqs.sort_unstable();
     for &id in order {
         let mut node = graph.node(id).clone();
         node.op = match node.op {
             Op::Buffer(b) => Op::Input(inputs.iter().position(|&x| x == b).unwrap_or(usize::MAX) as u32),
             Op::Random { dist, stream } => Op::Random { dist, stream: slot_of(streams, stream) as u64 },
+            Op::Collective { what, seq } => {
+                Op::Collective { what, seq: seqs.partition_point(|&s| s < seq) as u64 }
+            }
             op => op,
         };
         let operands: Vec<NodeId> = graph.operands(id).iter().map(|o| map[o]).collect();

@@ -401,6 +401,7 @@ impl Context {
                 state.next_stream += 1;
                 Op::Random { dist, stream }
             }
+            Op::Collective { what, .. } => Op::Collective { what, seq: state.graph.next_effect_seq() },
             other => other,
         };
         match state.graph.add(op, operands, declared, region) {

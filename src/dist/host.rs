@@ -18,12 +18,26 @@
 //! owns), and the result is shared (`Arc`) by the ranks that take it; the
 //! round is dropped once every rank has taken it. A rank that errors after
 //! handing in its operand leaves nothing borrowed behind.
+//!
+//! Failing ranks: the rendezvous is also the group's health, for every
+//! kind of rank. A rank whose run fails before it issued all of that
+//! run's collectives (a bad index before an all-reduce on the CPU), or
+//! any CUDA rank whose run with collectives fails (its contribution may
+//! be garbage, or never come), breaks the group with a message naming it
+//! ([`Rendezvous::rank_failed`], [`Rendezvous::break_group`]). Breaking
+//! wakes every waiting rank (which then fails with that message) and runs
+//! the abort hooks once: CUDA ranks register one that aborts their NCCL
+//! communicator (`ncclCommAbort`), so a rank spinning in an NCCL kernel
+//! for a partner that will never come gets an error instead.
 
 use crate::ir::{Collective, DType, HostData, ReduceOp, Shape};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+/// What breaking the group runs, once (a CUDA rank's communicator abort).
+pub(crate) type AbortHook = Box<dyn Fn() + Send + Sync>;
 
 /// Where the ranks of one in-process group meet.
 #[derive(Debug)]
@@ -32,6 +46,17 @@ pub(crate) struct Rendezvous {
     timeout: Duration,
     state: Mutex<Rounds>,
     arrived: Condvar,
+    hooks: Hooks,
+}
+
+/// The abort hooks; taken (so run once) when the group breaks.
+#[derive(Default)]
+struct Hooks(Mutex<Vec<AbortHook>>);
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Hooks({})", self.0.lock().map_or(0, |h| h.len()))
+    }
 }
 
 #[derive(Debug)]
@@ -69,6 +94,62 @@ impl Rendezvous {
             timeout,
             state: Mutex::new(Rounds { next: vec![0; size], open: HashMap::new(), broken: None }),
             arrived: Condvar::new(),
+            hooks: Hooks::default(),
+        }
+    }
+
+    /// How long a rank waits for the others (the CPU exchange, a CUDA
+    /// rank's watchdog on a run with collectives).
+    #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Why the group can no longer run collectives, if it can't.
+    #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
+    pub(crate) fn broken(&self) -> Option<String> {
+        lock(&self.state).broken.clone()
+    }
+
+    /// Runs `hook` when the group breaks (at once if it is broken).
+    #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
+    pub(crate) fn on_break(&self, hook: AbortHook) {
+        if self.broken().is_some() {
+            hook();
+            return;
+        }
+        self.hooks.0.lock().unwrap_or_else(|e| e.into_inner()).push(hook);
+    }
+
+    /// Breaks the group: the first reason sticks, every waiting rank wakes
+    /// and fails with it, and the abort hooks run (once, on this thread).
+    pub(crate) fn break_group(&self, why: String) {
+        {
+            let mut s = lock(&self.state);
+            if s.broken.is_none() {
+                s.broken = Some(why);
+            }
+            self.arrived.notify_all();
+        }
+        let hooks = std::mem::take(&mut *self.hooks.0.lock().unwrap_or_else(|e| e.into_inner()));
+        for hook in hooks {
+            hook();
+        }
+    }
+
+    /// How many collectives `rank` has handed in so far.
+    pub(crate) fn issued(&self, rank: usize) -> u64 {
+        lock(&self.state).next.get(rank).copied().unwrap_or(0)
+    }
+
+    /// Rank `rank`'s run failed with `why`; it was to hand in collectives
+    /// until number `until` (exclusive). If it handed in fewer, the other
+    /// ranks would wait for rounds it never joins: the group breaks now,
+    /// naming the rank and its error.
+    pub(crate) fn rank_failed(&self, rank: usize, until: u64, why: &str) {
+        let next = self.issued(rank);
+        if next < until {
+            self.break_group(format!("rank {rank} failed before its collective #{next}: {why}"));
         }
     }
 
@@ -108,8 +189,8 @@ impl Rendezvous {
                 round.opener,
                 what.mnemonic(),
             );
-            s.broken = Some(why.clone());
-            self.arrived.notify_all();
+            drop(s);
+            self.break_group(why.clone());
             return Err(Error::Runtime(why));
         }
         round.parts[rank] = Some(data);
@@ -144,8 +225,8 @@ impl Rendezvous {
                     self.timeout,
                     what.mnemonic()
                 );
-                s.broken = Some(why.clone());
-                self.arrived.notify_all();
+                drop(s);
+                self.break_group(why.clone());
                 return Err(Error::Runtime(why));
             }
             s = self.arrived.wait_timeout(s, deadline - now).unwrap_or_else(|e| e.into_inner()).0;

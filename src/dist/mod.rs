@@ -172,6 +172,12 @@ impl Group {
                 contexts.iter().map(|c| c.label()).collect::<Vec<_>>().join(", ")
             )));
         }
+        if kinds[0] == "cuda" {
+            let devices: Vec<String> = contexts.iter().map(|c| c.label()).collect();
+            if let Some(message) = shared_device(&devices) {
+                return Err(fail(message));
+            }
+        }
         let nccl_id = if kinds[0] == "cuda" { Some(nccl_unique_id().map_err(fail)?) } else { None };
         let size = contexts.len();
         let host = Arc::new(host::Rendezvous::new(size, timeout));
@@ -206,6 +212,37 @@ impl Group {
     /// Ranks in the group.
     pub fn size(&self) -> usize {
         self.contexts.len()
+    }
+}
+
+/// The error for two ranks on one device, given the ranks' labels
+/// (`cuda:1 (context 4)`, see `Context::label`): NCCL runs one rank per
+/// device, and two ranks of one device would wait for each other in one
+/// stream order forever.
+fn shared_device(labels: &[String]) -> Option<String> {
+    let device = |l: &String| l.split(' ').next().unwrap_or_default().to_string();
+    for (i, a) in labels.iter().enumerate() {
+        if let Some(j) = labels[..i].iter().position(|b| device(b) == device(a)) {
+            return Some(format!(
+                "contexts {j} ({}) and {i} ({a}) are on the same device; each rank of a CUDA group needs a device of its own (NCCL's rule): open rank k with Context::cuda(k)",
+                labels[j]
+            ));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn two_cuda_ranks_on_one_device_are_refused_naming_both() {
+        let labels: Vec<String> =
+            ["cuda:0 (context 1)", "cuda:1 (context 2)", "cuda:0 (context 3)"].map(String::from).to_vec();
+        assert_eq!(
+            super::shared_device(&labels).unwrap(),
+            "contexts 0 (cuda:0 (context 1)) and 2 (cuda:0 (context 3)) are on the same device; each rank of a CUDA group needs a device of its own (NCCL's rule): open rank k with Context::cuda(k)"
+        );
+        assert_eq!(super::shared_device(&labels[..2]), None);
     }
 }
 

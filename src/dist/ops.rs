@@ -51,7 +51,9 @@ impl Tensor {
                 location,
             });
         }
-        Tensor::record(&[self], Op::Collective(what), None, location)
+        // The context numbers it (`Context::record`): recording order is
+        // the order every rank runs its collectives in.
+        Tensor::record(&[self], Op::Collective { what, seq: 0 }, None, location)
     }
 
     /// A copy of this tensor on `ctx` (another device, or another context

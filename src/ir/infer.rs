@@ -341,7 +341,7 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
             out.0[*dim] = total;
             (out, d)
         }
-        Op::Collective(c) => {
+        Op::Collective { what: c, .. } => {
             let (s, d) = ty(0);
             match c {
                 Collective::AllReduce(ReduceOp::ArgMax) => {

@@ -282,9 +282,19 @@ pub enum Op {
     /// is the body's `input k`.
     Fused(Arc<FusedBody>),
     /// A collective across the ranks of the context's process group; the
-    /// result has the operand's shape and dtype. Never folded, fused or
-    /// moved across another collective: its value depends on other ranks.
-    Collective(Collective),
+    /// result has the operand's shape and dtype. An effect ([`Op::is_effect`]):
+    /// never merged, dropped, folded, fused or moved across another
+    /// collective, since its value depends on other ranks and every rank
+    /// must run the same ones in the same order.
+    Collective {
+        /// Which collective.
+        what: Collective,
+        /// Its place in the recorded program: collectives run in ascending
+        /// `seq` order, and two collectives of one graph never share one
+        /// (so two with equal operands are still two). A context numbers
+        /// them as it records them; extraction renumbers a plan's from 0.
+        seq: u64,
+    },
 }
 
 impl Op {
@@ -317,7 +327,7 @@ impl Op {
             Op::Attention { .. } => "attention",
             Op::Cat { .. } => "cat",
             Op::Fused(_) => "fused",
-            Op::Collective(c) => c.mnemonic(),
+            Op::Collective { what, .. } => what.mnemonic(),
         }
     }
 
@@ -339,7 +349,24 @@ impl Op {
 
     /// True for collectives (their value depends on other ranks).
     pub fn is_collective(&self) -> bool {
-        matches!(self, Op::Collective(_))
+        matches!(self, Op::Collective { .. })
+    }
+
+    /// True for effects: ops whose running is observable beyond their
+    /// value (today the collectives: the other ranks wait for them). A
+    /// graph runs every effect it holds, used or not, once, in ascending
+    /// [`Op::effect_seq`] order; no pass merges, drops or reorders them
+    /// (see [`super::Graph::effects`]).
+    pub fn is_effect(&self) -> bool {
+        self.is_collective()
+    }
+
+    /// An effect's sequence number (`None` for every other op).
+    pub fn effect_seq(&self) -> Option<u64> {
+        match self {
+            Op::Collective { seq, .. } => Some(*seq),
+            _ => None,
+        }
     }
 
     /// The number of operands the op takes; `None` for `Cat` (two or more).
@@ -354,7 +381,7 @@ impl Op {
             | Op::Cast(_)
             | Op::Reduce { .. }
             | Op::Pool2d { .. }
-            | Op::Collective(_) => 1,
+            | Op::Collective { .. } => 1,
             Op::Binary(_)
             | Op::Compare(_)
             | Op::MatMul

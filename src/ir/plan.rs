@@ -73,7 +73,7 @@ impl Plan {
     pub fn new(graph: Graph) -> Plan {
         let order = match graph.tables().schedule.as_ref() {
             Some(schedule) => schedule.clone(),
-            None => graph.topo_order(),
+            None => graph.schedule_or_topo(),
         };
         let mut inputs = 0;
         let mut random_streams = 0;

@@ -10,7 +10,8 @@
 //!    inferred ones); source ops meet their own constraints (random values
 //!    are float, `arange` is 1-D and numeric, constants are exactly
 //!    representable in the node's dtype); two `input` nodes with one slot
-//!    have one type.
+//!    have one type;
+//! 4. no two effects (collectives) share a sequence number.
 //!
 //! Messages name the node as `%4 (mul)` with the graph's own ids, so they
 //! point at the node a pass author has in hand.
@@ -65,6 +66,18 @@ fn check_graph(graph: &Graph) -> Result<(), String> {
             } else {
                 inputs.insert(slot, id);
             }
+        }
+    }
+    let effects = graph.effects();
+    for pair in effects.windows(2) {
+        let seq = graph.node(pair[0]).op.effect_seq();
+        if seq == graph.node(pair[1]).op.effect_seq() {
+            return Err(format!(
+                "{} and {} are both collective seq={}; every collective has a sequence number of its own",
+                describe(graph, pair[0]),
+                describe(graph, pair[1]),
+                seq.unwrap_or_default()
+            ));
         }
     }
     super::plan_check::check_tables(graph)

@@ -11,7 +11,9 @@
 //!   infinite or outside the target's range (the truncate-and-saturate rule
 //!   is the kernel's business; folding there would bake in one reading).
 //! - `where` with a `Full` condition: the node is replaced by the chosen
-//!   branch, whatever it is (the kernel copies that branch).
+//!   branch, whatever it is (the kernel copies that branch). A collective
+//!   in the other branch stays in the graph and still runs: it is an
+//!   effect, a root of the graph whether read or not ([`Graph::roots`]).
 //! - views (`reshape`, `permute`, `expand`, `slice`) of a `Full`: the same
 //!   value in the view's shape. View folding leaves these to this pass.
 //! - `cat` of `Full`s whose values are bit-identical.
@@ -32,6 +34,8 @@
 //! float `sum`/`mean` of `-0.0` (the result's sign depends on whether the
 //! kernel starts from `+0.0`), of NaN or infinity, or over zero elements,
 //! or any rewrite that needs algebra (`x * 0` is not `0` for NaN, inf, -0.0).
+//! Never folds a collective, even of a constant: its value is the other
+//! ranks' too, and every rank must run it.
 //!
 //! *Preserves.* Every value the outputs see, bit for bit; node ids (folding
 //! is in place); regions.
@@ -98,7 +102,7 @@ fn full(graph: &Graph, id: NodeId) -> Option<Scalar> {
 
 fn fold(graph: &Graph, id: NodeId) -> Fold {
     let node = graph.node(id);
-    if node.op.is_source() {
+    if node.op.is_source() || node.op.is_effect() {
         return Fold::Keep;
     }
     let operands = graph.operands(id);

@@ -20,8 +20,11 @@
 //! instead of to whichever scope happened to come first.
 //!
 //! *Does not.* Use algebra (`a + b` and `b + a` stay two nodes), look at
-//! values (two `Full`s of equal bits do merge; `x * 1` vs `x` do not), or
-//! touch dead nodes (DCE's job).
+//! values (two `Full`s of equal bits do merge; `x * 1` vs `x` do not),
+//! touch dead nodes (DCE's job), or merge effects: two collectives are two
+//! rounds every other rank runs, whatever their operands (on one rank two
+//! all-reduces of equal constants look alike while on another they
+//! differ; merging them on one rank only pairs the wrong rounds).
 //!
 //! *Preserves.* Every value the outputs see, bit for bit; the ids of
 //! surviving nodes.
@@ -29,8 +32,8 @@
 //! *Invalidates.* Removed node ids; region of survivors that were merged
 //! across regions.
 //!
-//! *Assumes.* A verified graph of pure ops (no op has a side effect that two
-//! copies would perform twice; true of every op today).
+//! *Assumes.* A verified graph whose ops are pure but for the effects
+//! ([`Op::is_effect`]), which it leaves alone.
 
 use super::{Changed, Pass, PassCtx};
 use crate::ir::{DType, Graph, NodeId, Op, RegionId, Shape};
@@ -72,6 +75,9 @@ impl Pass for Cse {
         let mut seen: HashMap<Key, NodeId> = HashMap::new();
         for id in graph.topo_order() {
             let node = graph.node(id);
+            if node.op.is_effect() {
+                continue;
+            }
             let key = Key {
                 op: op_key(&node.op),
                 operands: graph.operands(id),

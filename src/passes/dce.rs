@@ -1,18 +1,22 @@
 //! Dead code elimination: remove every node the outputs do not need.
 //!
 //! *Does.* Keeps exactly the nodes [`Graph::topo_order`] reaches from the
-//! outputs (following operands) and removes the rest, in ascending id order.
-//! A graph with no outputs ends up empty.
+//! outputs and the effects ([`Graph::roots`], following operands) and
+//! removes the rest, in ascending id order. A graph with no outputs and no
+//! collectives ends up empty.
 //!
-//! *Does not.* Remove a node that some output needs, however cheap, or
-//! renumber the survivors (printing compacts; ids stay stable here).
+//! *Does not.* Remove a node that some output needs, however cheap, or a
+//! collective whose value nothing reads (every other rank runs it, so
+//! this rank must too), or renumber the survivors (printing compacts;
+//! ids stay stable here).
 //!
 //! *Preserves.* Every value the outputs see; ids and regions of survivors;
 //! the region tree (regions with no nodes left are kept: they are names).
 //!
 //! *Invalidates.* Removed node ids.
 //!
-//! *Assumes.* Every op is pure: nothing but the outputs is observable.
+//! *Assumes.* Every op but the effects is pure: nothing but the outputs
+//! and the effects is observable.
 //! Variable assignments are outputs (the context adds each pending one to
 //! the graph it extracts), so they are roots here like any other output.
 

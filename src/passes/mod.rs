@@ -9,13 +9,17 @@
 //! Passes never touch a device and never see a user handle. The pipeline's
 //! input is always verified; in debug and test builds [`crate::ir::verify`]
 //! also runs after every pass, and a failure names the pass that broke the
-//! graph.
+//! graph. In every build, after every pass, the graph must still run the
+//! collectives the input recorded, each once, in recorded order
+//! (`effects.rs`): a pass that merged, dropped or reordered one on some
+//! ranks only would pair different rounds across ranks.
 
 mod autocast;
 mod autodiff;
 mod constant_fold;
 mod cse;
 mod dce;
+mod effects;
 mod fusion;
 mod memory;
 mod schedule;
@@ -420,8 +424,15 @@ fn verifying() -> bool {
     cfg!(debug_assertions) || cfg!(test)
 }
 
-/// Runs one pass with its span, stats and (in debug builds) verification.
-fn run_pass(pass: &dyn Pass, graph: &mut Graph, cx: &mut PassCtx, verify: bool) -> Result<PassStats> {
+/// Runs one pass with its span, stats, the collectives check against
+/// `recorded` and (in debug builds) verification.
+fn run_pass(
+    pass: &dyn Pass,
+    graph: &mut Graph,
+    cx: &mut PassCtx,
+    verify: bool,
+    recorded: &effects::Recorded,
+) -> Result<PassStats> {
     let name = pass.name();
     let _span = tracing::debug_span!("pass", name).entered();
     cx.reset();
@@ -444,6 +455,7 @@ fn run_pass(pass: &dyn Pass, graph: &mut Graph, cx: &mut PassCtx, verify: bool) 
     if verify {
         ir::verify(graph).map_err(|e| Error::Verify(format!("after pass {name}: {}", verify_message(e))))?;
     }
+    recorded.check(graph, name)?;
     Ok(stats)
 }
 
@@ -529,11 +541,12 @@ fn run_pipeline(
         None => None,
     };
     let mut cx = PassCtx { options: config.options, ..PassCtx::default() };
+    let recorded = effects::Recorded::of(&graph);
     for (step, pass) in PIPELINE.iter().enumerate() {
         if !config.is_enabled(pass.name()) || !pass.applies(&cx.options, &graph) {
             continue;
         }
-        let stats = run_pass(*pass, &mut graph, &mut cx, verify)?;
+        let stats = run_pass(*pass, &mut graph, &mut cx, verify, &recorded)?;
         graph.advance_phase(pass.reaches());
         if let Some(dir) = &dump_dir {
             let file = dir.join(format!("{:02}-{}.kir", step + 1, pass.name()));
@@ -565,7 +578,8 @@ pub fn run_single(name: &str, graph: Graph, options: PassOptions) -> Result<Grap
     let info = lookup(name)?;
     let mut graph = graph;
     check_input(&graph)?;
-    run_pass(info.pass, &mut graph, &mut PassCtx { options, ..PassCtx::default() }, true)?;
+    let recorded = effects::Recorded::of(&graph);
+    run_pass(info.pass, &mut graph, &mut PassCtx { options, ..PassCtx::default() }, true, &recorded)?;
     graph.advance_phase(info.pass.reaches());
     Ok(graph)
 }

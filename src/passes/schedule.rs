@@ -15,6 +15,9 @@
 //! its score: it runs on a stream of its own, so issuing it early is what
 //! lets it overlap the compute still to come (the rest of a backward
 //! pass); its bytes are a gradient's, small next to what overlap saves.
+//! Collectives keep their recorded order (`seq`): each waits for the one
+//! before it as for an operand, so every rank issues them in one order
+//! whatever its constants did to the rest of its graph.
 //!
 //! *Does not.* Look ahead (a node that allocates now to free more later
 //! loses to one that allocates less), change the graph, or pick streams or
@@ -81,6 +84,8 @@ struct Dag {
     freeable: Vec<bool>,
     /// Whether the node is a collective (issued as soon as it is ready).
     collective: Vec<bool>,
+    /// The collective recorded right after this one (which waits for it).
+    next_collective: Vec<Option<usize>>,
 }
 
 impl Dag {
@@ -125,8 +130,18 @@ impl Dag {
             }
             roots_read.push(rs);
         }
-        let collective = ids.iter().map(|&id| graph.node(id).op.is_collective()).collect();
-        Dag { ids, operands, users, alloc, roots_read, readers, freeable, collective }
+        let collective: Vec<bool> = ids.iter().map(|&id| graph.node(id).op.is_collective()).collect();
+        let mut recorded: Vec<(u64, usize)> = ids
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &id)| graph.node(id).op.effect_seq().map(|s| (s, i)))
+            .collect();
+        recorded.sort_unstable();
+        let mut next_collective = vec![None; n];
+        for pair in recorded.windows(2) {
+            next_collective[pair[0].1] = Some(pair[1].1);
+        }
+        Dag { ids, operands, users, alloc, roots_read, readers, freeable, collective, next_collective }
     }
 
     fn len(&self) -> usize {
@@ -137,6 +152,9 @@ impl Dag {
     fn greedy(&self) -> Vec<usize> {
         let n = self.len();
         let mut waiting: Vec<usize> = self.operands.iter().map(Vec::len).collect();
+        for &next in self.next_collective.iter().flatten() {
+            waiting[next] += 1;
+        }
         let mut pending: Vec<usize> = self.readers.iter().map(Vec::len).collect();
         let mut done = vec![false; n];
         let mut score = vec![0i64; n];
@@ -177,7 +195,7 @@ impl Dag {
                     }
                 }
             }
-            for &u in &self.users[i] {
+            for &u in self.users[i].iter().chain(&self.next_collective[i]) {
                 waiting[u] -= 1;
                 if waiting[u] == 0 {
                     score[u] = score_of(u, &pending);
@@ -196,6 +214,9 @@ impl Dag {
         for &i in order {
             live += self.alloc[i];
             peak = peak.max(live);
+            if self.readers[i].is_empty() && self.freeable[i] {
+                live -= self.alloc[i]; // read by nothing (a collective run for the others)
+            }
             for &r in &self.roots_read[i] {
                 pending[r] -= 1;
                 if pending[r] == 0 && self.freeable[r] {

@@ -39,7 +39,10 @@
 //! `c`, float sums of broadcasts) unless `PassOptions::fast_math` is set;
 //! fold `x * 0` (NaN, infinities and -0.0 say no), `x + 0.0` (-0.0) or
 //! `(x * 2) / 2` for integers (overflow); evaluate constants beyond a rule
-//! combining two of them; touch nodes the outputs do not need.
+//! combining two of them; touch nodes the outputs and effects do not
+//! need; or merge, drop or replace a collective (each is an e-node of its
+//! own, its `seq` an attribute, and a root of the extraction; a result
+//! that would replace one keeps the input instead).
 //!
 //! *Preserves.* Every value the outputs see, bit for bit (fast math: up to
 //! the reassociation it allows; rule comments say what holds when); the
@@ -113,7 +116,12 @@ impl Pass for Simplify {
             class_of.insert(id, egraph.add(enode.clone()));
             inputs.push((id, enode));
         }
-        let roots: Vec<egg::Id> = graph.outputs().iter().filter_map(|o| class_of.get(o).copied()).collect();
+        // The outputs, then the effects: a collective is extracted whether
+        // or not an output still reads it.
+        let outputs = graph.outputs().len();
+        let effects = graph.effects();
+        let roots: Vec<egg::Id> =
+            graph.outputs().iter().chain(&effects).filter_map(|o| class_of.get(o).copied()).collect();
 
         let env = Env { fast_math: cx.options.fast_math };
         let rewrites = RULES
@@ -149,6 +157,7 @@ impl Pass for Simplify {
         // The input nodes as canonical e-nodes, and each class's region.
         let mut originals: HashMap<ENode, NodeId> = HashMap::with_capacity(inputs.len());
         let mut class_region = HashMap::with_capacity(inputs.len());
+        let mut effect_nodes = Vec::with_capacity(effects.len());
         for (id, mut enode) in inputs {
             for c in &mut enode.children {
                 *c = g.find(*c);
@@ -156,9 +165,19 @@ impl Pass for Simplify {
             if let Some(&class) = class_of.get(&id) {
                 class_region.entry(g.find(class)).or_insert(graph.node(id).region);
             }
+            if graph.node(id).op.is_effect() {
+                effect_nodes.push((class_of.get(&id).map(|&c| g.find(c)), enode.clone()));
+            }
             originals.entry(enode).or_insert(id);
         }
         let extraction = extract(g, &roots, &originals);
+        // Each collective's class must be extracted as that collective (no
+        // rule equates one with anything else; this keeps it so whatever a
+        // rule does).
+        if effect_nodes.iter().any(|(class, e)| class.and_then(|c| extraction.choice.get(&c)) != Some(e)) {
+            cx.note("kept the input: the cheapest form replaced a collective");
+            return Ok(Changed::No);
+        }
         let after = extraction.cost.work();
         let summary =
             format!("{} -> {} bytes, {} -> {} nodes", before.bytes, after.bytes, before.ops, after.ops);
@@ -166,7 +185,7 @@ impl Pass for Simplify {
             cx.note(format!("kept the input: no cheaper graph ({summary})"));
             return Ok(Changed::No);
         }
-        rebuild(graph, g, &roots, &extraction.choice, &originals, &class_region)
+        rebuild(graph, g, &roots, outputs, &extraction.choice, &originals, &class_region)
             .ok_or_else(|| Error::Verify("simplify: the extracted graph is incomplete".into()))?;
         cx.note(format!("cost {summary}"));
         remove_unneeded(graph, &order);

@@ -67,7 +67,8 @@ impl Pass for Breaker {
 #[test]
 fn verification_failure_names_the_pass() {
     let mut g = ir::text::parse("%x: f32[2] = input 0\n%y: f32[2] = exp %x\nreturn %y\n").unwrap();
-    let err = run_pass(&Breaker, &mut g, &mut PassCtx::default(), true).unwrap_err();
+    let err =
+        run_pass(&Breaker, &mut g, &mut PassCtx::default(), true, &effects::Recorded::default()).unwrap_err();
     assert!(matches!(err, Error::Verify(_)));
     let mut settings = insta::Settings::clone_current();
     settings.set_snapshot_path("../../snapshots");

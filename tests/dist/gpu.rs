@@ -8,6 +8,7 @@
 use super::{on_ranks, values};
 use kiln::dist::{DataParallel, Group};
 use kiln::prelude::*;
+use std::time::Duration;
 
 fn gpus(n: usize) -> Option<Vec<Context>> {
     let available = kiln::dist::devices().len() - 1;
@@ -105,4 +106,46 @@ fn nccl_two_ranks_all_reduce() {
         }
         assert_eq!(got[0][it as usize], got[1][it as usize]);
     }
+}
+
+/// Rank 1's run fails (a bad gather index feeding its all-reduce) and
+/// rank 1 stops, while rank 0 goes on to its next collective. NCCL has no
+/// timeout: before the abort path rank 0 spun in NCCL forever. Now rank
+/// 1's failure breaks the group, every communicator is aborted, and rank
+/// 0 gets an error naming rank 1 (at its iteration 3 or 4, whichever it
+/// reaches first), well within the watchdog.
+#[test]
+fn nccl_a_rank_failing_before_its_collective_breaks_the_group() {
+    let Some(ctxs) = gpus(2) else { return };
+    Group::with_timeout(&ctxs, Duration::from_secs(20)).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let got = on_ranks(&ctxs, |r, ctx| {
+            let table = ctx.tensor(&values(1, 8), [8]);
+            for it in 0..6usize {
+                let index: Vec<i64> =
+                    (0..4).map(|i| if r == 1 && it == 3 && i == 2 { 99 } else { i }).collect();
+                let picked = table.gather(0, &ctx.tensor(&index, [4]));
+                if let Err(e) = picked.all_reduce_sum().to_vec::<f32>() {
+                    return (it, e.to_string());
+                }
+            }
+            (usize::MAX, String::new())
+        });
+        let _ = tx.send(got);
+    });
+    let got = rx.recv_timeout(Duration::from_secs(120)).expect("watchdog: a rank hung for 120 s");
+    eprintln!(
+        "rank 0 at iteration {}: {}\nrank 1 at iteration {}: {}",
+        got[0].0, got[0].1, got[1].0, got[1].1
+    );
+    assert_eq!(got[1].0, 3, "{}", got[1].1);
+    assert!(got[1].1.contains("index 99 is out of range"), "{}", got[1].1);
+    assert!(got[0].0 == 3 || got[0].0 == 4, "rank 0 failed at iteration {}: {}", got[0].0, got[0].1);
+    assert!(
+        got[0].1.contains("the process group is broken: rank 1 (cuda:1) failed a run with collectives")
+            && got[0].1.contains("index 99 is out of range"),
+        "{}",
+        got[0].1
+    );
 }

@@ -7,6 +7,7 @@
 
 mod collectives;
 mod data_parallel;
+mod effects;
 mod errors;
 mod gpu;
 

@@ -142,7 +142,7 @@ impl CpuExecutable {
                     args.get(2).ok_or_else(|| Error::Backend("cpu: attention lacks its values".into()))?;
                 write!(|out| attention::attention(x()?, k, v, args.get(3), *mask, *scale, *causal, out))
             }
-            Op::Collective(what) => {
+            Op::Collective { what, .. } => {
                 let member = self.member.as_ref().ok_or_else(|| {
                     Error::Backend(format!(
                         "cpu: {} in a plan of a context in no process group",

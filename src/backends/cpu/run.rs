@@ -231,6 +231,9 @@ impl Executable for CpuExecutable {
                 rng.streams.len()
             )));
         }
+        // Where this rank's collectives stand, to break the group if the
+        // run fails before handing in all of its (`dist/host.rs`).
+        let issued = self.member.as_ref().map(|m| m.host.issued(m.rank));
         let arena = self.take_arena()?;
         let events = self.streams.as_ref().map_or(0, |s| s.events);
         let st = RunState {
@@ -257,6 +260,13 @@ impl Executable for CpuExecutable {
         drop(st);
         if let Some(a) = arena {
             self.give_back_arena(a);
+        }
+        if let (Err(e), Some(m), Some(start)) = (&result, &self.member, issued) {
+            let graph = &self.plan.graph;
+            let collectives = self.plan.order.iter().filter(|&&id| graph.node(id).op.is_collective()).count();
+            if collectives > 0 {
+                m.host.rank_failed(m.rank, start + collectives as u64, &e.to_string());
+            }
         }
         result
     }

@@ -219,7 +219,9 @@ impl Backend for CudaBackend {
         // around its launches (see `profile.rs`).
         let graphs = options.cuda_graphs && !options.profile;
         let mut exe = CudaExecutable::new(self.dev.clone(), &plan, program, graphs)?;
-        exe.comm = self.group.get().map(|(_, comm)| comm.clone());
+        if plan.order.iter().any(|&id| plan.graph.node(id).op.is_collective()) {
+            exe.comm = self.group.get().map(|(_, comm)| comm.clone());
+        }
         if options.profile {
             exe.profile = Some(super::profile::StepTimes::new(&plan, &exe.program)?);
         }
@@ -243,10 +245,11 @@ impl Backend for CudaBackend {
             .ctx
             .bind_to_thread()
             .map_err(|e| Error::Backend(format!("cuda: binding the context: {e:?}")))?;
-        let comm = super::nccl::Comm::init(&id, joining.size, joining.rank).map_err(Error::Backend)?;
+        let comm = super::nccl::Comm::init(&id, joining.size, joining.rank, joining.host.clone())
+            .map_err(Error::Backend)?;
         tracing::info!(rank = joining.rank, size = joining.size, nccl = ?super::nccl::version(), "joined an NCCL group");
         self.group
-            .set((joining, Arc::new(comm)))
+            .set((joining, comm))
             .map_err(|_| Error::Backend("cuda: this device is already a rank of a group".into()))
     }
 

@@ -133,3 +133,22 @@ impl StatusCopies {
         }))
     }
 }
+
+/// [`record`] for a run with collectives: its signal has the group's
+/// watchdog and its check the group's health (`group.rs`).
+pub(crate) fn record_watched(
+    dev: &Device,
+    stream: &CudaStream,
+    check: Option<Check>,
+    read: impl IntoIterator<Item = Completion>,
+    comm: &Arc<super::nccl::Comm>,
+    label: String,
+) -> Result<Completion> {
+    let event = Arc::new(Event::new()?);
+    event.record(raw(stream))?;
+    dev.pool.note_stream0(event.clone());
+    let signal = EventSignal { event, ctx: dev.ctx.clone() };
+    let watched = super::group::Watched::new(Box::new(signal), comm.clone(), label.clone());
+    let check = super::group::check(check, comm.clone(), label);
+    Ok(Completion::in_flight(Box::new(watched), Some(check), read, dev.runtime.clone()))
+}

@@ -13,6 +13,10 @@
 //! captured from exactly this enqueueing (`graph.rs`). A plan with index
 //! checks reads their status back before `launch` returns; otherwise the
 //! host never waits until the caller asks for the results.
+//!
+//! A plan with collectives also takes part in its group's health
+//! (`group.rs`): no run on a broken group, a failed run breaks it, and
+//! its waits have the group's watchdog.
 
 use super::device::{raw, Device, Event, LaunchState};
 use super::dnn::{self, ConvPlan, PoolPlan};
@@ -50,7 +54,8 @@ pub(crate) struct CudaExecutable {
     status: super::completion::StatusCopies,
     /// Step events of a profiled plan (`profile.rs`).
     pub profile: Option<super::profile::StepTimes>,
-    /// The device's NCCL communicator, for plans with collectives.
+    /// The device's NCCL communicator, for plans with collectives (and
+    /// only those: its presence makes a run one with collectives).
     pub comm: Option<Arc<super::nccl::Comm>>,
 }
 
@@ -462,6 +467,27 @@ impl Executable for CudaExecutable {
     }
 
     fn launch(&self, inputs: &[Buffer], rng: &RngArgs) -> Result<Launched> {
+        let Some(comm) = &self.comm else { return self.launch_plain(inputs, rng) };
+        // A run with collectives: never on a broken group, and a failure
+        // to launch breaks it (`group.rs`).
+        super::group::refuse_if_broken(comm)?;
+        self.launch_plain(inputs, rng).inspect_err(|e| {
+            super::group::rank_failed(comm, &self.label(), "to launch a run with collectives", e)
+        })
+    }
+
+    fn take_profile(&self, _run_start: std::time::Instant) -> Option<crate::profile::RunTimes> {
+        self.profile.as_ref()?.take()
+    }
+}
+
+impl CudaExecutable {
+    /// How group errors name this rank's device.
+    fn label(&self) -> String {
+        format!("cuda:{}", self.dev.ctx.ordinal())
+    }
+
+    fn launch_plain(&self, inputs: &[Buffer], rng: &RngArgs) -> Result<Launched> {
         let _run = tracing::debug_span!("run", backend = "cuda", steps = self.program.steps.len()).entered();
         if rng.streams.len() < self.program.random_streams {
             return Err(bad(format!(
@@ -490,6 +516,9 @@ impl Executable for CudaExecutable {
                 let outs = self.fresh_outs()?;
                 let b = self
                     .bindings(ins.iter().map(|b| b.ptr()).collect(), outs.iter().map(|a| a.ptr()).collect());
+                // NCCL's first calls connect to the other ranks on this
+                // thread: a rank that never comes must not hang it.
+                let _watch = self.comm.as_ref().map(|c| super::group::EnqueueWatch::start(c, &self.label()));
                 self.enqueue(&ls, &ls.streams, &b)?;
                 graphs.ran_eagerly();
                 outs
@@ -497,15 +526,17 @@ impl Executable for CudaExecutable {
         };
         let check = self.status_check(&ls.streams[0])?;
         let read = ins.iter().map(|b| b.ready.clone());
-        let done = super::completion::record(&self.dev, &ls.streams[0], check, read)?;
+        let done = match &self.comm {
+            Some(comm) => {
+                let label = self.label();
+                super::completion::record_watched(&self.dev, &ls.streams[0], check, read, comm, label)?
+            }
+            None => super::completion::record(&self.dev, &ls.streams[0], check, read)?,
+        };
         drop(ls);
         drop(graphs);
         self.dev.stats.nodes_executed.fetch_add(self.program.steps.len() as u64, Ordering::Relaxed);
         let outputs = self.outputs(&ins, &outs, &done)?;
         Ok(Launched { outputs, done })
-    }
-
-    fn take_profile(&self, _run_start: std::time::Instant) -> Option<crate::profile::RunTimes> {
-        self.profile.as_ref()?.take()
     }
 }

@@ -39,6 +39,8 @@ mod exec;
 #[cfg(feature = "cuda-backend")]
 mod graph;
 #[cfg(feature = "cuda-backend")]
+mod group;
+#[cfg(feature = "cuda-backend")]
 mod lt;
 #[cfg(feature = "cuda-backend")]
 mod memory;

@@ -5,20 +5,32 @@
 //! `libnccl.so.<CUDA major>` (and older CUDA majors), but NCCL's soname is
 //! `libnccl.so.2`, which is all the pip wheel (`nvidia-nccl-cu13`) and
 //! Debian's `libnccl2` install, and a library it cannot find is a panic.
-//! kiln needs nine entry points; it loads them here with `libloading`
-//! (already in the build through cudarc's `dynamic-loading`) from
-//! `KILN_NCCL_LIBRARY`, `libnccl.so.2` or `libnccl.so`, and a missing
+//! kiln needs the nine entry points of [`Api`]; it loads them here with
+//! `libloading` (already in the build through cudarc's `dynamic-loading`)
+//! from `KILN_NCCL_LIBRARY`, `libnccl.so.2` or `libnccl.so`, and a missing
 //! library is an error naming those.
 //!
 //! Ownership: a [`Comm`] belongs to the backend of one device and lives as
 //! long as the plans that call it (they hold an `Arc`). NCCL calls are
 //! stream-ordered: a call enqueues work and returns; the buffers it reads
 //! and writes belong to the run that enqueued it, like any kernel's.
+//!
+//! Failure: NCCL has no timeout, and a rank whose partner never issues
+//! the matching call spins in its kernel (or, on a first call, in the
+//! host's connection set-up) forever. A communicator is therefore also a
+//! member of its group's health (`dist/host.rs`): when the group breaks
+//! (a rank's run with collectives failed, or a rank waited past the
+//! group's timeout: `group.rs`), every rank's communicator is aborted
+//! (`ncclCommAbort`, which NCCL documents as the way to unblock a hung
+//! communicator from another thread). An aborted communicator is never
+//! called again: its later calls are errors naming why the group broke.
 
 use super::program::CollectiveCall;
+use crate::dist::host::Rendezvous;
 use crate::ir::{Collective, DType, ReduceOp};
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 type NcclResult = c_int;
 type RawComm = *mut c_void;
@@ -29,12 +41,14 @@ struct UniqueId {
     internal: [c_char; 128],
 }
 
-/// The entry points kiln calls.
+/// The entry points kiln calls (nine).
 struct Api {
     _lib: libloading::Library,
     get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> NcclResult,
     comm_init_rank: unsafe extern "C" fn(*mut RawComm, c_int, UniqueId, c_int) -> NcclResult,
     comm_destroy: unsafe extern "C" fn(RawComm) -> NcclResult,
+    comm_abort: unsafe extern "C" fn(RawComm) -> NcclResult,
+    comm_get_async_error: unsafe extern "C" fn(RawComm, *mut NcclResult) -> NcclResult,
     all_reduce: unsafe extern "C" fn(
         *const c_void,
         *mut c_void,
@@ -89,6 +103,8 @@ fn load() -> Result<Api, String> {
         get_unique_id: sym!(b"ncclGetUniqueId"),
         comm_init_rank: sym!(b"ncclCommInitRank"),
         comm_destroy: sym!(b"ncclCommDestroy"),
+        comm_abort: sym!(b"ncclCommAbort"),
+        comm_get_async_error: sym!(b"ncclCommGetAsyncError"),
         all_reduce: sym!(b"ncclAllReduce"),
         broadcast: sym!(b"ncclBroadcast"),
         error_string: sym!(b"ncclGetErrorString"),
@@ -124,10 +140,17 @@ pub(crate) fn version() -> Result<i32, String> {
     Ok(v)
 }
 
-/// One rank's communicator.
+/// One rank's communicator, and the group it is a rank of.
 pub(crate) struct Comm {
     raw: RawComm,
     api: &'static Api,
+    /// Set (once, before `ncclCommAbort`) when the group broke: no NCCL
+    /// call is made with `raw` from then on, and drop does not destroy it.
+    aborted: AtomicBool,
+    /// This rank.
+    pub rank: usize,
+    /// The group's health, shared by every rank (`dist/host.rs`).
+    pub group: Arc<Rendezvous>,
 }
 
 // SAFETY: NCCL communicators may be used from any thread; kiln serializes
@@ -138,15 +161,65 @@ unsafe impl Sync for Comm {}
 
 impl Comm {
     /// Rank `rank` of `size` for the group `id`; the device must be current
-    /// on this thread. Blocks until every rank has called it.
-    pub(crate) fn init(id: &[u8; 128], size: usize, rank: usize) -> Result<Comm, String> {
+    /// on this thread. Blocks until every rank has called it. The
+    /// communicator is aborted when `group` breaks (see the module docs).
+    pub(crate) fn init(
+        id: &[u8; 128],
+        size: usize,
+        rank: usize,
+        group: Arc<Rendezvous>,
+    ) -> Result<Arc<Comm>, String> {
         let api = api()?;
         let mut raw: RawComm = std::ptr::null_mut();
         let id = UniqueId { internal: id.map(|b| b as c_char) };
         let (n, r) = (c_int::try_from(size).map_err(|e| e.to_string())?, rank as c_int);
         // SAFETY: `raw` is a valid out-pointer; `id` is passed by value.
         check(api, "ncclCommInitRank", unsafe { (api.comm_init_rank)(&mut raw, n, id, r) })?;
-        Ok(Comm { raw, api })
+        let comm = Arc::new(Comm { raw, api, aborted: AtomicBool::new(false), rank, group: group.clone() });
+        let weak = Arc::downgrade(&comm);
+        group.on_break(Box::new(move || {
+            if let Some(comm) = weak.upgrade() {
+                comm.abort();
+            }
+        }));
+        Ok(comm)
+    }
+
+    /// Aborts the communicator (once): NCCL stops its kernels and host
+    /// waits in flight on it and frees it. Called when the group breaks.
+    pub(crate) fn abort(&self) {
+        if self.aborted.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        tracing::warn!(rank = self.rank, why = ?self.group.broken(), "aborting the NCCL communicator");
+        // SAFETY: `raw` is a live communicator (`aborted` was false, and
+        // only this call sets it); NCCL allows the abort while another
+        // thread is blocked in a call on it, which then returns an error.
+        let r = unsafe { (self.api.comm_abort)(self.raw) };
+        if let Err(e) = check(self.api, "ncclCommAbort", r) {
+            tracing::warn!(error = %e, "aborting an NCCL communicator");
+        }
+    }
+
+    /// An error if the group broke (naming why), or if NCCL reports an
+    /// asynchronous error on the communicator (a peer's failure it saw).
+    pub(crate) fn health(&self) -> Result<(), String> {
+        if let Some(why) = self.group.broken() {
+            return Err(format!("the process group is broken: {why}"));
+        }
+        if self.aborted.load(Ordering::SeqCst) {
+            return Err("the NCCL communicator was aborted".into());
+        }
+        let mut state: NcclResult = 0;
+        // SAFETY: a live communicator (not aborted, checked above; an
+        // abort racing this call is the case NCCL allows) and an out-pointer.
+        let r = unsafe { (self.api.comm_get_async_error)(self.raw, &mut state) };
+        check(self.api, "ncclCommGetAsyncError", r)?;
+        // ncclInProgress (7) is a non-blocking communicator still working.
+        if state != 0 && state != 7 {
+            return check(self.api, "a collective", state);
+        }
+        Ok(())
     }
 
     /// Enqueues `call` on `stream`, reading `src` and writing `dst` (device
@@ -162,6 +235,7 @@ impl Comm {
         dst: u64,
         stream: *mut c_void,
     ) -> Result<(), String> {
+        self.health()?;
         let dtype = nccl_dtype(call.dtype)?;
         let (s, d) = (src as *const c_void, dst as *mut c_void);
         // SAFETY: the caller's contract; the enum values are NCCL's.
@@ -181,6 +255,9 @@ impl Comm {
 
 impl Drop for Comm {
     fn drop(&mut self) {
+        if self.aborted.load(Ordering::SeqCst) {
+            return; // `ncclCommAbort` freed it
+        }
         // SAFETY: the communicator is valid and no plan uses it any more
         // (plans hold the `Arc` this is dropped from).
         let r = unsafe { (self.api.comm_destroy)(self.raw) };

@@ -1,5 +1,6 @@
 //! The graph: nodes with ordered operands, regions, outputs and a phase.
 
+mod effects;
 mod region;
 
 pub use region::{Region, RegionAutocast, RegionId};
@@ -91,6 +92,9 @@ pub struct Graph {
     phase: Phase,
     /// Derived facts (schedule, streams, memory); cleared on every edit.
     tables: PlanTables,
+    /// A sequence number above every effect's ever added
+    /// ([`Graph::next_effect_seq`]).
+    next_effect: u64,
 }
 
 impl Default for Graph {
@@ -108,6 +112,7 @@ impl Graph {
             outputs: Vec::new(),
             phase: Phase::Recorded,
             tables: PlanTables::default(),
+            next_effect: 0,
         }
     }
 
@@ -140,6 +145,9 @@ impl Graph {
     /// and rely on [`super::verify`]).
     pub fn add_unchecked(&mut self, node: Node, operands: &[NodeId]) -> NodeId {
         self.invalidate();
+        if let Some(seq) = node.op.effect_seq() {
+            self.next_effect = self.next_effect.max(seq.saturating_add(1));
+        }
         let id = NodeId::from_ix(self.g.add_node(node));
         for (slot, &o) in operands.iter().enumerate() {
             self.g.add_edge(o.ix(), id.ix(), slot as u32);
@@ -156,6 +164,7 @@ impl Graph {
             outputs: Vec::new(),
             phase: self.phase,
             tables: PlanTables::default(),
+            next_effect: 0,
         }
     }
 
@@ -375,11 +384,13 @@ impl Graph {
         &mut self.tables
     }
 
-    /// The schedule if there is one, else the topological order.
+    /// The schedule if there is one, else the topological order with the
+    /// effects in recorded order ([`Graph::effect_ordered`]): the order a
+    /// backend runs.
     pub fn schedule_or_topo(&self) -> Vec<NodeId> {
         match &self.tables.schedule {
             Some(s) => s.clone(),
-            None => self.topo_order(),
+            None => self.effect_ordered(self.topo_order()),
         }
     }
 
@@ -399,12 +410,13 @@ impl Graph {
         self.phase = self.phase.max(phase);
     }
 
-    /// The nodes the outputs depend on, operands before users. The order is
-    /// a function of the graph's structure alone (a depth-first walk from the
-    /// outputs in operand order), so two graphs that compute the same thing
-    /// the same way list their nodes identically whatever their ids.
+    /// The nodes the outputs and the effects depend on, operands before
+    /// users. The order is a function of the graph's structure alone (a
+    /// depth-first walk from [`Graph::roots`] in operand order), so two
+    /// graphs that compute the same thing the same way list their nodes
+    /// identically whatever their ids.
     pub fn topo_order(&self) -> Vec<NodeId> {
-        self.topo_order_from(&self.outputs)
+        self.topo_order_from(&self.roots())
     }
 
     /// [`Graph::topo_order`] from the given roots instead of the outputs.

@@ -17,7 +17,10 @@
 //! commas, attributes (`key=value`, `key=[a,b]`, bare flags like `keepdim`,
 //! positional values like `input 0` or `full 0.5`) by spaces. Before the
 //! first definition, `region <path> autocast=bf16|f16|off` gives a region
-//! its own autocast setting (`Context::scope_with_autocast`). `reshape`,
+//! its own autocast setting (`Context::scope_with_autocast`). A collective
+//! carries its sequence number (`all_reduce_sum %x seq=0`, see
+//! [`Op::Collective`](super::Op::Collective)); hand-written input may leave
+//! it out, and collectives are then numbered in file order. `reshape`,
 //! `expand` and `cast` take their target from the declared type. Lines
 //! starting with `;;` and blank lines are comments.
 //!

@@ -299,7 +299,8 @@ impl State {
             (_, Some(_)) => {
                 return Err(cur.err(format!("{mnemonic} has no body; only fused lines end with `{{`")))
             }
-            (kind, None) => build_op(kind, mnemonic, &mut attrs, &shape, dtype).map_err(|m| cur.err(m))?,
+            (kind, None) => build_op(kind, mnemonic, &mut attrs, &shape, dtype, self.graph.next_effect_seq())
+                .map_err(|m| cur.err(m))?,
         };
         attrs.finish(mnemonic).map_err(|m| cur.err(m))?;
         let types: Vec<(&Shape, DType)> = operands
@@ -321,6 +322,21 @@ impl State {
                 }
             } else {
                 self.inputs.insert(slot, (dtype, shape.clone(), name.to_string(), cur.line));
+            }
+        }
+        if let Some(seq) = op.effect_seq() {
+            if let Some(&other) =
+                self.order.iter().find(|&&o| self.graph.node(o).op.effect_seq() == Some(seq))
+            {
+                let (first, line) = self
+                    .names
+                    .iter()
+                    .find(|(_, v)| v.0 == other)
+                    .map(|(n, v)| (n.as_str(), v.1))
+                    .unwrap_or(("?", 0));
+                return Err(cur.err(format!(
+                    "%{name} ({mnemonic}): seq={seq} is taken by %{first} on line {line}; every collective has a sequence number of its own"
+                )));
             }
         }
         let region = match region {

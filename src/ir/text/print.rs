@@ -6,10 +6,10 @@ use std::fmt::Write;
 
 /// Prints the graph in the text IR: a `plan` line when the graph carries
 /// planning tables, a `region <path> autocast=<bf16|f16|off>` line for each
-/// region with an autocast setting of its own, the nodes its outputs need (in schedule order when it
-/// has a schedule, else numbered densely in structural topological order),
-/// then `return`. Ends with a newline. Deterministic, so it can be
-/// snapshotted and diffed.
+/// region with an autocast setting of its own, the nodes its outputs and
+/// effects need (in schedule order when it has a schedule, else numbered
+/// densely in structural topological order), then `return`. Ends with a
+/// newline. Deterministic, so it can be snapshotted and diffed.
 ///
 /// An invalid graph still prints (for debugging a pass) and never panics:
 /// a missing output prints as `%?missing`, a node in a missing region as
@@ -152,7 +152,7 @@ impl Annotations {
 /// graphs (outputs that do not exist are skipped), so printing and DOT
 /// never panic.
 pub(crate) fn numbering(graph: &Graph) -> (Vec<NodeId>, HashMap<NodeId, usize>) {
-    let roots: Vec<NodeId> = graph.outputs().iter().copied().filter(|&o| graph.contains(o)).collect();
+    let roots: Vec<NodeId> = graph.roots().into_iter().filter(|&o| graph.contains(o)).collect();
     let topo = graph.topo_order_from(&roots);
     let order = match &graph.tables().schedule {
         Some(s) if is_schedule_of(graph, s, &topo) => s.clone(),
@@ -216,7 +216,7 @@ fn attrs(op: &Op, dtype: crate::ir::DType) -> String {
             format!(" scale={scale:?} mask={}{}", mask.name(), if *causal { " causal" } else { "" })
         }
         Op::Fused(body) => format!(" kind={}", body.kind().name()),
-        Op::Collective(Collective::Broadcast(root)) => format!(" root={root}"),
-        Op::Collective(Collective::AllReduce(_)) => String::new(),
+        Op::Collective { what: Collective::Broadcast(root), seq } => format!(" root={root} seq={seq}"),
+        Op::Collective { what: Collective::AllReduce(_), seq } => format!(" seq={seq}"),
     }
 }

@@ -113,11 +113,14 @@ pub(super) fn vjp(
         Op::Compare(_) => Ok(vec![None; xs.len()]),
         // The loss is the sum of every rank's: each rank's operand reaches
         // every rank's result, so its gradient is the sum (mean) of every
-        // rank's incoming gradient, one more collective of the same kind.
-        Op::Collective(c @ Collective::AllReduce(ReduceOp::Sum | ReduceOp::Mean)) => {
-            one(b.op(Op::Collective(c), &[g]))
+        // rank's incoming gradient, one more collective of the same kind,
+        // numbered after every collective recorded so far (the backward
+        // sweep meets them in one order on every rank).
+        Op::Collective { what: c @ Collective::AllReduce(ReduceOp::Sum | ReduceOp::Mean), .. } => {
+            let seq = b.g.next_effect_seq();
+            one(b.op(Op::Collective { what: c, seq }, &[g]))
         }
-        Op::Collective(c) => Err(format!(
+        Op::Collective { what: c, .. } => Err(format!(
             "{} has no gradient rule; detach its operand (only all_reduce_sum and all_reduce_mean differentiate)",
             c.mnemonic()
         )),

@@ -177,7 +177,9 @@ pub fn extract(g: &SGraph, roots: &[Id], originals: &HashMap<ENode, NodeId>) -> 
     Extraction { choice, cost }
 }
 
-/// Rewrites `graph` to compute its outputs with the extracted nodes. A
+/// Rewrites `graph` to compute its roots with the extracted nodes: the
+/// first `outputs` roots become the outputs, the rest (the collectives)
+/// are built without becoming outputs. A
 /// chosen node that is a node of the input graph is that node, its operands
 /// pointed at the extracted nodes of the same e-classes (same values, so
 /// its value and every other user are unchanged); any other chosen node
@@ -189,6 +191,7 @@ pub fn rebuild(
     graph: &mut Graph,
     g: &SGraph,
     roots: &[Id],
+    outputs: usize,
     choice: &HashMap<Id, ENode>,
     originals: &HashMap<ENode, NodeId>,
     class_region: &HashMap<Id, RegionId>,
@@ -251,7 +254,8 @@ pub fn rebuild(
             built.insert(c, id);
         }
     }
-    let outputs = roots.iter().map(|&r| built.get(&g.find(r)).copied()).collect::<Option<Vec<_>>>()?;
+    let outputs =
+        roots[..outputs].iter().map(|&r| built.get(&g.find(r)).copied()).collect::<Option<Vec<_>>>()?;
     graph.set_outputs(outputs);
     Some(added)
 }

@@ -109,7 +109,7 @@ pub enum OpKey {
         dim: usize,
     },
     Fused(FusedKey),
-    Collective(Collective),
+    Collective(Collective, u64),
 }
 
 /// A fused body keyed by its printed text (simplify runs before fusion,
@@ -179,7 +179,7 @@ impl From<&Op> for OpKey {
             }
             Op::Cat { dim } => OpKey::Cat { dim: *dim },
             Op::Fused(body) => OpKey::Fused(FusedKey(body.clone(), body.to_string())),
-            Op::Collective(c) => OpKey::Collective(*c),
+            Op::Collective { what, seq } => OpKey::Collective(*what, *seq),
         }
     }
 }
@@ -222,7 +222,7 @@ impl OpKey {
                 Op::Attention { scale: f64::from_bits(*scale), causal: *causal, mask: *mask }
             }
             OpKey::Cat { dim } => Op::Cat { dim: *dim },
-            OpKey::Collective(c) => Op::Collective(*c),
+            OpKey::Collective(what, seq) => Op::Collective { what: *what, seq: *seq },
         }
     }
 

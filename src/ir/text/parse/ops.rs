@@ -64,6 +64,11 @@ impl<'a> Attrs<'a> {
         }
     }
 
+    /// Whether a `key=value` attribute is there (for optional ones).
+    fn has(&self, key: &str) -> bool {
+        self.items.iter().any(|(k, v)| *k == key && !matches!(v, Attr::Bare))
+    }
+
     fn flag(&mut self, key: &str) -> bool {
         match self.items.iter().position(|(k, v)| *k == key && matches!(v, Attr::Bare)) {
             Some(i) => {
@@ -218,12 +223,15 @@ pub(super) fn fused_op(body: Graph, a: &mut Attrs) -> Result<Op, String> {
     Ok(Op::Fused(Arc::new(body)))
 }
 
+/// The op a line describes. `next_seq` is the sequence number a
+/// collective without `seq=` takes (collectives count in file order).
 pub(super) fn build_op(
     kind: Kind,
     m: &str,
     a: &mut Attrs,
     shape: &Shape,
     dtype: DType,
+    next_seq: u64,
 ) -> Result<Op, String> {
     Ok(match kind {
         Kind::Input => {
@@ -308,12 +316,22 @@ pub(super) fn build_op(
             Op::Attention { scale, causal: a.flag("causal"), mask }
         }
         Kind::Cat => Op::Cat { dim: a.usize("dim", m, "cat %a, %b dim=0")? },
-        Kind::Collective(Collective::Broadcast(_)) => {
-            let root = a.usize("root", m, "broadcast %x root=0")?;
-            let root = u32::try_from(root).map_err(|_| format!("broadcast root {root} is too large"))?;
-            Op::Collective(Collective::Broadcast(root))
+        Kind::Collective(what) => {
+            let what = match what {
+                Collective::Broadcast(_) => {
+                    let root = a.usize("root", m, "broadcast %x root=0")?;
+                    Collective::Broadcast(
+                        u32::try_from(root).map_err(|_| format!("broadcast root {root} is too large"))?,
+                    )
+                }
+                other => other,
+            };
+            let seq = match a.has("seq") {
+                true => a.usize("seq", m, &format!("{m} %x seq=0"))? as u64,
+                false => next_seq,
+            };
+            Op::Collective { what, seq }
         }
-        Kind::Collective(c) => Op::Collective(c),
         Kind::Fused => {
             return Err("a fused node ends its line with `{`, then its body, then a `}` line".into())
         }
