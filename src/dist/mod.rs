@@ -4,7 +4,11 @@
 //! A [`Group`] makes contexts the ranks `0..n` of one process group. A
 //! collective ([`Tensor::all_reduce_sum`], [`Tensor::all_reduce_mean`],
 //! [`Tensor::broadcast_from`]) records an [`Op::Collective`] node like any
-//! other op: passes see it (it is never folded or fused), the stream pass
+//! other op, numbered in recording order (its `seq`). Passes see it as an
+//! effect: whatever a rank's constants make of the rest of its graph, no
+//! pass merges, drops, folds, fuses or reorders a collective, and the pass
+//! manager checks after every pass that the graph still runs the recorded
+//! collectives in recorded order (`passes/effects.rs`). The stream pass
 //! puts every collective on a stream of its own so it overlaps the compute
 //! after it, and each backend lowers it: NCCL on CUDA (one communicator
 //! per device, the call enqueued on the planned stream and captured into
@@ -36,9 +40,16 @@
 //!   Two ranks driven from one thread one after the other never meet: the
 //!   CPU transport gives up after [`Group::with_timeout`] (60 s by
 //!   default) and the group is broken from then on (every later
-//!   collective fails at once, naming the first failure); NCCL has no
-//!   timeout and would wait, which is why [`DataParallel`] runs one thread
-//!   per rank.
+//!   collective fails at once, naming the first failure). NCCL has no
+//!   timeout; a CUDA rank's waits on runs with collectives have a
+//!   watchdog of the same length, which breaks the group and aborts every
+//!   rank's communicator (`ncclCommAbort`). Ranks must still run
+//!   concurrently, which is why [`DataParallel`] runs one thread per rank.
+//! - A rank whose run fails before it issued its collectives (a bad index
+//!   feeding an all-reduce on the CPU), or a CUDA rank whose run with
+//!   collectives fails at all, breaks the group at once: every rank's
+//!   pending and later collectives fail with a message naming that rank
+//!   and its error, instead of waiting for a partner that never comes.
 //! - A rank's operand is copied into the exchange (CPU) or read in place by
 //!   NCCL while its run is in flight; the run owns both buffers (the
 //!   plan's arena) until it completes, as any other step's operands.
