@@ -243,20 +243,6 @@ fn shared_device(labels: &[String]) -> Option<String> {
     None
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn two_cuda_ranks_on_one_device_are_refused_naming_both() {
-        let labels: Vec<String> =
-            ["cuda:0 (context 1)", "cuda:1 (context 2)", "cuda:0 (context 3)"].map(String::from).to_vec();
-        assert_eq!(
-            super::shared_device(&labels).unwrap(),
-            "contexts 0 (cuda:0 (context 1)) and 2 (cuda:0 (context 3)) are on the same device; each rank of a CUDA group needs a device of its own (NCCL's rule): open rank k with Context::cuda(k)"
-        );
-        assert_eq!(super::shared_device(&labels[..2]), None);
-    }
-}
-
 #[cfg(feature = "cuda-backend")]
 fn nccl_unique_id() -> std::result::Result<[u8; 128], String> {
     crate::backends::cuda::nccl::unique_id()
@@ -280,5 +266,19 @@ impl Context {
 
     pub(crate) fn member(&self) -> Option<Joining> {
         self.inner.backend.member()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn two_cuda_ranks_on_one_device_are_refused_naming_both() {
+        let labels: Vec<String> =
+            ["cuda:0 (context 1)", "cuda:1 (context 2)", "cuda:0 (context 3)"].map(String::from).to_vec();
+        assert_eq!(
+            super::shared_device(&labels).unwrap(),
+            "contexts 0 (cuda:0 (context 1)) and 2 (cuda:0 (context 3)) are on the same device; each rank of a CUDA group needs a device of its own (NCCL's rule): open rank k with Context::cuda(k)"
+        );
+        assert_eq!(super::shared_device(&labels[..2]), None);
     }
 }
