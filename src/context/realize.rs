@@ -103,6 +103,7 @@ impl Context {
     /// gradient in the same plan, and makes each a buffer node. Returns
     /// the targets' buffers, in order. The targets must be nodes of live
     /// tensors.
+    #[track_caller]
     pub(crate) fn realize_nodes(&self, targets: &[NodeId]) -> Result<Vec<Buffer>> {
         let read = targets.len();
         let mut traced = self.realize_traced(targets)?;
@@ -112,9 +113,12 @@ impl Context {
 
     /// [`Context::realize_nodes`], returning every target's buffer and the
     /// bound plan that ran.
+    #[track_caller]
     pub(crate) fn realize_traced(&self, targets: &[NodeId]) -> Result<Traced> {
+        let location = Location::caller();
         let (job, targets) = {
             let mut state = self.state();
+            state.check_not_capturing(location)?;
             let targets = with_pending(&state, targets);
             match self.prepare(&mut state, &targets.all)? {
                 Ok(job) => {

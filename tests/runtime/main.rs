@@ -3,6 +3,7 @@
 //! (`KILN_REQUIRE_CUDA=1`: a missing GPU fails).
 
 mod capture;
+mod capture_fixes;
 mod copies;
 mod futures;
 mod nonblocking;
