@@ -4,6 +4,7 @@
 
 mod capture;
 mod capture_fixes;
+mod capture_props;
 mod copies;
 mod futures;
 mod nonblocking;
