@@ -253,7 +253,7 @@ fn f16_attention_gradients_with_head_dim_64_and_entries_of_32_are_finite() -> Re
         [&qk, &v]
             .iter()
             .map(|p| {
-                Ok(grads.get(*p).expect("a gradient").to_vec::<f32>()?.into_iter().map(f64::from).collect())
+                Ok(grads.get(p).expect("a gradient").to_vec::<f32>()?.into_iter().map(f64::from).collect())
             })
             .collect()
     };

@@ -129,8 +129,11 @@ const GELU_2: f64 = 1.954_499_736_103_641_6;
 const SIG_M1: f64 = 0.268_941_421_369_995_1;
 const SIG_2: f64 = 0.880_797_077_977_882_3;
 
+/// An op of one tensor.
+type Op = fn(&Tensor) -> Tensor;
+
 /// One case: a name, the op on a tensor of `X`, and PyTorch's output.
-type Unary = (&'static str, fn(&Tensor) -> Tensor, [f64; 6]);
+type Unary = (&'static str, Op, [f64; 6]);
 
 fn unary_cases() -> Vec<Unary> {
     let e = std::f64::consts::E;
@@ -153,7 +156,7 @@ fn unary_cases() -> Vec<Unary> {
         ("maximum(x, 0)", |x| x.maximum(0.0), [NAN, INF, 0.0, 0.0, 0.0, 2.0]),
         ("minimum(x, 0)", |x| x.minimum(0.0), [NAN, 0.0, -INF, -1.0, 0.0, 0.0]),
         ("x * 0", |x| x * 0.0, [NAN, NAN, NAN, 0.0, 0.0, 0.0]),
-        ("x - x", |x| x - x, [NAN, NAN, NAN, 0.0, 0.0, 0.0]),
+        ("x - x", |x| x.sub(x), [NAN, NAN, NAN, 0.0, 0.0, 0.0]),
         ("relu(x) + 1 (fused)", |x| x.relu() + 1.0, [NAN, INF, 1.0, 1.0, 1.0, 3.0]),
         ("x > 0 ? x : 0", |x| x.gt(0.0).where_cond(x, 0.0), [0.0, INF, 0.0, 0.0, 0.0, 2.0]),
     ]
@@ -171,7 +174,7 @@ const ROWS: [[f64; 3]; 6] = [
 
 /// One reduction case and PyTorch's value per row of [`ROWS`] (rows of
 /// three for softmax, log-softmax and the layer norm).
-type RowCase = (&'static str, fn(&Tensor) -> Tensor, Vec<f64>);
+type RowCase = (&'static str, Op, Vec<f64>);
 
 fn row_cases() -> Vec<RowCase> {
     // softmax([2, -inf, 1]) and log_softmax of it.
@@ -243,7 +246,7 @@ fn elementwise_and_rows(name: &str, ctx: &Context, dtype: DType, failures: &mut 
     let (unary, rowc) = (unary_cases(), row_cases());
     let mut outs: Vec<Tensor> = unary.iter().map(|(_, f, _)| f(&x)).collect();
     outs.extend(rowc.iter().map(|(_, f, _)| f(&rows)));
-    let long_ops: [(&str, fn(&Tensor) -> Tensor); 5] = [
+    let long_ops: [(&str, Op); 5] = [
         ("max", |x| x.max(&[1], false)),
         ("min", |x| x.min(&[1], false)),
         ("sum", |x| x.sum(&[1], false)),
