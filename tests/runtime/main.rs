@@ -4,6 +4,7 @@
 
 mod capture;
 mod copies;
+mod failures;
 mod futures;
 mod nonblocking;
 mod warm_up;
