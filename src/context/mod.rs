@@ -227,7 +227,7 @@ impl Context {
         Context::with_backend(Box::new(crate::backends::cuda::emulate::EmulatedCuda::new()))
     }
 
-    fn with_backend(backend: Box<dyn Backend>) -> Context {
+    pub(crate) fn with_backend(backend: Box<dyn Backend>) -> Context {
         let observe = observe::Observe::from_env();
         let compile = CompileOptions { profile: observe.wants_profiling(), ..CompileOptions::default() };
         let state = State {

@@ -168,8 +168,17 @@ impl Context {
     /// Launches a bound plan once fewer than the context's limit of runs
     /// are in flight (waiting for the oldest otherwise), and keeps its
     /// completion among them. Call without the lock.
+    ///
+    /// The oldest run is taken out under the lock and waited for without
+    /// it: other threads record, upload and launch meanwhile (a `while
+    /// let` on `self.state()` would hold the guard through the loop body,
+    /// so the wait held the lock, and noting an error deadlocked on it).
+    /// With several threads launching at once each waits for one run, so
+    /// the limit may be passed by a run per thread for a moment.
     pub(crate) fn launch_job(&self, job: &Job) -> Result<Launched> {
-        while let Some(oldest) = self.state().runs.over_limit() {
+        loop {
+            let oldest = self.state().runs.over_limit();
+            let Some(oldest) = oldest else { break };
             // Its error stays with the buffers it wrote (reads report it)
             // and is kept for the next `sync`.
             if let Err(e) = oldest.wait() {

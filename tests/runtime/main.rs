@@ -6,6 +6,7 @@ mod capture;
 mod capture_fixes;
 mod capture_props;
 mod copies;
+mod failures;
 mod futures;
 mod nonblocking;
 mod warm_up;
