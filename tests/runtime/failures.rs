@@ -14,8 +14,12 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 /// Runs `body` on a thread of its own and fails if it has not finished
-/// within `secs` seconds (the stuck thread is left behind).
+/// within `secs` seconds, times `KILN_TEST_WATCHDOG_SCALE` (default 1;
+/// more under compute-sanitizer, which slows kernels many times). The
+/// stuck thread is left behind.
 fn watchdog<T: Send + 'static>(secs: u64, what: &str, body: impl FnOnce() -> T + Send + 'static) -> T {
+    let scale = std::env::var("KILN_TEST_WATCHDOG_SCALE").ok().and_then(|v| v.parse::<u64>().ok());
+    let secs = secs * scale.unwrap_or(1).max(1);
     let (tx, rx) = std::sync::mpsc::channel();
     let handle = std::thread::spawn(move || {
         let out = body();
