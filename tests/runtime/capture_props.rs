@@ -127,7 +127,7 @@ fn expr(rng: &mut Rng, depth: u32) -> Expr {
 
 fn action(rng: &mut Rng, trained: &mut bool, scopes: &mut u32) -> Action {
     match rng.below(8) {
-        0 | 1 | 2 => Action::Assign(rng.below(VARS as u64) as usize, expr(rng, 2)),
+        0..=2 => Action::Assign(rng.below(VARS as u64) as usize, expr(rng, 2)),
         3 if !*trained => {
             *trained = true;
             Action::Train
@@ -275,7 +275,7 @@ impl Env {
     fn finals(&self) -> Result<Vec<(String, Vec<f32>)>> {
         let mut out = Vec::new();
         for name in self.ctx.workspace().names() {
-            let v = self.ctx.get_variable(&name)?;
+            let v = self.ctx.get_variable(name)?;
             if v.dtype() == DType::F32 {
                 out.push((name.to_string(), v.to_vec::<f32>()?));
             }
