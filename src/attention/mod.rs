@@ -50,6 +50,15 @@ impl Tensor {
     ///
     /// A query whose keys are all removed gives zeros (PyTorch's math
     /// backend gives NaN there).
+    ///
+    /// NaN and inf propagate as in PyTorch: a NaN in query row `i` makes
+    /// output row `i` NaN; a NaN in key `j` makes every row that keeps key
+    /// `j` NaN (a bool or causal mask that removes it replaces its score;
+    /// an additive mask adds to it, so `NaN + -inf` is still NaN); a NaN
+    /// in value `j` makes every row that keeps key `j` NaN; a `+inf` score
+    /// makes its row NaN (`e^(inf - inf)`); a score of `-inf` from the
+    /// data weighs 0. Whether a NaN or inf value of a *removed* key
+    /// reaches the row is not specified (PyTorch's backends differ too).
     #[track_caller]
     pub fn scaled_dot_product_attention(
         &self,

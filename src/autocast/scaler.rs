@@ -9,9 +9,16 @@
 //! the inner optimizer's step on g             (its assignments, gated:)
 //! v = ok ? v_new : v_old                      for every variable it assigned
 //! t = tracker + 1
-//! scale   = ok ? (t >= interval ? scale · growth : scale) : scale · backoff
+//! grown = scale · growth
+//! scale   = ok ? (t >= interval && grown < inf ? grown : scale) : scale · backoff
 //! tracker = ok ? (t >= interval ? 0 : t) : 0
 //! ```
+//!
+//! A scale never grows to inf (PyTorch's `_amp_update_scale_` keeps the
+//! old scale when the grown one is not finite, and restarts the count all
+//! the same): an inf scale would make every later step skip, since the
+//! scaled gradients would be inf or `0 · inf = NaN`, and `inf · backoff`
+//! is inf again.
 //!
 //! The scale and the tracker are variables (`grad_scaler/scale`, f32, and
 //! `grad_scaler/growth_tracker`, i64), so the decision to skip never
@@ -86,8 +93,12 @@ impl<O: Optimizer> GradScaler<O> {
         let location = Location::caller();
         let op = "GradScaler::new";
         let c = config;
-        check_arg(c.init_scale.is_finite() && c.init_scale > 0.0, op, location, || {
-            format!("the initial scale must be finite and > 0, got {}", c.init_scale)
+        // The scale is kept in f32: 1e39 is finite in f64, inf in f32.
+        check_arg((c.init_scale as f32).is_finite() && c.init_scale > 0.0, op, location, || {
+            format!(
+                "the initial scale must be finite in f32 (where it is kept) and > 0, got {:?}",
+                c.init_scale
+            )
         })?;
         check_arg(c.growth_factor.is_finite() && c.growth_factor > 1.0, op, location, || {
             format!("the growth factor must be finite and > 1, got {}", c.growth_factor)
@@ -161,7 +172,9 @@ impl<O: Optimizer> GradScaler<O> {
         let t = &*self.tracker + 1i64;
         let grow = t.ge(c.growth_interval as i64);
         let scale = &*self.scale;
-        let grown = grow.where_cond(scale * c.growth_factor, scale);
+        let larger = scale * c.growth_factor;
+        // f32: a grown scale past 3.4e38 is inf, and stays where it was.
+        let grown = grow.where_cond(larger.lt(f32::INFINITY).where_cond(&larger, scale), scale);
         self.scale.assign(ok.where_cond(&grown, scale * c.backoff_factor))?;
         self.tracker.assign(ok.where_cond(grow.where_cond(0i64, &t), 0i64))?;
         Ok(())

@@ -19,11 +19,23 @@
 //! context streams, numbered as the recording call numbered them, so a
 //! captured loop draws the numbers an uncaptured loop would); compute and
 //! release gradients. What it may not: create variables (make modules and
-//! optimizers before capturing), leave gradients held when it returns, or
-//! be called while gradients are held (each would change the graph the
-//! next call needs). The closure must record the same computation for the
-//! same signature: host-side branching on values (`if loss > 1.0`) is
-//! frozen at the recording call, as in every tracing compiler.
+//! optimizers before capturing), leave gradients held when it returns, be
+//! called while gradients are held (each would change the graph the next
+//! call needs), or read a value on the host (`to_vec`, `item`, `realize`,
+//! `sync`: an error at the read, since a replay runs one plan and no host
+//! code). The closure must record the same computation for the same
+//! signature: host-side branching on values (`if loss > 1.0`) is frozen at
+//! the recording call, as in every tracing compiler.
+//!
+//! What a call binds, so that a replay equals running the closure again:
+//! the arguments; each variable's value at the call (the step's reads of
+//! it; a tensor from outside that read the variable before the step, such
+//! as `w.detach()`, keeps the value it read); and each [`HostScalar`] the
+//! step read, at its value then (the optimizers' learning rates are such
+//! cells, so `set_lr` between calls reaches the replay). A Rust number the
+//! closure uses is a constant of the step, frozen at the recording call:
+//! a value that changes between calls is an argument, a variable or a
+//! [`HostScalar`].
 //!
 //! A new signature records again, up to a cap (8 by default,
 //! [`Captured::with_cap`]); past it a call is an error that says what
@@ -31,6 +43,10 @@
 //! sequence) would record every call.
 
 mod plan;
+mod scalar;
+
+pub use scalar::HostScalar;
+pub(crate) use scalar::HostScalarReads;
 
 use crate::ir::{DType, Shape};
 use crate::{Context, Error, Location, Result, Tensor};

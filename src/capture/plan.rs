@@ -1,10 +1,10 @@
 //! One recorded signature of a captured step: the plan that ran, where
 //! each of its inputs comes from at a call and where each output goes.
 
-use super::{Signature, StepFn};
+use super::{HostScalar, Signature, StepFn};
 use crate::backends::{Buffer, Executable, RngArgs};
 use crate::context::VarId;
-use crate::ir::{BufferId, NodeId, Op};
+use crate::ir::{BufferId, DType, NodeId, Op};
 use crate::{Context, Error, Location, Result, Tensor};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,6 +17,8 @@ enum Source {
     Var(VarId),
     /// A tensor from outside the step, realized when it was recorded.
     Const(Buffer),
+    /// A read of a host scalar recorded by the step: its value at the call.
+    Host(HostScalar, DType),
 }
 
 /// Where a plan output goes after a call.
@@ -104,15 +106,25 @@ impl StepPlan {
         // Fresh buffer nodes: every argument its own input slot, even one
         // passed twice.
         let arg_tensors: Vec<Tensor> = arg_buffers.iter().map(|b| ctx.record_buffer(b.clone())).collect();
-        let (vars_before, var_of_buffer, stream_base) = {
-            let state = ctx.state();
+        let (vars_before, var_of_buffer, stream_base, host_before) = {
+            let mut state = ctx.state();
+            // Each variable's value becomes a buffer node of its own, with
+            // a buffer id of its own: the step's reads of the variable read
+            // it, while a tensor from outside that read the same value (a
+            // snapshot, `w.detach()`, or `&*w * 2.0` not yet computed)
+            // keeps the old id, so it binds the value of the recording
+            // call, not the variable's value at each call.
             let mut by_buffer = HashMap::new();
-            for (i, v) in state.ws.vars.iter().enumerate() {
-                if let Op::Buffer(b) = state.graph.node(v.value).op {
-                    by_buffer.insert(b, VarId(i as u32));
+            for i in 0..state.ws.vars.len() {
+                let v = VarId(i as u32);
+                let buffer = state.var_buffer(v)?;
+                state.set_var_buffer(v, buffer)?;
+                if let Op::Buffer(b) = state.graph.node(state.ws.vars[i].value).op {
+                    by_buffer.insert(b, v);
                 }
             }
-            (state.ws.vars.len(), by_buffer, state.next_stream)
+            let host_before: Vec<BufferId> = state.host_scalars.keys().copied().collect();
+            (state.ws.vars.len(), by_buffer, state.next_stream, host_before)
         };
         let mut arg_of_buffer: HashMap<BufferId, usize> = HashMap::new();
         for (k, t) in arg_tensors.iter().enumerate() {
@@ -121,8 +133,11 @@ impl StepPlan {
                 arg_of_buffer.insert(b, k);
             }
         }
-        let results = f(&arg_tensors)?;
-        let (pending_vars, stream_end) = {
+        let results = {
+            let _recording = Recording::start(ctx);
+            f(&arg_tensors)?
+        };
+        let (pending_vars, stream_end, host_reads) = {
             let state = ctx.state();
             if state.ws.vars.len() != vars_before {
                 let made: Vec<&str> = state.ws.vars[vars_before..].iter().map(|v| v.name.as_str()).collect();
@@ -146,13 +161,23 @@ impl StepPlan {
                     pending.entry(v.value).or_default().push(VarId(i as u32));
                 }
             }
-            (pending, state.next_stream)
+            // The host scalars the step read (not those read outside it,
+            // which are values of their recording, as any outside tensor).
+            let host_reads: HashMap<BufferId, (HostScalar, DType)> = state
+                .host_scalars
+                .iter()
+                .filter(|(id, _)| !host_before.contains(id))
+                .map(|(id, read)| (*id, read.clone()))
+                .collect();
+            (pending, state.next_stream, host_reads)
         };
         let targets = results.iter().map(|t| t.node_in(ctx, location)).collect::<Result<Vec<_>>>()?;
         let traced = ctx.realize_traced(&targets)?;
         let classify = |id: BufferId, buffers: &dyn Fn(BufferId) -> Option<Buffer>| -> Result<Source> {
             if let Some(&k) = arg_of_buffer.get(&id) {
                 Ok(Source::Arg(k))
+            } else if let Some((cell, dtype)) = host_reads.get(&id) {
+                Ok(Source::Host(cell.clone(), *dtype))
             } else if let Some(&v) = var_of_buffer.get(&id) {
                 Ok(Source::Var(v))
             } else {
@@ -229,7 +254,7 @@ impl StepPlan {
             let buffers = self
                 .passthrough
                 .iter()
-                .map(|s| source_buffer(&state, s, &arg_buffers))
+                .map(|s| source_buffer(ctx, &state, s, &arg_buffers))
                 .collect::<Result<Vec<_>>>()?;
             drop(state);
             return Ok(buffers.into_iter().map(|b| ctx.record_buffer(b)).collect());
@@ -239,7 +264,7 @@ impl StepPlan {
             let inputs = bound
                 .sources
                 .iter()
-                .map(|s| source_buffer(&state, s, &arg_buffers))
+                .map(|s| source_buffer(ctx, &state, s, &arg_buffers))
                 .collect::<Result<Vec<_>>>()?;
             let base = state.next_stream;
             state.next_stream += self.stream_span;
@@ -285,12 +310,36 @@ impl StepPlan {
 }
 
 /// The buffer a source binds now.
-fn source_buffer(state: &crate::context::State, s: &Source, args: &[Buffer]) -> Result<Buffer> {
+fn source_buffer(
+    ctx: &Context,
+    state: &crate::context::State,
+    s: &Source,
+    args: &[Buffer],
+) -> Result<Buffer> {
     match s {
+        Source::Host(cell, dtype) => cell.upload(ctx, *dtype),
         Source::Arg(k) => {
             args.get(*k).cloned().ok_or_else(|| Error::Backend("captured step: argument missing".into()))
         }
         Source::Const(b) => Ok(b.clone()),
         Source::Var(v) => state.var_buffer(*v),
+    }
+}
+
+/// Marks the calling thread as recording a captured step for as long as
+/// it lives (its host reads are errors: see `State::check_not_capturing`),
+/// also when the closure fails or panics.
+struct Recording<'a>(&'a Context);
+
+impl<'a> Recording<'a> {
+    fn start(ctx: &'a Context) -> Recording<'a> {
+        ctx.state().capturing = Some(std::thread::current().id());
+        Recording(ctx)
+    }
+}
+
+impl Drop for Recording<'_> {
+    fn drop(&mut self) {
+        self.0.state().capturing = None;
     }
 }

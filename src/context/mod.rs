@@ -91,6 +91,12 @@ pub(crate) struct State {
     pub(crate) runs: crate::runtime::InFlight,
     /// Reports, the profiler and recompile explanations (`observe.rs`).
     pub(crate) observe: observe::Observe,
+    /// Reads of host scalars, by the buffer each uploaded: a captured step
+    /// binds such an input to the cell's value at each call.
+    pub(crate) host_scalars: crate::capture::HostScalarReads,
+    /// The thread recording a captured step, if one is: its host reads
+    /// are errors (the replay would not run them).
+    pub(crate) capturing: Option<std::thread::ThreadId>,
 }
 
 /// Counters a context keeps; see [`Context::stats`].
@@ -221,7 +227,7 @@ impl Context {
         Context::with_backend(Box::new(crate::backends::cuda::emulate::EmulatedCuda::new()))
     }
 
-    fn with_backend(backend: Box<dyn Backend>) -> Context {
+    pub(crate) fn with_backend(backend: Box<dyn Backend>) -> Context {
         let observe = observe::Observe::from_env();
         let compile = CompileOptions { profile: observe.wants_profiling(), ..CompileOptions::default() };
         let state = State {
@@ -242,6 +248,8 @@ impl Context {
             ws: Workspaces::default(),
             in_flight: Vec::new(),
             runs: Default::default(),
+            host_scalars: Default::default(),
+            capturing: None,
             observe,
         };
         static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -467,6 +475,25 @@ impl State {
         Ok(())
     }
 
+    /// An error when the calling thread is recording a captured step: a
+    /// read then would run a plan of its own, which the replayed step
+    /// would not run (and the assignments recorded before the read would
+    /// run only at the recording call).
+    pub(crate) fn check_not_capturing(&self, location: Location) -> Result<()> {
+        if self.capturing == Some(std::thread::current().id()) {
+            return Err(Error::Workspace {
+                op: "captured step",
+                message: "a value was read while the step records (to_vec, item, realize, sync or a future \
+                          inside the step's closure); a replayed call runs one plan and no host code, so the \
+                          read would not happen again and the assignments before it would be lost. Return the \
+                          value from the step and read it after the call"
+                    .into(),
+                location,
+            });
+        }
+        Ok(())
+    }
+
     pub(crate) fn add_buffer(&mut self, buffer: Buffer) -> BufferId {
         let id = BufferId(self.next_buffer);
         self.next_buffer += 1;
@@ -498,6 +525,7 @@ impl State {
             })
             .collect();
         self.buffers.retain(|id, _| used.contains(id));
+        self.host_scalars.retain(|id, _| used.contains(id));
     }
 }
 

@@ -103,6 +103,7 @@ impl Context {
     /// gradient in the same plan, and makes each a buffer node. Returns
     /// the targets' buffers, in order. The targets must be nodes of live
     /// tensors.
+    #[track_caller]
     pub(crate) fn realize_nodes(&self, targets: &[NodeId]) -> Result<Vec<Buffer>> {
         let read = targets.len();
         let mut traced = self.realize_traced(targets)?;
@@ -112,9 +113,12 @@ impl Context {
 
     /// [`Context::realize_nodes`], returning every target's buffer and the
     /// bound plan that ran.
+    #[track_caller]
     pub(crate) fn realize_traced(&self, targets: &[NodeId]) -> Result<Traced> {
+        let location = Location::caller();
         let (job, targets) = {
             let mut state = self.state();
+            state.check_not_capturing(location)?;
             let targets = with_pending(&state, targets);
             match self.prepare(&mut state, &targets.all)? {
                 Ok(job) => {
@@ -164,8 +168,17 @@ impl Context {
     /// Launches a bound plan once fewer than the context's limit of runs
     /// are in flight (waiting for the oldest otherwise), and keeps its
     /// completion among them. Call without the lock.
+    ///
+    /// The oldest run is taken out under the lock and waited for without
+    /// it: other threads record, upload and launch meanwhile (a `while
+    /// let` on `self.state()` would hold the guard through the loop body,
+    /// so the wait held the lock, and noting an error deadlocked on it).
+    /// With several threads launching at once each waits for one run, so
+    /// the limit may be passed by a run per thread for a moment.
     pub(crate) fn launch_job(&self, job: &Job) -> Result<Launched> {
-        while let Some(oldest) = self.state().runs.over_limit() {
+        loop {
+            let oldest = self.state().runs.over_limit();
+            let Some(oldest) = oldest else { break };
             // Its error stays with the buffers it wrote (reads report it)
             // and is kept for the next `sync`.
             if let Err(e) = oldest.wait() {

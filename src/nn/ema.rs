@@ -2,13 +2,17 @@
 //! averaging), kept in variables of its own: `ema/<parameter name>`.
 
 use super::{check_arg, runtime_scalar, variable_at, Params};
+use crate::capture::HostScalar;
 use crate::{Context, Error, Location, Result, Variable};
 
 /// Shadow copies of a model's parameters that follow them slowly:
 /// `update` records `ema = ema · decay + param · (1 - decay)` for every
 /// parameter, as assignments, so the next read runs all of them in one
 /// plan (with the training step recorded before it). The decay is a
-/// runtime scalar: a schedule that changes it compiles nothing new.
+/// runtime scalar: a schedule that changes it compiles nothing new. In a
+/// captured step (which never runs its closure again) a decay that
+/// changes between calls is a [`HostScalar`] read by
+/// [`Ema::update_from`]: each call binds its value then.
 ///
 /// ```
 /// use kiln::prelude::*;
@@ -63,6 +67,55 @@ impl Ema {
             let d = runtime_scalar(ctx, decay, shadow.dtype());
             let rest = runtime_scalar(ctx, 1.0 - decay, shadow.dtype());
             shadow.assign(&**shadow * &d + &**p * &rest)?;
+        }
+        Ok(())
+    }
+
+    /// [`Ema::update`] with the decay a [`HostScalar`] holds when the
+    /// update runs: a captured step that calls this reads the cell at each
+    /// call, so a decay schedule set between calls reaches every replay.
+    /// The value must be in `[0, 1]` (checked here, at recording).
+    ///
+    /// ```
+    /// use kiln::prelude::*;
+    /// use kiln::capture::HostScalar;
+    /// use kiln::nn::{Ema, Params};
+    /// let ctx = Context::cpu();
+    /// let w = ctx.variable("w", ctx.tensor(&[1.0f32], [1]))?;
+    /// let ema = Ema::new(&w)?;
+    /// let decay = HostScalar::new(0.5);
+    /// let (d, w2) = (decay.clone(), w.clone());
+    /// let mut step = ctx.capture(move |_: &[Tensor]| {
+    ///     w2.assign(&*w2 * 0.0)?;
+    ///     ema.update_from(&w2, &d)?;
+    ///     Ok(vec![ema.parameters()[0].tensor()])
+    /// });
+    /// assert_eq!(step.call(&[])?[0].to_vec::<f32>()?, vec![0.5]);
+    /// decay.set(0.25);
+    /// assert_eq!(step.call(&[])?[0].to_vec::<f32>()?, vec![0.125]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn update_from(&self, model: &impl Params, decay: &HostScalar) -> Result<()> {
+        let location = Location::caller();
+        let value = decay.get();
+        check_arg((0.0..=1.0).contains(&value), "Ema::update_from", location, || {
+            format!("the decay must be in [0, 1], got {value}")
+        })?;
+        let params = self.matching(model, "Ema::update_from", location)?;
+        let Some(ctx) = &self.ctx else { return Ok(()) };
+        let mut reads: Vec<(crate::DType, crate::Tensor)> = Vec::new();
+        for ((_, shadow), p) in self.shadows.iter().zip(&params) {
+            let dtype = shadow.dtype();
+            let d = match reads.iter().find(|(t, _)| *t == dtype) {
+                Some((_, d)) => d.clone(),
+                None => {
+                    let d = decay.tensor(ctx, dtype);
+                    reads.push((dtype, d.clone()));
+                    d
+                }
+            };
+            shadow.assign(&**shadow * &d + &**p * &(1.0f64 - &d))?;
         }
         Ok(())
     }

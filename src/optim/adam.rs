@@ -15,6 +15,7 @@
 
 use super::sgd::scalar_for;
 use super::{check_lr, Group, Optimizer};
+use crate::capture::HostScalar;
 use crate::nn::{check_arg, variable_at, Params};
 use crate::{DType, Location, Result, Tensor, Variable};
 
@@ -84,6 +85,8 @@ impl AdamW {
 struct Core {
     group: Group,
     config: AdamConfig,
+    /// The learning rate, read by each step at its run (see `Sgd`).
+    lr: HostScalar,
     decoupled: bool,
     exp_avg: Vec<Variable>,
     exp_avg_sq: Vec<Variable>,
@@ -114,7 +117,7 @@ impl Core {
         let exp_avg = group.state(scope, "exp_avg")?;
         let exp_avg_sq = group.state(scope, "exp_avg_sq")?;
         let step = variable_at(&group.ctx, &[scope, "step"], &group.ctx.zeros_dtype([], DType::I64))?;
-        Ok(Core { group, config: c, decoupled, exp_avg, exp_avg_sq, step })
+        Ok(Core { group, config: c, lr: HostScalar::new(c.lr), decoupled, exp_avg, exp_avg_sq, step })
     }
 
     fn step(&mut self) -> Result<()> {
@@ -131,7 +134,7 @@ impl Core {
         let mut corrections: Vec<(DType, (Tensor, Tensor))> = Vec::new();
         for (i, p, grad) in grads {
             let dtype = p.dtype();
-            let lr = scalar_for(&mut lrs, &self.group, c.lr, dtype);
+            let lr = scalar_for(&mut lrs, &self.group, &self.lr, dtype);
             let (step_size, bc2_sqrt) = match corrections.iter().find(|(d, _)| *d == dtype) {
                 Some((_, pair)) => pair.clone(),
                 None => {
@@ -177,13 +180,13 @@ macro_rules! adam_optimizer {
             }
 
             fn lr(&self) -> f64 {
-                self.core.config.lr
+                self.core.lr.get()
             }
 
             #[track_caller]
             fn set_lr(&mut self, lr: f64) -> Result<()> {
                 check_lr(lr, "set_lr", Location::caller())?;
-                self.core.config.lr = lr;
+                self.core.lr.set(lr);
                 Ok(())
             }
         }

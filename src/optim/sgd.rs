@@ -8,7 +8,8 @@
 //! ```
 
 use super::{check_lr, Group, Optimizer};
-use crate::nn::{check_arg, runtime_scalar, Params};
+use crate::capture::HostScalar;
+use crate::nn::{check_arg, Params};
 use crate::{DType, Location, Result, Tensor, Variable};
 
 /// [`Sgd`]'s hyperparameters; the defaults are PyTorch's (`lr` 1e-3, no
@@ -36,6 +37,9 @@ impl Default for SgdConfig {
 pub struct Sgd {
     group: Group,
     config: SgdConfig,
+    /// The learning rate, read by each step at its run (a captured step
+    /// binds its value at every call, so `set_lr` reaches replays).
+    lr: HostScalar,
     momentum: Option<Vec<Variable>>,
 }
 
@@ -58,7 +62,7 @@ impl Sgd {
         })?;
         let group = Group::new(params, op, location)?;
         let momentum = if config.momentum > 0.0 { Some(group.state("sgd", "momentum")?) } else { None };
-        Ok(Sgd { group, config, momentum })
+        Ok(Sgd { group, config, lr: HostScalar::new(config.lr), momentum })
     }
 }
 
@@ -67,7 +71,7 @@ impl Optimizer for Sgd {
         let c = self.config;
         let mut lrs: Vec<(DType, Tensor)> = Vec::new();
         for (i, p, grad) in self.group.with_grads() {
-            let lr = scalar_for(&mut lrs, &self.group, c.lr, p.dtype());
+            let lr = scalar_for(&mut lrs, &self.group, &self.lr, p.dtype());
             let mut g = grad;
             if c.weight_decay != 0.0 {
                 g = g + &**p * c.weight_decay;
@@ -88,28 +92,28 @@ impl Optimizer for Sgd {
     }
 
     fn lr(&self) -> f64 {
-        self.config.lr
+        self.lr.get()
     }
 
     #[track_caller]
     fn set_lr(&mut self, lr: f64) -> Result<()> {
         check_lr(lr, "set_lr", Location::caller())?;
-        self.config.lr = lr;
+        self.lr.set(lr);
         Ok(())
     }
 }
 
-/// The runtime scalar `value` in `dtype`, made once per step and dtype.
+/// A read of `value` in `dtype`, made once per step and dtype.
 pub(super) fn scalar_for(
     cache: &mut Vec<(DType, Tensor)>,
     group: &Group,
-    value: f64,
+    value: &HostScalar,
     dtype: DType,
 ) -> Tensor {
     if let Some((_, t)) = cache.iter().find(|(d, _)| *d == dtype) {
         return t.clone();
     }
-    let t = runtime_scalar(&group.ctx, value, dtype);
+    let t = value.tensor(&group.ctx, dtype);
     cache.push((dtype, t.clone()));
     t
 }

@@ -60,6 +60,7 @@ impl Tensor {
         let launched = (|| {
             let (ctx, _) = self.live()?;
             self.check_read_dtype::<T>(op, location)?;
+            ctx.state().check_not_capturing(location)?;
             let buffer = ctx.realize_nodes(&[self.current_node()?])?.remove(0);
             Ok((ctx.clone(), buffer))
         })();
@@ -81,6 +82,7 @@ impl Context {
         let location = Location::caller();
         let launched = (|| {
             let targets = tensors.iter().map(|t| t.node_in(self, location)).collect::<Result<Vec<_>>>()?;
+            self.state().check_not_capturing(location)?;
             self.realize_nodes(&targets)
         })();
         match launched {
@@ -93,6 +95,7 @@ impl Context {
     /// resolves once every run this context launched has finished, with
     /// the first error a run found since the last sync (each error is
     /// reported by one sync, blocking or not).
+    #[track_caller]
     pub fn sync_async(&self) -> Done {
         match self.realize_nodes(&[]) {
             Ok(_) => {
@@ -107,6 +110,7 @@ impl Context {
     /// plan, without reading anything, and waits until every run this
     /// context launched has finished; returns the first error a run found
     /// (a bad index found on the device) since the last `sync`.
+    #[track_caller]
     pub fn sync(&self) -> Result<()> {
         self.realize_nodes(&[])?;
         let runs = self.state().runs.all();

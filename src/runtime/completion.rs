@@ -9,6 +9,17 @@
 //! it, however many runs later. Settling is idempotent and cached; once
 //! settled a completion drops what it read (so chains of runs never grow
 //! past the runs in flight, which the context bounds).
+//!
+//! # Who settles
+//!
+//! Any thread may wait on a completion (readers, the launch waiting at the
+//! in-flight limit, `sync`, the context's drop), several at once. Each
+//! waits for the signal on its own, without a lock; settling then runs
+//! under the completion's `pending` lock, and the first thread to take it
+//! consumes the check and the read list, stores the outcome, and every
+//! other thread finds that outcome stored when it gets the lock. So every
+//! waiter returns the same outcome (the error, if the check found one),
+//! and so does every later completion that read this one.
 
 use super::waiter::Runtime;
 use crate::Result;
@@ -27,12 +38,19 @@ pub(crate) trait Signal: Send + Sync {
 /// words, copied back to the host by the run itself).
 pub(crate) type Check = Box<dyn FnOnce() -> Result<()> + Send>;
 
+/// What settling consumes; locked for the whole of settling, so one
+/// thread settles and every other finds the outcome (see the module docs).
+struct Pending {
+    check: Option<Check>,
+    /// Unsettled completions of the buffers the work read.
+    read: Vec<Completion>,
+}
+
 struct Inner {
     /// `None`: finished when made (work on the caller's thread).
     signal: Option<Box<dyn Signal>>,
-    check: Mutex<Option<Check>>,
-    /// Unsettled completions of the buffers the work read.
-    read: Mutex<Vec<Completion>>,
+    pending: Mutex<Pending>,
+    /// Set once, under `pending`'s lock.
     outcome: OnceLock<Result<()>>,
     /// The thread that wakes futures waiting on `signal`.
     runtime: Option<Arc<Runtime>>,
@@ -63,8 +81,7 @@ impl Completion {
     fn made_done() -> Completion {
         let inner = Inner {
             signal: None,
-            check: Mutex::new(None),
-            read: Mutex::new(Vec::new()),
+            pending: Mutex::new(Pending { check: None, read: Vec::new() }),
             outcome: OnceLock::from(Ok(())),
             runtime: None,
         };
@@ -90,8 +107,7 @@ impl Completion {
         }
         Completion(Arc::new(Inner {
             signal: Some(signal),
-            check: Mutex::new(check),
-            read: Mutex::new(kept),
+            pending: Mutex::new(Pending { check, read: kept }),
             outcome: OnceLock::new(),
             runtime: Some(runtime),
         }))
@@ -120,22 +136,29 @@ impl Completion {
     }
 
     /// Blocks until the work has finished and returns its outcome: its own
-    /// error, or the first error of the work it read.
+    /// error, or the first error of the work it read. Every caller, on
+    /// any thread, gets the same outcome.
     pub(crate) fn wait(&self) -> Result<()> {
         if let Some(o) = self.0.outcome.get() {
             return o.clone();
         }
+        // Waited for without the lock: other threads may wait on the
+        // signal too, and may settle meanwhile.
         let own = match &self.0.signal {
             Some(s) => s.wait(),
             None => Ok(()),
         };
-        let checked = own.and_then(|()| {
-            let check = self.0.check.lock().unwrap_or_else(|e| e.into_inner()).take();
-            check.map_or(Ok(()), |c| c())
-        });
+        let mut pending = self.0.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(o) = self.0.outcome.get() {
+            // Another thread settled it while this one waited.
+            return o.clone();
+        }
+        let checked = own.and_then(|()| pending.check.take().map_or(Ok(()), |c| c()));
         // What it read finished before it (stream order): these waits do
-        // not block, they only collect errors.
-        let read = std::mem::take(&mut *self.0.read.lock().unwrap_or_else(|e| e.into_inner()));
+        // not block, they only collect errors. Their locks are taken while
+        // this one is held, always from later work to earlier, so never in
+        // a cycle.
+        let read = std::mem::take(&mut pending.read);
         let upstream = read.iter().map(Completion::wait).find(Result::is_err).unwrap_or(Ok(()));
         // The error of what it read comes first: it is the cause.
         let outcome = upstream.and(checked);
@@ -214,7 +237,7 @@ mod tests {
         f.store(true, Ordering::Release);
         ok.wait().unwrap();
         let (next, _) = flagged(vec![ok.clone()], None);
-        assert!(next.0.read.lock().unwrap().is_empty());
+        assert!(next.0.pending.lock().unwrap().read.is_empty());
         assert_eq!(Arc::strong_count(&ok.0), 1);
     }
 }

@@ -21,7 +21,27 @@
 //! A context keeps at most [`InFlight::limit`] runs in flight (default 2,
 //! `Context::with_max_in_flight`): launching one more first waits for the
 //! oldest, so a loop that never reads cannot queue unbounded device work
-//! and memory.
+//! and memory. That wait holds no lock: other threads record, upload,
+//! read and launch meanwhile (each launching thread waits for a run of
+//! its own, so with several the limit can be passed by one run per
+//! thread for a moment).
+//!
+//! # Who waits for what
+//!
+//! Any thread may wait on any completion, several at once: host reads of
+//! its buffers, a launch at the limit, `sync`, a context's drop, and the
+//! runtime thread (which only queries). The first to settle a completion
+//! stores the outcome, and every other waiter, and every run that read
+//! it, gets that same outcome ([`completion`]), so an error reaches every
+//! reader. A run's buffers are owned by the tensors (and futures) that
+//! hold them and by the runs that read them; the device writes them only
+//! before the run's completion fires, and nothing is freed before that
+//! (a context dropped with runs in flight waits for them).
+//!
+//! The failure paths only a device reaches (a run failing while in
+//! flight, at the limit, with threads reading at once, with futures
+//! dropped midway) are tested on the CPU through a backend whose runs stay
+//! in flight (`runtime/inject`), and on a GPU in `tests/runtime`.
 //!
 //! # Futures
 //!
@@ -29,13 +49,25 @@
 //! library depends on none. A future that finds its work still running
 //! hands its completion and waker to the device's runtime thread
 //! ([`waiter`]) and returns `Pending`. Futures own reference-counted
-//! buffers, never borrowed memory, so dropping one before or after its
-//! first poll, or forgetting it, only means its work completes unobserved
-//! and its memory is released then.
+//! buffers, never borrowed memory, so no drop or forget can free memory
+//! the device still writes. Dropping one, before or after its first poll,
+//! only means its work completes unobserved: what it held is released
+//! then (the runtime thread drops a watched one's entry when the work
+//! finishes).
+//!
+//! A future holds its context, as a tensor does, so it can be awaited
+//! after every other handle is gone. Forgetting one (`mem::forget`)
+//! therefore leaks that context, as forgetting a tensor would: its graph,
+//! buffers and device, and on a GPU its runtime thread, stay until the
+//! process exits. That is a leak, never a hazard: the work completes, and
+//! the context stays usable by whatever still holds it (a test shows
+//! both).
 
 mod api;
 pub(crate) mod completion;
 mod future;
+#[cfg(test)]
+mod inject;
 pub(crate) mod waiter;
 
 pub use completion::Completion;

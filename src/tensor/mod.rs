@@ -225,6 +225,7 @@ impl Tensor {
     }
 
     /// Realizes and downloads; `op` names the user's call in errors.
+    #[track_caller]
     fn read<T: Element>(&self, op: &'static str, location: Location) -> Result<Vec<T>> {
         let (ctx, _) = self.live()?;
         self.check_read_dtype::<T>(op, location)?;
@@ -267,6 +268,7 @@ impl Tensor {
 
     /// Computes the tensor now and keeps the value: later reads and ops
     /// start from it instead of recomputing it.
+    #[track_caller]
     pub fn realize(&self) -> Result<&Tensor> {
         let (ctx, _) = self.live()?;
         ctx.realize_nodes(&[self.current_node()?])?;

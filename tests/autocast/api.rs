@@ -75,6 +75,8 @@ fn misuse_is_a_golden_message() {
     let sgd = || Sgd::new(&w, SgdConfig::default()).unwrap();
     let bad = [
         ScalerConfig { init_scale: 0.0, ..ScalerConfig::default() },
+        // Finite in f64, inf in f32 (where the scale is kept).
+        ScalerConfig { init_scale: 1e39, ..ScalerConfig::default() },
         ScalerConfig { growth_factor: 1.0, ..ScalerConfig::default() },
         ScalerConfig { backoff_factor: 1.5, ..ScalerConfig::default() },
         ScalerConfig { growth_interval: 0, ..ScalerConfig::default() },

@@ -163,3 +163,112 @@ fn bf16_gradients_match_f64_finite_differences_within_bf16_rounding() -> Result<
     }
     Ok(())
 }
+
+/// Attention's loss: `mse(attention(q, k, x), y)` over `[1, 1, 6, 64]`
+/// queries and keys and `[1, 1, 6, 8]` values, with a scale of 1/12800.
+fn attention_small_scale(p: &[Tensor], x: &Tensor, y: &Tensor) -> Result<Tensor> {
+    let a = p[0].scaled_dot_product_attention(&p[1], x, None, false, Some(1.0 / 12800.0));
+    kiln::nn::mse(&a, y)
+}
+
+static ATTENTION: Case = Case {
+    name: "attention d=64, |q|, |k| ~ 40, scale 1/12800",
+    params: &[(&[1, 1, 6, 64], 40.0), (&[1, 1, 6, 64], 40.0)],
+    x: &[1, 1, 6, 8],
+    loss: attention_small_scale,
+    target: |ctx, rng, dtype| tensor_of(ctx, &rng.values(48, 1.0), &[1, 1, 6, 8], dtype),
+};
+
+/// Rows of `±40` that share one sign pattern except for `flips · r`
+/// entries in row `r`, plus noise: row 0 of the queries against row 0 of
+/// the keys is `40 · 40 · 64 = 102400` before the scale, far past f16's
+/// 65504, while the scaled scores (at most 8) are ordinary.
+fn aligned_rows(rng: &mut Rng, signs: &[f64], flips: usize) -> Vec<f64> {
+    let mut out = Vec::with_capacity(6 * 64);
+    for r in 0..6 {
+        for (c, s) in signs.iter().enumerate() {
+            let flip = if c < flips * r { -1.0 } else { 1.0 };
+            out.push(((40.0 * s * flip + rng.normal()) as f32) as f64);
+        }
+    }
+    out
+}
+
+/// Autocast overflow (issue 33): f16 gradients of a loss whose unscaled
+/// intermediate products exceed f16's range (65504) while every value the
+/// loss is made of, and its gradient, is finite and ordinary. Attention's
+/// gradient recomputes `q kᵀ`: it must scale before the product (or keep
+/// it wider), as its forward kernel does by accumulating in f32; the
+/// gradients must then match f64 finite differences within f16's
+/// rounding. (Matmul has no such intermediate: its forward product is the
+/// value itself, and its backward products are those of the gradient.)
+#[test]
+fn f16_gradients_whose_unscaled_products_overflow_f16_match_f64_finite_differences() -> Result<()> {
+    // f16's unit roundoff is 2^-11; the scores (up to 8) are rounded
+    // once more in the backward's recomputed probabilities.
+    let f16_bound = 2f64.powi(-6);
+    let case = &ATTENTION;
+    for seed in [1u64, 2] {
+        let mut rng = Rng(seed * 77);
+        let signs: Vec<f64> = (0..64).map(|_| if rng.next() % 2 == 0 { 1.0 } else { -1.0 }).collect();
+        let params = vec![aligned_rows(&mut rng, &signs, 4), aligned_rows(&mut rng, &signs, 3)];
+        let dot: f64 = params[0][..64].iter().zip(&params[1][..64]).map(|(a, b)| a * b).sum();
+        assert!(dot > 65504.0, "the case as designed: q0 · k0 = {dot}");
+        let x: Vec<f64> = rng.values(48, 1.0).into_iter().map(|v| v as f32 as f64).collect();
+        let numeric = finite_differences(case, &params, &x, seed)?;
+        let low = gradients(&Context::cpu().with_autocast(DType::F16), case, &params, &x, seed)?;
+        let full = gradients(&Context::cpu(), case, &params, &x, seed)?;
+        for k in 0..params.len() {
+            let what = format!("{} seed {seed} parameter {k}", case.name);
+            assert!(low[k].iter().all(|g| g.is_finite()), "{what}: the f16 gradient is not finite");
+            let (e_low, e_full) = (relative(&low[k], &numeric[k]), relative(&full[k], &numeric[k]));
+            assert!(e_low <= f16_bound, "{what}: f16 gradient off by {e_low:.2e} of its largest entry");
+            assert!(e_full <= 1e-4, "{what}: f32 gradient off by {e_full:.2e}");
+            assert!(
+                relative(&low[k], &full[k]) > 4.0 * e_full,
+                "{what}: the f16 gradient is as close as f32's ({e_full:.2e}): it did not run in f16"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Issue 33, defect 9: attention's f16 backward computed `q kᵀ` in f16
+/// before scaling; with head dim 64 and entries of 32 that is 65536,
+/// inf in f16, and every gradient was NaN (the forward, accumulating in
+/// f32, was fine). Here every score is equal (8192 after the scale), so
+/// the probabilities are exactly uniform and the f16 gradients must
+/// equal the f32 ones within f16's rounding.
+#[test]
+fn f16_attention_gradients_with_head_dim_64_and_entries_of_32_are_finite() -> Result<()> {
+    let run = |ctx: Context| -> Result<Vec<Vec<f64>>> {
+        let qk = ctx.variable("qk", ctx.full([1, 2, 8, 64], 32.0f32))?;
+        let v = ctx.variable(
+            "v",
+            ctx.tensor(&(0..1024).map(|i| (i % 7) as f32 / 7.0).collect::<Vec<_>>(), [1, 2, 8, 64]),
+        )?;
+        let y = ctx.tensor(&(0..1024).map(|i| (i % 5) as f32 / 5.0).collect::<Vec<_>>(), [1, 2, 8, 64]);
+        let a = qk.scaled_dot_product_attention(&qk, &v, None, false, None);
+        let grads = kiln::nn::mse(&a, &y)?.backward()?;
+        [&qk, &v]
+            .iter()
+            .map(|p| {
+                Ok(grads.get(p).expect("a gradient").to_vec::<f32>()?.into_iter().map(f64::from).collect())
+            })
+            .collect()
+    };
+    let low = run(Context::cpu().with_autocast(DType::F16))?;
+    let full = run(Context::cpu())?;
+    // q and k's gradient is 0 up to rounding (uniform probabilities):
+    // errors are measured against the largest gradient entry of either.
+    let scale = full.iter().flatten().fold(0.0f64, |m, g| m.max(g.abs()));
+    for (name, (l, f)) in ["q and k", "v"].iter().zip(low.iter().zip(&full)) {
+        assert!(l.iter().all(|g| g.is_finite()), "the f16 gradient of {name} is not finite: {:?}", &l[..4]);
+        let err = l.iter().zip(f).fold(0.0f64, |m, (a, b)| m.max((a - b).abs())) / scale;
+        assert!(
+            err <= 2f64.powi(-7),
+            "the f16 gradient of {name} is off by {err:.2e} of the largest f32 entry"
+        );
+    }
+    Ok(())
+}

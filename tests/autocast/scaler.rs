@@ -220,3 +220,37 @@ fn a_gelu_at_zero_does_not_skip_f16_steps() -> Result<()> {
     assert_ne!(w.to_vec::<f32>()?, w0, "the steps updated the weight");
     Ok(())
 }
+
+/// Issue 33, defect 8: a scale that grows past f32's range became inf,
+/// and from then on every step was skipped (`0 · inf` is NaN, and
+/// `inf · backoff` is inf again), so training stopped silently. PyTorch
+/// grows the scale only when the grown scale is finite: it stays at
+/// 2^127 here (the tracker restarts all the same), and a real step after
+/// it still updates.
+#[test]
+fn the_scale_stops_growing_below_overflow_and_later_steps_still_update() -> Result<()> {
+    let ctx = Context::cpu();
+    let w = ctx.variable("w", ctx.ones([2]))?;
+    let sgd = kiln::optim::Sgd::new(&w, kiln::optim::SgdConfig { lr: 0.5, ..Default::default() })?;
+    let cfg = ScalerConfig { init_scale: 2f64.powi(120), growth_interval: 1, ..ScalerConfig::default() };
+    let mut opt = GradScaler::new(&ctx, sgd, cfg)?;
+    let mut seen = Vec::new();
+    for _ in 0..12 {
+        opt.backward(&(&*w * 0.0).sum_all())?;
+        opt.step()?;
+        opt.zero_grad()?;
+        seen.push(value(&ctx, "grad_scaler/scale")?[0].log2());
+    }
+    assert_eq!(seen, [121.0, 122.0, 123.0, 124.0, 125.0, 126.0, 127.0, 127.0, 127.0, 127.0, 127.0, 127.0]);
+    assert_eq!(value(&ctx, "grad_scaler/growth_tracker")?, [0.0]);
+    assert_eq!(w.to_vec::<f32>()?, [1.0, 1.0], "zero gradients moved the weight");
+    opt.backward(&(&*w * 0.25).sum_all())?;
+    opt.step()?;
+    opt.zero_grad()?;
+    assert_eq!(
+        w.to_vec::<f32>()?,
+        [0.875, 0.875],
+        "a finite step after the scale stopped growing was skipped"
+    );
+    Ok(())
+}

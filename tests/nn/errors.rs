@@ -139,3 +139,29 @@ fn data_arguments() {
     let _ = std::fs::remove_file(p);
     snap("csv_missing_file", read_csv("no/such/file.csv"));
 }
+
+/// Issue 33, defect 10: `Bert::forward` skipped its shape check for a
+/// failed `ids` tensor, then indexed the failed tensor's empty shape and
+/// panicked. A failed input (ids or mask) returns its own error.
+#[test]
+fn bert_forward_returns_the_error_of_a_failed_input() {
+    use kiln::nn::bert::{Bert, BertConfig};
+    let ctx = Context::cpu();
+    let config = BertConfig {
+        vocab_size: 12,
+        hidden_size: 8,
+        num_hidden_layers: 1,
+        num_attention_heads: 2,
+        intermediate_size: 16,
+        max_position_embeddings: 6,
+        type_vocab_size: 2,
+        layer_norm_eps: 1e-12,
+    };
+    let model = Bert::new(&ctx, "bert", &config, DType::F32).unwrap();
+    let ids = ctx.tensor(&[1i64, 2, 3], [2, 2]);
+    let mask = ctx.ones_dtype([2, 2], DType::I64);
+    snap("bert_failed_ids", model.forward(&ids, &mask));
+    let good = ctx.tensor(&[1i64, 2, 3, 4], [2, 2]);
+    let bad_mask = ctx.ones([2, 2]).matmul(&ctx.ones([3, 2]));
+    snap("bert_failed_mask", model.forward(&good, &bad_mask));
+}

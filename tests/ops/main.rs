@@ -4,12 +4,14 @@
 
 mod reference;
 
+mod attention_nonfinite;
 mod cache;
 mod creation;
 mod elementwise;
 mod errors;
 mod index;
 mod linalg;
+mod nonfinite;
 mod reduce;
 mod transformer;
 mod views;

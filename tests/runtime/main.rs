@@ -3,7 +3,10 @@
 //! (`KILN_REQUIRE_CUDA=1`: a missing GPU fails).
 
 mod capture;
+mod capture_fixes;
+mod capture_props;
 mod copies;
+mod failures;
 mod futures;
 mod nonblocking;
 mod warm_up;

@@ -7,9 +7,18 @@
 //! running maximum `m'`, the factor `e^(m - m')` that rescales what was
 //! summed so far, the running sum `l` of `e^(s - m')` and the running
 //! output `acc += e^(s - m') v`. At the end `out = acc / l`. A removed
-//! key (causal, `false` in a bool mask, `-inf` added) counts as `-inf`;
-//! a row with every key removed has `l = 0` and gives zeros. f16, bf16
-//! and f32 accumulate in f32, f64 in f64, as the CUDA kernel does.
+//! key (causal, `false` in a bool mask) has the score `-inf` in place of
+//! its product, an additive mask adds to it; a key whose score is `-inf`
+//! adds nothing (its value is not read), and a row with every key removed
+//! has `l = 0` and gives zeros. f16, bf16 and f32 accumulate in f32, f64
+//! in f64, as the CUDA kernel does.
+//!
+//! NaN and inf propagate as in PyTorch's formula: a NaN score makes the
+//! running maximum NaN (a plain `>` would skip it, and a row of NaN
+//! scores would look like a row with every key removed: zeros), so its
+//! row is NaN; a `+inf` score gives `e^(inf - inf)`, NaN; a value is
+//! multiplied by its weight even when the weight underflows to 0, so a
+//! NaN value reaches every row that keeps its key.
 //!
 //! Operands may be any strided view (the heads of a `[b, s, h, d]`
 //! projection permuted, a key-padding mask expanded over heads and
@@ -46,6 +55,12 @@ trait Acc:
     fn of(x: f64) -> Self;
     fn exp(self) -> Self;
     fn wide(self) -> f64;
+    /// Whether it is NaN (the one value unequal to itself).
+    #[inline]
+    #[allow(clippy::eq_op)]
+    fn is_nan(self) -> bool {
+        self != self
+    }
 }
 
 impl Acc for f32 {
@@ -87,17 +102,19 @@ struct MaskRead<'a, A> {
 }
 
 impl<A: Acc> MaskRead<'_, A> {
-    /// The mask's term for `(b, h, i, j)`: 0, the additive value, or
-    /// `-inf` for a removed key.
+    /// The mask's term for `(b, h, i, j)`: `Some` of 0 or the additive
+    /// value, or `None` for a removed key (whose score is `-inf`, not its
+    /// product plus `-inf`: a NaN product of a removed key stays out, as
+    /// PyTorch's `masked_fill` leaves it out).
     #[inline]
-    fn at(&self, b: usize, h: usize, i: usize, j: usize) -> A {
+    fn at(&self, b: usize, h: usize, i: usize, j: usize) -> Option<A> {
         let s = &self.strides;
         let o = self.offset + b * s[0] + h * s[1] + i * s[2] + j * s[3];
         match self.kind {
-            AttnMask::None => A::ZERO,
-            AttnMask::Additive => self.add[o],
-            AttnMask::Keep if self.keep[o] => A::ZERO,
-            AttnMask::Keep => A::NEG_INF,
+            AttnMask::None => Some(A::ZERO),
+            AttnMask::Additive => Some(self.add[o]),
+            AttnMask::Keep if self.keep[o] => Some(A::ZERO),
+            AttnMask::Keep => None,
         }
     }
 }
@@ -199,12 +216,12 @@ fn run<T: Elem, A: Acc>(
                     let mut best = m[r];
                     for (c, sc) in s[..kn].iter_mut().enumerate() {
                         let j = j0 + c;
-                        *sc = if causal && j > i {
-                            A::NEG_INF
-                        } else {
-                            dot(qi, &kh[j * d..][..d]) * scale + read.at(b, h, i, j)
+                        *sc = match read.at(b, h, i, j) {
+                            Some(add) if !(causal && j > i) => dot(qi, &kh[j * d..][..d]) * scale + add,
+                            _ => A::NEG_INF,
                         };
-                        if *sc > best {
+                        // NaN wins (once `best` is NaN, nothing replaces it).
+                        if *sc > best || sc.is_nan() && !best.is_nan() {
                             best = *sc;
                         }
                     }
@@ -219,10 +236,10 @@ fn run<T: Elem, A: Acc>(
                     }
                     let mut sum = A::ZERO;
                     for (c, &sc) in s[..kn].iter().enumerate() {
-                        let p = (sc - best).exp();
-                        if p == A::ZERO {
-                            continue;
+                        if sc == A::NEG_INF {
+                            continue; // removed: its value is not read
                         }
+                        let p = (sc - best).exp();
                         sum = sum + p;
                         let vj = &vh[(j0 + c) * dv..][..dv];
                         for (a, &x) in row.iter_mut().zip(vj) {

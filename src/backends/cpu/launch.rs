@@ -234,6 +234,7 @@ impl CpuExecutable {
         Ok(CpuBuffer {
             storage: Storage::in_arena::<T>(arena, offset, len)?,
             layout: Layout::contiguous(shape),
+            ready: None,
         })
     }
 }

@@ -41,6 +41,7 @@ pub(crate) use storage::Storage;
 
 use super::{Backend, Buffer, DeviceStats, Executable};
 use crate::ir::{DType, HostData, Plan, Shape};
+use crate::runtime::Completion;
 use crate::{Error, Result};
 use exec::CpuExecutable;
 use std::sync::Arc;
@@ -52,6 +53,10 @@ use storage::{Elem, View};
 pub struct CpuBuffer {
     storage: Arc<Storage>,
     layout: Layout,
+    /// The completion of the work writing it: `None` for everything this
+    /// backend makes (it computes before returning); set by test backends
+    /// that model device work still in flight (`runtime/inject.rs`).
+    ready: Option<Completion>,
 }
 
 impl CpuBuffer {
@@ -64,13 +69,13 @@ impl CpuBuffer {
                 shape.numel()
             )));
         }
-        Ok(CpuBuffer { storage: Storage::new(data, stats), layout: Layout::contiguous(shape) })
+        Ok(CpuBuffer { storage: Storage::new(data, stats), layout: Layout::contiguous(shape), ready: None })
     }
 
     /// A buffer over shared `storage` (the CUDA emulator's output sets).
     #[cfg_attr(not(feature = "cuda-emulator"), allow(dead_code))]
     pub(crate) fn over(storage: Arc<Storage>, layout: Layout) -> CpuBuffer {
-        CpuBuffer { storage, layout }
+        CpuBuffer { storage, layout, ready: None }
     }
 
     /// What identifies the elements this buffer reads: its storage's
@@ -82,7 +87,20 @@ impl CpuBuffer {
 
     /// The same storage under another layout (a zero-copy view).
     fn with_layout(&self, layout: Layout) -> CpuBuffer {
-        CpuBuffer { storage: self.storage.clone(), layout }
+        CpuBuffer { storage: self.storage.clone(), layout, ready: self.ready.clone() }
+    }
+
+    /// The completion of the work writing it, if that work may still be
+    /// running (see the field).
+    pub(crate) fn ready(&self) -> Option<&Completion> {
+        self.ready.as_ref()
+    }
+
+    /// The same buffer, written by work that finishes with `ready`.
+    #[cfg(test)]
+    pub(crate) fn written_by(mut self, ready: Completion) -> CpuBuffer {
+        self.ready = Some(ready);
+        self
     }
 
     /// The logical shape.
@@ -179,7 +197,11 @@ impl Backend for CpuBackend {
     }
 
     fn download(&self, buffer: &Buffer) -> Result<HostData> {
-        cpu(buffer)?.to_host()
+        let b = cpu(buffer)?;
+        if let Some(ready) = b.ready() {
+            ready.wait()?;
+        }
+        b.to_host()
     }
 
     fn compile(&self, plan: Arc<Plan>) -> Result<Arc<dyn Executable>> {

@@ -11,8 +11,11 @@
 //! `1..n` are joined back into stream 0; a completion event is recorded.
 //! The first run of a plan runs eagerly; later runs replay a CUDA graph
 //! captured from exactly this enqueueing (`graph.rs`). A plan with index
-//! checks reads their status back before `launch` returns; otherwise the
-//! host never waits until the caller asks for the results.
+//! checks has the run itself copy their status into pinned host memory
+//! after its last step, before the completion event; the host reads it
+//! only when someone waits on the run's completion (`completion.rs`), so
+//! `launch` never waits for the device, and the host waits only when the
+//! caller asks for results (a host read, `sync`, the in-flight limit).
 //!
 //! A plan with collectives also takes part in its group's health
 //! (`group.rs`): no run on a broken group, a failed run breaks it, and

@@ -176,8 +176,13 @@ impl Bert {
     #[track_caller]
     pub fn forward(&self, ids: &Tensor, mask: &Tensor) -> Result<Tensor> {
         let location = Location::caller();
+        // A failed input returns its own error: the checks below read
+        // shapes, and a failed tensor's is `[]`.
+        if let Some(e) = ids.error().or(mask.error()) {
+            return Err(e.clone());
+        }
         let shape = ids.shape().to_vec();
-        if ids.error().is_none() && (shape.len() != 2 || mask.shape() != shape.as_slice()) {
+        if shape.len() != 2 || mask.shape() != shape.as_slice() {
             return Err(Error::Shape {
                 op: "Bert::forward",
                 message: format!(

@@ -7,8 +7,17 @@
 //! ```text
 //! dv = Pᵀ g            dP = g vᵀ
 //! dS = P ⊙ (dP - rowsum(dP ⊙ P))
-//! dq = scale · dS k    dk = scale · dSᵀ q    dmask = dS (additive masks)
+//! dq = dS (scale · k)  dk = dSᵀ (scale · q)  dmask = dS (additive masks)
 //! ```
+//!
+//! The scale is applied to the operands of each product, never to its
+//! result: the products run in the low type under autocast (f16 or an
+//! f16 model), and `q kᵀ` of a 64-wide head with entries of 32 is 65536,
+//! inf in f16, although `scale · q kᵀ` (8192) is not. So the scores are
+//! `(√scale · q)(√scale · k)ᵀ`, as PyTorch's math path computes them, and
+//! the gradients take `scale · k` and `scale · q` (the scale is at most 1
+//! for the default `1/√d`, so no operand grows). The forward kernels
+//! accumulate in f32 and never had the problem.
 //!
 //! This materializes the `[sq, sk]` scores in the backward graph (fused
 //! into a few kernels by the fusion pass): exact and simple, at the memory
@@ -28,7 +37,9 @@ pub(super) fn vjp(
     mask: AttnMask,
 ) -> Built<Vec<Option<NodeId>>> {
     let (q, k, v) = (xs[0], xs[1], xs[2]);
-    let p = probabilities(b, q, k, xs.get(3).copied(), scale, causal, mask)?;
+    let root = scale.sqrt();
+    let (q_root, k_root) = (b.scale(q, root)?, b.scale(k, root)?);
+    let p = probabilities(b, q_root, k_root, xs.get(3).copied(), causal, mask)?;
     let dv = if wanted[2] {
         let pt = b.transpose_last(p)?;
         Some(b.matmul(pt, g)?)
@@ -52,13 +63,13 @@ pub(super) fn vjp(
     let centered = b.sub(dp, row)?;
     let ds = b.mul(p, centered)?;
     if wanted[0] {
-        let t = b.matmul(ds, k)?;
-        out[0] = Some(b.scale(t, scale)?);
+        let k_scaled = b.scale(k, scale)?;
+        out[0] = Some(b.matmul(ds, k_scaled)?);
     }
     if wanted[1] {
         let dst = b.transpose_last(ds)?;
-        let t = b.matmul(dst, q)?;
-        out[1] = Some(b.scale(t, scale)?);
+        let q_scaled = b.scale(q, scale)?;
+        out[1] = Some(b.matmul(dst, q_scaled)?);
     }
     if mask == AttnMask::Additive && wanted.get(3).copied().unwrap_or(false) {
         out[3] = Some(ds);
@@ -66,20 +77,19 @@ pub(super) fn vjp(
     Ok(out)
 }
 
-/// `P = softmax(scale q kᵀ + mask)` over the keys, with removed keys at
-/// `-inf` and rows with no key left all zero.
+/// `P = softmax(q kᵀ + mask)` over the keys (`q` and `k` already scaled
+/// by `√scale`), with removed keys at `-inf` and rows with no key left
+/// all zero.
 fn probabilities(
     b: &mut Builder,
     q: NodeId,
     k: NodeId,
     m: Option<NodeId>,
-    scale: f64,
     causal: bool,
     mask: AttnMask,
 ) -> Built {
     let kt = b.transpose_last(k)?;
-    let s = b.matmul(q, kt)?;
-    let mut s = b.scale(s, scale)?;
+    let mut s = b.matmul(q, kt)?;
     let shape = b.shape(s);
     let dtype = b.dtype(s);
     let neg_inf = b.full(f64::NEG_INFINITY, &shape, dtype)?;

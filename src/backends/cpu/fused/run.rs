@@ -245,7 +245,7 @@ impl FusedKernel {
         let stats = Arc::new(DeviceStats::default());
         let buffer = |d: Data<'_>, l: Layout| match d {
             Data::Arg(b, _) => b.with_layout(l),
-            Data::Owned(h) => CpuBuffer { storage: Storage::new(h, &stats), layout: l },
+            Data::Owned(h) => CpuBuffer { storage: Storage::new(h, &stats), layout: l, ready: None },
         };
         let (a, b) = (buffer(da, la), buffer(db, lb));
         let numel = self.rows * self.cols;

@@ -11,7 +11,10 @@
 //! exist only as that tile; global memory sees q, k, v (each read once per
 //! block) and the output. f16, bf16 and f32 accumulate in f32, f64 in
 //! f64; scores of removed keys are skipped, and a row with no key left
-//! writes zeros, as the CPU kernel does.
+//! writes zeros, as the CPU kernel does. A NaN score makes the running
+//! maximum NaN (`sc > tmax` alone would skip it, and a tile of NaN scores
+//! would look like a tile of removed keys), so its row is NaN, as in
+//! PyTorch; see `backends/cpu/attention.rs` for the rest of the rules.
 //!
 //! All threads of a block reach every `__syncthreads` (rows past the end
 //! compute and write nothing), so the kernel runs as it is on the CPU
@@ -178,10 +181,12 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
     }
     let _ = writeln!(s, "      const A sc = ({removed}) ? NEG_INF : {score};");
     let _ = writeln!(s, "      scs[r * {rows} + t] = sc;");
-    s.push_str("      tmax = sc > tmax ? sc : tmax;\n    }\n");
-    // One rescale per tile: the running maximum moves at most once.
+    // NaN wins: `sc != sc` is true for a NaN only (no fast math).
+    s.push_str("      tmax = (sc > tmax || (sc != sc && tmax == tmax)) ? sc : tmax;\n    }\n");
+    // One rescale per tile: the running maximum moves at most once (to
+    // NaN too: then the correction and every term are NaN).
     s.push_str("    if (tmax != NEG_INF) {\n");
-    s.push_str("      const A mn = tmax > m ? tmax : m;\n");
+    s.push_str("      const A mn = (tmax > m || (tmax != tmax && m == m)) ? tmax : m;\n");
     let _ = writeln!(s, "      const A corr = {ex}(m - mn);");
     s.push_str("      m = mn;\n      l *= corr;\n");
     let _ = writeln!(s, "      #pragma unroll\n      for (int c = 0; c < {dv}; ++c) acc[c] *= corr;");

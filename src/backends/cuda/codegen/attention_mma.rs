@@ -23,6 +23,12 @@
 //!   fragment's).
 //! - The output tile is divided by the row sum once at the end and stored;
 //!   a row whose keys are all removed stores zeros.
+//! - NaN propagates without a test of its own: the row maximum skips a
+//!   NaN score (`>` and `fmaxf` do), but its `exp2f(NaN - base)` is NaN,
+//!   and so are the row sum and the row. Unlike the CUDA-core and CPU
+//!   kernels, a removed key inside a tile still meets `mma` with weight 0,
+//!   so a NaN or inf *value* of a removed key may reach its row (`0 · NaN`,
+//!   as in PyTorch's math path; not specified, see `attention/mod.rs`).
 //!
 //! Scores are scaled by `scale · log2(e)` so that the softmax runs on
 //! `exp2`. Global loads are 16 bytes wide where an operand's head dim is
