@@ -113,10 +113,17 @@ impl Drop for Runtime {
 }
 
 /// The thread's loop.
+///
+/// Each round queries a snapshot of the watched list without the lock
+/// (clones: a reference count each), then takes out only what finished.
+/// The list itself keeps every entry while it is queried, so a task that
+/// polls again meanwhile finds its entry and is not watched (and woken)
+/// twice; between the snapshot and the removal the list only grows at its
+/// end, so the first `n` entries are the snapshot's.
 fn run(shared: &Shared) {
     let mut idle_rounds = 0u32;
     loop {
-        let batch = {
+        let snapshot: Vec<Completion> = {
             let mut w = shared.watched.lock().unwrap_or_else(|e| e.into_inner());
             while w.list.is_empty() && !w.stop {
                 w = shared.more.wait(w).unwrap_or_else(|e| e.into_inner());
@@ -128,24 +135,37 @@ fn run(shared: &Shared) {
                 }
                 return;
             }
-            std::mem::take(&mut w.list)
+            w.list.iter().map(|(c, _)| c.clone()).collect()
         };
-        let mut running = Vec::with_capacity(batch.len());
-        let mut woke = false;
-        for (c, k) in batch {
-            // An error querying counts as finished: the future's poll
-            // settles the completion and returns the error.
-            if matches!(c.finished(), Ok(false)) {
-                running.push((c, k));
-            } else {
+        // An error querying counts as finished: the future's poll settles
+        // the completion and returns the error.
+        let done: Vec<bool> = snapshot.iter().map(|c| !matches!(c.finished(), Ok(false))).collect();
+        drop(snapshot);
+        let woke = done.iter().any(|&d| d);
+        if woke {
+            // Completions leave with their wakers and drop outside the
+            // lock: the last one may hold the last reference to this
+            // runtime, whose drop takes the lock.
+            let finished: Vec<(Completion, Waker)> = {
+                let mut w = shared.watched.lock().unwrap_or_else(|e| e.into_inner());
+                let mut finished = Vec::new();
+                let mut kept = Vec::with_capacity(w.list.len());
+                for (i, (c, k)) in w.list.drain(..).enumerate() {
+                    if done.get(i).copied().unwrap_or(false) {
+                        finished.push((c, k));
+                    } else {
+                        kept.push((c, k));
+                    }
+                }
+                w.list = kept;
+                finished
+            };
+            // Woken outside the lock: a waker may run code that watches.
+            for (c, k) in finished {
                 k.wake();
-                woke = true;
+                drop(c);
             }
         }
-        if running.is_empty() {
-            continue;
-        }
-        shared.watched.lock().unwrap_or_else(|e| e.into_inner()).list.extend(running);
         idle_rounds = if woke { 0 } else { idle_rounds.saturating_add(1) };
         if idle_rounds < 64 {
             std::thread::yield_now();
@@ -163,9 +183,12 @@ mod tests {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::task::Wake;
 
-    struct Flag(Arc<AtomicBool>);
-    impl Signal for Flag {
+    /// A flag whose query takes a while, as a device query under load
+    /// does: it widens the window in which the thread is querying.
+    struct SlowFlag(Arc<AtomicBool>);
+    impl Signal for SlowFlag {
         fn query(&self) -> crate::Result<bool> {
+            std::thread::sleep(Duration::from_micros(20));
             Ok(self.0.load(Ordering::Acquire))
         }
         fn wait(&self) -> crate::Result<()> {
@@ -186,24 +209,31 @@ mod tests {
     #[test]
     fn the_thread_wakes_each_task_once_its_work_finished() {
         let rt = Runtime::new("test");
-        let flags: Vec<Arc<AtomicBool>> = (0..100).map(|_| Arc::new(AtomicBool::new(false))).collect();
         let count = Arc::new(Count(AtomicUsize::new(0)));
         let waker = Waker::from(count.clone());
-        for f in &flags {
-            let c = Completion::in_flight(Box::new(Flag(f.clone())), None, [], rt.clone());
-            c.wake_when_finished(&waker);
-            c.wake_when_finished(&waker); // polled twice: watched once
+        // Many rounds: a task polling again races with the thread's query
+        // of the earlier ones (which once took them off the list and let
+        // the second poll watch, and wake, a task twice).
+        for round in 1..=10 {
+            let flags: Vec<Arc<AtomicBool>> = (0..100).map(|_| Arc::new(AtomicBool::new(false))).collect();
+            for f in &flags {
+                let c = Completion::in_flight(Box::new(SlowFlag(f.clone())), None, [], rt.clone());
+                c.wake_when_finished(&waker);
+                std::thread::sleep(Duration::from_micros(50));
+                c.wake_when_finished(&waker); // polled twice: watched once
+            }
+            std::thread::sleep(Duration::from_millis(2));
+            assert_eq!(count.0.load(Ordering::SeqCst), 100 * (round - 1), "nothing new has finished");
+            for f in &flags {
+                f.store(true, Ordering::Release);
+            }
+            let t0 = std::time::Instant::now();
+            while count.0.load(Ordering::SeqCst) < 100 * round && t0.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::thread::sleep(Duration::from_millis(10)); // a second wake would land by now
+            assert_eq!(count.0.load(Ordering::SeqCst), 100 * round, "round {round}: one wake per task");
         }
-        std::thread::sleep(Duration::from_millis(5));
-        assert_eq!(count.0.load(Ordering::SeqCst), 0, "nothing has finished");
-        for f in &flags {
-            f.store(true, Ordering::Release);
-        }
-        let t0 = std::time::Instant::now();
-        while count.0.load(Ordering::SeqCst) < 100 && t0.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert_eq!(count.0.load(Ordering::SeqCst), 100);
         drop(rt); // joins the thread
     }
 }
