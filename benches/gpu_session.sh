@@ -15,6 +15,8 @@
 #                                            # and AMP_MODES=eager,compile,reduce-overhead pick rows and torch modes
 #   bash benches/gpu_session.sh ddp          # benches/gpu_ddp.rs + torch_ddp.py: data parallel on every GPU (issue 24),
 #                                            # f32 then bf16 autocast; needs nvidia-h200-x2 (or more GPUs)
+#   bash benches/gpu_session.sh dist         # tests-dist on every GPU (the NCCL tests need 2: a kind with
+#                                            # several GPUs), then its gpu:: tests under memcheck
 #   bash benches/gpu_session.sh digits-amp   # examples/digits.rs MLP and --conv under --autocast bf16 (and f32)
 #   bash benches/gpu_session.sh transformer  # benches/gpu_transformer.rs + torch_transformer.py (issue 20)
 #   bash benches/gpu_session.sh minilm       # examples/embed.rs and tests-nn (bert) on the real weights,
@@ -116,6 +118,12 @@ for stage in "$@"; do
         PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-300} python3 benches/torch_ddp.py $a > "$OUT/ddp-torch$a.log" 2>&1 || status=1
         tail -5 "$OUT/ddp-torch$a.log"
       done ;;
+    dist)
+      export KILN_REQUIRE_GPUS=${KILN_REQUIRE_GPUS:-2}
+      timeout 400 $bin/tests-dist --test-threads=1 --nocapture > "$OUT/dist.log" 2>&1 || status=1
+      echo "-- dist"; summary "$OUT/dist.log"; grep -E "^rank [01] at iteration" "$OUT/dist.log"
+      timeout ${SAN_TIMEOUT:-400} compute-sanitizer --tool memcheck --report-api-errors no --print-limit 20 $bin/tests-dist gpu:: --test-threads=1 > "$OUT/memcheck-dist.log" 2>&1 || status=1
+      echo "-- memcheck dist gpu::"; summary "$OUT/memcheck-dist.log"; tail -3 "$OUT/memcheck-dist.log" ;;
     digits-amp)
       for a in "" "--autocast bf16" --conv "--conv --autocast bf16"; do
         f=digits$(echo "$a" | tr -d ' -')

@@ -82,6 +82,30 @@ struct Round {
     takers: usize,
 }
 
+/// Starts every abort hook at once, each on a thread of its own, and
+/// returns without waiting for them.
+///
+/// - At once: NCCL's abort of one of a process's communicators may wait,
+///   in its teardown, for the process's other communicators of the group
+///   (NVIDIA/nccl issues 863 and 1013: "within a node, you need all ranks
+///   to abort"), so one after another on one thread can hang.
+/// - Not waited for: `ncclCommAbort` itself can hang in its teardown
+///   (joining a proxy thread stuck in `poll`, NVIDIA/nccl issue 1777).
+///   The ranks fail from the group's `broken` message, set before this
+///   runs, and a rank waiting on a run gives up after `GRACE`; a hung
+///   abort leaks its thread and communicator, never a rank.
+///
+/// Without a thread to be had, a hook runs here.
+fn run_detached(hooks: Vec<AbortHook>) {
+    for hook in hooks {
+        let hook = Arc::new(hook);
+        let spare = hook.clone();
+        if std::thread::Builder::new().name("kiln-abort".into()).spawn(move || (hook.as_ref())()).is_err() {
+            spare();
+        }
+    }
+}
+
 fn lock(m: &Mutex<Rounds>) -> MutexGuard<'_, Rounds> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -114,15 +138,20 @@ impl Rendezvous {
     /// Runs `hook` when the group breaks (at once if it is broken).
     #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
     pub(crate) fn on_break(&self, hook: AbortHook) {
+        // Checked under the hooks' lock: a break either took the list
+        // after this push (and runs the hook) or had set `broken` before.
+        let mut hooks = self.hooks.0.lock().unwrap_or_else(|e| e.into_inner());
         if self.broken().is_some() {
+            drop(hooks);
             hook();
             return;
         }
-        self.hooks.0.lock().unwrap_or_else(|e| e.into_inner()).push(hook);
+        hooks.push(hook);
     }
 
     /// Breaks the group: the first reason sticks, every waiting rank wakes
-    /// and fails with it, and the abort hooks run (once, on this thread).
+    /// and fails with it, and the abort hooks start (once, all at once, on
+    /// threads of their own: [`run_detached`]).
     pub(crate) fn break_group(&self, why: String) {
         {
             let mut s = lock(&self.state);
@@ -132,9 +161,7 @@ impl Rendezvous {
             self.arrived.notify_all();
         }
         let hooks = std::mem::take(&mut *self.hooks.0.lock().unwrap_or_else(|e| e.into_inner()));
-        for hook in hooks {
-            hook();
-        }
+        run_detached(hooks);
     }
 
     /// How many collectives `rank` has handed in so far.
@@ -354,6 +381,58 @@ mod tests {
         for r in results {
             assert_eq!(r, vec![4.5, -3.0]);
         }
+    }
+
+    /// NCCL's aborts of one process's communicators may wait for each
+    /// other, or hang (see [`run_detached`]): hooks that need each other
+    /// must all run, and the break must return whatever they do. Run one
+    /// after another on one thread, these two wait on their barrier
+    /// forever; the third never returns.
+    #[test]
+    fn abort_hooks_that_wait_for_each_other_all_run() {
+        let rv = Arc::new(Rendezvous::new(2, Duration::from_secs(10)));
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        for _ in 0..2 {
+            let (barrier, ran) = (barrier.clone(), ran.clone());
+            rv.on_break(Box::new(move || {
+                barrier.wait();
+                ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }));
+        }
+        let (stuck_tx, stuck_rx) = std::sync::mpsc::channel::<()>();
+        let stuck_rx = Mutex::new(stuck_rx);
+        rv.on_break(Box::new(move || {
+            let _ = stuck_rx.lock().map(|r| r.recv()); // until the test ends
+        }));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let breaker = rv.clone();
+        std::thread::spawn(move || {
+            breaker.break_group("rank 1 (cuda:1) failed".into());
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(20)).expect("the break hung in its abort hooks");
+        let t0 = Instant::now();
+        while ran.load(std::sync::atomic::Ordering::SeqCst) < 2 && t0.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            ran.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "hooks that wait for each other all ran"
+        );
+        // A hook registered after the break runs at once; a second break
+        // runs nothing again.
+        let late = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let l = late.clone();
+        rv.on_break(Box::new(move || {
+            l.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }));
+        rv.break_group("again".into());
+        assert_eq!(late.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(rv.broken().as_deref(), Some("rank 1 (cuda:1) failed"));
+        drop(stuck_tx);
     }
 
     #[test]

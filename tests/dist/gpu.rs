@@ -8,6 +8,8 @@
 use super::{on_ranks, values};
 use kiln::dist::{DataParallel, Group};
 use kiln::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 fn gpus(n: usize) -> Option<Vec<Context>> {
@@ -118,7 +120,11 @@ fn nccl_two_ranks_all_reduce() {
 fn nccl_a_rank_failing_before_its_collective_breaks_the_group() {
     let Some(ctxs) = gpus(2) else { return };
     Group::with_timeout(&ctxs, Duration::from_secs(20)).unwrap();
+    // Where each rank is (iteration * 10, + 2 while reading, + 3 after),
+    // for the watchdog's message.
+    let progress: Arc<[AtomicUsize; 2]> = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
     let (tx, rx) = std::sync::mpsc::channel();
+    let seen = progress.clone();
     std::thread::spawn(move || {
         let got = on_ranks(&ctxs, |r, ctx| {
             let table = ctx.tensor(&values(1, 8), [8]);
@@ -126,7 +132,11 @@ fn nccl_a_rank_failing_before_its_collective_breaks_the_group() {
                 let index: Vec<i64> =
                     (0..4).map(|i| if r == 1 && it == 3 && i == 2 { 99 } else { i }).collect();
                 let picked = table.gather(0, &ctx.tensor(&index, [4]));
-                if let Err(e) = picked.all_reduce_sum().to_vec::<f32>() {
+                let summed = picked.all_reduce_sum();
+                seen[r].store(it * 10 + 2, Ordering::SeqCst);
+                let read = summed.to_vec::<f32>();
+                seen[r].store(it * 10 + 3, Ordering::SeqCst);
+                if let Err(e) = read {
                     return (it, e.to_string());
                 }
             }
@@ -134,7 +144,17 @@ fn nccl_a_rank_failing_before_its_collective_breaks_the_group() {
         });
         let _ = tx.send(got);
     });
-    let got = rx.recv_timeout(Duration::from_secs(120)).expect("watchdog: a rank hung for 120 s");
+    let got = rx.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| {
+        let at = |r: usize| {
+            let p = progress[r].load(Ordering::SeqCst);
+            format!(
+                "rank {r} at iteration {}, {}",
+                p / 10,
+                if p % 10 == 2 { "reading" } else { "past its read" }
+            )
+        };
+        panic!("watchdog: a rank hung for 120 s ({}; {})", at(0), at(1))
+    });
     eprintln!(
         "rank 0 at iteration {}: {}\nrank 1 at iteration {}: {}",
         got[0].0, got[0].1, got[1].0, got[1].1

@@ -245,8 +245,14 @@ impl Backend for CudaBackend {
             .ctx
             .bind_to_thread()
             .map_err(|e| Error::Backend(format!("cuda: binding the context: {e:?}")))?;
-        let comm = super::nccl::Comm::init(&id, joining.size, joining.rank, joining.host.clone())
-            .map_err(Error::Backend)?;
+        let comm = super::nccl::Comm::init(
+            &id,
+            joining.size,
+            joining.rank,
+            joining.host.clone(),
+            self.dev.ctx.clone(),
+        )
+        .map_err(Error::Backend)?;
         tracing::info!(rank = joining.rank, size = joining.size, nccl = ?super::nccl::version(), "joined an NCCL group");
         self.group
             .set((joining, comm))

@@ -151,6 +151,10 @@ pub(crate) struct Comm {
     pub rank: usize,
     /// The group's health, shared by every rank (`dist/host.rs`).
     pub group: Arc<Rendezvous>,
+    /// The device's context, kept alive while the communicator is: an
+    /// abort runs on a thread of its own and may outlive the rank's
+    /// context handles (`dist/host.rs`, `run_detached`).
+    _device: Arc<cudarc::driver::CudaContext>,
 }
 
 // SAFETY: NCCL communicators may be used from any thread; kiln serializes
@@ -168,6 +172,7 @@ impl Comm {
         size: usize,
         rank: usize,
         group: Arc<Rendezvous>,
+        device: Arc<cudarc::driver::CudaContext>,
     ) -> Result<Arc<Comm>, String> {
         let api = api()?;
         let mut raw: RawComm = std::ptr::null_mut();
@@ -175,7 +180,14 @@ impl Comm {
         let (n, r) = (c_int::try_from(size).map_err(|e| e.to_string())?, rank as c_int);
         // SAFETY: `raw` is a valid out-pointer; `id` is passed by value.
         check(api, "ncclCommInitRank", unsafe { (api.comm_init_rank)(&mut raw, n, id, r) })?;
-        let comm = Arc::new(Comm { raw, api, aborted: AtomicBool::new(false), rank, group: group.clone() });
+        let comm = Arc::new(Comm {
+            raw,
+            api,
+            aborted: AtomicBool::new(false),
+            rank,
+            group: group.clone(),
+            _device: device,
+        });
         let weak = Arc::downgrade(&comm);
         group.on_break(Box::new(move || {
             if let Some(comm) = weak.upgrade() {
