@@ -521,9 +521,10 @@ fn garbled_input_never_panics() {
         drop.remove(i);
         cases.push(drop.join("\n"));
     }
-    let mut ok = 0;
-    for case in &cases {
-        let result = std::panic::catch_unwind(|| {
+    // Independent cases, spread over the cores (CI's time: this was the
+    // binary's longest test).
+    let check = |case: &String| -> std::result::Result<bool, String> {
+        std::panic::catch_unwind(|| {
             let mut parsed = false;
             for g in [parse(case), parse_test_file(&format!("test x\n{case}")).map(|t| t.graph)]
                 .into_iter()
@@ -536,12 +537,25 @@ fn garbled_input_never_panics() {
                 parsed = true;
             }
             parsed
-        });
-        match result {
-            Ok(parsed) => ok += parsed as usize,
-            Err(_) => panic!("panicked on input:\n{case}"),
+        })
+        .map_err(|_| format!("panicked on input:\n{case}"))
+    };
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let chunk = cases.len().div_ceil(threads);
+    let ok: usize = std::thread::scope(|s| {
+        let hs: Vec<_> =
+            cases.chunks(chunk).map(|part| s.spawn(|| part.iter().map(check).collect::<Vec<_>>())).collect();
+        let mut ok = 0;
+        for h in hs {
+            for r in h.join().expect("a checking thread") {
+                match r {
+                    Ok(parsed) => ok += parsed as usize,
+                    Err(m) => panic!("{m}"),
+                }
+            }
         }
-    }
+        ok
+    });
     assert!(ok > 100, "too few garbled cases parsed ({ok}); the test is not exercising Ok paths");
 }
 
