@@ -10,9 +10,12 @@ use kiln::backends::{Backend, Buffer, RngArgs};
 use kiln::ir::text::{parse_test_file, print};
 use kiln::ir::{verify, DType, Graph, HostData, Op, Plan, RegionAutocast, Shape};
 use kiln::passes::{optimize, pass_names, run_single, PassOptions, PipelineConfig};
+use splitmix::Rng;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+#[path = "support/splitmix.rs"]
+mod splitmix;
 
 fn settings() -> insta::Settings {
     let mut s = insta::Settings::clone_current();
@@ -96,26 +99,8 @@ fn region_low(graph: &Graph) -> Option<DType> {
     })
 }
 
-/// A small deterministic generator (splitmix64), so inputs never depend on
-/// the platform or a crate's version.
-struct Rng(u64);
-
+/// The draws only this file needs.
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn uniform(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f64 {
-        let u = 1.0 - self.uniform(); // (0, 1]
-        let v = self.uniform();
-        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
-    }
     fn int(&mut self, lo: i64, hi: i64) -> i64 {
         lo + (self.next() % (hi - lo + 1) as u64) as i64
     }

@@ -8,24 +8,11 @@
 //! Fresh seeded inputs per case: a two-layer MLP with biases and tanh
 //! under cross-entropy, and a conv -> relu -> linear net under MSE.
 
+use super::splitmix::Rng;
 use kiln::prelude::*;
 
-/// A small deterministic generator (splitmix64).
-struct Rng(u64);
-
+/// The draws only this file needs.
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn normal(&mut self) -> f64 {
-        let u = 1.0 - (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        let v = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
-    }
     fn values(&mut self, n: usize, scale: f64) -> Vec<f64> {
         (0..n).map(|_| self.normal() * scale).collect()
     }

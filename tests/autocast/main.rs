@@ -12,6 +12,8 @@ mod digits;
 mod explicit;
 mod gradcheck;
 mod scaler;
+#[path = "../support/splitmix.rs"]
+mod splitmix;
 
 /// Insta settings that write into the repository's `snapshots/`.
 pub fn snapshots() -> insta::Settings {

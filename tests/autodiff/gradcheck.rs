@@ -35,6 +35,7 @@ const fn case(
     Case { name, inputs, f }
 }
 
+use super::splitmix::Rng;
 use Dom::{Any, AwayFromZero as Away, Positive as Pos};
 
 const M34: &[usize] = &[3, 4];
@@ -175,22 +176,8 @@ static CASES: &[Case] = &[
     }),
 ];
 
-/// splitmix64, so the data never depends on a crate version.
-struct Rng(u64);
-
+/// The draws only this file needs.
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn normal(&mut self) -> f64 {
-        let u = 1.0 - (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        let v = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
-    }
     fn value(&mut self, dom: Dom) -> f64 {
         let x = self.normal();
         match dom {

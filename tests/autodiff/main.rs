@@ -8,6 +8,8 @@ mod checkpoint;
 mod errors;
 mod gradcheck;
 mod scopes;
+#[path = "../support/splitmix.rs"]
+mod splitmix;
 mod train;
 mod variables;
 

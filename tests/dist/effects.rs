@@ -6,6 +6,7 @@
 //! seconds, so a regression fails fast instead of waiting 60 s.
 
 use super::on_ranks;
+use super::splitmix::Rng;
 use kiln::dist::Group;
 use kiln::prelude::*;
 use std::time::Duration;
@@ -67,17 +68,8 @@ fn a_rank_failing_before_its_collective_breaks_the_group_naming_it() {
     );
 }
 
-/// A tiny seeded generator (splitmix64): cases are reproducible by seed.
-struct Rng(u64);
-
+/// The draws only this file needs.
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
     fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }

@@ -10,6 +10,8 @@ mod data_parallel;
 mod effects;
 mod errors;
 mod gpu;
+#[path = "../support/splitmix.rs"]
+mod splitmix;
 
 use kiln::prelude::*;
 

@@ -12,6 +12,7 @@
 //! `KILN_CAPTURE_PROPS_SEED=n` runs one program (the failure message names
 //! its seed).
 
+use super::splitmix::Rng;
 use super::{data, devices};
 use kiln::capture::HostScalar;
 use kiln::nn::Ema;
@@ -19,24 +20,10 @@ use kiln::optim::{Adam, AdamConfig, AdamW, Optimizer, Sgd, SgdConfig};
 use kiln::prelude::*;
 use std::cell::RefCell;
 
-/// SplitMix64: the programs and what happens between calls.
-struct Rng(u64);
-
+/// The draws only this file needs.
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
-    }
-
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 
@@ -114,7 +101,7 @@ fn expr(rng: &mut Rng, depth: u32) -> Expr {
             3 => Expr::Lazy(rng.below(VARS as u64) as usize),
             4 => Expr::Random,
             5 => Expr::Host,
-            _ => Expr::Const((rng.unit() * 2.0 - 1.0) as f32),
+            _ => Expr::Const((rng.uniform() * 2.0 - 1.0) as f32),
         };
     }
     let a = Box::new(expr(rng, depth - 1));
@@ -156,8 +143,8 @@ impl Program {
         let between = (0..CALLS)
             .map(|_| match rng.below(6) {
                 0 => Between::SetLr([0.0, 0.01, 0.05, 0.2][rng.below(4) as usize]),
-                1 => Between::SetDecay(rng.unit()),
-                2 => Between::SetHost(rng.unit() * 2.0 - 1.0),
+                1 => Between::SetDecay(rng.uniform()),
+                2 => Between::SetHost(rng.uniform() * 2.0 - 1.0),
                 3 => Between::AssignOutside(rng.below(VARS as u64) as usize),
                 4 => Between::ReadOutside(rng.below(VARS as u64) as usize),
                 _ => Between::Nothing,

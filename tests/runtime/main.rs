@@ -12,6 +12,8 @@ mod nonblocking;
 mod warm_up;
 
 use kiln::prelude::*;
+#[path = "../support/splitmix.rs"]
+mod splitmix;
 
 /// A device to test: its name and how to make a fresh context on it.
 pub type Device = (&'static str, fn() -> Context);
