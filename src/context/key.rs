@@ -352,7 +352,13 @@ fn op_tag(op: &Op) -> u64 {
 fn seq_ranks(seqs: &[u64]) -> Vec<u64> {
     let mut sorted = seqs.to_vec();
     sorted.sort_unstable();
-    seqs.iter().map(|s| sorted.partition_point(|x| x < s) as u64).collect()
+    seqs.iter().map(|&s| seq_rank(&sorted, s)).collect()
+}
+
+/// The rank of `seq` among `sorted` (the plan's collectives, sorted): a
+/// collective's number in the key and in the compiled graph.
+fn seq_rank(sorted: &[u64], seq: u64) -> u64 {
+    sorted.partition_point(|&s| s < seq) as u64
 }
 
 /// Copies the walked nodes (`order`, with the walk's `inputs` and
@@ -377,9 +383,7 @@ pub(crate) fn extract_walked(
         node.op = match node.op {
             Op::Buffer(b) => Op::Input(inputs.iter().position(|&x| x == b).unwrap_or(usize::MAX) as u32),
             Op::Random { dist, stream } => Op::Random { dist, stream: slot_of(streams, stream) as u64 },
-            Op::Collective { what, seq } => {
-                Op::Collective { what, seq: seqs.partition_point(|&s| s < seq) as u64 }
-            }
+            Op::Collective { what, seq } => Op::Collective { what, seq: seq_rank(&seqs, seq) },
             op => op,
         };
         let operands: Vec<NodeId> = graph.operands(id).iter().map(|o| map[o]).collect();
