@@ -95,7 +95,7 @@ pub use context::{
 };
 pub use error::{Error, Location, Result};
 pub use ir::{DType, Element};
-pub use tensor::{IntoDim, IntoOperand, Operand, Tensor};
+pub use tensor::{IntoDim, IntoOperand, Offset, Operand, Tensor};
 
 /// What most programs need: `use kiln::prelude::*;`.
 pub mod prelude {

@@ -287,9 +287,11 @@ fn encode(graph: &Graph, id: NodeId, operands: &[NodeId], marks: &[(u32, u32)], 
                 put(w, *v as u64);
             }
         }
-        Op::Gather { dim } | Op::IndexSelect { dim } | Op::IndexAdd { dim } | Op::Cat { dim } => {
-            put(w, *dim as u64)
-        }
+        Op::Gather { dim }
+        | Op::IndexSelect { dim }
+        | Op::IndexAdd { dim }
+        | Op::WriteAt { dim }
+        | Op::Cat { dim } => put(w, *dim as u64),
         Op::Attention { scale, causal, mask } => {
             put(w, scale.to_bits());
             put(w, *causal as u64);
@@ -345,6 +347,7 @@ fn op_tag(op: &Op) -> u64 {
         Op::IndexAdd { .. } => 23,
         Op::Attention { .. } => 24,
         Op::Collective { .. } => 25,
+        Op::WriteAt { .. } => 26,
     }
 }
 

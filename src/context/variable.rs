@@ -113,8 +113,10 @@ impl Variable {
     /// ```
     #[track_caller]
     pub fn assign(&self, value: impl Borrow<Tensor>) -> Result<()> {
-        let location = Location::caller();
-        let value = value.borrow();
+        self.assign_at(value.borrow(), Location::caller())
+    }
+
+    fn assign_at(&self, value: &Tensor, location: Location) -> Result<()> {
         let (ctx, r) = value.live()?;
         if !ctx.same(self.ctx()) {
             return Err(Error::Device {
@@ -157,6 +159,44 @@ impl Variable {
         let node = fresh_value(&mut state, source, &var.shape, var.region)?;
         state.ws.set_value(self.id(), node);
         Ok(())
+    }
+}
+
+impl Variable {
+    /// Writes `value` over the window at `offset` along `dim` of the
+    /// variable (see [`Tensor::write_at`]): recorded like
+    /// [`Variable::assign`], and run with the next read.
+    ///
+    /// The offset may be a host number (checked now, uploaded as a
+    /// runtime value) or a 0-d integer tensor such as a captured step's
+    /// argument: either way every offset runs the same plan. The run
+    /// copies the old value and writes the window into the copy, so every
+    /// tensor that read the old value keeps it. A KV cache:
+    ///
+    /// ```
+    /// use kiln::prelude::*;
+    /// let ctx = Context::cpu();
+    /// let keys = ctx.variable("keys", ctx.zeros([1, 4, 2]))?; // [batch, positions, dim]
+    /// for pos in 0..3 {
+    ///     let k = ctx.full([1, 1, 2], (pos + 1) as f32);
+    ///     keys.write_at(1, pos, &k)?;
+    /// }
+    /// assert_eq!(keys.to_vec::<f32>()?, vec![1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 0.0, 0.0]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn write_at(
+        &self,
+        dim: impl crate::IntoDim,
+        offset: impl Into<crate::Offset>,
+        value: &Tensor,
+    ) -> Result<()> {
+        let location = Location::caller();
+        let written = self.tensor.write_at(dim, offset, value);
+        if let Some(e) = written.error() {
+            return Err(e.clone());
+        }
+        self.assign_at(&written, location)
     }
 }
 

@@ -264,6 +264,31 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
             }
             (x.clone(), d)
         }
+        Op::WriteAt { dim } => {
+            let ((x, d), (value, dv), (offset, doff)) = (ty(0), ty(1), ty(2));
+            if dv != d {
+                return Err(mixed(name, d, dv));
+            }
+            if !matches!(doff, DType::I64 | DType::I32) || offset.rank() != 0 {
+                return Err(format!("write_at offset must be a 0-d i64 or i32 tensor, got {doff}{offset}"));
+            }
+            if *dim >= x.rank() {
+                return Err(format!("write_at dim {dim} is out of range for {x}"));
+            }
+            let fits = value.rank() == x.rank()
+                && value
+                    .0
+                    .iter()
+                    .zip(&x.0)
+                    .enumerate()
+                    .all(|(i, (v, t))| if i == *dim { v <= t } else { v == t });
+            if !fits {
+                return Err(format!(
+                    "write_at of {value} into {x} along dim {dim}: the value must have the target's shape except along dim {dim}, where it may be shorter"
+                ));
+            }
+            (x.clone(), d)
+        }
         Op::Attention { mask, .. } => {
             let ((q, dq), (k, dk), (v, dv)) = (ty(0), ty(1), ty(2));
             for (what, dt) in [("keys", dk), ("values", dv)] {

@@ -273,6 +273,20 @@ pub enum Op {
         /// What the fourth operand is, if any.
         mask: AttnMask,
     },
+    /// `x` with `value` written over the window that starts at a runtime
+    /// offset along `dim` (XLA's `dynamic_update_slice` on one dim):
+    /// operands x, value (x's shape except along `dim`, where it is no
+    /// longer than x), offset (a 0-d i64 or i32 tensor). The offset is
+    /// clamped to `0..=x.size(dim) - value.size(dim)`, so the window is
+    /// always inside `x` (as XLA clamps; the tensor API checks a host
+    /// offset before recording). The value is pure like every node's:
+    /// backends copy `x` and write the window over the copy. (Writing in
+    /// place of `x` when `x` is a donated input nothing else reads, which
+    /// would save a KV cache that copy, is not done yet.)
+    WriteAt {
+        /// The dimension the window moves along.
+        dim: usize,
+    },
     /// Concatenation of two or more operands along `dim`.
     Cat {
         /// The joined dimension.
@@ -324,6 +338,7 @@ impl Op {
             Op::Gather { .. } => "gather",
             Op::IndexSelect { .. } => "index_select",
             Op::IndexAdd { .. } => "index_add",
+            Op::WriteAt { .. } => "write_at",
             Op::Attention { .. } => "attention",
             Op::Cat { .. } => "cat",
             Op::Fused(_) => "fused",
@@ -388,7 +403,7 @@ impl Op {
             | Op::Conv2d { .. }
             | Op::Gather { .. }
             | Op::IndexSelect { .. } => 2,
-            Op::Where | Op::IndexAdd { .. } => 3,
+            Op::Where | Op::IndexAdd { .. } | Op::WriteAt { .. } => 3,
             Op::Attention { mask: AttnMask::None, .. } => 3,
             Op::Attention { .. } => 4,
             Op::Fused(body) => body.inputs(),

@@ -22,9 +22,11 @@ mod operators;
 mod reduce;
 mod split;
 mod view;
+mod write;
 
 pub use dim::IntoDim;
 pub use elementwise::{IntoOperand, Operand};
+pub use write::Offset;
 
 use crate::context::{Context, VarId};
 use crate::ir::{DType, Element, NodeId, Op, Shape};

@@ -133,6 +133,12 @@ static CASES: &[Case] = &[
     case("index-add", &[(&[4, 3], Any), (&[5, 3], Any)], |ctx, x| {
         x[0].index_add(0, &ctx.tensor(&[3i64, 1, 3, 0, 3], [5]), &x[1])
     }),
+    case("write-at-middle", &[(&[2, 5, 3], Any), (&[2, 2, 3], Any)], |ctx, x| {
+        x[0].write_at(1, ctx.scalar(2i64), &x[1]).exp()
+    }),
+    case("write-at-clamped-offset", &[(&[4, 3], Any), (&[3, 3], Any)], |ctx, x| {
+        x[0].write_at(0, ctx.scalar(7i32), &x[1]).tanh()
+    }),
     case("index-select-negative-dim", &[(&[2, 4], Any)], |ctx, x| {
         x[0].index_select(-1, &ctx.tensor(&[1i64, 1, 3], [3]))
     }),

@@ -15,3 +15,4 @@ mod nonfinite;
 mod reduce;
 mod transformer;
 mod views;
+mod write;

@@ -186,3 +186,46 @@ pub(crate) fn index_add(
         Ok(())
     })
 }
+
+/// The start of a `write_at` window: the offset operand clamped to
+/// `0..=size - len`, the op's definition (XLA's `dynamic_update_slice`).
+pub(crate) fn window_start(offset: &CpuBuffer, size: usize, len: usize) -> Result<usize> {
+    let at = *indices(offset)?
+        .first()
+        .ok_or_else(|| Error::Backend("cpu: write_at offset has no element".into()))?;
+    Ok(at.clamp(0, (size - len) as i64) as usize)
+}
+
+/// `x` with `value` written over the window at `offset` along `dim` (see
+/// `Op::WriteAt`). `copy_target` is false when `out` already holds `x`
+/// (the write runs in place of a donated input): only the window is
+/// written, whatever the target's size.
+pub(crate) fn write_at(
+    x: Option<&CpuBuffer>,
+    value: &CpuBuffer,
+    offset: &CpuBuffer,
+    dim: usize,
+    shape: &Shape,
+    out: Out<'_>,
+) -> Result<()> {
+    let size = *shape.0.get(dim).ok_or_else(|| Error::Backend("cpu: write_at dim out of range".into()))?;
+    let len = value.shape().0[dim];
+    let start = window_start(offset, size, len)?;
+    let outer: usize = shape.0[..dim].iter().product();
+    let inner: usize = shape.0[dim + 1..].iter().product();
+    fits(out.len(), shape.numel(), "write_at")?;
+    dispatch!(value.dtype(), T => {
+        let out = out.get::<T>()?;
+        if let Some(x) = x {
+            super::elementwise::copy_into(x.view::<T>()?, out);
+        }
+        let v = contiguous(value.view::<T>()?)?;
+        let rows = len * inner;
+        if rows > 0 {
+            for (o, src) in v.chunks_exact(rows).enumerate().take(outer) {
+                out[(o * size + start) * inner..][..rows].copy_from_slice(src);
+            }
+        }
+        Ok(())
+    })
+}

@@ -136,6 +136,11 @@ impl CpuExecutable {
                 let z = args.get(2).ok_or_else(|| Error::Backend("cpu: index_add lacks operand 2".into()))?;
                 write!(|out| index::index_add(x()?, y()?, z, *dim, step.id, out))
             }
+            Op::WriteAt { dim } => {
+                let offset =
+                    args.get(2).ok_or_else(|| Error::Backend("cpu: write_at lacks its offset".into()))?;
+                write!(|out| index::write_at(Some(x()?), y()?, offset, *dim, shape, out))
+            }
             Op::Attention { scale, causal, mask } => {
                 let k = args.get(1).ok_or_else(|| Error::Backend("cpu: attention lacks its keys".into()))?;
                 let v =

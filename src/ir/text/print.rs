@@ -209,7 +209,11 @@ fn attrs(op: &Op, dtype: crate::ir::DType) -> String {
         Op::Pool2d { kernel, stride, padding, .. } => {
             format!(" kernel={} stride={} padding={}", list(kernel), list(stride), list(padding))
         }
-        Op::Gather { dim } | Op::IndexSelect { dim } | Op::IndexAdd { dim } | Op::Cat { dim } => {
+        Op::Gather { dim }
+        | Op::IndexSelect { dim }
+        | Op::IndexAdd { dim }
+        | Op::WriteAt { dim }
+        | Op::Cat { dim } => {
             format!(" dim={dim}")
         }
         Op::Attention { scale, causal, mask } => {

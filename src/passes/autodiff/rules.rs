@@ -99,6 +99,18 @@ pub(super) fn vjp(
             None,
             if wanted[2] { Some(b.op(Op::IndexSelect { dim }, &[g, xs[1]])?) } else { None },
         ]),
+        Op::WriteAt { dim } => Ok(vec![
+            // The target's gradient is g with the window zeroed (it was
+            // overwritten); the value's is g's window.
+            if wanted[0] {
+                let zero = b.zeros_like(xs[1])?;
+                Some(b.op(Op::WriteAt { dim }, &[g, zero, xs[2]])?)
+            } else {
+                None
+            },
+            if wanted[1] { Some(write_window(b, dim, xs[0], xs[1], xs[2], g)?) } else { None },
+            None,
+        ]),
         Op::Attention { scale, causal, mask } => super::attention::vjp(b, g, xs, wanted, scale, causal, mask),
         Op::Conv2d { stride, padding, dilation, groups } => {
             let conv = window::Conv { stride, padding, dilation, groups };
@@ -350,6 +362,30 @@ fn one_hot(b: &mut Builder, index: NodeId, classes: usize, dtype: DType) -> Buil
 /// `gather`'s rule, a scatter-add written as a one-hot product:
 /// `dx[.., k, ..] = Σ_i g[.., i, ..] (index[.., i, ..] == k)` along `dim`,
 /// zeros where the index is smaller than `x` in the other dims.
+/// The window of `g` that `write_at(x, value, offset)` along `dim` wrote:
+/// a gather at the clamped offset plus `0..len` along `dim`, the op's own
+/// clamp, so the gradient reads exactly the elements the write replaced.
+fn write_window(b: &mut Builder, dim: usize, x: NodeId, value: NodeId, offset: NodeId, g: NodeId) -> Built {
+    let vshape = b.shape(value);
+    let len = vshape.0[dim];
+    let last = (b.shape(x).0[dim] - len) as f64;
+    let it = b.dtype(offset);
+    let scalar = Shape::scalar();
+    let (lo, hi) = (b.full(0.0, &scalar, it)?, b.full(last, &scalar, it)?);
+    let clamped = b.binary(BinaryOp::Maximum, offset, lo)?;
+    let clamped = b.binary(BinaryOp::Minimum, clamped, hi)?;
+    let ones = Shape(vec![1; vshape.rank()]);
+    let start = b.reshape(clamped, &ones)?;
+    let start = b.expand(start, &vshape)?;
+    let mut along = ones.clone();
+    along.0[dim] = len;
+    let steps = b.arange(0, 1, len, it)?;
+    let steps = b.reshape(steps, &along)?;
+    let steps = b.expand(steps, &vshape)?;
+    let index = b.add_(start, steps)?;
+    b.op(Op::Gather { dim }, &[g, index])
+}
+
 fn gather(b: &mut Builder, dim: usize, x: NodeId, index: NodeId, g: NodeId) -> Built {
     let xshape = b.shape(x);
     let dtype = b.dtype(x);

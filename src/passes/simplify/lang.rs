@@ -99,6 +99,9 @@ pub enum OpKey {
     IndexAdd {
         dim: usize,
     },
+    WriteAt {
+        dim: usize,
+    },
     /// The scale keyed by its bits.
     Attention {
         scale: u64,
@@ -174,6 +177,7 @@ impl From<&Op> for OpKey {
             Op::Gather { dim } => OpKey::Gather { dim: *dim },
             Op::IndexSelect { dim } => OpKey::IndexSelect { dim: *dim },
             Op::IndexAdd { dim } => OpKey::IndexAdd { dim: *dim },
+            Op::WriteAt { dim } => OpKey::WriteAt { dim: *dim },
             Op::Attention { scale, causal, mask } => {
                 OpKey::Attention { scale: scale.to_bits(), causal: *causal, mask: *mask }
             }
@@ -218,6 +222,7 @@ impl OpKey {
             OpKey::Gather { dim } => Op::Gather { dim: *dim },
             OpKey::IndexSelect { dim } => Op::IndexSelect { dim: *dim },
             OpKey::IndexAdd { dim } => Op::IndexAdd { dim: *dim },
+            OpKey::WriteAt { dim } => Op::WriteAt { dim: *dim },
             OpKey::Attention { scale, causal, mask } => {
                 Op::Attention { scale: f64::from_bits(*scale), causal: *causal, mask: *mask }
             }

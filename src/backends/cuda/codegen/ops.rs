@@ -338,3 +338,46 @@ pub(crate) fn index_add(name: &str, idx: &Operand, src: &Operand, dim: usize, ou
     }
     close(name, s, columns, params)
 }
+
+/// `write_at`'s window: one thread per element of `value` (operand 1),
+/// written at the clamped offset (operand 2, read by every thread) along
+/// `dim` of `out`, which already holds the target (copied there first, or
+/// the target itself when the write runs in place).
+pub(crate) fn write_at(name: &str, value: &Operand, offset: &Operand, dim: usize, out: &Shape) -> Kernel {
+    let dtype = value.dtype;
+    let vshape = value.access.shape().clone();
+    let (size, len) = (out.0[dim], vshape.0[dim]);
+    let inner: usize = out.0[dim + 1..].iter().product();
+    let numel = vshape.numel();
+    let index = index_type(out.numel().max(numel), std::slice::from_ref(value));
+    let mut p = vec![format!("{}* __restrict__ out", types::storage(dtype))];
+    if value.source == Source::Buffer {
+        p.push(format!("const {}* __restrict__ in1", types::storage(dtype)));
+    }
+    if offset.source == Source::Buffer {
+        p.push(format!("const {}* __restrict__ in2", types::storage(offset.dtype)));
+    }
+    let mut s = open(name, &p.join(", "), index, numel);
+    let at = match offset.source {
+        Source::Const(c) => types::literal(DType::I64, c),
+        Source::Buffer => format!("(kiln::i64)in2[{}]", offset.access.offset_of("0")),
+    };
+    let last = size - len;
+    let _ = writeln!(s, "    const kiln::i64 a = {at};");
+    let _ = writeln!(s, "    const I start = (I)(a < 0 ? 0 : (a > {last}LL ? {last}LL : a));");
+    let (inner, len) = (inner.max(1), len.max(1));
+    let _ = writeln!(s, "    const I o = i / {}, j = (i / {inner}) % {len}, c = i % {inner};", len * inner);
+    let read = match value.source {
+        Source::Const(c) => types::store(dtype, &types::literal(dtype, c)),
+        Source::Buffer => format!("in1[{}]", value.access.offset_of("i")),
+    };
+    let _ = writeln!(s, "    out[(o * {size} + start + j) * {inner} + c] = {read};");
+    let mut params = Vec::new();
+    if value.source == Source::Buffer {
+        params.push(1);
+    }
+    if offset.source == Source::Buffer {
+        params.push(2);
+    }
+    close(name, s, numel, params)
+}

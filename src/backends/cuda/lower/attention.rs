@@ -1,6 +1,7 @@
-//! Lowering of the two ops issue 20 added: `index_add` (a copy of the
-//! base, then the scatter kernel) and `attention` (one generated kernel
-//! over strided operands; see `codegen/attention.rs`).
+//! Lowering of the ops that write into a copy of an operand, `index_add`
+//! (a copy of the base, then the scatter kernel) and `write_at` (a copy of
+//! the target, then the window kernel), and of `attention` (one generated
+//! kernel over strided operands; see `codegen/attention.rs`).
 
 use super::ops::{buffer_locs, operand};
 use super::{Lowering, Storage, Value};
@@ -44,6 +45,33 @@ impl Lowering<'_> {
             size: shape.0[dim],
             status: status_at,
         });
+        Ok(())
+    }
+
+    /// `out = x`, then `value` over the window at the clamped offset. The
+    /// copy is skipped when `dst` is `x`'s own memory (an in-place write:
+    /// the executable binds a donated input there).
+    pub(super) fn write_at(
+        &mut self,
+        dim: usize,
+        ops: &[Value],
+        shape: &Shape,
+        dst: Loc,
+    ) -> Result<(), String> {
+        let in_place = matches!(ops[0].storage, Storage::Mem(l) if l == dst)
+            && ops[0].layout.is_contiguous()
+            && ops[0].layout.offset == 0;
+        if !in_place {
+            self.copy_into(&ops[0], shape, dst)?;
+        }
+        let (value, offset) = (operand(&ops[1]), operand(&ops[2]));
+        if value.access.shape().numel() == 0 {
+            return Ok(());
+        }
+        let k = self.add_kernel("write_at", |n| Ok(ops::write_at(n, &value, &offset, dim, shape)))?;
+        let mut args = vec![dst];
+        args.extend(buffer_locs(&ops[1..]));
+        self.launches.push(Launch::Kernel { kernel: k, args });
         Ok(())
     }
 

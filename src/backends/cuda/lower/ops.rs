@@ -88,6 +88,7 @@ impl Lowering<'_> {
                 self.index(id, gather, *dim, &ops, &node.shape, dst)
             }
             Op::IndexAdd { dim } => self.index_add(id, *dim, &ops, &node.shape, dst),
+            Op::WriteAt { dim } => self.write_at(*dim, &ops, &node.shape, dst),
             Op::Collective { what, .. } => self.collective(*what, &ops[0], dst),
             Op::Attention { scale, causal, mask } => {
                 self.attention(&ops, *scale, *causal, *mask, &node.shape, dst)

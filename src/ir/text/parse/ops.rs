@@ -121,6 +121,7 @@ pub(super) enum Kind {
     Gather,
     IndexSelect,
     IndexAdd,
+    WriteAt,
     Attention,
     Cat,
     Fused,
@@ -147,6 +148,7 @@ const FIXED: &[(&str, Kind)] = &[
     ("gather", Kind::Gather),
     ("index_select", Kind::IndexSelect),
     ("index_add", Kind::IndexAdd),
+    ("write_at", Kind::WriteAt),
     ("attention", Kind::Attention),
     ("cat", Kind::Cat),
     ("fused", Kind::Fused),
@@ -303,6 +305,7 @@ pub(super) fn build_op(
         Kind::Gather => Op::Gather { dim: a.usize("dim", m, "gather %x, %i dim=1")? },
         Kind::IndexSelect => Op::IndexSelect { dim: a.usize("dim", m, "index_select %x, %i dim=0")? },
         Kind::IndexAdd => Op::IndexAdd { dim: a.usize("dim", m, "index_add %x, %i, %s dim=0")? },
+        Kind::WriteAt => Op::WriteAt { dim: a.usize("dim", m, "write_at %x, %v, %offset dim=2")? },
         Kind::Attention => {
             let ex = "attention %q, %k, %v scale=0.125 mask=none causal";
             let w = a.word("scale", m, ex)?;
