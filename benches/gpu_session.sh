@@ -19,6 +19,8 @@
 #                                            # several GPUs), then its gpu:: tests under memcheck
 #   bash benches/gpu_session.sh digits-amp   # examples/digits.rs MLP and --conv under --autocast bf16 (and f32)
 #   bash benches/gpu_session.sh transformer  # benches/gpu_transformer.rs + torch_transformer.py (issue 20)
+#   bash benches/gpu_session.sh generate     # benches/gpu_generate.rs + hf_generate.py: GPT-2 small decode and
+#                                            # prefill, kiln then Hugging Face's generate modes (issue 34)
 #   bash benches/gpu_session.sh minilm       # examples/embed.rs and tests-nn (bert) on the real weights,
 #                                            # from the model folder in $KILN_MODEL_DIR (see benches/minilm_halves.py)
 # Several stages in one call: bash benches/gpu_session.sh tests quickstart
@@ -135,6 +137,11 @@ for stage in "$@"; do
       cat "$OUT/transformer-kiln.log"
       PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-500} python3 benches/torch_transformer.py "$OUT/kiln_transformer.jsonl" --markdown "$OUT/transformer.md" > "$OUT/transformer-torch.log" 2>&1 || status=1
       tail -50 "$OUT/transformer-torch.log" ;;
+    generate)
+      timeout 400 $bin/benches-gpu_generate > "$OUT/generate-kiln.log" 2>&1 || status=1
+      cat "$OUT/generate-kiln.log"
+      PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-500} python3 benches/hf_generate.py --markdown "$OUT/generate-hf.md" > "$OUT/generate-hf.log" 2>&1 || status=1
+      tail -20 "$OUT/generate-hf.log" ;;
     minilm)
       # The real weights: the f32 checkpoint travels as two safetensors
       # halves of disjoint tensors (benches/minilm_halves.py), which the

@@ -30,22 +30,35 @@ from transformers import GPT2Config, GPT2LMHeadModel
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 dev = "cuda"
+# A smoke test of this script without a GPU: HF_SMOKE=1 (CPU, 2 tiny layers).
+import os
+
+SMOKE = os.environ.get("HF_SMOKE") == "1"
+if SMOKE:
+    dev = "cpu"
 PROMPT, NEW = 16, 112
 
 
 def model(dtype):
     torch.manual_seed(0)
     cfg = GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024)
+    if SMOKE:
+        cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=50257, n_positions=1024)
     return GPT2LMHeadModel(cfg).to(dev, dtype).eval()
+
+
+def sync():
+    if dev == "cuda":
+        torch.cuda.synchronize()
 
 
 def timed(f, reps):
     times = []
     for _ in range(reps):
-        torch.cuda.synchronize()
+        sync()
         t = time.perf_counter()
         f()
-        torch.cuda.synchronize()
+        sync()
         times.append(time.perf_counter() - t)
     return statistics.median(times)
 
@@ -65,13 +78,15 @@ def decode(m, mode):
 
     first = time.perf_counter()
     run()
-    torch.cuda.synchronize()
+    sync()
     first = time.perf_counter() - first
     run()
     return timed(run, 7) / NEW * 1e3, first
 
 
 def prefill(m, n=512):
+    if dev != "cuda":
+        return float("nan")
     ids = torch.randint(0, 50257, (1, n), device=dev, generator=torch.Generator(dev).manual_seed(2))
     with torch.no_grad():
         for _ in range(3):

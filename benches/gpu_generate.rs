@@ -1,0 +1,149 @@
+//! Issue 34's GPU targets, kiln's side (`benches/hf_generate.py` is Hugging
+//! Face's, run in the same device call by `gpu_session.sh generate`).
+//!
+//! GPT-2 small's shapes (`Gpt2Config::gpt2_small`, random weights), TF32
+//! off, with the KV-cache generator (`Gpt2::generator`):
+//!
+//! - decode, batch 1, a 16-token prompt: `(T(16 + 112) - T(16 + 1)) / 111`
+//!   per token, the medians of 7 generations each, f32 and bf16, and the
+//!   fraction of the weight-bandwidth bound (the weights read once per
+//!   token at the card's measured copy bandwidth);
+//! - prefill of a 512-token prompt (a generation of 1 token), median of 20;
+//! - a batch of 8 prompts of lengths 5 to 200, 64 new tokens each:
+//!   tokens per second;
+//! - the first generated token after the model is made (compiling the
+//!   prefill and decode plans with an empty kernel cache when
+//!   `KILN_CACHE_DIR` is fresh);
+//! - 1000 prompts of random lengths 1-512, 2 new tokens each: the plans
+//!   compiled (the bound is one per prefill bucket plus the decode step);
+//! - peak device memory of decoding next to the weights plus the cache.
+//!
+//!     cargo bench --features cuda --bench gpu_generate
+//!
+//! Without a GPU it says so and exits 0 (with `KILN_REQUIRE_CUDA=1`, 1).
+
+use kiln::nn::gpt2::{GenerateOptions, Gpt2, Gpt2Config};
+use kiln::nn::Params;
+use kiln::prelude::*;
+use std::time::Instant;
+
+#[path = "common/models.rs"]
+#[allow(dead_code)]
+mod models;
+
+use models::median;
+
+fn prompt(len: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % 50257) as u32
+        })
+        .collect()
+}
+
+/// Median seconds of `reps` generations.
+fn time(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let mut t = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let start = Instant::now();
+        f()?;
+        t.push(start.elapsed().as_secs_f64());
+    }
+    Ok(median(t))
+}
+
+fn weight_bytes(model: &Gpt2) -> Result<u64> {
+    let mut bytes = 0u64;
+    for v in model.parameters() {
+        bytes += (v.numel() * v.dtype().size()) as u64;
+    }
+    Ok(bytes)
+}
+
+/// Device-to-device copy bandwidth (bytes/s): a 256 MiB tensor doubled in
+/// place of a copy, read and written once.
+fn bandwidth(ctx: &Context) -> Result<f64> {
+    let n = 64 << 20;
+    let x = ctx.ones([n]);
+    let secs = time(10, || {
+        let y = &x * 1.0;
+        ctx.realize(&[&y])?;
+        ctx.sync()
+    })?;
+    Ok(2.0 * 4.0 * n as f64 / secs)
+}
+
+fn main() -> Result<()> {
+    let ctx = match Context::cuda(0) {
+        Ok(c) => c.with_seed(0).with_tf32(false),
+        Err(e) => {
+            eprintln!("gpu_generate: no GPU ({e})");
+            if std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
+                std::process::exit(1);
+            }
+            return Ok(());
+        }
+    };
+    println!("device: {}", ctx.device_description());
+    let bw = bandwidth(&ctx)?;
+    println!("copy bandwidth: {:.0} GB/s", bw / 1e9);
+    let config = Gpt2Config::gpt2_small();
+    for dtype in [DType::F32, DType::BF16] {
+        let made = Instant::now();
+        let model = Gpt2::new(&ctx, &format!("gpt2_{dtype}"), &config, dtype)?;
+        ctx.sync()?;
+        let built = made.elapsed().as_secs_f64();
+        let weights = weight_bytes(&model)?;
+        let mut generator = model.generator(1, 128)?;
+        let p16 = prompt(16, 1);
+        let first = Instant::now();
+        generator.generate(&[&p16], &GenerateOptions::greedy(2))?;
+        let first = first.elapsed().as_secs_f64();
+        let short = time(7, || generator.generate(&[&p16], &GenerateOptions::greedy(1)).map(drop))?;
+        let long = time(7, || generator.generate(&[&p16], &GenerateOptions::greedy(112)).map(drop))?;
+        let per_token = (long - short) / 111.0;
+        let bound = weights as f64 / bw;
+        println!(
+            "{dtype} decode: {:.3} ms/token (weights {:.0} MB, bound {:.3} ms: {:.0}% of it); prefill 16 + 1 token {:.2} ms; first 2 tokens {:.2} s after a {:.2} s build",
+            per_token * 1e3,
+            weights as f64 / 1e6,
+            bound * 1e3,
+            100.0 * bound / per_token,
+            short * 1e3,
+            first,
+            built
+        );
+        let stats = ctx.stats();
+        println!(
+            "{dtype} peak device memory {:.0} MB (weights {:.0} MB)",
+            stats.peak_bytes as f64 / 1e6,
+            weights as f64 / 1e6
+        );
+        let mut long_gen = model.generator(1, 1024)?;
+        let p512 = prompt(512, 2);
+        long_gen.generate(&[&p512], &GenerateOptions::greedy(1))?;
+        let prefill = time(20, || long_gen.generate(&[&p512], &GenerateOptions::greedy(1)).map(drop))?;
+        println!("{dtype} prefill 512: {:.2} ms (with its first token)", prefill * 1e3);
+        let prompts: Vec<Vec<u32>> = (0..8).map(|i| prompt(5 + i * 195 / 7, 10 + i as u64)).collect();
+        let mut batch = model.generator(8, 512)?;
+        batch.generate(&prompts, &GenerateOptions::greedy(2))?;
+        let secs = time(5, || batch.generate(&prompts, &GenerateOptions::greedy(64)).map(drop))?;
+        println!("{dtype} batch 8 (lengths 5-200) x 64 tokens: {:.0} tokens/s", 8.0 * 64.0 / secs);
+        if dtype == DType::F32 {
+            let before = ctx.stats().compiles;
+            let mut gen = model.generator(4, 1024)?;
+            let mut rng = 12345u64;
+            for i in 0..1000 {
+                rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let len = 1 + (rng >> 33) as usize % 512;
+                gen.generate(&[prompt(len, i)], &GenerateOptions::greedy(2))?;
+            }
+            println!("1000 prompts of lengths 1-512: {} plans compiled", ctx.stats().compiles - before);
+        }
+    }
+    Ok(())
+}
