@@ -46,6 +46,8 @@ mod ema;
 mod layers;
 mod loss;
 mod mapped;
+#[cfg(feature = "tokenizers")]
+mod tokenizer;
 
 pub use activation::{Flatten, ReLU, Sigmoid, Tanh, GELU};
 pub use checkpoint::{load, save};
@@ -54,7 +56,9 @@ pub use conv::{AvgPool2d, Conv2d, Conv2dOptions, MaxPool2d};
 pub use ema::Ema;
 pub use layers::{Dropout, Embedding, LayerNorm, Linear};
 pub use loss::{binary_cross_entropy_with_logits, cross_entropy, cross_entropy_smoothed, mse};
-pub use mapped::{load_mapped, table, LoadReport};
+pub use mapped::{checkpoint_files, load_mapped, table, LoadReport};
+#[cfg(feature = "tokenizers")]
+pub use tokenizer::{Batch, Tokenizer};
 
 use crate::{Context, DType, Error, Location, Result, Tensor, Variable};
 
