@@ -46,6 +46,7 @@ mod ema;
 mod layers;
 mod loss;
 mod mapped;
+pub mod sampling;
 #[cfg(feature = "tokenizers")]
 mod tokenizer;
 
