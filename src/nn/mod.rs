@@ -43,6 +43,7 @@ mod checkpoint;
 mod container;
 mod conv;
 mod ema;
+pub mod gpt2;
 mod layers;
 mod loss;
 mod mapped;
