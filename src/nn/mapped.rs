@@ -186,6 +186,33 @@ fn upload(ctx: &crate::Context, host: HostData, shape: Vec<usize>) -> Tensor {
     }
 }
 
+/// The safetensors files of the checkpoint in a Hugging Face model folder:
+/// `model.safetensors`, or else every `model-*.safetensors` (a sharded
+/// checkpoint, or one split into parts to travel), in name order.
+pub fn checkpoint_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
+    let whole = dir.join("model.safetensors");
+    if whole.exists() {
+        return Ok(vec![whole]);
+    }
+    let mut parts: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| Error::Io(format!("cannot read {}: {e}", dir.display())))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("model-") && n.ends_with(".safetensors"))
+        })
+        .collect();
+    parts.sort();
+    if parts.is_empty() {
+        return Err(Error::Io(format!(
+            "{} has no model.safetensors (nor model-*.safetensors parts)",
+            dir.display()
+        )));
+    }
+    Ok(parts)
+}
+
 /// A mapping from a table of `(checkpoint name, kiln name)` pairs, for
 /// [`load_mapped`]; names not in the table are skipped.
 pub fn table<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl FnMut(&str) -> Option<String> + 'a {

@@ -43,10 +43,14 @@ mod checkpoint;
 mod container;
 mod conv;
 mod ema;
+pub mod gpt2;
 mod kv_cache;
 mod layers;
 mod loss;
 mod mapped;
+pub mod sampling;
+#[cfg(feature = "tokenizers")]
+mod tokenizer;
 
 pub use activation::{Flatten, ReLU, Sigmoid, Tanh, GELU};
 pub use checkpoint::{load, save};
@@ -56,7 +60,9 @@ pub use ema::Ema;
 pub use kv_cache::KvCache;
 pub use layers::{Dropout, Embedding, LayerNorm, Linear};
 pub use loss::{binary_cross_entropy_with_logits, cross_entropy, cross_entropy_smoothed, mse};
-pub use mapped::{load_mapped, table, LoadReport};
+pub use mapped::{checkpoint_files, load_mapped, table, LoadReport};
+#[cfg(feature = "tokenizers")]
+pub use tokenizer::{Batch, Tokenizer};
 
 use crate::{Context, DType, Error, Location, Result, Tensor, Variable};
 

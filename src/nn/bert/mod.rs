@@ -14,50 +14,20 @@
 //! - [`hf_name`]: the one table from Hugging Face tensor names to those
 //!   names, for [`crate::nn::load_mapped`] (f16/bf16 checkpoints convert).
 //! - [`mean_pool`] and [`normalize`]: sentence-transformers' pooling.
-//! - `Tokenizer` (feature `tokenizers`): `tokenizer.json` through Hugging
-//!   Face's own crate, batches padded to their longest sentence with an
-//!   attention mask.
+//! - `Tokenizer` (feature `tokenizers`; [`crate::nn::Tokenizer`], shared
+//!   with GPT-2): `tokenizer.json` through Hugging Face's own crate,
+//!   batches padded to their longest sentence with an attention mask.
 
 mod config;
 mod model;
 mod names;
 mod pool;
-#[cfg(feature = "tokenizers")]
-mod tokenizer;
 
+/// The model folder's safetensors files ([`crate::nn::checkpoint_files`]).
+pub use crate::nn::checkpoint_files;
+#[cfg(feature = "tokenizers")]
+pub use crate::nn::{Batch, Tokenizer};
 pub use config::BertConfig;
 pub use model::Bert;
 pub use names::hf_name;
 pub use pool::{mean_pool, normalize};
-#[cfg(feature = "tokenizers")]
-pub use tokenizer::{Batch, Tokenizer};
-
-use crate::Tensor;
-use std::path::{Path, PathBuf};
-
-/// The safetensors files of the checkpoint in a model folder:
-/// `model.safetensors`, or else every `model-*.safetensors` (a sharded
-/// checkpoint, or one split into parts to travel), in name order.
-pub fn checkpoint_files(dir: &Path) -> crate::Result<Vec<PathBuf>> {
-    let whole = dir.join("model.safetensors");
-    if whole.exists() {
-        return Ok(vec![whole]);
-    }
-    let mut parts: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| crate::Error::Io(format!("cannot read {}: {e}", dir.display())))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("model-") && n.ends_with(".safetensors"))
-        })
-        .collect();
-    parts.sort();
-    if parts.is_empty() {
-        return Err(crate::Error::Io(format!(
-            "{} has no model.safetensors (nor model-*.safetensors parts)",
-            dir.display()
-        )));
-    }
-    Ok(parts)
-}

@@ -1,8 +1,8 @@
 //! sentence-transformers' pooling: the mean of the token vectors a mask
 //! keeps, then unit length.
 
-use super::Tensor;
 use crate::DType;
+use crate::Tensor;
 
 /// The mean over the sequence of `hidden` (`[batch, seq, width]`) where
 /// `mask` (`[batch, seq]`, 1 for a token, 0 for padding, any numeric

@@ -1,0 +1,445 @@
+//! The GPT-2 decoder: token and position embeddings, pre-norm blocks,
+//! a final layer norm, and the LM head tied to the token embedding.
+//!
+//! Each block is, with `x` of shape `[batch, seq, width]`:
+//!
+//! ```text
+//! (q, k, v) = split(qkv(norm1(x)))               Block::project
+//! x = x + output(attention(q, k, v, causal))     Block::attend
+//! x = x + down(act(up(norm2(x))))
+//! ```
+//!
+//! The projections are Conv1D layers (`x W + b`, `W` stored `[in, out]`
+//! as Hugging Face's checkpoints hold it, so no transpose). Attention is
+//! one [`Tensor::scaled_dot_product_attention`] node over
+//! `[batch, heads, seq, head_dim]` (a permuted view of the projection).
+//!
+//! **The KV seam.** A block's keys and values come out of
+//! `Block::project` as a [`KeyValues`] and go into `Block::attend`;
+//! between the two, [`Gpt2::hidden`] passes them through the caller's
+//! `kv` hook with the layer's index. The plain forward pass hands them
+//! straight on. A KV cache is a hook that writes this step's keys and
+//! values into its per-layer `[batch, heads, max_len, head_dim]`
+//! variables at the step's offset and returns the cache's first `len`
+//! positions, with an [`Attend`] that masks keys by position instead of
+//! the square causal mask.
+
+use super::{Activation, Gpt2Config};
+use crate::attention::key_padding_mask;
+use crate::nn::Params;
+use crate::{Context, DType, Error, Location, Result, Tensor, Variable};
+
+/// `x W + b` with `W` `[in, out]` (Hugging Face's `Conv1D` layout).
+struct Conv1d {
+    weight: Variable,
+    bias: Variable,
+}
+
+impl Conv1d {
+    fn new(ctx: &Context, name: &str, n_in: usize, n_out: usize, dtype: DType) -> Result<Conv1d> {
+        ctx.scope(name, |ctx| {
+            Ok(Conv1d {
+                weight: ctx.variable("weight", (ctx.randn([n_in, n_out]) * 0.02).cast(dtype))?,
+                bias: ctx.variable("bias", ctx.zeros_dtype([n_out], dtype))?,
+            })
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        x.matmul(&self.weight) + &*self.bias
+    }
+}
+
+/// Layer norm over the last dim with its own epsilon.
+struct Norm {
+    weight: Variable,
+    bias: Variable,
+    eps: f64,
+}
+
+impl Norm {
+    fn new(ctx: &Context, name: &str, width: usize, eps: f64, dtype: DType) -> Result<Norm> {
+        ctx.scope(name, |ctx| {
+            Ok(Norm {
+                weight: ctx.variable("weight", ctx.ones_dtype([width], dtype))?,
+                bias: ctx.variable("bias", ctx.zeros_dtype([width], dtype))?,
+                eps,
+            })
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        x.layer_norm(&self.weight, &self.bias, self.eps)
+    }
+}
+
+/// One layer's keys and values, each `[batch, heads, keys, head_dim]`:
+/// what [`Gpt2::hidden`]'s `kv` hook sees and returns.
+#[derive(Clone, Debug)]
+pub struct KeyValues {
+    /// `[batch, heads, keys, head_dim]`.
+    pub keys: Tensor,
+    /// `[batch, heads, keys, head_dim]`.
+    pub values: Tensor,
+}
+
+/// Which keys each query attends to.
+#[derive(Clone, Debug)]
+pub struct Attend {
+    /// Query `i` sees key `j` only if `j <= i` (queries and keys counted
+    /// from the same first position).
+    pub causal: bool,
+    /// A mask that broadcasts to `[batch, heads, queries, keys]`: bool
+    /// (`true` keeps a key) or additive, as
+    /// [`Tensor::scaled_dot_product_attention`] takes it; `None` keeps all.
+    pub mask: Option<Tensor>,
+}
+
+/// Where the position embedding of each token comes from.
+pub enum Positions<'a> {
+    /// `0, 1, .., seq - 1` in every row.
+    FromZero,
+    /// `[batch, seq]` integer positions.
+    Given(&'a Tensor),
+}
+
+struct Block {
+    attention_norm: Norm,
+    qkv: Conv1d,
+    output: Conv1d,
+    ffn_norm: Norm,
+    up: Conv1d,
+    down: Conv1d,
+    /// The attention scale of this layer.
+    scale: f64,
+}
+
+impl Block {
+    /// This block's queries, keys and values of the normalized input
+    /// `x` `[batch, seq, width]`, each `[batch, heads, seq, head_dim]`.
+    fn project(&self, x: &Tensor, heads: usize) -> (Tensor, KeyValues) {
+        let (b, s, w) = (x.shape()[0], x.shape()[1], x.shape()[2]);
+        let qkv = self.qkv.forward(x).reshape([b, s, 3, heads, w / heads]);
+        let part = |i: usize| qkv.narrow(2, i, 1).squeeze(2).permute(&[0, 2, 1, 3]);
+        (part(0), KeyValues { keys: part(1), values: part(2) })
+    }
+
+    /// The attention of `q` over `kv`, merged back to `[batch, seq, width]`
+    /// and projected (the residual is the caller's).
+    fn attend(&self, q: &Tensor, kv: &KeyValues, attend: &Attend) -> Tensor {
+        let (b, h, s, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+        let a = q.scaled_dot_product_attention(
+            &kv.keys,
+            &kv.values,
+            attend.mask.as_ref(),
+            attend.causal,
+            Some(self.scale),
+        );
+        self.output.forward(&a.permute(&[0, 2, 1, 3]).reshape([b, s, h * d]))
+    }
+
+    fn feed_forward(&self, x: &Tensor, activation: Activation) -> Tensor {
+        let u = self.up.forward(&self.ffn_norm.forward(x));
+        let u = match activation {
+            Activation::GeluTanh => gelu_tanh(&u),
+            Activation::Gelu => u.gelu(),
+            Activation::Relu => u.relu(),
+            Activation::Silu => u.silu(),
+        };
+        self.down.forward(&u)
+    }
+}
+
+/// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`, Hugging Face's
+/// `NewGELUActivation` (GPT-2's `gelu_new`), from elementwise ops.
+fn gelu_tanh(x: &Tensor) -> Tensor {
+    let k = (2.0 / std::f64::consts::PI).sqrt();
+    let inner = (x + x * x * x * 0.044715) * k;
+    x * 0.5 * (inner.tanh() + 1.0)
+}
+
+/// A GPT-2 language model (Hugging Face's `GPT2LMHeadModel`) with its
+/// parameters in the scope it was built in.
+pub struct Gpt2 {
+    ctx: Context,
+    name: String,
+    config: Gpt2Config,
+    dtype: DType,
+    token: Variable,
+    position: Variable,
+    layers: Vec<Block>,
+    norm: Norm,
+}
+
+impl Gpt2 {
+    /// A randomly initialized model (`N(0, 0.02)` weights, unit layer
+    /// norms, zero biases: GPT-2's initializer without its residual
+    /// scaling) of `config`'s sizes in `dtype` (a float dtype), its
+    /// parameters under the scope `name`. Load a checkpoint into it with
+    /// [`crate::nn::load_mapped`] and [`super::hf_name`], or use
+    /// [`Gpt2::from_pretrained`].
+    #[track_caller]
+    pub fn new(ctx: &Context, name: &str, config: &Gpt2Config, dtype: DType) -> Result<Gpt2> {
+        let location = Location::caller();
+        let fail = |message: String| Error::Argument { op: "Gpt2::new", message, location };
+        if !dtype.is_float() {
+            return Err(fail(format!("GPT-2 computes in a float dtype, not {dtype}")));
+        }
+        let c = config;
+        let (w, heads) = (c.n_embd, c.n_head);
+        if heads == 0 || w % heads != 0 {
+            return Err(fail(format!("width {w} does not divide into {heads} attention heads")));
+        }
+        if c.vocab_size == 0 || c.n_positions == 0 {
+            return Err(fail(format!(
+                "a vocabulary of {} tokens and {} positions: both must be at least 1",
+                c.vocab_size, c.n_positions
+            )));
+        }
+        let _span = tracing::info_span!("Gpt2::new", layers = c.n_layer, width = w).entered();
+        let head_scale = if c.scale_attn_weights { 1.0 / ((w / heads) as f64).sqrt() } else { 1.0 };
+        ctx.scope(name, |ctx| {
+            let table = |ctx: &Context, rows: usize| (ctx.randn([rows, w]) * 0.02).cast(dtype);
+            let (token, position) = ctx.scope("embeddings", |ctx| {
+                Ok((
+                    ctx.scope("token", |ctx| ctx.variable("weight", table(ctx, c.vocab_size)))?,
+                    ctx.scope("position", |ctx| ctx.variable("weight", table(ctx, c.n_positions)))?,
+                ))
+            })?;
+            let mut layers = Vec::with_capacity(c.n_layer);
+            for i in 0..c.n_layer {
+                layers.push(ctx.scope(&format!("layer{i}"), |ctx| {
+                    let (attention_norm, qkv, output) = ctx.scope("attention", |ctx| {
+                        Ok((
+                            Norm::new(ctx, "norm", w, c.layer_norm_epsilon, dtype)?,
+                            Conv1d::new(ctx, "qkv", w, 3 * w, dtype)?,
+                            Conv1d::new(ctx, "output", w, w, dtype)?,
+                        ))
+                    })?;
+                    let (ffn_norm, up, down) = ctx.scope("ffn", |ctx| {
+                        Ok((
+                            Norm::new(ctx, "norm", w, c.layer_norm_epsilon, dtype)?,
+                            Conv1d::new(ctx, "up", w, c.n_inner, dtype)?,
+                            Conv1d::new(ctx, "down", c.n_inner, w, dtype)?,
+                        ))
+                    })?;
+                    let scale = if c.scale_attn_by_inverse_layer_idx {
+                        head_scale / (i + 1) as f64
+                    } else {
+                        head_scale
+                    };
+                    Ok(Block { attention_norm, qkv, output, ffn_norm, up, down, scale })
+                })?);
+            }
+            let norm = Norm::new(ctx, "norm", w, c.layer_norm_epsilon, dtype)?;
+            Ok(Gpt2 {
+                ctx: ctx.clone(),
+                name: name.to_string(),
+                config: c.clone(),
+                dtype,
+                token,
+                position,
+                layers,
+                norm,
+            })
+        })
+    }
+
+    /// Reads a Hugging Face model folder: `config.json` and
+    /// `model.safetensors` (or its `model-*.safetensors` parts), into a
+    /// model in scope `gpt2` computing in `dtype` (an f32 checkpoint
+    /// loads into bf16 or f16, rounding once). Every parameter must be in
+    /// the checkpoint; an error names the missing ones.
+    #[track_caller]
+    pub fn from_pretrained(ctx: &Context, dir: impl AsRef<std::path::Path>, dtype: DType) -> Result<Gpt2> {
+        let dir = dir.as_ref();
+        let _span = tracing::info_span!("Gpt2::from_pretrained", dir = %dir.display()).entered();
+        let config = Gpt2Config::from_file(dir.join("config.json"))?;
+        let model = Gpt2::new(ctx, "gpt2", &config, dtype)?;
+        let files = crate::nn::checkpoint_files(dir)?;
+        crate::nn::load_mapped(&model, &files, |n| super::hf_name("gpt2", n))?;
+        Ok(model)
+    }
+
+    /// The sizes it was built with.
+    pub fn config(&self) -> &Gpt2Config {
+        &self.config
+    }
+
+    /// The dtype it computes in.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The context its parameters live on.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// Logits `[batch, seq, vocab]` (the model's dtype) of token ids
+    /// `[batch, seq]` (i64 or i32).
+    ///
+    /// Without a mask every token is real and positions count from 0.
+    /// With an attention mask `[batch, seq]` (1 for a token, 0 for
+    /// padding; any numeric or bool dtype), padded keys are removed and
+    /// positions count the real tokens before each one (`cumsum(mask) -
+    /// 1`, 0 at padding), as Hugging Face's `generate` computes them: a
+    /// left-padded row then gives the logits of the row alone at its real
+    /// positions. Logits at padded positions are unspecified.
+    #[track_caller]
+    pub fn forward(&self, ids: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+        let location = Location::caller();
+        if let Some(e) = ids.error().or(mask.and_then(Tensor::error)) {
+            return Err(e.clone());
+        }
+        let shape = ids.shape().to_vec();
+        if shape.len() != 2 || mask.is_some_and(|m| m.shape() != shape.as_slice()) {
+            return Err(Error::Shape {
+                op: "Gpt2::forward",
+                message: format!(
+                    "GPT-2 takes ids (and a mask) of shape [batch, seq], got {:?}{}",
+                    ids.shape(),
+                    mask.map(|m| format!(" and {:?}", m.shape())).unwrap_or_default()
+                ),
+                location,
+            });
+        }
+        let h = match mask {
+            None => self.hidden_at(ids, Positions::FromZero, &plain_causal(), location)?,
+            Some(mask) => {
+                let positions = positions_from_mask(mask);
+                let attend = Attend { causal: true, mask: Some(key_padding_mask(mask)) };
+                self.hidden_at(ids, Positions::Given(&positions), &attend, location)?
+            }
+        };
+        self.lm_head(&h)
+    }
+
+    /// The last block's output after the final layer norm, `[batch, seq,
+    /// width]`, for ids `[batch, seq]`, positions and the attention
+    /// pattern. `kv` sees layer `i`'s keys and values of these tokens and
+    /// returns the ones its queries attend over (the identity for a plain
+    /// forward pass; a KV cache's view for decoding).
+    #[track_caller]
+    pub fn hidden(
+        &self,
+        ids: &Tensor,
+        positions: Positions,
+        attend: &Attend,
+        kv: &mut dyn FnMut(usize, KeyValues) -> Result<KeyValues>,
+    ) -> Result<Tensor> {
+        self.hidden_with(ids, positions, attend, kv, Location::caller())
+    }
+
+    fn hidden_at(
+        &self,
+        ids: &Tensor,
+        positions: Positions,
+        attend: &Attend,
+        location: Location,
+    ) -> Result<Tensor> {
+        self.hidden_with(ids, positions, attend, &mut |_, kv| Ok(kv), location)
+    }
+
+    fn hidden_with(
+        &self,
+        ids: &Tensor,
+        positions: Positions,
+        attend: &Attend,
+        kv: &mut dyn FnMut(usize, KeyValues) -> Result<KeyValues>,
+        location: Location,
+    ) -> Result<Tensor> {
+        if let Some(e) = ids.error() {
+            return Err(e.clone());
+        }
+        let fail = |message: String| Error::Shape { op: "Gpt2::forward", message, location };
+        if ids.rank() != 2 {
+            return Err(fail(format!("GPT-2 takes ids of shape [batch, seq], got {:?}", ids.shape())));
+        }
+        let (b, s) = (ids.shape()[0], ids.shape()[1]);
+        let c = &self.config;
+        if s > c.n_positions {
+            return Err(fail(format!(
+                "{s} tokens are more than the model's {} positions; shorten the input",
+                c.n_positions
+            )));
+        }
+        let w = c.n_embd;
+        self.ctx.scope(&self.name, |_| {
+            let tokens = self.token.index_select(0, &ids.flatten()).reshape([b, s, w]);
+            let pos = match positions {
+                Positions::FromZero => self.position.narrow(0, 0, s),
+                Positions::Given(p) => {
+                    if p.shape() != [b, s] {
+                        return Err(fail(format!(
+                            "positions {:?} do not match the ids {:?}",
+                            p.shape(),
+                            ids.shape()
+                        )));
+                    }
+                    self.position.index_select(0, &p.flatten()).reshape([b, s, w])
+                }
+            };
+            let mut x = tokens + pos;
+            for (i, l) in self.layers.iter().enumerate() {
+                x = self.ctx.scope(&format!("layer{i}"), |_| {
+                    let (q, own) = l.project(&l.attention_norm.forward(&x), c.n_head);
+                    let seen = kv(i, own)?;
+                    let x = &x + l.attend(&q, &seen, attend);
+                    Ok(&x + l.feed_forward(&x, c.activation))
+                })?;
+            }
+            Ok(self.norm.forward(&x))
+        })
+    }
+
+    /// Logits of hidden states `[.., width]`: `h · wteᵀ` (the LM head is
+    /// the token embedding, tied), `[.., vocab]`.
+    pub fn lm_head(&self, h: &Tensor) -> Result<Tensor> {
+        self.ctx.scope(&self.name, |_| Ok(h.matmul(&self.token.t())))
+    }
+}
+
+/// Causal attention over the tokens themselves, nothing padded.
+fn plain_causal() -> Attend {
+    Attend { causal: true, mask: None }
+}
+
+/// `cumsum(mask) - 1` at real tokens and 0 at padding, i64 `[batch, seq]`,
+/// computed on the device exactly (integer sums of `mask[.., i]` over
+/// `i <= j`).
+fn positions_from_mask(mask: &Tensor) -> Tensor {
+    let Some(ctx) = mask.context() else { return mask.clone() };
+    let (b, s) = (mask.shape()[0], mask.shape()[1]);
+    let real = key_padding_mask(mask).reshape([b, s]);
+    let before = ctx.ones_dtype([s, s], DType::I64).tril(0);
+    let count = (real.cast(DType::I64).unsqueeze(1) * before).sum(&[2], false);
+    real.where_cond(count - 1i64, 0i64)
+}
+
+impl Params for Gpt2 {
+    fn visit(&self, f: &mut dyn FnMut(&Variable)) {
+        f(&self.token);
+        f(&self.position);
+        for l in &self.layers {
+            for v in [
+                &l.attention_norm.weight,
+                &l.attention_norm.bias,
+                &l.qkv.weight,
+                &l.qkv.bias,
+                &l.output.weight,
+                &l.output.bias,
+                &l.ffn_norm.weight,
+                &l.ffn_norm.bias,
+                &l.up.weight,
+                &l.up.bias,
+                &l.down.weight,
+                &l.down.bias,
+            ] {
+                f(v);
+            }
+        }
+        f(&self.norm.weight);
+        f(&self.norm.bias);
+    }
+}
