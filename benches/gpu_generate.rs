@@ -28,7 +28,6 @@ use kiln::prelude::*;
 use std::time::Instant;
 
 #[path = "common/models.rs"]
-#[allow(dead_code)]
 mod models;
 
 use models::median;

@@ -87,6 +87,12 @@ impl KvCache {
                     Ok(())
                 })?;
             }
+            // Computed now: a plan that reads a variable's first value
+            // (a constant zeros node) differs from one that reads its
+            // buffer, so a first prefill would compile again on a later
+            // call of the same shape.
+            let all: Vec<&Tensor> = keys.iter().chain(&values).map(|v| &**v).collect();
+            ctx.realize(&all)?;
             Ok(KvCache { ctx: ctx.clone(), keys, values, batch, max_len })
         })
     }

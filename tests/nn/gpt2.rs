@@ -12,7 +12,7 @@
 #[allow(clippy::excessive_precision, clippy::unreadable_literal)]
 // The texts are read only by the tokenizer test.
 #[cfg_attr(not(feature = "tokenizers"), allow(dead_code))]
-mod reference;
+pub mod reference;
 
 use crate::{scratch_dir, snapshots};
 use kiln::nn::gpt2::{hf_name, Activation, GenerateOptions, Gpt2, Gpt2Config};
@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 /// The fixture folder: in the checkout the binary was built in, or else
 /// under the current folder (a binary carried to the GPU machine runs
 /// from the project root there).
-fn fixture() -> PathBuf {
+pub fn fixture() -> PathBuf {
     let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2-tiny");
     if built.is_dir() {
         built
@@ -34,10 +34,10 @@ fn fixture() -> PathBuf {
 }
 
 /// A device to check: its name and how to make a context on it.
-type Device = (&'static str, fn() -> Context);
+pub type Device = (&'static str, fn() -> Context);
 
 /// The devices to check.
-fn devices() -> Vec<Device> {
+pub fn devices() -> Vec<Device> {
     let mut out: Vec<Device> = vec![("cpu", Context::cpu)];
     #[cfg(feature = "cuda-emulator")]
     out.push(("cuda-emulated", Context::cuda_emulated));

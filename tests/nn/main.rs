@@ -8,6 +8,7 @@ mod bert;
 mod checkpoint;
 mod data;
 mod errors;
+mod generate;
 mod gpt2;
 mod kv_cache;
 mod losses;

@@ -1,6 +1,11 @@
 //! Text generation: a batch of prompts continued token by token, each
 //! token chosen on the device by [`crate::nn::sampling::sample`].
 //!
+//! [`Gpt2::generate`] runs with a KV cache ([`super::Generator`]: a
+//! prefill, then one captured decode step per token). This file holds the
+//! options, the checks every path shares, and [`Gpt2::generate_uncached`],
+//! the path without a cache that the cached one is tested against:
+//!
 //! **One plan per call.** Every step runs the whole forward pass over a
 //! window of fixed width: the longest prompt plus `max_new_tokens`,
 //! rounded up to a power of two (at most `n_positions`). Prompts are
@@ -10,10 +15,7 @@
 //! where the causal mask hides them from every position that is read,
 //! and the logits are taken at the last filled column through a runtime
 //! index. Only the ids (uploaded) and that index change between steps,
-//! so the steps of a call share one compiled plan, and calls whose
-//! windows round to the same width share it too. The KV-cache path
-//! (issue 34) replaces this recomputation with a prefill and captured
-//! decode steps; see the seam in `model.rs`.
+//! so the steps of a call share one compiled plan.
 //!
 //! Per step the host reads only the chosen ids (`[batch]` i64), to stop
 //! rows at a stop token and to place the ids in the next window.
@@ -71,6 +73,11 @@ impl Gpt2 {
     /// than the model's `n_positions`, a token id outside the vocabulary,
     /// sampling numbers out of range.
     ///
+    /// It runs with a KV cache ([`Gpt2::generator`], sized for the call:
+    /// the longest prompt's bucket plus `max_new_tokens`, rounded up to a
+    /// power of two, so that calls of nearby sizes share its variables
+    /// and plans); keep a [`super::Generator`] to reuse one explicitly.
+    ///
     /// Sampling draws from the context's random numbers: the same seed
     /// ([`crate::Context::with_seed`]) and the same program give the same
     /// tokens.
@@ -82,37 +89,27 @@ impl Gpt2 {
     ) -> Result<Vec<Vec<u32>>> {
         let location = Location::caller();
         let op = "Gpt2::generate";
+        let width = self.check_request(prompts, options, op, location)?;
+        let need = width + options.max_new_tokens;
+        let sized = (super::decode::bucket(width, usize::MAX) + options.max_new_tokens).next_power_of_two();
+        let max_len = sized.min(self.config().n_positions).max(need);
+        self.generator(prompts.len(), max_len)?.generate_at(prompts, options, op, location)
+    }
+
+    /// [`Gpt2::generate`] without a cache: each step recomputes a window
+    /// of fixed width (see the module docs). The same tokens, at the cost
+    /// of a full forward pass per token: the reference the cached path is
+    /// tested against.
+    #[track_caller]
+    pub fn generate_uncached<P: AsRef<[u32]>>(
+        &self,
+        prompts: &[P],
+        options: &GenerateOptions,
+    ) -> Result<Vec<Vec<u32>>> {
+        let location = Location::caller();
+        let width = self.check_request(prompts, options, "Gpt2::generate_uncached", location)?;
         let c = self.config();
-        let (n_pos, vocab) = (c.n_positions, c.vocab_size);
-        options.sampling.check(op, location)?;
-        check_arg(!prompts.is_empty(), op, location, || "no prompts to continue".into())?;
-        for (i, p) in prompts.iter().enumerate() {
-            let p = p.as_ref();
-            check_arg(!p.is_empty(), op, location, || {
-                format!(
-                    "prompt {i} is empty (0 tokens); a continuation needs at least 1 token to start from (Hugging Face starts from <|endoftext|>)"
-                )
-            })?;
-            check_arg(p.len() <= n_pos, op, location, || {
-                format!("prompt {i} has {} tokens, more than the model's {n_pos} positions", p.len())
-            })?;
-            if let Some(&bad) = p.iter().find(|&&t| t as usize >= vocab) {
-                return Err(Error::Argument {
-                    op,
-                    message: format!("prompt {i} holds token {bad}, outside the vocabulary of {vocab}"),
-                    location,
-                });
-            }
-        }
-        let width = prompts.iter().map(|p| p.as_ref().len()).max().unwrap_or(0);
-        let new = options.max_new_tokens;
-        check_arg(width + new <= n_pos, op, location, || {
-            format!(
-                "{width} prompt tokens plus {new} new ones are {} positions, more than the model's {n_pos}; ask for at most {} new tokens",
-                width + new,
-                n_pos - width
-            )
-        })?;
+        let (n_pos, new) = (c.n_positions, options.max_new_tokens);
         let b = prompts.len();
         let mut out = vec![Vec::with_capacity(new); b];
         if new == 0 {
@@ -164,5 +161,50 @@ impl Gpt2 {
             }
         }
         Ok(out)
+    }
+
+    /// Checks a generation request: sampling settings, at least one
+    /// prompt, none empty, none longer than the model's positions (with
+    /// the new tokens), every token in the vocabulary. Returns the longest
+    /// prompt's length.
+    pub(super) fn check_request<P: AsRef<[u32]>>(
+        &self,
+        prompts: &[P],
+        options: &GenerateOptions,
+        op: &'static str,
+        location: Location,
+    ) -> Result<usize> {
+        let c = self.config();
+        let (n_pos, vocab) = (c.n_positions, c.vocab_size);
+        options.sampling.check(op, location)?;
+        check_arg(!prompts.is_empty(), op, location, || "no prompts to continue".into())?;
+        for (i, p) in prompts.iter().enumerate() {
+            let p = p.as_ref();
+            check_arg(!p.is_empty(), op, location, || {
+                format!(
+                    "prompt {i} is empty (0 tokens); a continuation needs at least 1 token to start from (Hugging Face starts from <|endoftext|>)"
+                )
+            })?;
+            check_arg(p.len() <= n_pos, op, location, || {
+                format!("prompt {i} has {} tokens, more than the model's {n_pos} positions", p.len())
+            })?;
+            if let Some(&bad) = p.iter().find(|&&t| t as usize >= vocab) {
+                return Err(Error::Argument {
+                    op,
+                    message: format!("prompt {i} holds token {bad}, outside the vocabulary of {vocab}"),
+                    location,
+                });
+            }
+        }
+        let width = prompts.iter().map(|p| p.as_ref().len()).max().unwrap_or(0);
+        let new = options.max_new_tokens;
+        check_arg(width + new <= n_pos, op, location, || {
+            format!(
+                "{width} prompt tokens plus {new} new ones are {} positions, more than the model's {n_pos}; ask for at most {} new tokens",
+                width + new,
+                n_pos - width
+            )
+        })?;
+        Ok(width)
     }
 }

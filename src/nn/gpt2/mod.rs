@@ -52,11 +52,13 @@
 //! ```
 
 mod config;
+mod decode;
 mod generate;
 mod model;
 mod names;
 
 pub use config::{Activation, Gpt2Config};
+pub use decode::Generator;
 pub use generate::GenerateOptions;
 pub use model::{Attend, Gpt2, KeyValues, Positions};
 pub use names::hf_name;

@@ -261,6 +261,11 @@ impl Gpt2 {
         Ok(model)
     }
 
+    /// The scope its parameters live in.
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
     /// The sizes it was built with.
     pub fn config(&self) -> &Gpt2Config {
         &self.config

@@ -1,0 +1,220 @@
+//! Generation with a KV cache: a prefill of the (left-padded) prompts,
+//! then one captured decode step per token.
+//!
+//! - **The cache** is an [`crate::nn::KvCache`] of `[batch, heads,
+//!   max_len, head_dim]` per layer. Its variables are named by their
+//!   sizes (`<model>/kv_cache/b{batch}_len{max_len}`), so a second
+//!   [`Generator`] of the same sizes on one context reuses them.
+//! - **Prefill** runs the prompts as one plan: each row left-padded to a
+//!   *bucket* (the longest prompt rounded up to a power of two, at least
+//!   8), so prompts of any length compile one plan per bucket (at most
+//!   8 for GPT-2's 1024 positions), not one per length. The mask hides
+//!   the padding; the padding's own keys are written into the cache and
+//!   never seen.
+//! - **Decode** is a captured step ([`crate::Context::capture`]) of the
+//!   token ids `[batch, 1]`, the cache index and the rows' starts: it
+//!   writes the new keys and values at that index
+//!   ([`crate::Variable::write_at`]), attends over the cache under the
+//!   mask, and samples the next ids on the device. The index is an
+//!   argument, so one recorded plan (one CUDA graph) serves every
+//!   position; the ids it returns are the next call's argument, so they
+//!   never leave the device except to be reported.
+//!
+//! The host reads each step's ids (`[batch]` i64, to stop rows at a stop
+//! token and return them). Sampling settings are part of the recorded
+//! step: a generator keeps one decode step per [`Sampling`] it has seen.
+
+use super::model::{Attend, KeyValues, Positions};
+use super::{GenerateOptions, Gpt2};
+use crate::capture::Captured;
+use crate::nn::sampling::{sample, Sampling};
+use crate::nn::{check_arg, KvCache};
+use crate::{Location, Result, Tensor};
+use std::sync::Arc;
+
+/// The smallest prefill bucket.
+const MIN_BUCKET: usize = 8;
+
+/// A decode step's closure.
+type StepBody<'m> = Box<dyn FnMut(&[Tensor]) -> Result<Vec<Tensor>> + 'm>;
+type Step<'m> = Captured<StepBody<'m>>;
+
+/// A GPT-2 decoder with a KV cache for up to `batch` prompts and
+/// `max_len` positions (prompt bucket plus new tokens): see the module
+/// docs. Made by [`Gpt2::generator`].
+pub struct Generator<'m> {
+    model: &'m Gpt2,
+    cache: Arc<KvCache>,
+    steps: Vec<(Sampling, Step<'m>)>,
+}
+
+impl Gpt2 {
+    /// A generator with a KV cache of `batch` rows and `max_len`
+    /// positions (at most the model's `n_positions`).
+    #[track_caller]
+    pub fn generator(&self, batch: usize, max_len: usize) -> Result<Generator<'_>> {
+        let location = Location::caller();
+        let op = "Gpt2::generator";
+        let c = self.config();
+        check_arg(batch > 0, op, location, || "a generator needs a batch of at least 1 row".into())?;
+        check_arg(max_len > 0 && max_len <= c.n_positions, op, location, || {
+            format!(
+                "a cache of {max_len} positions; the model has {} (at most that, at least 1)",
+                c.n_positions
+            )
+        })?;
+        let ctx = self.context();
+        let cache = ctx.scope(self.name(), |ctx| {
+            ctx.scope("kv_cache", |ctx| {
+                KvCache::new(
+                    ctx,
+                    &format!("b{batch}_len{max_len}"),
+                    c.n_layer,
+                    batch,
+                    c.n_head,
+                    max_len,
+                    c.head_dim(),
+                    self.dtype(),
+                )
+            })
+        })?;
+        Ok(Generator { model: self, cache: Arc::new(cache), steps: Vec::new() })
+    }
+}
+
+impl<'m> Generator<'m> {
+    /// Rows of its cache.
+    pub fn batch(&self) -> usize {
+        self.cache.batch()
+    }
+
+    /// Positions of its cache.
+    pub fn max_len(&self) -> usize {
+        self.cache.max_len()
+    }
+
+    /// The continuation of each prompt (at most [`Generator::batch`] of
+    /// them), as [`Gpt2::generate`] describes, computed with the cache.
+    /// The longest prompt plus `max_new_tokens` must fit the cache
+    /// ([`Generator::max_len`]): an error names the lengths otherwise.
+    #[track_caller]
+    pub fn generate<P: AsRef<[u32]>>(
+        &mut self,
+        prompts: &[P],
+        options: &GenerateOptions,
+    ) -> Result<Vec<Vec<u32>>> {
+        self.generate_at(prompts, options, "Generator::generate", Location::caller())
+    }
+
+    pub(super) fn generate_at<P: AsRef<[u32]>>(
+        &mut self,
+        prompts: &[P],
+        options: &GenerateOptions,
+        op: &'static str,
+        location: Location,
+    ) -> Result<Vec<Vec<u32>>> {
+        let model = self.model;
+        let width = model.check_request(prompts, options, op, location)?;
+        let (rows, batch) = (prompts.len(), self.batch());
+        check_arg(rows <= batch, op, location, || {
+            format!("{rows} prompts for a generator of {batch} rows; make one with a larger batch")
+        })?;
+        let (new, max_len) = (options.max_new_tokens, self.max_len());
+        check_arg(width + new <= max_len, op, location, || {
+            format!(
+                "the longest prompt has {width} tokens and {new} new tokens are asked for: {} positions, more than the cache's {max_len}",
+                width + new
+            )
+        })?;
+        let bucket = bucket(width, max_len - new);
+        let mut out = vec![Vec::with_capacity(new); rows];
+        if new == 0 {
+            return Ok(out);
+        }
+        let _span = tracing::info_span!("Generator::generate", rows, prompt = width, bucket, new).entered();
+        let ctx = model.context();
+        // Left-padded prompts; rows past the prompts are padding only.
+        let mut ids = vec![0i64; batch * bucket];
+        let mut starts = vec![bucket as i64; batch];
+        for (r, p) in prompts.iter().enumerate() {
+            let p = p.as_ref();
+            starts[r] = (bucket - p.len()) as i64;
+            for (k, &t) in p.iter().enumerate() {
+                ids[r * bucket + bucket - p.len() + k] = t as i64;
+            }
+        }
+        // A row of padding only attends to its last key, so it stays finite.
+        for s in starts.iter_mut().skip(rows) {
+            *s = bucket as i64 - 1;
+        }
+        let starts = ctx.tensor(&starts, [batch]);
+        let logits = self.prefill(&ctx.tensor(&ids, [batch, bucket]), &starts)?;
+        let mut next = sample(&logits, &options.sampling)?;
+        let step = self.step(&options.sampling);
+        let mut done = vec![false; rows];
+        for t in 0..new {
+            let ids = next.to_vec::<i64>()?;
+            for (r, &id) in ids.iter().take(rows).enumerate() {
+                if !done[r] {
+                    let id = id as u32;
+                    out[r].push(id);
+                    done[r] = options.stop_tokens.contains(&id);
+                }
+            }
+            if t + 1 == new || done.iter().all(|&d| d) {
+                break;
+            }
+            let at = ctx.scalar((bucket + t) as i64);
+            next = step.call(&[&next, &at, &starts])?.remove(0);
+        }
+        Ok(out)
+    }
+
+    /// The logits `[batch, vocab]` at the last column of the prompts
+    /// `[batch, bucket]`, with their keys and values written at 0.
+    fn prefill(&self, ids: &Tensor, starts: &Tensor) -> Result<Tensor> {
+        let zero = self.model.context().scalar(0i64);
+        logits_after(self.model, &self.cache, ids, &zero, starts)
+    }
+
+    /// The decode step of `sampling`, recorded on its first call.
+    fn step(&mut self, sampling: &Sampling) -> &mut Step<'m> {
+        let k = match self.steps.iter().position(|(s, _)| s == sampling) {
+            Some(k) => k,
+            None => {
+                let (model, cache, sampling_) = (self.model, self.cache.clone(), sampling.clone());
+                let f: StepBody<'m> = Box::new(move |args: &[Tensor]| {
+                    let ids = args[0].reshape([cache.batch(), 1]);
+                    let logits = logits_after(model, &cache, &ids, &args[1], &args[2])?;
+                    Ok(vec![sample(&logits, &sampling_)?])
+                });
+                self.steps.push((sampling.clone(), model.context().capture(f)));
+                self.steps.len() - 1
+            }
+        };
+        &mut self.steps[k].1
+    }
+}
+
+/// The logits `[batch, vocab]` of the last of `ids` (`[batch, s]`),
+/// written into the cache at index `at` (0-d i64), each row's sequence
+/// starting at `starts[row]`.
+fn logits_after(model: &Gpt2, cache: &KvCache, ids: &Tensor, at: &Tensor, starts: &Tensor) -> Result<Tensor> {
+    let (b, s) = (ids.shape()[0], ids.shape()[1]);
+    let positions = cache.positions(at, s, starts);
+    let attend = Attend { causal: false, mask: Some(cache.visible(at, s, starts)) };
+    let h = model.hidden(ids, Positions::Given(&positions), &attend, &mut |layer, kv: KeyValues| {
+        let (keys, values) = cache.append(layer, at, &kv.keys, &kv.values)?;
+        Ok(KeyValues { keys, values })
+    })?;
+    let last = h.narrow(1, s - 1, 1).reshape([b, model.config().n_embd]);
+    model.lm_head(&last)
+}
+
+/// The prefill length of prompts up to `width` tokens, leaving `room`
+/// positions at most: a power of two of at least [`MIN_BUCKET`], unless
+/// that does not fit `room` (then `room`, or `width` itself when even
+/// `room` is shorter: the caller checked that `width` fits).
+pub(super) fn bucket(width: usize, room: usize) -> usize {
+    width.next_power_of_two().max(MIN_BUCKET).min(room).max(width)
+}
