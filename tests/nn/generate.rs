@@ -31,11 +31,16 @@ fn the_cached_generator_matches_transformers_and_the_uncached_path() -> Result<(
     for (device, make) in devices() {
         let ctx = make();
         let m = model(&ctx);
-        // The emulator runs each CUDA thread as a host thread: fewer steps.
-        let n = if device == "cuda-emulated" { 6 } else { 40 };
+        // The emulator runs each CUDA thread as a host thread (seconds a
+        // step): the CUDA side of the cache is checked there by
+        // tests/nn/kv_cache.rs and the op suite; here on a GPU.
+        if device == "cuda-emulated" {
+            continue;
+        }
+        let (n, rounds) = (24, 2);
         let mut generator = m.generator(4, 64)?;
         let rows = batch();
-        for round in 0..2 {
+        for round in 0..rounds {
             let got = generator.generate(&rows, &GenerateOptions::greedy(n))?;
             for (r, row) in got.iter().enumerate() {
                 assert_eq!(row, &reference::BATCH_GREEDY[r][..n], "{device}: round {round}, batch row {r}");
@@ -45,10 +50,8 @@ fn the_cached_generator_matches_transformers_and_the_uncached_path() -> Result<(
             assert_eq!(two[0], reference::GREEDY[0][..n], "{device}: round {round}, prompt 0");
             assert_eq!(two[1], reference::GREEDY[1][..n], "{device}: round {round}, prompt 1");
         }
-        if device != "cuda-emulated" {
-            let uncached = m.generate_uncached(&rows, &GenerateOptions::greedy(n))?;
-            assert_eq!(uncached, generator.generate(&rows, &GenerateOptions::greedy(n))?, "{device}");
-        }
+        let uncached = m.generate_uncached(&rows, &GenerateOptions::greedy(n))?;
+        assert_eq!(uncached, generator.generate(&rows, &GenerateOptions::greedy(n))?, "{device}");
     }
     Ok(())
 }
