@@ -9,8 +9,10 @@
 //!     cargo run --release --example generate -- --checkpoint path/to/gpt2 --prompt "Hello"
 //!
 //! Options: `--steps N` (training steps, 600), `--batch N` (32 windows of
-//! `--context` characters, 64), `--lr X` (AdamW, 3e-3), `--tokens N`
-//! (characters to write, 300), `--temperature X` (0.8), `--top-k N` (20),
+//! `--context` characters, 128: also the model's positions, so the prompt
+//! and what it writes fit in it), `--lr X` (AdamW, 3e-3), `--tokens N`
+//! (characters to write, at most what the context leaves; 300),
+//! `--temperature X` (0.8), `--top-k N` (20),
 //! `--seed N` (0), `--prompt TEXT`. With `--checkpoint DIR` (a Hugging
 //! Face GPT-2 folder: config.json, model.safetensors, tokenizer.json) it
 //! skips training and continues the prompt with that model instead.
@@ -45,7 +47,7 @@ fn args() -> std::result::Result<Args, String> {
     let mut a = Args {
         steps: 600,
         batch: 32,
-        context: 64,
+        context: 128,
         lr: 3e-3,
         tokens: 300,
         temperature: 0.8,
@@ -103,7 +105,9 @@ fn main() -> Result<()> {
     let ids: Vec<i64> = text.chars().map(|c| chars.binary_search(&c).unwrap_or(0) as i64).collect();
     let config = Gpt2Config {
         vocab_size: chars.len(),
-        n_positions: 512,
+        // Positions past the training windows would be untrained rows of
+        // the position embedding: the model holds exactly `--context`.
+        n_positions: args.context,
         n_embd: 128,
         n_layer: 4,
         n_head: 4,
@@ -165,10 +169,16 @@ fn main() -> Result<()> {
         eprintln!("generate: the prompt is empty");
         std::process::exit(2);
     }
-    let mut generator =
-        model.generator(1, (encoded.len() + args.tokens).next_power_of_two().clamp(16, 512))?;
+    if encoded.len() >= s {
+        eprintln!("generate: the prompt has {} characters; the model holds {s} (--context)", encoded.len());
+        std::process::exit(2);
+    }
+    // An absolute-position model writes at most its context: what is
+    // left of it after the prompt.
+    let tokens = args.tokens.min(s - encoded.len());
+    let mut generator = model.generator(1, s)?;
     let t0 = Instant::now();
-    let options = GenerateOptions::sampled(args.tokens.min(512 - encoded.len()), sampling);
+    let options = GenerateOptions::sampled(tokens, sampling);
     let out = generator.generate(&[&encoded], &options)?;
     let secs = t0.elapsed().as_secs_f64();
     let written: String = out[0].iter().map(|&t| chars[t as usize]).collect();
