@@ -236,3 +236,29 @@ impl Module for Dropout {
         self.training = training;
     }
 }
+
+/// Layer norm over the last dim with its own epsilon, in the model's
+/// dtype, its `weight` and `bias` in the scope `name`: the norm of the
+/// pretrained models (`bert`, `gpt2`), whose checkpoint names map onto
+/// those. (`LayerNorm` is the f32 module users build.)
+pub(crate) struct Norm {
+    pub(crate) weight: Variable,
+    pub(crate) bias: Variable,
+    eps: f64,
+}
+
+impl Norm {
+    pub(crate) fn new(ctx: &Context, name: &str, width: usize, eps: f64, dtype: DType) -> Result<Norm> {
+        ctx.scope(name, |ctx| {
+            Ok(Norm {
+                weight: ctx.variable("weight", ctx.ones_dtype([width], dtype))?,
+                bias: ctx.variable("bias", ctx.zeros_dtype([width], dtype))?,
+                eps,
+            })
+        })
+    }
+
+    pub(crate) fn forward(&self, x: &Tensor) -> Tensor {
+        x.layer_norm(&self.weight, &self.bias, self.eps)
+    }
+}

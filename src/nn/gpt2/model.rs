@@ -26,6 +26,7 @@
 
 use super::{Activation, Gpt2Config};
 use crate::attention::key_padding_mask;
+use crate::nn::layers::Norm;
 use crate::nn::Params;
 use crate::{Context, DType, Error, Location, Result, Tensor, Variable};
 
@@ -47,29 +48,6 @@ impl Conv1d {
 
     fn forward(&self, x: &Tensor) -> Tensor {
         x.matmul(&self.weight) + &*self.bias
-    }
-}
-
-/// Layer norm over the last dim with its own epsilon.
-struct Norm {
-    weight: Variable,
-    bias: Variable,
-    eps: f64,
-}
-
-impl Norm {
-    fn new(ctx: &Context, name: &str, width: usize, eps: f64, dtype: DType) -> Result<Norm> {
-        ctx.scope(name, |ctx| {
-            Ok(Norm {
-                weight: ctx.variable("weight", ctx.ones_dtype([width], dtype))?,
-                bias: ctx.variable("bias", ctx.zeros_dtype([width], dtype))?,
-                eps,
-            })
-        })
-    }
-
-    fn forward(&self, x: &Tensor) -> Tensor {
-        x.layer_norm(&self.weight, &self.bias, self.eps)
     }
 }
 
