@@ -11,20 +11,10 @@ use kiln::prelude::*;
 mod splitmix;
 use splitmix::Rng;
 
-/// The contexts to check: the CPU, the emulator with its feature, and the
-/// GPU when there is one (required under `KILN_REQUIRE_CUDA=1`).
+/// The contexts to check: those of the GPT-2 tests (the CPU, the emulator
+/// with its feature, the GPU when there is one).
 fn contexts() -> Vec<Context> {
-    let mut out = vec![Context::cpu()];
-    #[cfg(feature = "cuda-emulator")]
-    out.push(Context::cuda_emulated());
-    match Context::cuda(0) {
-        Ok(c) => out.push(c),
-        Err(e) if std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1") => {
-            panic!("KILN_REQUIRE_CUDA=1 but CUDA is not usable: {e}")
-        }
-        Err(_) => {}
-    }
-    out
+    crate::gpt2::devices().into_iter().map(|(_, make)| make()).collect()
 }
 
 const B: usize = 2;
