@@ -223,6 +223,23 @@ pub trait Executable: Send + Sync {
         Ok(Launched { outputs: self.run(inputs, rng)?, done: Completion::done() })
     }
 
+    /// The input slots the plan writes an output over ([`Plan::donated`]):
+    /// the ones worth giving up to [`Executable::launch_owned`].
+    fn donated(&self) -> &[u32] {
+        &[]
+    }
+
+    /// [`Executable::launch`] on inputs the caller gives up. For each input
+    /// slot the plan writes an output over ([`Plan::donated`]), a backend
+    /// writes in that input's own bytes when the run then holds the only
+    /// reference to them (the caller kept no clone, and nobody else holds
+    /// one), and over a copy otherwise: a value someone can still read is
+    /// never changed. The other inputs are only read, as by `launch`.
+    /// Backends that never write in place launch as `launch` does.
+    fn launch_owned(&self, inputs: Vec<Buffer>, rng: &RngArgs) -> Result<Launched> {
+        self.launch(&inputs, rng)
+    }
+
     /// The node times of the runs since the last call, as times from
     /// `run_start`, when the plan was compiled with profiling
     /// ([`CompileOptions::profile`]); `None` otherwise. Called after a run

@@ -200,8 +200,17 @@ impl StepPlan {
                 let state = ctx.state();
                 let lookup = |id: BufferId| state.buffers.get(&id).cloned();
                 let mut sources = Vec::with_capacity(job.input_ids.len());
-                for (&id, buffer) in job.input_ids.iter().zip(&job.inputs) {
-                    sources.push(classify(id, &|b| if b == id { Some(buffer.clone()) } else { lookup(b) })?);
+                // A job that gave inputs up to its run keeps none: those are
+                // variables (or arguments), which need no buffer here.
+                for (k, &id) in job.input_ids.iter().enumerate() {
+                    let own = job.inputs.get(k);
+                    sources.push(classify(id, &|b| {
+                        if b == id {
+                            own.cloned().or_else(|| lookup(b))
+                        } else {
+                            lookup(b)
+                        }
+                    })?);
                 }
                 let streams = job
                     .rng
@@ -261,11 +270,22 @@ impl StepPlan {
         };
         let job = {
             let mut state = ctx.state();
-            let inputs = bound
-                .sources
-                .iter()
-                .map(|s| source_buffer(ctx, &state, s, &arg_buffers))
-                .collect::<Result<Vec<_>>>()?;
+            // A variable the plan writes over is given up to the run when
+            // nothing else reads its value (see `context/donate.rs`).
+            let donated = bound.executable.donated();
+            let mut gives = false;
+            let mut inputs = Vec::with_capacity(bound.sources.len());
+            for (k, s) in bound.sources.iter().enumerate() {
+                let given = match s {
+                    Source::Var(v) if donated.contains(&(k as u32)) => state.give_up_var(*v),
+                    _ => None,
+                };
+                gives |= given.is_some();
+                inputs.push(match given {
+                    Some(b) => b,
+                    None => source_buffer(ctx, &state, s, &arg_buffers)?,
+                });
+            }
             let base = state.next_stream;
             state.next_stream += self.stream_span;
             let streams = bound
@@ -282,9 +302,11 @@ impl StepPlan {
                 input_ids: Vec::new(),
                 rng: RngArgs { seed: state.seed, streams },
                 profiled: bound.profiled,
+                gives,
             }
         };
-        let outputs = ctx.launch_job(&job)?.outputs;
+        let mut job = job;
+        let outputs = ctx.launch_job(&mut job)?.outputs;
         let mut results: Vec<Option<Buffer>> = vec![None; self.results];
         {
             let mut state = ctx.state();

@@ -2,6 +2,7 @@
 //! seed, realized buffers and the cache of compiled plans.
 
 pub(crate) mod checkpoint;
+mod donate;
 mod grad;
 mod key;
 mod observe;

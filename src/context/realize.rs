@@ -64,6 +64,9 @@ pub(crate) struct Job {
     pub(crate) rng: RngArgs,
     /// Compiled with profiling: collect its node times after the run.
     pub(crate) profiled: bool,
+    /// Whether some input was given up for the run to write over (see
+    /// `donate.rs`): the run takes `inputs`, and the job keeps none.
+    pub(crate) gives: bool,
 }
 
 /// What one realize ran, for a captured step to replay it: the bound
@@ -116,7 +119,7 @@ impl Context {
     #[track_caller]
     pub(crate) fn realize_traced(&self, targets: &[NodeId]) -> Result<Traced> {
         let location = Location::caller();
-        let (job, targets) = {
+        let (mut job, targets) = {
             let mut state = self.state();
             state.check_not_capturing(location)?;
             let targets = with_pending(&state, targets);
@@ -138,7 +141,7 @@ impl Context {
         // executable orders its own runs, so nothing here needs the
         // context (see the module docs). Not waited for: the outputs carry
         // the run's completion, and host reads wait for it.
-        let launched = self.launch_job(&job);
+        let launched = self.launch_job(&mut job);
         let outputs = launched.map(|l| l.outputs);
         let mut state = self.state();
         for id in &targets.all {
@@ -175,7 +178,7 @@ impl Context {
     /// so the wait held the lock, and noting an error deadlocked on it).
     /// With several threads launching at once each waits for one run, so
     /// the limit may be passed by a run per thread for a moment.
-    pub(crate) fn launch_job(&self, job: &Job) -> Result<Launched> {
+    pub(crate) fn launch_job(&self, job: &mut Job) -> Result<Launched> {
         loop {
             let oldest = self.state().runs.over_limit();
             let Some(oldest) = oldest else { break };
@@ -187,7 +190,9 @@ impl Context {
         }
         let _span = tracing::debug_span!("launch", backend = self.inner.backend.name()).entered();
         let started = job.profiled.then(std::time::Instant::now);
-        let launched = job.executable.launch(&job.inputs, &job.rng)?;
+        // Inputs given up go to the run alone (see `donate.rs`).
+        let inputs = if job.gives { std::mem::take(&mut job.inputs) } else { job.inputs.clone() };
+        let launched = job.executable.launch_owned(inputs, &job.rng)?;
         self.state().runs.push(launched.done.clone());
         if let Some(start) = started {
             // A profiled run is waited for: its times are read once it has
@@ -259,7 +264,7 @@ impl Context {
             }
         };
         let input_ids = walk.inputs.clone();
-        let inputs: Vec<Buffer> = walk
+        let mut inputs: Vec<Buffer> = walk
             .inputs
             .iter()
             .map(|b| {
@@ -268,10 +273,12 @@ impl Context {
                 })
             })
             .collect::<Result<_>>()?;
+        let given = state.givable(targets, &input_ids, executable.donated());
+        state.give_up(&input_ids, &given, &mut inputs);
         state.cache.walker.recycle(walk.order, key.words);
         let rng = RngArgs { seed: state.seed, streams: walk.streams };
         let profiled = state.compile.profile;
-        Ok(Ok(Job { executable, inputs, input_ids, rng, profiled }))
+        Ok(Ok(Job { executable, inputs, input_ids, rng, profiled, gives: !given.is_empty() }))
     }
 
     /// The optimized graph the given tensors would compile to (what

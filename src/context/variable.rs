@@ -9,9 +9,9 @@
 //! backward pass and updates compile and run as one graph. Ops see a
 //! variable's value at the point they are recorded: a tensor computed
 //! before an assignment keeps the old value, one computed after sees the
-//! new one (program order). A backend may later write an assigned value
-//! over the variable's storage in place (buffer donation); nothing in the
-//! graph depends on that.
+//! new one (program order). A `write_at` into a variable is written over
+//! the variable's own buffer when nothing else can read the old value
+//! (buffer donation, `donate.rs`); nothing in the graph depends on that.
 
 use super::workspace::{check_name, VarEntry, VarId};
 use super::{scope::where_, Context, State};
@@ -169,9 +169,12 @@ impl Variable {
     ///
     /// The offset may be a host number (checked now, uploaded as a
     /// runtime value) or a 0-d integer tensor such as a captured step's
-    /// argument: either way every offset runs the same plan. The run
-    /// copies the old value and writes the window into the copy, so every
-    /// tensor that read the old value keeps it. A KV cache:
+    /// argument: either way every offset runs the same plan. When nothing
+    /// else can read the old value any more, the run writes the window into
+    /// the variable's own buffer and copies nothing (see
+    /// `context/donate.rs`); a tensor that read the old value (a
+    /// `detach`ed snapshot, an op recorded before the write) keeps it,
+    /// and the run then writes over a copy. A KV cache:
     ///
     /// ```
     /// use kiln::prelude::*;

@@ -324,6 +324,62 @@ impl Facts {
     }
 }
 
+impl Facts {
+    /// The input a graph output may be written over
+    /// ([`crate::ir::Placement::OverInput`]): the target of a `write_at`
+    /// whose value is the output's storage root, when
+    /// [`Facts::over_input_refusal`] finds nothing against it.
+    pub fn over_input(&self, graph: &Graph, y: usize) -> Option<NodeId> {
+        let target = *graph.operands(self.order[y]).first()?;
+        self.over_input_refusal(graph, y, target).is_none().then_some(target)
+    }
+
+    /// Why output step `y` cannot be written over the bytes of input node
+    /// `x`, or `None` when it can: `y` is a `write_at` that is the storage
+    /// root of a graph output; `x` is its target operand, an `input` read
+    /// directly (no view), which no graph output returns; every other
+    /// reader of `x` (its aliases' included) runs before `y`, on any
+    /// stream; and neither the value nor the offset reads `x`'s bytes.
+    /// The write then only changes the window, after everything that read
+    /// the old bytes.
+    pub fn over_input_refusal(&self, graph: &Graph, y: usize, x: NodeId) -> Option<&'static str> {
+        let yid = self.order[y];
+        if !matches!(graph.node(yid).op, Op::WriteAt { .. }) {
+            return Some("only write_at writes over an input");
+        }
+        if self.kind[y] != Kind::Output {
+            return Some("the node is not the storage root of a graph output");
+        }
+        let operands = graph.operands(yid);
+        if operands.first() != Some(&x) {
+            return Some("the input is not the write's target operand");
+        }
+        let Some(xs) = self.step(x) else { return Some("the input is not scheduled") };
+        if !matches!(graph.node(x).op, Op::Input(_)) {
+            return Some("the target is not an input");
+        }
+        let returned = graph.outputs().iter().any(|&o| self.step(o).is_some_and(|o| self.root(o) == xs));
+        if returned {
+            return Some("a graph output returns the input's bytes");
+        }
+        if self.last_read[xs] as usize != y {
+            return Some("the input is read after the write");
+        }
+        let others_before = (0..self.streams).all(|s| {
+            s == self.stream[y] as usize
+                || self.vc[y * self.streams + s] >= self.frontier[xs * self.streams + s]
+        });
+        if !others_before {
+            return Some("another reader of the input may run at the same time (unordered stream)");
+        }
+        let aliased = operands[1..].iter().any(|&o| self.step(o).is_some_and(|o| self.root(o) == xs));
+        if aliased {
+            return Some("the value or the offset reads the input's bytes");
+        }
+        None
+    }
+}
+
 /// The strides of view `op` (from `shape` with `strides` to `to`), or
 /// `None` when a reshape cannot be expressed by strides (it copies).
 fn view_strides(op: &Op, shape: &Shape, strides: &[usize], to: &Shape) -> Option<Vec<usize>> {

@@ -29,6 +29,10 @@
 //! chain starts from), the storage root of a graph output is
 //! [`Placement::Output`] (unless it is an input or a constant, which a
 //! backend hands back as they are), and every other value is in the arena.
+//! A graph output that `write_at` computes from an input whose every
+//! other reader runs before it is [`Placement::OverInput`]: it is written
+//! over that input's bytes when the caller gives them up (a variable's KV
+//! cache, updated in place every decode step).
 //! A `reshape` that no strides can express (of a transposed value, say)
 //! copies: it is a storage root itself.
 //!
@@ -66,6 +70,11 @@ pub struct Plan {
     pub inputs: usize,
     /// How many random streams the plan reads per run (`Op::Random { stream }`).
     pub random_streams: usize,
+    /// The input slots whose bytes an output is written over
+    /// ([`Placement::OverInput`]), ascending: a caller that gives those
+    /// buffers up (holds no other reference to them) lets the run write in
+    /// place; see `Executable::launch_owned`.
+    pub donated: Vec<u32>,
 }
 
 impl Plan {
@@ -84,7 +93,23 @@ impl Plan {
                 _ => {}
             }
         }
-        Plan { graph, order, inputs, random_streams }
+        let mut donated: Vec<u32> = match graph.tables().memory.as_ref() {
+            Some(memory) => memory
+                .values
+                .values()
+                .filter_map(|v| match v.placement {
+                    Placement::OverInput(input) if graph.contains(input) => match graph.node(input).op {
+                        Op::Input(k) => Some(k),
+                        _ => None,
+                    },
+                    _ => None,
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        donated.sort_unstable();
+        donated.dedup();
+        Plan { graph, order, inputs, random_streams, donated }
     }
 
     /// The plan bound to `inputs` slots per run: those of the graph it
@@ -165,6 +190,7 @@ impl PlanTables {
                                 in_place_of: in_place_of.as_ref().and_then(m),
                             },
                             Placement::Alias(of) => Placement::Alias(m(of)?),
+                            Placement::OverInput(of) => Placement::OverInput(m(of)?),
                             other => other.clone(),
                         };
                         Some((m(id)?, ValueMemory { placement, live: v.live }))
@@ -243,6 +269,13 @@ pub enum Placement {
     Input,
     /// Returned to the caller: its own allocation, never shared.
     Output,
+    /// Returned to the caller, written over the bytes of the named `input`
+    /// node (a `write_at` into a variable): the run takes that input's
+    /// bytes when the caller gives them up ([`Plan::donated`]), and a
+    /// backend writes over a copy of them otherwise. The memory pass
+    /// plans it only when every other reader of the input runs before the
+    /// writer (see [`crate::ir::lifetimes::Facts::over_input_refusal`]).
+    OverInput(NodeId),
     /// A constant (`full`): one element, not in the arena.
     Constant,
 }

@@ -184,6 +184,7 @@ struct Item {
 fn check_memory(graph: &Graph, facts: &Facts, memory: &MemoryPlan) -> Result<(), String> {
     let mut items: Vec<Item> = Vec::new();
     let mut naive = 0u64;
+    let mut written_over = std::collections::BTreeSet::new();
     for (t, &id) in facts.order.iter().enumerate() {
         let Some(v) = memory.values.get(&id) else {
             return Err(format!("memory: {} has no memory entry", name(graph, id)));
@@ -212,6 +213,18 @@ fn check_memory(graph: &Graph, facts: &Facts, memory: &MemoryPlan) -> Result<(),
             | (Kind::Constant, Placement::Constant)
             | (Kind::Output, Placement::Output) => {}
             (Kind::Alias(root), Placement::Alias(of)) if *of == root => {}
+            (Kind::Output, Placement::OverInput(x)) => {
+                if let Some(why) = facts.over_input_refusal(graph, t, *x) {
+                    let x_name = if graph.contains(*x) { name(graph, *x) } else { x.to_string() };
+                    return Err(format!(
+                        "memory: {} cannot be written over {x_name}: {why}",
+                        name(graph, id)
+                    ));
+                }
+                if !written_over.insert(*x) {
+                    return Err(format!("memory: two outputs are written over {}", name(graph, *x)));
+                }
+            }
             (Kind::Arena, Placement::Arena { offset, bytes, in_place_of }) => {
                 if *bytes != value_bytes(graph, id) {
                     return Err(format!(
@@ -365,6 +378,7 @@ fn placement_text(p: &Placement) -> String {
         Placement::Alias(of) => format!("!alias={of}"),
         Placement::Input => "!input".into(),
         Placement::Output => "!output".into(),
+        Placement::OverInput(x) => format!("!over={x}"),
         Placement::Constant => "!const".into(),
     }
 }

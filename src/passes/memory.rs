@@ -16,6 +16,13 @@
 //!   readers has been scheduled (such a node may run while a reader still
 //!   reads), so values on streams that happens-before does not order never
 //!   share bytes.
+//! - **Over an input.** The storage root of a graph output that is a
+//!   `write_at` is written over its target input (`OverInput`) when every
+//!   other reader of that input runs before it, no output returns the
+//!   input, and neither the value nor the offset reads it
+//!   ([`crate::ir::lifetimes::Facts::over_input_refusal`]); each input at
+//!   most once. The caller decides per run whether it gives the input's
+//!   bytes up (see `Plan::donated`).
 //! - **In place.** A `fused` node of kind elementwise takes the bytes of
 //!   its first operand `k` such that (a) the operand is an arena value
 //!   whose last reader (aliases included) is this node, and every other
@@ -139,11 +146,15 @@ fn plan_memory(graph: &Graph, order: &[crate::ir::NodeId]) -> (MemoryPlan, (u64,
     let (offsets, arena_bytes) = if size_b < size_a { (in_order, size_b) } else { (by_size, size_a) };
     let windows: Vec<(u32, u32, u64)> = items.iter().map(|it| (it.start, it.end, it.bytes)).collect();
     let mut values = BTreeMap::new();
+    let mut written_over = std::collections::BTreeSet::new();
     for (t, &id) in order.iter().enumerate() {
         let placement = match facts.kind[t] {
             Kind::Input => Placement::Input,
             Kind::Constant => Placement::Constant,
-            Kind::Output => Placement::Output,
+            Kind::Output => match facts.over_input(graph, t) {
+                Some(input) if written_over.insert(input) => Placement::OverInput(input),
+                _ => Placement::Output,
+            },
             Kind::Alias(root) => Placement::Alias(root),
             Kind::Arena => {
                 let g = group_of[t];

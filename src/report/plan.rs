@@ -56,6 +56,7 @@ fn placement_text(p: &Placement, number: &dyn Fn(crate::ir::NodeId) -> String) -
         Placement::Alias(of) => format!("view of {}", number(*of)),
         Placement::Input => "input".into(),
         Placement::Output => "output".into(),
+        Placement::OverInput(of) => format!("output over {}", number(*of)),
         Placement::Constant => "constant".into(),
     }
 }

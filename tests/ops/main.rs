@@ -9,6 +9,7 @@ mod cache;
 mod creation;
 mod elementwise;
 mod errors;
+mod in_place;
 mod index;
 mod linalg;
 mod nonfinite;

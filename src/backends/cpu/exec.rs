@@ -49,6 +49,11 @@ pub(super) enum Place {
     Arena { offset: usize, len: usize },
     /// The bytes of operand `slot` (an arena range), overwritten in place.
     InPlaceOf { slot: usize, offset: usize, len: usize },
+    /// A `write_at` written over its target, a donated input
+    /// ([`crate::ir::Placement::OverInput`]), when the run holds the only
+    /// reference to the input's storage; into a fresh allocation (as
+    /// `Auto`) otherwise.
+    OverInput,
 }
 
 /// One step of a compiled plan.
@@ -268,6 +273,14 @@ fn place_values(
             (_, Placement::Constant) => return Err(what("as a constant")),
             (_, Placement::Input) => return Err(what("as an input")),
             (_, Placement::Output) => Place::Auto,
+            (Op::WriteAt { .. }, Placement::OverInput(of)) => {
+                let target = graph.operands(id).first().copied();
+                if target != Some(*of) || !matches!(graph.node(*of).op, Op::Input(_)) {
+                    return Err(what(&format!("over {of}, which is not its target input")));
+                }
+                Place::OverInput
+            }
+            (_, Placement::OverInput(_)) => return Err(what("over an input (only write_at is)")),
             (_, Placement::Arena { offset, bytes, in_place_of }) => {
                 if steps[i].output {
                     return Err(bad(format!(
@@ -325,7 +338,7 @@ fn place_values(
         root[i] = match place {
             Place::Arena { offset, len } | Place::InPlaceOf { offset, len, .. } => Some((offset, len * size)),
             Place::Auto if node.op.is_view() => steps[i].operands.first().and_then(|&p| root[p]),
-            Place::Auto => None,
+            Place::Auto | Place::OverInput => None,
         };
         if let Place::Arena { offset, len } | Place::InPlaceOf { offset, len, .. } = place {
             let (start, end) = (offset, offset + len * size);

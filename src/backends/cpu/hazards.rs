@@ -58,7 +58,7 @@ pub(super) fn check(graph: &Graph, steps: &[Step], order: &RunOrder) -> Result<(
             Place::Auto if graph.node(steps[i].id).op.is_view() => {
                 steps[i].operands.first().and_then(|&p| root[p])
             }
-            Place::Auto => None,
+            Place::Auto | Place::OverInput => None,
         };
         for &p in &steps[i].operands {
             if let Some(r) = root[p] {

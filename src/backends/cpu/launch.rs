@@ -5,7 +5,7 @@ use super::arena::Arena;
 use super::exec::{CpuExecutable, Place, Step};
 use super::storage::{dispatch, Elem, Out, Storage};
 use super::{attention, conv, elementwise, index, pool, reduce, source, CpuBuffer, Layout};
-use crate::backends::{Buffer, RngArgs};
+use crate::backends::RngArgs;
 use crate::ir::{Element, Op, Shape};
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;
@@ -18,7 +18,7 @@ impl CpuExecutable {
         &self,
         step: &Step,
         args: &[CpuBuffer],
-        inputs: &[Buffer],
+        inputs: &super::run::Inputs,
         rng: &RngArgs,
         arena: Option<&Arc<Arena>>,
     ) -> Result<CpuBuffer> {
@@ -34,9 +34,7 @@ impl CpuExecutable {
         }
         match &node.op {
             Op::Input(k) => {
-                let b = inputs.get(*k as usize).map(super::cpu).ok_or_else(|| {
-                    Error::Backend(format!("cpu: input {k} is not bound ({} given)", inputs.len()))
-                })??;
+                let b = inputs.bind(*k as usize, self.plan.donated.contains(k))?;
                 if b.shape() != shape || b.dtype() != node.dtype {
                     return Err(Error::Backend(format!(
                         "cpu: input {k} is {}{} but the plan expects {}{shape}",
@@ -45,7 +43,7 @@ impl CpuExecutable {
                         node.dtype
                     )));
                 }
-                Ok(b.clone())
+                Ok(b)
             }
             Op::Buffer(_) => Err(Error::Backend(format!("cpu: buffer node {} in a plan", step.id))),
             // One element viewed with all strides 0: a constant costs one
@@ -184,6 +182,42 @@ impl CpuExecutable {
         }
     }
 
+    /// Runs a `write_at` placed over its donated target ([`Place::OverInput`])
+    /// in the target's own storage: only the window is written. Gives the
+    /// target back (`Err`) when the run does not hold the only reference
+    /// to a dense storage of exactly the target's elements; the caller
+    /// then runs the copying kernel.
+    pub(super) fn write_over(
+        &self,
+        step: &Step,
+        mut target: CpuBuffer,
+        rest: &[CpuBuffer],
+    ) -> Result<std::result::Result<CpuBuffer, CpuBuffer>> {
+        let node = self.plan.graph.node(step.id);
+        let Op::WriteAt { dim } = node.op else {
+            return Err(Error::Backend(format!(
+                "cpu: {} is placed over an input but is no write_at",
+                step.id
+            )));
+        };
+        let (Some(value), Some(offset)) = (rest.first(), rest.get(1)) else {
+            return Err(Error::Backend(format!("cpu: write_at {} lacks its operands", step.id)));
+        };
+        let numel = node.shape.numel();
+        let dense =
+            target.layout.is_contiguous() && target.layout.offset == 0 && target.shape() == &node.shape;
+        if !dense || target.dtype() != node.dtype {
+            return Ok(Err(target));
+        }
+        let Some(data) = Storage::exclusive(&mut target.storage, numel) else { return Ok(Err(target)) };
+        dispatch!(node.dtype, T => {
+            let elems = T::vec_mut(data)
+                .ok_or_else(|| Error::Backend(format!("cpu: write_at {} over storage of another dtype", step.id)))?;
+            index::write_at(None, value, offset, dim, &node.shape, Out::new(elems.as_mut_slice()))?;
+        });
+        Ok(Ok(target))
+    }
+
     /// Calls `kernel` on the step's destination of `T`s and wraps it as the
     /// step's value: a fresh (pooled) allocation for [`Place::Auto`], the
     /// step's arena range otherwise.
@@ -195,7 +229,7 @@ impl CpuExecutable {
     ) -> Result<CpuBuffer> {
         let shape = self.plan.graph.node(step.id).shape.clone();
         let (offset, len) = match step.place {
-            Place::Auto => {
+            Place::Auto | Place::OverInput => {
                 let mut data = pool::vec_for_overwrite::<T>(shape.numel())?;
                 kernel(Out::new(&mut data))?;
                 return CpuBuffer::dense(T::into_host(data), shape, &self.stats);

@@ -85,6 +85,13 @@ impl CpuBuffer {
         (self.storage.contents(), self.layout.clone())
     }
 
+    /// Whether nobody else holds this buffer's storage (the emulator's
+    /// model of a GPU allocation held by one run alone).
+    #[cfg_attr(not(feature = "cuda-emulator"), allow(dead_code))]
+    pub(crate) fn is_unique(&self) -> bool {
+        Arc::strong_count(&self.storage) == 1
+    }
+
     /// The same storage under another layout (a zero-copy view).
     fn with_layout(&self, layout: Layout) -> CpuBuffer {
         CpuBuffer { storage: self.storage.clone(), layout, ready: self.ready.clone() }

@@ -18,8 +18,9 @@
 
 use super::arena::Arena;
 use super::exec::CpuExecutable;
+use super::exec::Place;
 use super::CpuBuffer;
-use crate::backends::{Buffer, Executable, RngArgs};
+use crate::backends::{Buffer, Executable, Launched, RngArgs};
 use crate::{Error, Result};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -38,12 +39,37 @@ struct Sync {
     error: Option<Error>,
 }
 
+/// The buffers bound to a run's input slots. The run owns them, so that
+/// the one a plan writes over (`Plan::donated`) can be moved, not cloned,
+/// into the run's values: if the caller gave it up, the run then holds the
+/// only reference to its storage and may write it in place.
+pub(super) struct Inputs(Mutex<Vec<Option<Buffer>>>);
+
+impl Inputs {
+    /// Input `k` as its `input` step binds it: moved out when the plan
+    /// writes over it (`moved`), cloned otherwise.
+    pub(super) fn bind(&self, k: usize, moved: bool) -> Result<CpuBuffer> {
+        let mut slots = lock(&self.0);
+        let given = slots.len();
+        let slot = slots
+            .get_mut(k)
+            .ok_or_else(|| Error::Backend(format!("cpu: input {k} is not bound ({given} given)")))?;
+        let buffer = if moved { slot.take() } else { slot.clone() }
+            .ok_or_else(|| Error::Backend(format!("cpu: input {k} was bound twice")))?;
+        match buffer {
+            Buffer::Cpu(b) => Ok(b),
+            #[cfg(feature = "cuda-backend")]
+            other => super::cpu(&other).cloned(),
+        }
+    }
+}
+
 /// The state of one run, shared by its stream threads.
 struct RunState<'a> {
     values: Mutex<Values>,
     sync: Mutex<Sync>,
     cv: Condvar,
-    inputs: &'a [Buffer],
+    inputs: Inputs,
     rng: &'a RngArgs,
     arena: Option<&'a Arc<Arena>>,
 }
@@ -101,21 +127,45 @@ impl CpuExecutable {
     /// value and drops every value read for the last time.
     fn run_step(&self, i: usize, st: &RunState<'_>) -> Result<()> {
         let step = &self.steps[i];
-        let args: Vec<CpuBuffer> = {
-            let v = lock(&st.values);
-            step.operands
-                .iter()
-                .map(|&p| {
-                    v.values[p].clone().ok_or_else(|| {
-                        Error::Backend(format!("cpu: operand of {} was freed before use", step.id))
-                    })
-                })
-                .collect::<Result<_>>()?
+        // A write over a donated input takes the input's value out of the
+        // run (it is its last reader), so that the run may hold the only
+        // reference to its storage; every other operand is cloned.
+        let over = step.place == Place::OverInput;
+        let mut args: Vec<CpuBuffer> = {
+            let mut v = lock(&st.values);
+            let mut args = Vec::with_capacity(step.operands.len());
+            for (slot, &p) in step.operands.iter().enumerate() {
+                let value = if over && slot == 0 && v.left[p] == 1 {
+                    v.values[p].take()
+                } else {
+                    v.values[p].clone()
+                };
+                args.push(value.ok_or_else(|| {
+                    Error::Backend(format!("cpu: operand of {} was freed before use", step.id))
+                })?);
+            }
+            args
         };
         let node = self.plan.graph.node(step.id);
         let _launch = tracing::trace_span!("launch", op = node.op.mnemonic(), node = %step.id).entered();
         let started = self.profile.as_ref().map(|_| std::time::Instant::now());
-        let mut out = self.launch(step, &args, st.inputs, st.rng, st.arena)?;
+        let written = match over {
+            true if !args.is_empty() => {
+                let target = args.remove(0);
+                match self.write_over(step, target, &args)? {
+                    Ok(written) => Some(written),
+                    Err(target) => {
+                        args.insert(0, target);
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        let mut out = match written {
+            Some(out) => out,
+            None => self.launch(step, &args, &st.inputs, st.rng, st.arena)?,
+        };
         drop(args);
         if step.output && out.storage.is_arena() {
             // An output viewing arena bytes: the next run overwrites them.
@@ -216,6 +266,27 @@ impl CpuExecutable {
 
 impl Executable for CpuExecutable {
     fn run(&self, inputs: &[Buffer], rng: &RngArgs) -> Result<Vec<Buffer>> {
+        self.run_owned(inputs.to_vec(), rng)
+    }
+
+    fn donated(&self) -> &[u32] {
+        &self.plan.donated
+    }
+
+    fn launch_owned(&self, inputs: Vec<Buffer>, rng: &RngArgs) -> Result<Launched> {
+        Ok(Launched { outputs: self.run_owned(inputs, rng)?, done: crate::runtime::Completion::done() })
+    }
+
+    fn take_profile(&self, run_start: std::time::Instant) -> Option<crate::profile::RunTimes> {
+        let p = self.profile.as_ref()?;
+        Some(crate::profile::RunTimes { plan: p.plan, nodes: p.take(run_start), note: None })
+    }
+}
+
+impl CpuExecutable {
+    /// Runs the plan on inputs it owns (see [`Inputs`]): a `write_at`
+    /// over a donated input writes in place when nobody else holds it.
+    fn run_owned(&self, inputs: Vec<Buffer>, rng: &RngArgs) -> Result<Vec<Buffer>> {
         let _run = tracing::debug_span!("run", nodes = self.steps.len(), inputs = inputs.len()).entered();
         if inputs.len() != self.plan.inputs {
             return Err(Error::Backend(format!(
@@ -240,7 +311,7 @@ impl Executable for CpuExecutable {
             values: Mutex::new(Values { values: vec![None; self.steps.len()], left: self.uses.clone() }),
             sync: Mutex::new(Sync { done: vec![false; events], error: None }),
             cv: Condvar::new(),
-            inputs,
+            inputs: Inputs(Mutex::new(inputs.into_iter().map(Some).collect())),
             rng,
             arena: arena.as_ref(),
         };
@@ -269,10 +340,5 @@ impl Executable for CpuExecutable {
             }
         }
         result
-    }
-
-    fn take_profile(&self, run_start: std::time::Instant) -> Option<crate::profile::RunTimes> {
-        let p = self.profile.as_ref()?;
-        Some(crate::profile::RunTimes { plan: p.plan, nodes: p.take(run_start), note: None })
     }
 }

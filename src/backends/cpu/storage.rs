@@ -66,6 +66,23 @@ impl Storage {
         }
     }
 
+    /// The elements of an owned storage of `len` elements that nobody else
+    /// holds, to overwrite in place (a `write_at` over a donated input):
+    /// the same allocation with new [`Contents`]. `None` when the storage
+    /// is shared (someone may still read the old elements), an arena
+    /// range, or of another length. `Arc::get_mut` is the proof that the
+    /// write races with no reader.
+    pub(crate) fn exclusive(this: &mut Arc<Storage>, len: usize) -> Option<&mut HostData> {
+        let storage = Arc::get_mut(this)?;
+        match &mut storage.backing {
+            Backing::Owned { data, .. } if data.len() == len => {
+                storage.contents = Contents::fresh();
+                Some(data)
+            }
+            _ => None,
+        }
+    }
+
     /// The `len` elements of `T` at byte `offset` of `arena`, which the
     /// executor has just written (checked to fit the arena here).
     pub(crate) fn in_arena<T: Elem>(arena: &Arc<Arena>, offset: usize, len: usize) -> Result<Arc<Storage>> {

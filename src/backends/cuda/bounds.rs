@@ -58,7 +58,7 @@ impl Program {
         }
         for (i, o) in self.outputs.iter().enumerate() {
             let ok = match o {
-                Output::Input { k, .. } => (*k as usize) < self.inputs.len(),
+                Output::Input { k, .. } | Output::OverInput { k, .. } => (*k as usize) < self.inputs.len(),
                 Output::Slot { slot, shape, dtype } => self
                     .out_slots
                     .get(*slot as usize)

@@ -416,14 +416,16 @@ impl CudaExecutable {
         Ok(Some(check))
     }
 
-    /// The output buffers of a run from its output slots. Every slot's
-    /// bytes were just written, so its buffers get new [`Contents`] (the
-    /// allocation may be a reused output set's); an input handed back is
-    /// the input's bytes, unchanged.
+    /// The output buffers of a run from its output slots and the
+    /// allocations written over inputs (`over`, per input slot). Every
+    /// such allocation's bytes were just written, so its buffers get new
+    /// [`Contents`] (the allocation may be a reused output set's); an
+    /// input handed back is the input's bytes, unchanged.
     fn outputs(
         &self,
         inputs: &[&CudaBuffer],
         outs: &[Arc<DeviceAlloc>],
+        over: &[Option<Arc<DeviceAlloc>>],
         ready: &Completion,
     ) -> Result<Vec<Buffer>> {
         let written: Vec<Contents> = outs.iter().map(|_| Contents::fresh()).collect();
@@ -444,6 +446,14 @@ impl CudaExecutable {
                         ))
                     })
                     .ok_or_else(|| bad("an output input is missing")),
+                Output::OverInput { k, shape, dtype } => over
+                    .get(*k as usize)
+                    .and_then(Option::as_ref)
+                    .map(|a| {
+                        let c = ready.clone();
+                        Buffer::Cuda(CudaBuffer::new(a.clone(), shape.clone(), *dtype, Contents::fresh(), c))
+                    })
+                    .ok_or_else(|| bad("an input written over is missing")),
                 Output::Slot { slot, shape, dtype } => outs
                     .get(*slot as usize)
                     .map(|a| {
@@ -454,6 +464,39 @@ impl CudaExecutable {
                     .ok_or_else(|| bad("an output slot is missing")),
             })
             .collect()
+    }
+
+    /// Where an eager run writes each donated input (`Program::donated`):
+    /// the bound buffer's own allocation when nobody else can read it (the
+    /// run holds the only reference, besides the graph's input slot when
+    /// it is one), else a private copy made on stream 0. So a value
+    /// someone holds never changes.
+    fn eager_over(
+        &self,
+        ls: &LaunchState,
+        graphs: &Graphs,
+        ins: &[&CudaBuffer],
+    ) -> Result<Vec<Option<Arc<DeviceAlloc>>>> {
+        let mut over = vec![None; ins.len()];
+        for &k in &self.program.donated {
+            let b = ins.get(k as usize).ok_or_else(|| bad(format!("donated input {k} is not bound")))?;
+            let holders = 1 + usize::from(graphs.is_slot(&b.alloc));
+            let alloc = if Arc::strong_count(&b.alloc) == holders {
+                b.alloc.clone()
+            } else {
+                let copy = Arc::new(self.dev.pool.alloc(b.bytes())?);
+                // SAFETY: both allocations have the input's bytes; stream 0
+                // orders the copy after the buffer was written and before
+                // the run writes over the copy.
+                unsafe {
+                    result::memcpy_dtod_async(copy.ptr(), b.ptr(), b.bytes() as usize, raw(&ls.streams[0]))
+                }
+                .map_err(|e| bad(format!("copying input {k} to write over it: {e:?}")))?;
+                copy
+            };
+            over[k as usize] = Some(alloc);
+        }
+        Ok(over)
     }
 
     /// Fresh output allocations, one per slot.
@@ -470,6 +513,16 @@ impl Executable for CudaExecutable {
     }
 
     fn launch(&self, inputs: &[Buffer], rng: &RngArgs) -> Result<Launched> {
+        // The caller keeps its references: an input written over is copied.
+        self.launch_owned(inputs.to_vec(), rng)
+    }
+
+    fn donated(&self) -> &[u32] {
+        &self.program.donated
+    }
+
+    fn launch_owned(&self, inputs: Vec<Buffer>, rng: &RngArgs) -> Result<Launched> {
+        let inputs = &inputs[..];
         let Some(comm) = &self.comm else { return self.launch_plain(inputs, rng) };
         // A run with collectives: never on a broken group, and a failure
         // to launch breaks it (`group.rs`).
@@ -513,18 +566,23 @@ impl CudaExecutable {
             b.alloc.order_after_upload(&ls.streams[0])?;
         }
         self.write_params(&ls, rng)?;
-        let outs = match graphs.replay(self, &ls, &ins)? {
-            Some(outs) => outs,
+        let (outs, over) = match graphs.replay(self, &ls, &ins)? {
+            Some(replayed) => (replayed.outs, replayed.over),
             None => {
                 let outs = self.fresh_outs()?;
-                let b = self
-                    .bindings(ins.iter().map(|b| b.ptr()).collect(), outs.iter().map(|a| a.ptr()).collect());
+                let over = self.eager_over(&ls, &graphs, &ins)?;
+                let inputs = ins
+                    .iter()
+                    .zip(&over)
+                    .map(|(b, o)| o.as_ref().map_or_else(|| b.ptr(), |a| a.ptr()))
+                    .collect();
+                let b = self.bindings(inputs, outs.iter().map(|a| a.ptr()).collect());
                 // NCCL's first calls connect to the other ranks on this
                 // thread: a rank that never comes must not hang it.
                 let _watch = self.comm.as_ref().map(|c| super::group::EnqueueWatch::start(c, &self.label()));
                 self.enqueue(&ls, &ls.streams, &b)?;
                 graphs.ran_eagerly();
-                outs
+                (outs, over)
             }
         };
         let check = self.status_check(&ls.streams[0])?;
@@ -539,7 +597,7 @@ impl CudaExecutable {
         drop(ls);
         drop(graphs);
         self.dev.stats.nodes_executed.fetch_add(self.program.steps.len() as u64, Ordering::Relaxed);
-        let outputs = self.outputs(&ins, &outs, &done)?;
+        let outputs = self.outputs(&ins, &outs, &over, &done)?;
         Ok(Launched { outputs, done })
     }
 }

@@ -32,6 +32,20 @@
 //! cost of a bandwidth-bound kernel) and over re-pointing graph nodes per
 //! run (a host cost per kernel).
 //!
+//! # Inputs written over
+//!
+//! A plan that writes an output over an input (`write_at` into a
+//! variable, `Program::donated`) writes it over that input's slot, and the
+//! slot's allocation itself is handed out as the output. The next call
+//! binds that very allocation again (the variable's new value), and the
+//! replay copies nothing: a KV cache updated every decode step makes no
+//! input copy at all. The slot is written only when nobody else can read
+//! its old bytes: bound again as the run's own buffer (held by nothing
+//! but the slot and the run), or free (held by the slot alone, so the
+//! bound buffer is copied in first). Otherwise, when someone still holds
+//! the bytes the slot has (a snapshot of the cache), the run is eager and
+//! writes over the run's own buffer or a copy of it (`exec.rs`).
+//!
 //! # Why the first run is eager
 //!
 //! Capturing and instantiating costs more than one eager launch, and a
@@ -60,8 +74,18 @@ struct OutputSet {
 /// The graph state of one executable.
 pub(crate) struct Graphs {
     replays: Replays,
-    slots: Vec<Option<DeviceAlloc>>,
+    /// Static input slots; those of donated inputs (`Program::donated`)
+    /// are handed out as the outputs written over them (see "Inputs
+    /// written over").
+    slots: Vec<Option<Arc<DeviceAlloc>>>,
     sets: Vec<OutputSet>,
+}
+
+/// What a replay wrote: the output set, and per input slot the
+/// allocation an output was written over (`Output::OverInput`).
+pub(crate) struct Replayed {
+    pub outs: Vec<Arc<DeviceAlloc>>,
+    pub over: Vec<Option<Arc<DeviceAlloc>>>,
 }
 
 // SAFETY: CudaGraph holds raw driver handles; it is only used under the
@@ -122,9 +146,14 @@ impl Graphs {
         exe: &CudaExecutable,
         ls: &LaunchState,
         inputs: &[&CudaBuffer],
-    ) -> Result<Option<Vec<Arc<DeviceAlloc>>>> {
+    ) -> Result<Option<Replayed>> {
         let free = self.sets.iter().map(|s| s.outs.iter().all(|o| Arc::strong_count(o) == 1));
-        let set = match self.replays.next(free) {
+        let next = self.replays.next(free);
+        if next != Next::Eager && !self.donated_slots_writable(exe, inputs) {
+            self.release_held_slots(exe, inputs);
+            return Ok(None);
+        }
+        let set = match next {
             Next::Eager => return Ok(None),
             Next::Replay(k) => k,
             Next::Capture => match self.capture(exe, ls) {
@@ -141,9 +170,16 @@ impl Graphs {
             },
         };
         let s0 = raw(&ls.streams[0]);
+        let mut over = vec![None; inputs.len()];
         for (k, b) in inputs.iter().enumerate() {
             let Some(slot) = self.slots[k].as_ref() else { continue };
-            if self.replays.must_copy(k, b.contents) {
+            let copy = if exe.program.donated.contains(&(k as u32)) {
+                over[k] = Some(slot.clone());
+                !Arc::ptr_eq(slot, &b.alloc)
+            } else {
+                self.replays.must_copy(k, b.contents)
+            };
+            if copy {
                 // SAFETY: both allocations have the input's bytes; stream 0
                 // orders the copy after the buffer was written and before the
                 // replay reads the slot.
@@ -165,7 +201,54 @@ impl Graphs {
             .map_err(|e| Error::Backend(format!("cuda: replaying the plan's graph: {e:?}")))?;
         self.replays.ran();
         exe.dev.stats.graph_replays.fetch_add(1, Ordering::Relaxed);
-        Ok(Some(set.outs.clone()))
+        Ok(Some(Replayed { outs: set.outs.clone(), over }))
+    }
+
+    /// Whether a replay may write every donated input's slot (see "Inputs
+    /// written over"): the slot is the bound buffer's allocation, held by
+    /// the slot and this run only, or the slot is held by nothing else.
+    fn donated_slots_writable(&self, exe: &CudaExecutable, inputs: &[&CudaBuffer]) -> bool {
+        exe.program.donated.iter().all(|&k| {
+            let (Some(b), Some(slot)) = (inputs.get(k as usize), self.slots.get(k as usize)) else {
+                return false;
+            };
+            match slot {
+                None => true,
+                Some(slot) if Arc::ptr_eq(slot, &b.alloc) => Arc::strong_count(slot) == 2,
+                Some(slot) => Arc::strong_count(slot) == 1,
+            }
+        })
+    }
+
+    /// Lets go of every donated slot someone else holds (a snapshot of a
+    /// value a replay wrote there), with the graphs that bake its address:
+    /// this run is eager, and the next captures with a new slot. So a
+    /// value held for long costs one capture, not an eager run per call.
+    fn release_held_slots(&mut self, exe: &CudaExecutable, inputs: &[&CudaBuffer]) {
+        let mut released = false;
+        for &k in &exe.program.donated {
+            let (Some(b), Some(slot)) = (inputs.get(k as usize), self.slots.get_mut(k as usize)) else {
+                continue;
+            };
+            let held = match slot {
+                Some(s) if Arc::ptr_eq(s, &b.alloc) => Arc::strong_count(s) > 2,
+                Some(s) => Arc::strong_count(s) > 1,
+                None => false,
+            };
+            if held {
+                *slot = None;
+                released = true;
+            }
+        }
+        if released {
+            self.sets.clear();
+            self.replays.forget_sets();
+        }
+    }
+
+    /// Whether `alloc` is one of the input slots (held by them once).
+    pub fn is_slot(&self, alloc: &Arc<DeviceAlloc>) -> bool {
+        self.slots.iter().flatten().any(|s| Arc::ptr_eq(s, alloc))
     }
 
     /// Captures the plan into a graph writing a new output set.
@@ -174,7 +257,7 @@ impl Graphs {
             let Some((shape, dtype)) = want else { continue };
             if self.slots[k].is_none() {
                 let bytes = shape.numel() as u64 * dtype.size() as u64;
-                self.slots[k] = Some(exe.dev.pool.alloc(bytes)?);
+                self.slots[k] = Some(Arc::new(exe.dev.pool.alloc(bytes)?));
             }
         }
         let outs: Vec<Arc<DeviceAlloc>> = exe
@@ -183,7 +266,7 @@ impl Graphs {
             .iter()
             .map(|&b| exe.dev.pool.alloc(b).map(Arc::new))
             .collect::<Result<_>>()?;
-        let inputs = self.slots.iter().map(|s| s.as_ref().map_or(0, DeviceAlloc::ptr)).collect();
+        let inputs = self.slots.iter().map(|s| s.as_ref().map_or(0, |s| s.ptr())).collect();
         let b = exe.bindings(inputs, outs.iter().map(|a| a.ptr()).collect());
         let n = exe.program.streams as usize;
         let streams = &ls.capture[..n];

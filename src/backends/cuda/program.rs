@@ -242,6 +242,16 @@ pub enum Output {
         /// The output's shape.
         shape: Shape,
     },
+    /// Input `k`'s allocation, which the run wrote the output over
+    /// ([`crate::ir::Placement::OverInput`]): new bytes, read as `shape`.
+    OverInput {
+        /// The input.
+        k: u32,
+        /// The output's shape.
+        shape: Shape,
+        /// Its dtype.
+        dtype: DType,
+    },
 }
 
 /// A lowered plan (see the module docs).
@@ -273,6 +283,10 @@ pub struct Program {
     /// Random streams the plan draws from (their numbers follow the seed in
     /// the parameter block).
     pub random_streams: usize,
+    /// Input slots an output is written over (`Plan::donated`): a run
+    /// writes into the bound buffer itself only when it holds the only
+    /// reference to it, and into a private copy otherwise.
+    pub donated: Vec<u32>,
     /// Index checks.
     pub checks: Vec<IndexCheck>,
 }
@@ -418,6 +432,9 @@ impl fmt::Display for Program {
             match o {
                 Output::Slot { slot, shape, dtype } => writeln!(f, "output {i}: out{slot} {dtype}{shape}")?,
                 Output::Input { k, shape } => writeln!(f, "output {i}: in{k} as {shape}")?,
+                Output::OverInput { k, shape, dtype } => {
+                    writeln!(f, "output {i}: in{k} written over, {dtype}{shape}")?
+                }
             }
         }
         for k in &self.kernels {

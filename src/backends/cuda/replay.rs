@@ -81,6 +81,12 @@ impl<K: PartialEq> Replays<K> {
         self.sets - 1
     }
 
+    /// Forgets every captured set (their graphs were dropped to give an
+    /// input slot a new allocation): the next run captures anew.
+    pub fn forget_sets(&mut self) {
+        self.sets = 0;
+    }
+
     /// Turns replay off for good (a capture failed; the plan stays correct
     /// eagerly).
     pub fn disable(&mut self) {

@@ -478,10 +478,25 @@ impl Graph {
     /// a context keeps when it collects. One flag per node index, no
     /// hashing, so collecting after each read of a loop stays cheap.
     pub fn reachable_from(&self, roots: &[NodeId]) -> NodeSet {
+        self.reachable_from_stopping(roots, &[])
+    }
+
+    /// [`Graph::reachable_from`], treating the nodes of `stop` as if they
+    /// had no operands and were no roots: what stays reachable once they
+    /// are realized (a run's targets become operand-less buffers).
+    pub fn reachable_from_stopping(&self, roots: &[NodeId], stop: &[NodeId]) -> NodeSet {
         let mut bits = vec![false; self.node_bound()];
+        let mut blocked = vec![false; if stop.is_empty() { 0 } else { self.node_bound() }];
+        for &s in stop {
+            if let Some(b) = blocked.get_mut(s.index()) {
+                *b = true;
+            }
+        }
+        let open =
+            |n: NodeId, bits: &[bool]| !bits[n.index()] && !blocked.get(n.index()).copied().unwrap_or(false);
         let mut stack: Vec<NodeId> = Vec::new();
         for &r in roots {
-            if self.contains(r) && !bits[r.index()] {
+            if self.contains(r) && open(r, &bits) {
                 bits[r.index()] = true;
                 stack.push(r);
             }
@@ -491,7 +506,7 @@ impl Graph {
             operands.clear();
             self.operands_into(n, &mut operands);
             for &o in &operands {
-                if !bits[o.index()] {
+                if open(o, &bits) {
                     bits[o.index()] = true;
                     stack.push(o);
                 }

@@ -137,6 +137,9 @@ impl Annotations {
                     }
                     Placement::Input => text.push_str(" !input"),
                     Placement::Output => text.push_str(" !output"),
+                    Placement::OverInput(of) => {
+                        let _ = write!(text, " !over={}", name(of, "missing"));
+                    }
                     Placement::Constant => text.push_str(" !const"),
                 }
                 let _ = write!(text, " !live={}..{}", v.live.0, v.live.1);

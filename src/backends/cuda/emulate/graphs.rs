@@ -31,6 +31,11 @@ pub(super) struct Graphs {
     sets: Vec<Vec<Option<Arc<Storage>>>>,
     /// The emulated device's counters (captures, replays, input copies).
     stats: Arc<DeviceStats>,
+    /// Per input slot written over (`Program::donated`), the identity of
+    /// the output the last replay handed out from it: the slot still
+    /// holds those bytes, so binding that very buffer again copies
+    /// nothing (the GPU's slot is that buffer's allocation).
+    over: Vec<Option<(Contents, Layout)>>,
 }
 
 fn bad(msg: String) -> Error {
@@ -44,11 +49,18 @@ impl Graphs {
             slots: (0..inputs).map(|_| None).collect(),
             sets: Vec::new(),
             stats,
+            over: (0..inputs).map(|_| None).collect(),
         }
     }
 
     /// One run of `exe`: eager, or a replay of a (maybe new) output set.
-    pub fn run(&mut self, exe: &Emulated, inputs: &[Buffer], rng: &RngArgs) -> Result<Vec<Buffer>> {
+    pub fn run(
+        &mut self,
+        exe: &Emulated,
+        inputs: &[Buffer],
+        owned: bool,
+        rng: &RngArgs,
+    ) -> Result<Vec<Buffer>> {
         let free = self.sets.iter().map(|set| set.iter().flatten().all(|s| Arc::strong_count(s) == 1));
         let set = match self.replays.next(free) {
             Next::Eager => {
@@ -58,9 +70,10 @@ impl Graphs {
                     .map(|(k, b)| exe.input_region(k, b))
                     .collect::<Result<Vec<_>>>()?;
                 let outs = exe.out_regions()?;
-                exe.execute(&ins.iter().collect::<Vec<_>>(), &outs, rng)?;
+                let ins: Vec<&Region256> = ins.iter().collect();
+                exe.execute(&ins, &outs, rng)?;
                 self.replays.ran();
-                return exe.fresh_outputs(inputs, &outs);
+                return exe.fresh_outputs(inputs, &ins, &outs);
             }
             Next::Replay(k) => k,
             Next::Capture => {
@@ -72,7 +85,18 @@ impl Graphs {
         for (k, b) in inputs.iter().enumerate() {
             let Some(slot) = self.slots[k].as_ref() else { continue };
             let Buffer::Cpu(c) = b else { return Err(bad(format!("input {k} is not an emulator buffer"))) };
-            if self.replays.must_copy(k, c.identity()) {
+            let copy = if exe.program.donated.contains(&(k as u32)) {
+                // Written over by every replay: it holds the bytes of the
+                // output handed out last, and nothing else. As on the GPU
+                // (where the slot is that output's allocation), binding it
+                // again copies nothing only when the run holds the only
+                // reference (the caller gave it up).
+                let held = self.over[k].take();
+                !(owned && c.is_unique() && held == Some(c.identity()))
+            } else {
+                self.replays.must_copy(k, c.identity())
+            };
+            if copy {
                 let copied = exe.cpu_bytes(b).and_then(|bytes| slot.fill(&bytes));
                 if let Err(e) = copied {
                     self.replays.forget(k);
@@ -101,6 +125,14 @@ impl Graphs {
                 Output::Input { k, shape } => {
                     let data = exe.cpu.download(&inputs[*k as usize])?;
                     exe.cpu.upload(data, shape)
+                }
+                Output::OverInput { k, shape, dtype } => {
+                    let data = from_bytes(ins[*k as usize].bytes(), shape.numel(), *dtype);
+                    let out = exe.cpu.upload(data, shape)?;
+                    if let Buffer::Cpu(c) = &out {
+                        self.over[*k as usize] = Some(c.identity());
+                    }
+                    Ok(out)
                 }
                 Output::Slot { slot, shape, .. } => {
                     let storage = set[*slot as usize]

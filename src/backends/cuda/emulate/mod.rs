@@ -157,7 +157,25 @@ static LAUNCH: Mutex<()> = Mutex::new(());
 type LaunchFn = unsafe extern "C" fn(i32, u32, u32, *mut *mut std::ffi::c_void) -> i32;
 
 impl Executable for Emulated {
+    fn donated(&self) -> &[u32] {
+        &self.program.donated
+    }
+
     fn run(&self, inputs: &[Buffer], rng: &RngArgs) -> Result<Vec<Buffer>> {
+        self.run_bound(inputs, false, rng)
+    }
+
+    fn launch_owned(&self, inputs: Vec<Buffer>, rng: &RngArgs) -> Result<crate::backends::Launched> {
+        let outputs = self.run_bound(&inputs, true, rng)?;
+        Ok(crate::backends::Launched { outputs, done: crate::runtime::Completion::done() })
+    }
+}
+
+impl Emulated {
+    /// A run; `owned` when the caller gave the inputs up (see
+    /// `Executable::launch_owned`), which a replay needs to write over a
+    /// donated input's slot without copying it in, as on the GPU.
+    fn run_bound(&self, inputs: &[Buffer], owned: bool, rng: &RngArgs) -> Result<Vec<Buffer>> {
         let p = &self.program;
         if inputs.len() != p.inputs.len() {
             return Err(Error::Backend(format!("emulator: {} inputs for {}", inputs.len(), p.inputs.len())));
@@ -173,7 +191,7 @@ impl Executable for Emulated {
             }
         }
         let mut graphs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
-        graphs.run(self, inputs, rng)
+        graphs.run(self, inputs, owned, rng)
     }
 }
 
@@ -245,13 +263,24 @@ impl Emulated {
     }
 
     /// The outputs of an eager run: fresh buffers.
-    fn fresh_outputs(&self, inputs: &[Buffer], outs: &[Region256]) -> Result<Vec<Buffer>> {
+    fn fresh_outputs(
+        &self,
+        inputs: &[Buffer],
+        ins: &[&Region256],
+        outs: &[Region256],
+    ) -> Result<Vec<Buffer>> {
         self.program
             .outputs
             .iter()
             .map(|o| match o {
                 Output::Input { k, shape } => {
                     let data = self.cpu.download(&inputs[*k as usize])?;
+                    self.cpu.upload(data, shape)
+                }
+                // The input's region is the emulator's copy of its bytes:
+                // the write over it never reaches the caller's buffer.
+                Output::OverInput { k, shape, dtype } => {
+                    let data = from_bytes(ins[*k as usize].bytes(), shape.numel(), *dtype);
                     self.cpu.upload(data, shape)
                 }
                 Output::Slot { slot, shape, dtype } => {

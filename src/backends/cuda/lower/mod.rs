@@ -158,7 +158,11 @@ fn lower_checked(plan: &Plan, tf32: bool) -> Result<Program> {
     for &o in graph.outputs() {
         let v = l.value(o).map_err(bad)?.clone();
         let node = graph.node(o);
+        let over = l.written_over(o);
         let out = match &v.storage {
+            Storage::Mem(Loc { region: Region::Input(k), offset: 0 }) if v.is_dense_at_start() && over => {
+                Output::OverInput { k: *k, shape: node.shape.clone(), dtype: node.dtype }
+            }
             Storage::Mem(Loc { region: Region::Input(k), offset: 0 }) if v.is_dense_at_start() => {
                 Output::Input { k: *k, shape: node.shape.clone() }
             }
@@ -208,6 +212,7 @@ fn lower_checked(plan: &Plan, tf32: bool) -> Result<Program> {
         events,
         random_streams,
         checks: l.checks,
+        donated: plan.donated.clone(),
     })
 }
 
@@ -279,7 +284,33 @@ impl Lowering<'_> {
                 Ok(Loc::new(Region::Out(slot), 0))
             }
             Some(Placement::Output) | None => Ok(self.new_scratch(bytes(&node.shape, node.dtype))),
+            Some(Placement::OverInput(of)) => match graph.node(*of).op {
+                Op::Input(k) => Ok(Loc::new(Region::Input(k), 0)),
+                _ => Err(format!("it is placed over {of}, which is not an input")),
+            },
             Some(p) => Err(format!("a computed value cannot be placed as {p:?}")),
+        }
+    }
+
+    /// Whether the storage `id` reads (following views) is written over an
+    /// input ([`Placement::OverInput`]).
+    fn written_over(&self, id: NodeId) -> bool {
+        let graph = &self.plan.graph;
+        let Some(memory) = graph.tables().memory.as_ref() else { return false };
+        let mut cur = id;
+        loop {
+            if let Some(v) = memory.values.get(&cur) {
+                if matches!(v.placement, Placement::OverInput(_)) {
+                    return true;
+                }
+            }
+            if !graph.node(cur).op.is_view() {
+                return false;
+            }
+            match graph.operands(cur).first() {
+                Some(&o) => cur = o,
+                None => return false,
+            }
         }
     }
 

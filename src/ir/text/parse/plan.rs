@@ -122,7 +122,7 @@ impl State {
                             .ok_or_else(|| err(format!("!arena={value}: expected OFFSET+BYTES")))?;
                         placement = Some(Placement::Arena { offset: o, bytes: b, in_place_of: None });
                     }
-                    "in-place" | "alias" => {
+                    "in-place" | "alias" | "over" => {
                         memory.as_ref().ok_or_else(|| needs("arena="))?;
                         let name = value.strip_prefix('%').ok_or_else(|| err(format!("!{key} names a value like %3")))?;
                         let &(target, _) = self
@@ -131,6 +131,8 @@ impl State {
                             .ok_or_else(|| err(format!("!{key}: undefined value %{name}")))?;
                         if key == "alias" {
                             placement = Some(Placement::Alias(target));
+                        } else if key == "over" {
+                            placement = Some(Placement::OverInput(target));
                         } else {
                             in_place = Some(target);
                         }
@@ -152,7 +154,7 @@ impl State {
                     }
                     _ => {
                         return Err(err(format!(
-                            "unknown annotation !{key} (known: stream, record, wait, arena, in-place, alias, input, output, const, live)"
+                            "unknown annotation !{key} (known: stream, record, wait, arena, in-place, alias, input, output, over, const, live)"
                         )))
                     }
                 }
@@ -171,7 +173,7 @@ impl State {
                 (Some(_), None, _) => return Err(err("a placement needs its !live=FIRST..LAST".into())),
                 _ => {
                     return Err(err(
-                        "!live goes with a placement (!arena, !alias, !input, !output, !const)".into()
+                        "!live goes with a placement (!arena, !alias, !input, !output, !over, !const)".into(),
                     ))
                 }
             }
