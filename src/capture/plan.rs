@@ -172,7 +172,9 @@ impl StepPlan {
             (pending, state.next_stream, host_reads)
         };
         let targets = results.iter().map(|t| t.node_in(ctx, location)).collect::<Result<Vec<_>>>()?;
-        let traced = ctx.realize_traced(&targets)?;
+        // Only variables may be written over: any other buffer the plan
+        // reads becomes a constant of the step (`Source::Const`).
+        let traced = ctx.realize_traced(&targets, &|b| var_of_buffer.contains_key(&b))?;
         let classify = |id: BufferId, buffers: &dyn Fn(BufferId) -> Option<Buffer>| -> Result<Source> {
             if let Some(&k) = arg_of_buffer.get(&id) {
                 Ok(Source::Arg(k))
@@ -200,10 +202,10 @@ impl StepPlan {
                 let state = ctx.state();
                 let lookup = |id: BufferId| state.buffers.get(&id).cloned();
                 let mut sources = Vec::with_capacity(job.input_ids.len());
-                // A job that gave inputs up to its run keeps none: those are
-                // variables (or arguments), which need no buffer here.
+                // A slot given up to the run has no buffer here: it is a
+                // variable (the only kind the recording gives), a `Var` source.
                 for (k, &id) in job.input_ids.iter().enumerate() {
-                    let own = job.inputs.get(k);
+                    let own = job.bound(k);
                     sources.push(classify(id, &|b| {
                         if b == id {
                             own.cloned().or_else(|| lookup(b))
@@ -273,15 +275,17 @@ impl StepPlan {
             // A variable the plan writes over is given up to the run when
             // nothing else reads its value (see `context/donate.rs`).
             let donated = bound.executable.donated();
-            let mut gives = false;
+            let mut given = Vec::new();
             let mut inputs = Vec::with_capacity(bound.sources.len());
             for (k, s) in bound.sources.iter().enumerate() {
-                let given = match s {
+                let gives_up = match s {
                     Source::Var(v) if donated.contains(&(k as u32)) => state.give_up_var(*v),
                     _ => None,
                 };
-                gives |= given.is_some();
-                inputs.push(match given {
+                if gives_up.is_some() {
+                    given.push(k as u32);
+                }
+                inputs.push(match gives_up {
                     Some(b) => b,
                     None => source_buffer(ctx, &state, s, &arg_buffers)?,
                 });
@@ -302,7 +306,8 @@ impl StepPlan {
                 input_ids: Vec::new(),
                 rng: RngArgs { seed: state.seed, streams },
                 profiled: bound.profiled,
-                gives,
+                given,
+                kept: Vec::new(),
             }
         };
         let mut job = job;

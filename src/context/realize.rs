@@ -64,9 +64,24 @@ pub(crate) struct Job {
     pub(crate) rng: RngArgs,
     /// Compiled with profiling: collect its node times after the run.
     pub(crate) profiled: bool,
-    /// Whether some input was given up for the run to write over (see
-    /// `donate.rs`): the run takes `inputs`, and the job keeps none.
-    pub(crate) gives: bool,
+    /// The input slots given up for the run to write over (see
+    /// `donate.rs`): once launched, the run holds `inputs` and the job
+    /// only `kept`, the other slots' buffers.
+    pub(crate) given: Vec<u32>,
+    pub(crate) kept: Vec<Option<Buffer>>,
+}
+
+impl Job {
+    /// The buffer bound to input slot `k`, unless it was given to the run.
+    pub(crate) fn bound(&self, k: usize) -> Option<&Buffer> {
+        if self.given.is_empty() {
+            self.inputs.get(k)
+        } else if self.given.contains(&(k as u32)) {
+            None
+        } else {
+            self.inputs.get(k).or_else(|| self.kept.get(k).and_then(Option::as_ref))
+        }
+    }
 }
 
 /// What one realize ran, for a captured step to replay it: the bound
@@ -109,7 +124,7 @@ impl Context {
     #[track_caller]
     pub(crate) fn realize_nodes(&self, targets: &[NodeId]) -> Result<Vec<Buffer>> {
         let read = targets.len();
-        let mut traced = self.realize_traced(targets)?;
+        let mut traced = self.realize_traced(targets, &|_| true)?;
         traced.buffers.truncate(read);
         Ok(traced.buffers)
     }
@@ -117,13 +132,21 @@ impl Context {
     /// [`Context::realize_nodes`], returning every target's buffer and the
     /// bound plan that ran.
     #[track_caller]
-    pub(crate) fn realize_traced(&self, targets: &[NodeId]) -> Result<Traced> {
+    /// `give` says which input buffers the run may be given to write over
+    /// (see `donate.rs`): a captured step's recording gives only its
+    /// variables, since any other buffer becomes a constant of the step
+    /// that every replay must read unchanged.
+    pub(crate) fn realize_traced(
+        &self,
+        targets: &[NodeId],
+        give: &dyn Fn(BufferId) -> bool,
+    ) -> Result<Traced> {
         let location = Location::caller();
         let (mut job, targets) = {
             let mut state = self.state();
             state.check_not_capturing(location)?;
             let targets = with_pending(&state, targets);
-            match self.prepare(&mut state, &targets.all)? {
+            match self.prepare(&mut state, &targets.all, give)? {
                 Ok(job) => {
                     // Pinned until the results are stored: a pending node no
                     // tensor holds must not be collected (and its id reused)
@@ -190,8 +213,19 @@ impl Context {
         }
         let _span = tracing::debug_span!("launch", backend = self.inner.backend.name()).entered();
         let started = job.profiled.then(std::time::Instant::now);
-        // Inputs given up go to the run alone (see `donate.rs`).
-        let inputs = if job.gives { std::mem::take(&mut job.inputs) } else { job.inputs.clone() };
+        // Inputs given up go to the run alone (see `donate.rs`); the job
+        // keeps clones of the others.
+        let inputs = if job.given.is_empty() {
+            job.inputs.clone()
+        } else {
+            let run = std::mem::take(&mut job.inputs);
+            job.kept = run
+                .iter()
+                .enumerate()
+                .map(|(k, b)| (!job.given.contains(&(k as u32))).then(|| b.clone()))
+                .collect();
+            run
+        };
         let launched = job.executable.launch_owned(inputs, &job.rng)?;
         self.state().runs.push(launched.done.clone());
         if let Some(start) = started {
@@ -208,10 +242,14 @@ impl Context {
     /// Under the lock: the buffers of already realized targets
     /// (`Ok(Err(..))`), or the plan (from the cache or compiled now) bound
     /// to its inputs.
+    /// Inputs `give` accepts and nothing else reads are given up to the run
+    /// (moved out of the context, see `donate.rs`): pass `|_| false` when
+    /// the job will not be launched.
     pub(super) fn prepare(
         &self,
         state: &mut State,
         targets: &[NodeId],
+        give: &dyn Fn(BufferId) -> bool,
     ) -> Result<std::result::Result<Job, Vec<Buffer>>> {
         // Already realized targets need no plan.
         if let Some(ready) = targets
@@ -273,12 +311,13 @@ impl Context {
                 })
             })
             .collect::<Result<_>>()?;
-        let given = state.givable(targets, &input_ids, executable.donated());
+        let mut given = state.givable(targets, &input_ids, executable.donated());
+        given.retain(|&k| input_ids.get(k as usize).is_some_and(|&b| give(b)));
         state.give_up(&input_ids, &given, &mut inputs);
         state.cache.walker.recycle(walk.order, key.words);
         let rng = RngArgs { seed: state.seed, streams: walk.streams };
         let profiled = state.compile.profile;
-        Ok(Ok(Job { executable, inputs, input_ids, rng, profiled, gives: !given.is_empty() }))
+        Ok(Ok(Job { executable, inputs, input_ids, rng, profiled, given, kept: Vec::new() }))
     }
 
     /// The optimized graph the given tensors would compile to (what

@@ -77,6 +77,6 @@ impl Context {
         let _span = tracing::debug_span!("warm_up", tensors = tensors.len()).entered();
         let mut state = self.state();
         let targets = with_pending_targets(&state, &targets);
-        self.prepare(&mut state, &targets).map(|_| ())
+        self.prepare(&mut state, &targets, &|_| false).map(|_| ())
     }
 }

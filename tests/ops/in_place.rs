@@ -190,3 +190,39 @@ fn a_captured_step_writes_its_variable_in_place() {
         }
     });
 }
+
+/// A tensor a captured step uploads itself is a constant of the step:
+/// every replay must read it unchanged, so no run writes over it (the
+/// recording run gave it to the run, and replays wrote into what they
+/// then bound as that constant).
+#[test]
+fn a_captured_step_never_writes_over_its_constants() {
+    each_backend(|| {
+        let ctx = dev();
+        let inner = ctx.clone();
+        let mut step = ctx.capture(move |args: &[Tensor]| {
+            let base = inner.tensor(&[0.0f32; 6], [6]);
+            Ok(vec![base.write_at(0, &args[1], &args[0])])
+        });
+        for call in 0..8usize {
+            let value = ctx.tensor(&[call as f32 + 1.0], [1]);
+            let out = step.call(&[&value, &ctx.scalar((call % 6) as i64)]).expect("call");
+            let mut want = vec![0.0f32; 6];
+            want[call % 6] = call as f32 + 1.0;
+            assert_eq!(out[0].to_vec::<f32>().expect("read"), want, "call {call}");
+        }
+    });
+}
+
+/// `warm_up` compiles a plan that writes a variable in place without
+/// running it: the variable keeps its value for the read that runs it.
+#[test]
+fn warm_up_of_an_in_place_write_loses_nothing() {
+    each_backend(|| {
+        let ctx = dev();
+        let cache = ctx.variable("cache", ctx.tensor(&[1.0f32, 2.0, 3.0, 4.0], [1, 4])).expect("variable");
+        cache.write_at(1, 2, &ctx.tensor(&[9.0f32], [1, 1])).expect("write");
+        ctx.warm_up(&[&cache]).expect("warm up");
+        assert_eq!(cache.to_vec::<f32>().expect("read"), vec![1.0, 2.0, 9.0, 4.0]);
+    });
+}
