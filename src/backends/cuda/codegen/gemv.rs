@@ -214,8 +214,7 @@ pub(crate) fn gemv(
     s.push_str("  typedef long long I;\n  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;\n");
     let Spec { m, n, k, .. } = *spec;
     let (boff, bsk, bsn) = spec.b;
-    let grid;
-    if spec.columns() {
+    let grid = if spec.columns() {
         let _ = writeln!(s, "  const I col = (I)blockIdx.x * {WARPS} + w;\n  if (col >= {n}) return;");
         let _ = writeln!(s, "  const {st}* wcol = b + {boff}LL + col * {bsn}LL;");
         let _ =
@@ -250,7 +249,7 @@ pub(crate) fn gemv(
         let _ = writeln!(s, "    #pragma unroll\n    for (int r = 0; r < {m}; ++r) {{");
         let _ = writeln!(s, "      const I i = (I)r * {n} + col;");
         let _ = writeln!(s, "      {}\n    }}\n  }}\n}}", store(spec, out, epi, "acc[r]", "i")?);
-        grid = n.div_ceil(WARPS);
+        n.div_ceil(WARPS)
     } else {
         let (cols, per, splits) = spec.row_split();
         let bc = spec.block_cols();
@@ -306,8 +305,8 @@ pub(crate) fn gemv(
             let _ = writeln!(s, "      {}", store(spec, out, epi, "sum", "i")?);
         }
         s.push_str("    }\n  }\n}\n");
-        grid = cols * splits;
-    }
+        cols * splits
+    };
     let params_idx = if split { vec![0, 1] } else { epi_params(epi, 2) };
     Ok(Kernel::new(name, s, grid.max(1) as u32, BLOCK, params_idx))
 }

@@ -2,7 +2,8 @@
 //! (a copy of the base, then the scatter kernel) and `write_at` (a copy of
 //! the target, then the window kernel), and of `attention` (one generated
 //! kernel over strided operands, see `codegen/attention.rs`; for a few
-//! query rows, the split-key kernels of `codegen/attention_decode.rs`).
+//! query rows, the split-key kernels of `codegen/attention_decode.rs`,
+//! unless `KILN_CUDA_DECODE_ATTENTION=0`).
 
 use super::ops::{buffer_locs, operand};
 use super::{Lowering, Storage, Value};
@@ -118,7 +119,7 @@ impl Lowering<'_> {
             v: strided(&vals[2]),
             m: vals.get(3).map(strided),
         };
-        if attention_decode::applies(&spec) {
+        if attention_decode::applies(&spec) && !super::gemv::off("KILN_CUDA_DECODE_ATTENTION") {
             // A few query rows: keys split over blocks (`attention_decode.rs`).
             let partial = self.add_kernel("attention_decode", |n| Ok(attention_decode::partial(n, &spec)))?;
             if attention_decode::chunks(&spec) == 1 {
