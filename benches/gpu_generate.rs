@@ -18,7 +18,7 @@
 //!   compiled (the bound is one per prefill bucket plus the decode step);
 //! - peak device memory of decoding next to the weights plus the cache.
 //!
-//!     cargo bench --features cuda --bench gpu_generate
+//!     cargo bench --features cuda --bench gpu_generate [-- --profile | --profile-bf16]
 //!
 //! Without a GPU it says so and exits 0 (with `KILN_REQUIRE_CUDA=1`, 1).
 
@@ -78,10 +78,11 @@ fn bandwidth(ctx: &Context) -> Result<f64> {
 }
 
 /// Where a decode token's device time goes, by op: 32 profiled tokens of
-/// an f32 generation (every node timed by CUDA events, launched eagerly).
-fn print_profile(config: &Gpt2Config) -> Result<()> {
+/// a generation in `dtype` (every node timed by CUDA events, launched
+/// eagerly, so a short kernel's time includes its launch).
+fn print_profile(config: &Gpt2Config, dtype: DType) -> Result<()> {
     let ctx = Context::cuda(0)?.with_seed(0).with_tf32(false).with_profiling(true);
-    let model = Gpt2::new(&ctx, "gpt2", config, DType::F32)?;
+    let model = Gpt2::new(&ctx, "gpt2", config, dtype)?;
     let mut generator = model.generator(1, 128)?;
     let p16 = prompt(16, 1);
     generator.generate(&[&p16], &GenerateOptions::greedy(4))?;
@@ -91,7 +92,10 @@ fn print_profile(config: &Gpt2Config) -> Result<()> {
     let wall = started.elapsed().as_secs_f64() * 1e3;
     let p = ctx.profile();
     let runs = p.runs.len().max(1) as f64;
-    println!("profile, f32: {} runs (a prefill, then decode steps), {wall:.2} ms wall in all", p.runs.len());
+    println!(
+        "profile, {dtype}: {} runs (a prefill, then decode steps), {wall:.2} ms wall in all",
+        p.runs.len()
+    );
     for r in p.by_op().iter().take(14) {
         println!(
             "    {:<44} {:>6.1} per run {:>9.4} ms per run {:>5.1}%",
@@ -120,7 +124,10 @@ fn main() -> Result<()> {
     println!("copy bandwidth: {:.0} GB/s", bw / 1e9);
     let config = Gpt2Config::gpt2_small();
     if std::env::args().any(|a| a == "--profile") {
-        return print_profile(&config);
+        return print_profile(&config, DType::F32);
+    }
+    if std::env::args().any(|a| a == "--profile-bf16") {
+        return print_profile(&config, DType::BF16);
     }
     for dtype in [DType::F32, DType::BF16] {
         let made = Instant::now();

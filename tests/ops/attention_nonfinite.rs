@@ -35,7 +35,9 @@ use kiln::prelude::*;
 const NAN: f64 = f64::NAN;
 const INF: f64 = f64::INFINITY;
 
-/// `[1, H, SQ, d]` queries over `[1, H, SK, d]` keys and values.
+/// `[1, H, SQ, d]` queries over `[1, H, SK, d]` keys and values (`SK` a
+/// const parameter: 7 for the flash kernels, 40 and 150 for the CUDA
+/// backend's split-key kernel, one chunk and two with a short last one).
 const H: usize = 2;
 const SQ: usize = 5;
 const SK: usize = 7;
@@ -59,7 +61,7 @@ fn at(h: usize, row: usize, c: usize, rows: usize, d: usize) -> usize {
 
 /// PyTorch's attention in f64 (module docs); `None` where it is not
 /// specified.
-fn reference(x: &Inputs, scale: f64) -> Vec<Option<f64>> {
+fn reference<const SK: usize>(x: &Inputs, scale: f64) -> Vec<Option<f64>> {
     let d = x.d;
     let mut out = Vec::with_capacity(H * SQ * d);
     for h in 0..H {
@@ -95,7 +97,7 @@ fn reference(x: &Inputs, scale: f64) -> Vec<Option<f64>> {
 }
 
 /// Finite inputs of head dim `d`, O(1), from a fixed formula.
-fn finite(d: usize) -> Inputs {
+fn finite<const SK: usize>(d: usize) -> Inputs {
     let f = |n: usize, salt: usize| -> Vec<f64> {
         (0..n).map(|i| (((i * 29 + salt * 7) % 23) as f64 - 11.0) / 11.0).collect()
     };
@@ -111,8 +113,8 @@ fn finite(d: usize) -> Inputs {
 }
 
 /// The cases of head dim `d`: a name and its inputs.
-fn cases(d: usize) -> Vec<(&'static str, Inputs)> {
-    let base = finite(d);
+fn cases<const SK: usize>(d: usize) -> Vec<(&'static str, Inputs)> {
+    let base = finite::<SK>(d);
     let with = |f: &dyn Fn(&mut Inputs)| {
         let mut x = base.clone();
         f(&mut x);
@@ -191,10 +193,16 @@ fn cases(d: usize) -> Vec<(&'static str, Inputs)> {
 /// Runs every case of `dtype` and head dim `d` on `ctx` in one plan and
 /// compares each output with [`reference`] of the inputs rounded to
 /// `dtype`.
-fn run_cases(backend: &str, ctx: &Context, dtype: DType, d: usize, failures: &mut Vec<String>) {
+fn run_cases<const SK: usize>(
+    backend: &str,
+    ctx: &Context,
+    dtype: DType,
+    d: usize,
+    failures: &mut Vec<String>,
+) {
     let scale = 1.0 / (d as f64).sqrt();
     let round = |v: &[f64]| -> Vec<f64> { read(&tensor(&Context::cpu(), v, &[v.len()], dtype)) };
-    let cases = cases(d);
+    let cases = cases::<SK>(d);
     let mut outs = Vec::new();
     for (_, x) in &cases {
         let q = tensor(ctx, &x.q, &[1, H, SQ, d], dtype);
@@ -217,7 +225,7 @@ fn run_cases(backend: &str, ctx: &Context, dtype: DType, d: usize, failures: &mu
             add: x.add.as_ref().map(|a| round(a)),
             ..x.clone()
         };
-        let want = reference(&rounded, scale);
+        let want = reference::<SK>(&rounded, scale);
         let got = read(out);
         let bad: Vec<String> = got
             .iter()
@@ -240,8 +248,9 @@ fn run_cases(backend: &str, ctx: &Context, dtype: DType, d: usize, failures: &mu
 }
 
 /// Every kernel path: the CPU kernel on the CPU, on CUDA (and the
-/// emulator) the CUDA-core kernel (f32 at head dim 72, f16 at 40) and the
-/// tensor-core kernel (f16 and bf16 at head dim 64).
+/// emulator) the CUDA-core kernel (f32 at head dim 72, f16 at 40), the
+/// tensor-core kernel (f16 and bf16 at head dim 64) and, over 40 and 150
+/// keys, the split-key kernel (`codegen/attention_decode.rs`).
 #[test]
 fn nan_and_inf_through_attention_on_every_kernel_and_backend() {
     let mut failures = Vec::new();
@@ -249,7 +258,12 @@ fn nan_and_inf_through_attention_on_every_kernel_and_backend() {
         for (dtype, d) in
             [(DType::F32, 72), (DType::F16, 40), (DType::F16, 64), (DType::BF16, 64), (DType::F64, 8)]
         {
-            run_cases(backend, &ctx(), dtype, d, &mut failures);
+            run_cases::<SK>(backend, &ctx(), dtype, d, &mut failures);
+        }
+        // A few query rows over many keys: the split-key kernel on CUDA.
+        run_cases::<40>(backend, &ctx(), DType::F16, 40, &mut failures);
+        for (dtype, d) in [(DType::F32, 72), (DType::BF16, 64), (DType::F64, 8)] {
+            run_cases::<150>(backend, &ctx(), dtype, d, &mut failures);
         }
     }
     report(&failures);
@@ -265,7 +279,7 @@ fn attention_keeps_a_nan_query_row_nan_on_every_kernel() -> Result<()> {
     for (backend, ctx) in backends() {
         for (dtype, d) in [(DType::F32, 72), (DType::F16, 64), (DType::F32, 8)] {
             let ctx = ctx();
-            let x = finite(d);
+            let x = finite::<SK>(d);
             let mut q = x.q.clone();
             for c in 0..d {
                 q[at(1, 2, c, SQ, d)] = NAN;

@@ -7,6 +7,7 @@ mod reference;
 mod attention_nonfinite;
 mod cache;
 mod creation;
+mod decode;
 mod elementwise;
 mod errors;
 mod in_place;

@@ -12,17 +12,22 @@
 //!   ranges, fills, gather, index_select, index_add, concatenation,
 //!   integer matmul.
 //! - [`attention`]: the flash-style attention kernel (CUDA cores), and
-//!   [`attention_mma`]: its tensor-core form for f16/bf16.
+//!   [`attention_mma`]: its tensor-core form for f16/bf16, and
+//!   [`attention_decode`]: the split-key form for a few query rows.
+//! - [`gemv`]: products of a few rows (a decode step's projections) at
+//!   memory bandwidth, with the matmul body's epilogue.
 //!
 //! Every kernel is `extern "C" __global__ void <name>(out, in0, in1, ...)`
 //! with one pointer per buffer operand; its source starts with
 //! `#include "kiln.cuh"` (`kernels/kiln.cuh`, inlined when compiled).
 
 pub(crate) mod attention;
+pub(crate) mod attention_decode;
 pub(crate) mod attention_mma;
 pub(crate) mod body;
 pub(crate) mod elementwise;
 mod expr;
+pub(crate) mod gemv;
 pub(crate) mod index;
 pub(crate) mod ops;
 pub(crate) mod reduction;

@@ -1,11 +1,14 @@
 //! Lowering of the ops that write into a copy of an operand, `index_add`
 //! (a copy of the base, then the scatter kernel) and `write_at` (a copy of
 //! the target, then the window kernel), and of `attention` (one generated
-//! kernel over strided operands; see `codegen/attention.rs`).
+//! kernel over strided operands, see `codegen/attention.rs`; for a few
+//! query rows, the split-key kernels of `codegen/attention_decode.rs`,
+//! unless `KILN_CUDA_DECODE_ATTENTION=0`).
 
 use super::ops::{buffer_locs, operand};
 use super::{Lowering, Storage, Value};
 use crate::backends::cuda::codegen::attention::{flash, Spec, Strided};
+use crate::backends::cuda::codegen::attention_decode;
 use crate::backends::cuda::codegen::ops;
 use crate::backends::cuda::program::{IndexCheck, Launch, Loc, Region};
 use crate::ir::{AttnMask, DType, NodeId, Shape};
@@ -116,6 +119,24 @@ impl Lowering<'_> {
             v: strided(&vals[2]),
             m: vals.get(3).map(strided),
         };
+        if attention_decode::applies(&spec) && !super::gemv::off("KILN_CUDA_DECODE_ATTENTION") {
+            // A few query rows: keys split over blocks (`attention_decode.rs`).
+            let partial = self.add_kernel("attention_decode", |n| Ok(attention_decode::partial(n, &spec)))?;
+            if attention_decode::chunks(&spec) == 1 {
+                let mut args = vec![dst];
+                args.extend(buffer_locs(&vals));
+                self.launches.push(Launch::Kernel { kernel: partial, args });
+                return Ok(());
+            }
+            let ws = self.new_scratch(attention_decode::workspace_bytes(&spec));
+            let mut args = vec![ws];
+            args.extend(buffer_locs(&vals));
+            self.launches.push(Launch::Kernel { kernel: partial, args });
+            let combine =
+                self.add_kernel("attention_combine", |n| Ok(attention_decode::combine(n, &spec)))?;
+            self.launches.push(Launch::Kernel { kernel: combine, args: vec![dst, ws] });
+            return Ok(());
+        }
         let kernel = self.add_kernel("attention", |n| flash(n, &spec))?;
         let mut args = vec![dst];
         args.extend(buffer_locs(&vals));

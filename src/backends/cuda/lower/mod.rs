@@ -24,6 +24,7 @@
 
 mod attention;
 mod collective;
+mod gemv;
 mod ops;
 
 use super::codegen::index::Access;

@@ -2,6 +2,7 @@
 //! which operands. `mod.rs` decides where values live; this file decides
 //! what runs.
 
+use super::gemv::Epi;
 use super::{bytes, Lowering, Storage, Value};
 use crate::backends::cpu::Layout;
 use crate::backends::cuda::codegen::body::{Operand, Source};
@@ -52,6 +53,9 @@ impl Lowering<'_> {
             }
             Op::MatMul => {
                 let (a, b) = (ops[0].clone(), ops[1].clone());
+                if self.gemv(&a, &b, &node.shape, node.dtype, dst, None)? {
+                    return Ok(());
+                }
                 self.matmul(&a, &b, &node.shape, node.dtype, node.dtype, dst, Epilogue::None)
             }
             Op::Conv2d { stride, padding, dilation, groups } => {
@@ -188,11 +192,22 @@ impl Lowering<'_> {
                 let args = g.operands(mm);
                 let a = self.leaf_value(g, args[0], ops)?;
                 let b = self.leaf_value(g, args[1], ops)?;
-                let epilogue = self.lt_epilogue(g, mm, body.output(), ops)?;
                 if body.output() == mm {
+                    if self.gemv(&a, &b, &node.shape, node.dtype, dst, None)? {
+                        return Ok(());
+                    }
+                    let epilogue = self.lt_epilogue(g, mm, body.output(), ops)?;
                     return self.matmul(&a, &b, &node.shape, node.dtype, node.dtype, dst, epilogue);
                 }
                 let out = g.node(body.output());
+                let (epi, extra) = replace_with_input(g, mm, body.inputs());
+                let fused = Epi { g: &epi, ops, product: extra, out: out.dtype };
+                if !widens(g, mm, body.output())
+                    && self.gemv(&a, &b, &node.shape, node.dtype, dst, Some(fused))?
+                {
+                    return Ok(());
+                }
+                let epilogue = self.lt_epilogue(g, mm, body.output(), ops)?;
                 if widens(g, mm, body.output()) {
                     // `cast<f32>(a @ b)` of halves: the GEMM stores its f32
                     // accumulator in `dst` (no scratch, no epilogue kernel).
@@ -207,7 +222,6 @@ impl Lowering<'_> {
                 let in_place = out.shape == node.shape && out.dtype.size() == node.dtype.size();
                 let product = if in_place { dst } else { self.new_scratch(bytes(&node.shape, node.dtype)) };
                 self.matmul(&a, &b, &node.shape, node.dtype, node.dtype, product, epilogue)?;
-                let (epi, extra) = replace_with_input(g, mm, body.inputs());
                 let mut epi_ops = ops.to_vec();
                 epi_ops.push(Value::dense(product, node.shape.clone(), node.dtype));
                 debug_assert_eq!(extra, epi_ops.len() - 1);
