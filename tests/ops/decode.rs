@@ -193,3 +193,33 @@ fn few_row_matmuls_with_epilogues_match_f64() {
         }
     });
 }
+
+/// The CPU's few-row product (`backends/cpu/matmul.rs`, `few_rows`) over
+/// weights wide enough to be split across threads, stored `[in, out]` and
+/// transposed, against f64.
+#[test]
+fn few_row_products_wide_enough_to_split_match_f64() {
+    let ctx = Context::cpu();
+    let mut rng = Rng::new(3);
+    let (k, n) = (300usize, 1500usize);
+    let w: Vec<f32> = (0..k * n).map(|_| rng.normal() as f32).collect();
+    let weight = ctx.tensor(&w, [k, n]);
+    let wt: Vec<f32> = (0..n * k).map(|i| w[(i % k) * n + i / k]).collect();
+    let transposed = ctx.tensor(&wt, [n, k]).transpose(0, 1);
+    for m in 1..=4usize {
+        let x: Vec<f32> = (0..m * k).map(|_| rng.normal() as f32).collect();
+        let want: Vec<f64> = (0..m * n)
+            .map(|o| (0..k).map(|kk| x[(o / n) * k + kk] as f64 * w[kk * n + o % n] as f64).sum())
+            .collect();
+        let xs = ctx.tensor(&x, [m, k]);
+        for (what, b) in [("[in, out]", &weight), ("transposed", &transposed)] {
+            let got = xs.matmul(b).to_vec::<f32>().expect("matmul");
+            for (o, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (*g as f64 - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                    "{m} rows, {what}, output {o}: {g} vs {w}"
+                );
+            }
+        }
+    }
+}

@@ -107,6 +107,83 @@ struct Operand<'a, T> {
     cs: usize,
 }
 
+/// Products of at most this many rows skip the packed GEMM (`few_rows`).
+const FEW_ROWS: usize = 4;
+
+/// Columns per rayon task of [`few_rows`].
+const FEW_ROWS_COLUMNS: usize = 512;
+
+/// `dst = a x b` for a few rows of `a` (a decode step's projections),
+/// reading `b` where it lies instead of packing it: the packed GEMM
+/// repacks the whole weight on every call, which was three fifths of
+/// GPT-2's CPU decode time (`perf`, issue 34). Rows of `b` contiguous
+/// (`cs == 1`, a weight stored `[in, out]`): each output row is a sum of
+/// scaled rows of `b` (an axpy per element of `a`, which vectorizes).
+/// Columns of `b` contiguous (`rs == 1`, a transposed weight such as a
+/// tied LM head): each output is a dot product. Split over column blocks
+/// across rayon when `parallel`. Same contract as [`gemm_rows`].
+fn few_rows(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Operand<'_, f32>,
+    b: Operand<'_, f32>,
+    dst: &mut [f32],
+    parallel: bool,
+) {
+    let a_at = |i: usize, kk: usize| a.data[a.base + i * a.rs + kk * a.cs];
+    let columns = |c0: usize, width: usize, out: &mut dyn FnMut(usize, usize, f32)| {
+        if b.cs == 1 {
+            let mut acc = vec![0.0f32; width];
+            for i in 0..m {
+                acc.iter_mut().for_each(|x| *x = 0.0);
+                for kk in 0..k {
+                    let s = a_at(i, kk);
+                    let row = &b.data[b.base + kk * b.rs + c0..][..width];
+                    for (x, &y) in acc.iter_mut().zip(row) {
+                        *x += s * y;
+                    }
+                }
+                for (j, &x) in acc.iter().enumerate() {
+                    out(i, c0 + j, x);
+                }
+            }
+        } else {
+            for i in 0..m {
+                for j in c0..c0 + width {
+                    let col = &b.data[b.base + j * b.cs..][..k];
+                    let mut sum = 0.0f32;
+                    for (kk, &y) in col.iter().enumerate() {
+                        sum += a_at(i, kk) * y;
+                    }
+                    out(i, j, sum);
+                }
+            }
+        }
+    };
+    if !parallel || n <= FEW_ROWS_COLUMNS {
+        columns(0, n, &mut |i, j, x| dst[i * n + j] = x);
+        return;
+    }
+    use rayon::prelude::*;
+    let blocks: Vec<(usize, Vec<f32>)> = (0..n.div_ceil(FEW_ROWS_COLUMNS))
+        .into_par_iter()
+        .map(|blk| {
+            let c0 = blk * FEW_ROWS_COLUMNS;
+            let width = FEW_ROWS_COLUMNS.min(n - c0);
+            let mut part = vec![0.0f32; m * width];
+            columns(c0, width, &mut |i, j, x| part[i * width + (j - c0)] = x);
+            (c0, part)
+        })
+        .collect();
+    for (c0, part) in blocks {
+        let width = part.len() / m;
+        for i in 0..m {
+            dst[i * n + c0..][..width].copy_from_slice(&part[i * width..][..width]);
+        }
+    }
+}
+
 /// `dst` (`m x n`, row-major) = `a` (`m x k`) x `b` (`k x n`), split into
 /// row blocks across rayon when `parallel` and the problem is big enough.
 ///
@@ -124,6 +201,12 @@ fn gemm_rows<T: GemmFloat>(
 ) {
     debug_assert_eq!(dst.len(), m * n);
     if let (Some(a32), Some(b32), Some(d32)) = (as_f32(a.data), as_f32(b.data), as_f32_mut(dst)) {
+        if m <= FEW_ROWS && (b.cs == 1 || b.rs == 1) {
+            let a = Operand { data: a32, base: a.base, rs: a.rs, cs: a.cs };
+            let b = Operand { data: b32, base: b.base, rs: b.rs, cs: b.cs };
+            few_rows(m, k, n, a, b, d32, parallel && m * n * k >= GEMM_PAR_WORK);
+            return;
+        }
         if super::sgemm::available() {
             let ma = super::sgemm::Mat { data: a32, base: a.base, rs: a.rs, cs: a.cs };
             let mb = super::sgemm::Mat { data: b32, base: b.base, rs: b.rs, cs: b.cs };
