@@ -26,11 +26,10 @@ use super::dnn::{self, ConvPlan, PoolPlan};
 use super::graph::Graphs;
 use super::lt::LtPlan;
 use super::memory::DeviceAlloc;
-use super::program::{Epilogue, Launch, Loc, Output, Program, Region};
+use super::program::{Epilogue, Launch, Loc, Program, Region};
 use super::{blas, CudaBuffer};
-use crate::backends::{Buffer, Contents, Executable, Launched, RngArgs};
+use crate::backends::{Buffer, Executable, Launched, RngArgs};
 use crate::ir::Plan;
-use crate::runtime::Completion;
 use crate::{Error, Result};
 use cudarc::driver::{result, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
@@ -414,94 +413,6 @@ impl CudaExecutable {
             Ok(())
         })?;
         Ok(Some(check))
-    }
-
-    /// The output buffers of a run from its output slots and the
-    /// allocations written over inputs (`over`, per input slot). Every
-    /// such allocation's bytes were just written, so its buffers get new
-    /// [`Contents`] (the allocation may be a reused output set's); an
-    /// input handed back is the input's bytes, unchanged.
-    fn outputs(
-        &self,
-        inputs: &[&CudaBuffer],
-        outs: &[Arc<DeviceAlloc>],
-        over: &[Option<Arc<DeviceAlloc>>],
-        ready: &Completion,
-    ) -> Result<Vec<Buffer>> {
-        let written: Vec<Contents> = outs.iter().map(|_| Contents::fresh()).collect();
-        self.program
-            .outputs
-            .iter()
-            .map(|o| match o {
-                Output::Input { k, shape } => inputs
-                    .get(*k as usize)
-                    .map(|b| {
-                        let c = b.ready.clone();
-                        Buffer::Cuda(CudaBuffer::new(
-                            b.alloc.clone(),
-                            shape.clone(),
-                            b.dtype(),
-                            b.contents,
-                            c,
-                        ))
-                    })
-                    .ok_or_else(|| bad("an output input is missing")),
-                Output::OverInput { k, shape, dtype } => over
-                    .get(*k as usize)
-                    .and_then(Option::as_ref)
-                    .map(|a| {
-                        let c = ready.clone();
-                        Buffer::Cuda(CudaBuffer::new(a.clone(), shape.clone(), *dtype, Contents::fresh(), c))
-                    })
-                    .ok_or_else(|| bad("an input written over is missing")),
-                Output::Slot { slot, shape, dtype } => outs
-                    .get(*slot as usize)
-                    .map(|a| {
-                        let contents = written[*slot as usize];
-                        let c = ready.clone();
-                        Buffer::Cuda(CudaBuffer::new(a.clone(), shape.clone(), *dtype, contents, c))
-                    })
-                    .ok_or_else(|| bad("an output slot is missing")),
-            })
-            .collect()
-    }
-
-    /// Where an eager run writes each donated input (`Program::donated`):
-    /// the bound buffer's own allocation when nobody else can read it (the
-    /// run holds the only reference, besides the graph's input slot when
-    /// it is one), else a private copy made on stream 0. So a value
-    /// someone holds never changes.
-    fn eager_over(
-        &self,
-        ls: &LaunchState,
-        graphs: &Graphs,
-        ins: &[&CudaBuffer],
-    ) -> Result<Vec<Option<Arc<DeviceAlloc>>>> {
-        let mut over = vec![None; ins.len()];
-        for &k in &self.program.donated {
-            let b = ins.get(k as usize).ok_or_else(|| bad(format!("donated input {k} is not bound")))?;
-            let holders = 1 + usize::from(graphs.is_slot(&b.alloc));
-            let alloc = if Arc::strong_count(&b.alloc) == holders {
-                b.alloc.clone()
-            } else {
-                let copy = Arc::new(self.dev.pool.alloc(b.bytes())?);
-                // SAFETY: both allocations have the input's bytes; stream 0
-                // orders the copy after the buffer was written and before
-                // the run writes over the copy.
-                unsafe {
-                    result::memcpy_dtod_async(copy.ptr(), b.ptr(), b.bytes() as usize, raw(&ls.streams[0]))
-                }
-                .map_err(|e| bad(format!("copying input {k} to write over it: {e:?}")))?;
-                copy
-            };
-            over[k as usize] = Some(alloc);
-        }
-        Ok(over)
-    }
-
-    /// Fresh output allocations, one per slot.
-    fn fresh_outs(&self) -> Result<Vec<Arc<DeviceAlloc>>> {
-        self.program.out_slots.iter().map(|&b| self.dev.pool.alloc(b).map(Arc::new)).collect()
     }
 }
 

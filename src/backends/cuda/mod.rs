@@ -49,6 +49,8 @@ pub(crate) mod nccl;
 #[cfg(feature = "cuda-backend")]
 mod nvrtc;
 #[cfg(feature = "cuda-backend")]
+mod outputs;
+#[cfg(feature = "cuda-backend")]
 mod profile;
 
 #[cfg(feature = "cuda-backend")]

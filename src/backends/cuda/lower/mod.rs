@@ -25,6 +25,7 @@
 mod attention;
 mod collective;
 mod gemv;
+mod matmul;
 mod ops;
 
 use super::codegen::index::Access;

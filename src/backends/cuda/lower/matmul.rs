@@ -1,0 +1,119 @@
+//! Matrix products: cuBLAS (or cuBLASLt with an epilogue) for float
+//! dtypes, reading views of transposes as they are; the GEMV of
+//! `gemv.rs` for products of a few rows; a generated kernel for integers.
+
+use super::ops::{buffer_locs, operand};
+use super::{Lowering, Storage, Value};
+use crate::backends::cuda::codegen::ops;
+use crate::backends::cuda::program::{Epilogue, Gemm, Launch, Loc};
+use crate::ir::{DType, Scalar, Shape};
+
+impl Lowering<'_> {
+    /// `a . b` of `dtype` into `dst`: cuBLAS for float dtypes (views of
+    /// transposes are read as they are), a generated kernel for integers.
+    /// Stored as `out_dtype`: `dtype`, or f32 for a widened f16/bf16
+    /// product (see [`Gemm::out_dtype`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn matmul(
+        &mut self,
+        a: &Value,
+        b: &Value,
+        shape: &Shape,
+        dtype: DType,
+        out_dtype: DType,
+        dst: Loc,
+        epilogue: Epilogue,
+    ) -> Result<(), String> {
+        let r = shape.rank();
+        let k = a.layout.shape.0[r - 1];
+        if shape.numel() == 0 {
+            return Ok(());
+        }
+        if k == 0 {
+            let numel = shape.numel();
+            let kid = self.add_kernel("fill", |n| Ok(ops::fill(n, out_dtype, numel, Scalar::Int(0))))?;
+            self.launches.push(Launch::Kernel { kernel: kid, args: vec![dst] });
+            return Ok(());
+        }
+        let a = match a.storage {
+            Storage::Const(_) => self.materialize(a)?,
+            _ => a.clone(),
+        };
+        let b = match b.storage {
+            Storage::Const(_) => self.materialize(b)?,
+            _ => b.clone(),
+        };
+        if !dtype.is_float() {
+            let (oa, ob) = (operand(&a), operand(&b));
+            let kid = self.add_kernel("int_matmul", |n| Ok(ops::int_matmul(n, &oa, &ob, shape)))?;
+            let mut args = vec![dst];
+            args.extend(buffer_locs(&[a, b]));
+            self.launches.push(Launch::Kernel { kernel: kid, args });
+            return Ok(());
+        }
+        let (m, n) = (shape.0[r - 2], shape.0[r - 1]);
+        let batch: usize = shape.0[..r - 2].iter().product();
+        let a = match gemm_operand(&a) {
+            Some(_) => a,
+            None => self.materialize(&a)?,
+        };
+        let b = match gemm_operand(&b) {
+            Some(_) => b,
+            None => self.materialize(&b)?,
+        };
+        let (ta, lda_a, sa) = gemm_operand(&a).ok_or("a dense operand is not a GEMM operand")?;
+        let (tb, ldb_b, sb) = gemm_operand(&b).ok_or("a dense operand is not a GEMM operand")?;
+        let size = dtype.size() as u64;
+        let at = |v: &Value| match v.storage {
+            Storage::Mem(l) => Ok(l.plus(v.layout.offset as u64 * size)),
+            Storage::Const(_) => Err("a constant GEMM operand".to_string()),
+        };
+        // out^T (n x m) = b^T (n x k) . a^T (k x m) in column-major terms.
+        self.launches.push(Launch::Gemm(Gemm {
+            dtype,
+            out_dtype,
+            transa: tb,
+            transb: ta,
+            m: n,
+            n: m,
+            k,
+            a: (at(&b)?, ldb_b, sb),
+            b: (at(&a)?, lda_a, sa),
+            c: (dst, n, m * n),
+            batch,
+            epilogue,
+            tf32: self.tf32,
+        }));
+        Ok(())
+    }
+}
+
+/// A GEMM operand `[.., r, c]`: (read column-major, leading dimension,
+/// batch stride), or `None` when its strides need a copy first.
+fn gemm_operand(v: &Value) -> Option<(bool, usize, usize)> {
+    let l = &v.layout;
+    let rank = l.shape.rank();
+    let (r, c) = (l.shape.0[rank - 2], l.shape.0[rank - 1]);
+    let (sr, sc) = (l.strides[rank - 2], l.strides[rank - 1]);
+    let (trans, ld) = if (c == 1 || sc == 1) && (r == 1 || sr >= c) {
+        (false, if r == 1 { c.max(1) } else { sr })
+    } else if (r == 1 || sr == 1) && (c == 1 || sc >= r) {
+        (true, if c == 1 { r.max(1) } else { sc })
+    } else {
+        return None;
+    };
+    // The batch dims must be one evenly strided run (stride 0 broadcasts).
+    let mut batch: Option<(usize, usize)> = None; // (count, stride) of the merged run
+    for d in (0..rank - 2).rev() {
+        let (n, s) = (l.shape.0[d], l.strides[d]);
+        if n == 1 {
+            continue;
+        }
+        batch = match batch {
+            None => Some((n, s)),
+            Some((cnt, st)) if s == st * cnt => Some((cnt * n, st)),
+            Some(_) => return None,
+        };
+    }
+    Some((trans, ld, batch.map_or(0, |(_, s)| s)))
+}
