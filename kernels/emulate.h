@@ -107,6 +107,14 @@ inline unsigned long long atomicMin(unsigned long long* p, unsigned long long v)
   return old;
 }
 
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+// An L2 load on the GPU (skips L1, which other blocks' writes do not reach).
+template <class T>
+inline T __ldcg(const T* p) {
+  return *p;
+}
+
 namespace emu {
 struct Launch {
   void (*body)(void**);

@@ -228,6 +228,15 @@ template <class T>
 __device__ __forceinline__ void store4(T* p, vec4<T> v) {
   *reinterpret_cast<vec4<T>*>(p) = v;
 }
+// Eight 16-bit elements in one 16-byte load (pointers aligned to 8 elements).
+template <class T>
+struct __align__(sizeof(T) * 8) vec8 {
+  T v[8];
+};
+template <class T>
+__device__ __forceinline__ vec8<T> load8(const T* p) {
+  return *reinterpret_cast<const vec8<T>*>(p);
+}
 
 // ---------------------------------------------------------------------------
 // Reductions over a group of GROUP threads: 1 (a thread per row), 32 (a warp

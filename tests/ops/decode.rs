@@ -143,7 +143,8 @@ fn libm_erf(x: f64) -> f64 {
 }
 
 /// Products of 1 to 8 rows by weights of 256 × 260 (read 4 columns at a
-/// time, `k` split over blocks) and 257 columns (element loads), stored
+/// time in f32, `k` split over blocks), 257 columns (element loads) and
+/// 264 (read 8 at a time in f16 and bf16, 4 in f32), stored
 /// `[in, out]` as GPT-2's Conv1D and transposed as its tied LM head, with
 /// each epilogue a decode step fuses: none, bias, gelu(x W + b), a residual
 /// add, relu; f32, bf16 and f16.
@@ -153,9 +154,14 @@ fn few_row_matmuls_with_epilogues_match_f64() {
         let ctx = dev();
         let mut rng = Rng::new(3402);
         for dtype in [DType::F32, DType::BF16, DType::F16] {
-            for (m, k, n, transposed) in
-                [(1, 256, 260, false), (3, 256, 257, false), (8, 256, 260, false), (5, 300, 257, true)]
-            {
+            for (m, k, n, transposed) in [
+                (1, 256, 260, false),
+                (3, 256, 257, false),
+                (8, 256, 260, false),
+                (5, 300, 257, true),
+                (2, 256, 264, false),
+                (3, 264, 300, true),
+            ] {
                 let a = rand_f(&mut rng, dtype, &[m, k], 1.0);
                 let w = rand_f(&mut rng, dtype, &[k, n], 1.0);
                 let bias = rand_f(&mut rng, dtype, &[n], 1.0);
@@ -189,6 +195,45 @@ fn few_row_matmuls_with_epilogues_match_f64() {
                 // A 3-d activation [1, m, k], as a model's [batch, seq, width].
                 let got = ta.reshape([1, m, k]).matmul(&tw) + &tb;
                 check_f(&got, dtype, &biased.reshape(&[1, m, n]), scale, &what("3-d + bias"));
+            }
+        }
+    });
+}
+
+/// The split-`k` GEMV's arrival counters live across launches (each
+/// launch must leave them at zero): three products that split `k`, each
+/// run 8 times with fresh values and interleaved with the others, so each
+/// plan's eager run, its capture and its replays follow the other plans'
+/// launches; every result against f64.
+#[test]
+fn split_products_interleaved_over_many_calls_match_f64() {
+    each_backend(|| {
+        let ctx = dev();
+        let mut rng = Rng::new(3403);
+        let dtype = DType::F32;
+        for it in 0..8 {
+            for (case, (m, k, n)) in
+                [(1usize, 256usize, 260usize), (2, 512, 384), (4, 384, 256)].into_iter().enumerate()
+            {
+                let a = rand_f(&mut rng, dtype, &[m, k], 1.0);
+                let w = rand_f(&mut rng, dtype, &[k, n], 1.0);
+                let bias = rand_f(&mut rng, dtype, &[n], 1.0);
+                let (ta, tw, tb) =
+                    (tensor_f(&ctx, dtype, &a), tensor_f(&ctx, dtype, &w), tensor_f(&ctx, dtype, &bias));
+                let mm = matmul_ref(&a, &w);
+                let biased = Nd::from_fn(&[m, n], |i| mm.get(i) + bias.get(&[i[1]]));
+                let (got, want) = match case {
+                    0 => (ta.matmul(&tw) + &tb, biased),
+                    1 => ((ta.matmul(&tw) + &tb).gelu(), biased.map(gelu_ref)),
+                    _ => (ta.matmul(&tw), mm),
+                };
+                check_f(
+                    &got,
+                    dtype,
+                    &want,
+                    (k as f64).sqrt(),
+                    &format!("case {case} ([{m}, {k}] x [{k}, {n}]), call {it}"),
+                );
             }
         }
     });

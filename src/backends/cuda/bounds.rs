@@ -19,6 +19,7 @@ impl Program {
             Region::Arena => Some(self.arena_bytes),
             Region::Scratch => Some(self.scratch_bytes),
             Region::Params => Some(self.params_bytes),
+            Region::Counters => Some(self.counter_bytes),
             Region::Input(k) => {
                 self.inputs.get(k as usize)?.as_ref().map(|(s, d)| s.numel() as u64 * d.size() as u64)
             }

@@ -47,6 +47,8 @@ pub(crate) struct CudaExecutable {
     lts: HashMap<(usize, usize), LtPlan>,
     arena: Option<DeviceAlloc>,
     scratch: Option<DeviceAlloc>,
+    /// [`Region::Counters`], zeroed when made.
+    counters: Option<DeviceAlloc>,
     params: DeviceAlloc,
     events: Vec<Event>,
     fork: Event,
@@ -65,6 +67,7 @@ pub(crate) struct CudaExecutable {
 pub(crate) struct Bindings {
     pub arena: u64,
     pub scratch: u64,
+    pub counters: u64,
     pub params: u64,
     pub inputs: Vec<u64>,
     pub outs: Vec<u64>,
@@ -76,6 +79,7 @@ impl Bindings {
             Region::Arena => self.arena,
             Region::Scratch => self.scratch,
             Region::Params => self.params,
+            Region::Counters => self.counters,
             Region::Input(k) => self.inputs.get(k as usize).copied().unwrap_or(0),
             Region::Out(k) => self.outs.get(k as usize).copied().unwrap_or(0),
         };
@@ -155,7 +159,18 @@ impl CudaExecutable {
         let arena = alloc(program.arena_bytes)?;
         let scratch = alloc(program.scratch_bytes)?;
         let params = dev.pool.alloc(program.params_bytes.max(8))?;
-        dev.launch()?.ensure_streams(program.streams as usize)?;
+        let counters = alloc(program.counter_bytes)?;
+        let mut ls = dev.launch()?;
+        ls.ensure_streams(program.streams as usize)?;
+        if let Some(c) = &counters {
+            // SAFETY: `c` is a live allocation of at least counter_bytes;
+            // stream 0 is the stream that uses it first (`Pool::alloc`).
+            unsafe {
+                result::memset_d8_async(c.ptr(), 0, program.counter_bytes as usize, raw(&ls.streams[0]))
+            }
+            .map_err(|e| bad(format!("zeroing the plan's counters: {e:?}")))?;
+        }
+        drop(ls);
         // The kernels compile while cuDNN and cuBLASLt choose their
         // algorithms: both take a plan's first compile tens to hundreds of
         // milliseconds, on different resources (the host's cores; the GPU).
@@ -189,6 +204,7 @@ impl CudaExecutable {
             lts,
             arena,
             scratch,
+            counters,
             params,
             events,
             fork: Event::new()?,
@@ -207,6 +223,7 @@ impl CudaExecutable {
         Bindings {
             arena: self.arena.as_ref().map_or(0, DeviceAlloc::ptr),
             scratch: self.scratch.as_ref().map_or(0, DeviceAlloc::ptr),
+            counters: self.counters.as_ref().map_or(0, DeviceAlloc::ptr),
             params: self.params.ptr(),
             inputs,
             outs,

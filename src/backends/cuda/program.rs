@@ -24,6 +24,12 @@ pub enum Region {
     Out(u32),
     /// The run's parameters: the seed, the random streams, index checks.
     Params,
+    /// Arrival counters (u32) of kernels whose last block finishes the
+    /// work of the others (the split-K GEMV): zeroed once when the
+    /// executable is made, and every kernel that counts in them sets its
+    /// counters back to zero before it ends, so each run (and each replay
+    /// of a captured graph) finds them zero without a memset launch.
+    Counters,
 }
 
 /// A byte offset into a region.
@@ -269,6 +275,8 @@ pub struct Program {
     pub scratch_bytes: u64,
     /// Bytes of the parameter block.
     pub params_bytes: u64,
+    /// Bytes of [`Region::Counters`].
+    pub counter_bytes: u64,
     /// Shape and dtype of every input slot the plan reads (`None`: a slot
     /// no live node reads, bound but ignored).
     pub inputs: Vec<Option<(Shape, DType)>>,
@@ -299,6 +307,7 @@ impl fmt::Display for Loc {
             Region::Input(k) => write!(f, "in{k}+{}", self.offset),
             Region::Out(k) => write!(f, "out{k}+{}", self.offset),
             Region::Params => write!(f, "params+{}", self.offset),
+            Region::Counters => write!(f, "counters+{}", self.offset),
         }
     }
 }
@@ -408,6 +417,9 @@ impl fmt::Display for Program {
             self.inputs.len(),
             self.outputs.len()
         )?;
+        if self.counter_bytes > 0 {
+            writeln!(f, "counters={}", self.counter_bytes)?;
+        }
         for l in &self.prelude {
             write!(f, "prelude: ")?;
             l.write(f, &self.kernels)?;

@@ -10,22 +10,25 @@
 //!
 //! - **Columns** (`b[k, n]` contiguous along `k`: a transposed view, as
 //!   the LM head's `wte^T`): a warp per output column reads the column
-//!   with 16-byte loads (4 elements a lane, f32) and reduces its `M` sums
-//!   with shuffles; lane 0 applies the epilogue.
+//!   with 16-byte loads (4 elements a lane in f32, 8 in f16 and bf16) and
+//!   reduces its `M` sums with shuffles; lane 0 applies the epilogue.
 //! - **Rows** (`b[k, n]` contiguous along `n`: Hugging Face's Conv1D
-//!   `[in, out]`): a block owns 32 × 4 consecutive columns, its 8 warps
-//!   split the keys' rows (`k`), each lane reading 4 columns of a row with
-//!   one vector load, and the warps' sums meet in shared memory. When the
+//!   `[in, out]`): a block owns 32 × 4 (f32) or 32 × 8 consecutive
+//!   columns, its 8 warps split the keys' rows (`k`), each lane reading 4
+//!   or 8 columns of a row with one vector load, and the warps' sums meet
+//!   in shared memory. When the
 //!   columns alone make too few blocks to fill the card (768 columns are 6
 //!   blocks), `k` is also split across blocks: each writes f32 partial
-//!   sums to a workspace, and [`combine`] adds a column's partials in a
-//!   fixed order and applies the epilogue (deterministic, no atomics).
+//!   sums to a workspace, and the last block of a column tile to finish
+//!   adds the tile's partials in a fixed order and applies the epilogue
+//!   (deterministic: an atomic counter picks the block, not the order).
 //!
 //! Sums are f32 for f32, f16 and bf16 (f64 stays on cuBLAS); the product is
 //! rounded to its dtype before the epilogue reads it, as when the GEMM
 //! stores it and the epilogue kernel loads it. Vector loads are used when
 //! the weight's contiguous dim, leading dimension and offset are multiples
-//! of 4 elements (buffers are 256-byte aligned); otherwise element loads.
+//! of the load's elements (buffers are 256-byte aligned); otherwise element
+//! loads.
 
 use super::body::{Body, Operand, Source};
 use super::types;
@@ -40,6 +43,9 @@ pub(crate) const MAX_M: usize = 8;
 pub(crate) const MIN_WEIGHT: usize = 1 << 16;
 /// Blocks the row schedule aims for before it splits `k` (two per SM of an H100).
 const TARGET_BLOCKS: usize = 264;
+/// Rows of the weight one warp reads at most in the row schedule (its
+/// loads are all in flight at once, one register set each).
+const MAX_WARP_ROWS: usize = 16;
 /// Warps of a block.
 const WARPS: usize = (BLOCK / 32) as usize;
 
@@ -72,40 +78,59 @@ impl Spec {
         self.b.1 == 1 && self.b.2 != 1
     }
 
-    /// Whether the weight can be read 4 elements at a time.
+    /// Elements of one 16-byte load: 4 in f32, 8 in f16 and bf16.
+    fn width(&self) -> usize {
+        16 / self.dtype.size()
+    }
+
+    /// Whether the weight can be read 16 bytes at a time.
     fn vector(&self) -> bool {
         let (off, sk, sn) = self.b;
+        let v = self.width();
         if self.columns() {
-            self.k % 4 == 0 && sn % 4 == 0 && off % 4 == 0
+            self.k % v == 0 && sn % v == 0 && off % v == 0
         } else {
-            self.n % 4 == 0 && sk % 4 == 0 && off % 4 == 0
+            self.n % v == 0 && sk % v == 0 && off % v == 0
+        }
+    }
+
+    /// Elements a lane loads at once: [`Spec::width`], or 1.
+    fn lane_width(&self) -> usize {
+        if self.vector() {
+            self.width()
+        } else {
+            1
         }
     }
 
     /// Columns a row-schedule block owns.
     fn block_cols(&self) -> usize {
-        if self.vector() {
-            128
-        } else {
-            32
-        }
+        32 * self.lane_width()
     }
 
     /// (blocks along `n`, rows of `k` per block, blocks along `k`) of the row schedule.
     fn row_split(&self) -> (usize, usize, usize) {
         let cols = self.n.div_ceil(self.block_cols()).max(1);
-        let want = TARGET_BLOCKS.div_ceil(cols).clamp(1, self.k.div_ceil(WARPS).max(1));
+        let want = TARGET_BLOCKS
+            .div_ceil(cols)
+            .max(self.k.div_ceil(WARPS * MAX_WARP_ROWS))
+            .clamp(1, self.k.div_ceil(WARPS).max(1));
         let per = self.k.div_ceil(want).next_multiple_of(WARPS);
         (cols, per, self.k.div_ceil(per).max(1))
     }
 
-    /// Blocks along `k` (more than 1: partial sums and [`combine`]).
+    /// Blocks along `k` (more than 1: partial sums, finished by the last block).
     pub(crate) fn splits(&self) -> usize {
         if self.columns() {
             1
         } else {
             self.row_split().2
         }
+    }
+
+    /// Column tiles of the row schedule: arrival counters of a split kernel.
+    pub(crate) fn tiles(&self) -> usize {
+        self.row_split().0
     }
 
     /// Workspace bytes of the partial sums when [`Spec::splits`] > 1.
@@ -154,8 +179,8 @@ pub(crate) fn fusable(g: &Graph, product: usize, m: usize, n: usize) -> bool {
         })
 }
 
-/// The kernel's parameters: `out`, `a`, `b` (or the workspace and the
-/// partial sums for [`combine`]), then the epilogue's buffers.
+/// The kernel's parameters: `first` (`out`, with a split `k` the workspace
+/// and the arrival counters, then `a`, `b`), then the epilogue's buffers.
 fn params(first: &[String], epi: Option<&Epilogue<'_>>) -> String {
     let mut p: Vec<String> = first.to_vec();
     if let Some(e) = epi {
@@ -194,8 +219,9 @@ fn store(spec: &Spec, out: DType, epi: Option<&Epilogue<'_>>, sum: &str, i: &str
     Ok(s)
 }
 
-/// The product kernel: the output, or with [`Spec::splits`] > 1 the
-/// partial sums (then `out` is the f32 workspace and there is no epilogue).
+/// The product kernel, its epilogue applied before the one store; with
+/// [`Spec::splits`] > 1 it also takes the f32 workspace of the partial
+/// sums and the column tiles' arrival counters (see `finish_split`).
 pub(crate) fn gemv(
     name: &str,
     spec: &Spec,
@@ -204,13 +230,14 @@ pub(crate) fn gemv(
 ) -> Result<Kernel, String> {
     let st = types::storage(spec.dtype);
     let split = spec.splits() > 1;
-    let out_param =
-        if split { "float* __restrict__ ws".to_string() } else { format!("{}* out", types::storage(out)) };
-    let first = [out_param, format!("const {st}* __restrict__ a"), format!("const {st}* __restrict__ b")];
-    let mut s = format!(
-        "extern \"C\" __global__ void {name}({}) {{\n",
-        params(&first, if split { None } else { epi })
-    );
+    let mut first = vec![format!("{}* out", types::storage(out))];
+    if split {
+        first.push("float* ws".to_string());
+        first.push("unsigned* counts".to_string());
+    }
+    first.push(format!("const {st}* __restrict__ a"));
+    first.push(format!("const {st}* __restrict__ b"));
+    let mut s = format!("extern \"C\" __global__ void {name}({}) {{\n", params(&first, epi));
     s.push_str("  typedef long long I;\n  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;\n");
     let Spec { m, n, k, .. } = *spec;
     let (boff, bsk, bsn) = spec.b;
@@ -220,10 +247,12 @@ pub(crate) fn gemv(
         let _ =
             writeln!(s, "  float acc[{m}];\n  #pragma unroll\n  for (int r = 0; r < {m}; ++r) acc[r] = 0.f;");
         if spec.vector() {
-            let _ = writeln!(s, "  #pragma unroll 4\n  for (int k0 = lane * 4; k0 < {k}; k0 += 128) {{");
-            let _ = writeln!(s, "    const kiln::vec4<{st}> wv = kiln::load4(wcol + k0);");
+            let v = spec.lane_width();
+            let _ =
+                writeln!(s, "  #pragma unroll 4\n  for (int k0 = lane * {v}; k0 < {k}; k0 += {}) {{", 32 * v);
+            let _ = writeln!(s, "    const kiln::vec{v}<{st}> wv = kiln::load{v}(wcol + k0);");
             let _ = writeln!(s, "    #pragma unroll\n    for (int r = 0; r < {m}; ++r) {{");
-            for e in 0..4 {
+            for e in 0..v {
                 let _ = writeln!(
                     s,
                     "      acc[r] += {} * {};",
@@ -253,7 +282,7 @@ pub(crate) fn gemv(
     } else {
         let (cols, per, splits) = spec.row_split();
         let bc = spec.block_cols();
-        let v = if spec.vector() { 4 } else { 1 };
+        let v = spec.lane_width();
         let _ = writeln!(s, "  const I cb = (I)blockIdx.x % {cols}, sb = (I)blockIdx.x / {cols};");
         let _ = writeln!(s, "  const I n0 = cb * {bc} + lane * {v};");
         let _ = writeln!(s, "  const I kb = sb * {per}, ke = kb + {per} < {k} ? kb + {per} : (I){k};");
@@ -262,26 +291,34 @@ pub(crate) fn gemv(
             s,
             "  #pragma unroll\n  for (int r = 0; r < {m}; ++r)\n    #pragma unroll\n    for (int e = 0; e < {v}; ++e) acc[r][e] = 0.f;"
         );
+        // Every weight load of the warp is issued before the first sum uses
+        // one: the rows a warp reads are few (at most `MAX_WARP_ROWS`) and
+        // known here, so the loads are in flight together instead of a few
+        // at a time (the loop form ran at a third of the bandwidth).
+        let rows = per / WARPS;
+        let vt = if v > 1 { format!("kiln::vec{v}<{st}>") } else { st.to_string() };
+        let _ = writeln!(s, "  if (n0 < {n}) {{\n    {vt} wv[{rows}];");
+        let _ = writeln!(s, "    #pragma unroll\n    for (int x = 0; x < {rows}; ++x) {{");
+        let _ = writeln!(s, "      const I kk = kb + w + x * {WARPS};");
+        let load = if v > 1 { format!("kiln::load{v}(wrow)") } else { "wrow[0]".to_string() };
         let _ = writeln!(
             s,
-            "  if (n0 < {n}) {{\n    #pragma unroll 4\n    for (I kk = kb + w; kk < ke; kk += {WARPS}) {{"
+            "      const {st}* wrow = b + {boff}LL + kk * {bsk}LL + n0 * {bsn}LL;\n      if (kk < ke) wv[x] = {load};\n    }}"
         );
-        let _ = writeln!(s, "      const {st}* wrow = b + {boff}LL + kk * {bsk}LL + n0 * {bsn}LL;");
-        if v == 4 {
-            let _ = writeln!(s, "      const kiln::vec4<{st}> wv = kiln::load4(wrow);");
-        }
+        let _ = writeln!(s, "    #pragma unroll\n    for (int x = 0; x < {rows}; ++x) {{");
+        let _ = writeln!(s, "      const I kk = kb + w + x * {WARPS};\n      if (kk >= ke) break;");
         let _ = writeln!(s, "      #pragma unroll\n      for (int r = 0; r < {m}; ++r) {{");
-        let _ = writeln!(s, "        const float x = {};", spec.a_at("r", "kk"));
-        if v == 4 {
-            for e in 0..4 {
+        let _ = writeln!(s, "        const float xa = {};", spec.a_at("r", "kk"));
+        if v > 1 {
+            for e in 0..v {
                 let _ = writeln!(
                     s,
-                    "        acc[r][{e}] += x * {};",
-                    types::load(spec.dtype, &format!("wv.v[{e}]"))
+                    "        acc[r][{e}] += xa * {};",
+                    types::load(spec.dtype, &format!("wv[x].v[{e}]"))
                 );
             }
         } else {
-            let _ = writeln!(s, "        acc[r][0] += x * {};", types::load(spec.dtype, "wrow[0]"));
+            let _ = writeln!(s, "        acc[r][0] += xa * {};", types::load(spec.dtype, "wv[x]"));
         }
         s.push_str("      }\n    }\n  }\n");
         let _ = writeln!(s, "  __shared__ float red[{}];", WARPS * bc);
@@ -301,14 +338,47 @@ pub(crate) fn gemv(
         let _ = writeln!(s, "      const I i = (I)r * {n} + col;");
         if split {
             let _ = writeln!(s, "      ws[sb * {} + i] = sum;", m * n);
+            s.push_str("    }\n  }\n");
+            finish_split(&mut s, spec, out, epi)?;
         } else {
             let _ = writeln!(s, "      {}", store(spec, out, epi, "sum", "i")?);
+            s.push_str("    }\n  }\n}\n");
         }
-        s.push_str("    }\n  }\n}\n");
         cols * splits
     };
-    let params_idx = if split { vec![0, 1] } else { epi_params(epi, 2) };
+    let params_idx = epi_params(epi, if split { 4 } else { 2 });
     Ok(Kernel::new(name, s, grid.max(1) as u32, BLOCK, params_idx))
+}
+
+/// The end of a split-`k` row-schedule kernel, after each block wrote its
+/// partial sums to `ws`: the last block of a column tile to arrive (its
+/// ticket from `counts[cb]` says so) adds the tile's partials in split
+/// order, so the sum does not depend on which block came last, applies the
+/// epilogue, and sets the counter back to zero for the next launch
+/// ([`Region::Counters`](crate::backends::cuda::program::Region)). The
+/// fences make every block's partials visible before its arrival counts
+/// (CUDA's threadFenceReduction pattern); `__ldcg` reads them from L2.
+/// One launch instead of a product kernel and a combine kernel: on an H100
+/// the combine cost ~4 µs of a ~1 ms decode step, 48 times a token.
+fn finish_split(s: &mut String, spec: &Spec, out: DType, epi: Option<&Epilogue<'_>>) -> Result<(), String> {
+    let Spec { m, n, .. } = *spec;
+    let bc = spec.block_cols();
+    let splits = spec.splits();
+    s.push_str("  __threadfence();\n  __syncthreads();\n  __shared__ unsigned ticket;\n");
+    s.push_str("  if (threadIdx.x == 0) ticket = atomicAdd(&counts[cb], 1u);\n  __syncthreads();\n");
+    let _ = writeln!(s, "  if (ticket != {}u) return;\n  __threadfence();", splits - 1);
+    let _ = writeln!(s, "  for (int t = threadIdx.x; t < {}; t += blockDim.x) {{", m * bc);
+    let _ = writeln!(s, "    const int r = t / {bc}, c = t % {bc};\n    const I col = cb * {bc} + c;");
+    let _ =
+        writeln!(s, "    if (col >= {n}) continue;\n    const I i = (I)r * {n} + col;\n    float sum = 0.f;");
+    let _ = writeln!(
+        s,
+        "    #pragma unroll 16\n    for (int x = 0; x < {splits}; ++x) sum += __ldcg(ws + (I)x * {} + i);",
+        m * n
+    );
+    let _ = writeln!(s, "    {}\n  }}", store(spec, out, epi, "sum", "i")?);
+    s.push_str("  if (threadIdx.x == 0) counts[cb] = 0u;\n}\n");
+    Ok(())
 }
 
 /// Operand indices of the pointer parameters after `out`: `first` fixed
@@ -325,31 +395,4 @@ fn epi_params(epi: Option<&Epilogue<'_>>, first: usize) -> Vec<usize> {
         );
     }
     v
-}
-
-/// Adds a column's partial sums (in split order) and stores the output
-/// through the epilogue: one thread per output element.
-pub(crate) fn combine(
-    name: &str,
-    spec: &Spec,
-    out: DType,
-    epi: Option<&Epilogue<'_>>,
-) -> Result<Kernel, String> {
-    let Spec { m, n, .. } = *spec;
-    let total = m * n;
-    let splits = spec.splits();
-    let first = [format!("{}* out", types::storage(out)), "const float* __restrict__ ws".to_string()];
-    let mut s = format!("extern \"C\" __global__ void {name}({}) {{\n", params(&first, epi));
-    s.push_str("  typedef long long I;\n");
-    let _ = writeln!(
-        s,
-        "  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < {total}; i += (I)gridDim.x * blockDim.x) {{"
-    );
-    s.push_str("    float sum = 0.f;\n");
-    let _ = writeln!(
-        s,
-        "    #pragma unroll 4\n    for (int x = 0; x < {splits}; ++x) sum += ws[(I)x * {total} + i];"
-    );
-    let _ = writeln!(s, "    {}\n  }}\n}}", store(spec, out, epi, "sum", "i")?);
-    Ok(Kernel::new(name, s, super::grid_for(total, BLOCK as usize), BLOCK, epi_params(epi, 1)))
 }

@@ -221,6 +221,10 @@ impl Emulated {
         let arena = Region256::new(p.arena_bytes)?;
         let scratch = Region256::new(p.scratch_bytes)?;
         let params = Region256::new(p.params_bytes.max(8))?;
+        // Zero, as the GPU's are when its executable is made; checked below
+        // to be zero again after the run, as the next run relies on.
+        let counters = Region256::new(p.counter_bytes)?;
+        counters.fill(&vec![0; p.counter_bytes as usize])?;
         let mut block: Vec<u64> = vec![rng.seed];
         block.extend(rng.streams.iter().take(p.random_streams));
         block.resize(1 + p.random_streams, 0);
@@ -234,6 +238,7 @@ impl Emulated {
                 Region::Arena => arena.addr(),
                 Region::Scratch => scratch.addr(),
                 Region::Params => params.addr(),
+                Region::Counters => counters.addr(),
                 Region::Input(k) => ins.get(k as usize).map_or(0, |r| r.addr()),
                 Region::Out(k) => outs.get(k as usize).map_or(0, Region256::addr),
             };
@@ -242,6 +247,14 @@ impl Emulated {
         let launches = p.prelude.iter().chain(p.steps.iter().flat_map(|s| s.launches.iter()));
         for l in launches {
             self.launch(l, &resolve)?;
+        }
+        // SAFETY: the region holds counter_bytes bytes (at least 1 allocated).
+        let left = unsafe { std::slice::from_raw_parts(counters.ptr as *const u8, p.counter_bytes as usize) };
+        if let Some(at) = left.iter().position(|&b| b != 0) {
+            return Err(Error::Backend(format!(
+                "cuda-emulated: a kernel left its arrival counter at counters+{} set (every kernel must reset its counters)",
+                at / 4 * 4
+            )));
         }
         let status: &[u64] =
             // SAFETY: the parameter region holds `block.len()` u64s.

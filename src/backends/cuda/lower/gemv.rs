@@ -4,12 +4,13 @@
 //! kernel. Falls back (returns `false`) for anything else, and always
 //! with `KILN_CUDA_GEMV=0` (to compare with cuBLAS in one process).
 //!
-//! **f32 only by default.** On an H100, GPT-2 small's decode step (in a
-//! CUDA graph) took 0.960 ms/token in f32 with these kernels and 1.042
-//! with cuBLAS; in bf16 0.985 with them and 0.969 with cuBLAS (the
-//! kernels read 16-bit weights 8 bytes at a time, cuBLAS 16). So f16 and
-//! bf16 stay on cuBLAS unless `KILN_CUDA_GEMV=1`; their kernels pass the
-//! same tests (`tests/ops/decode.rs`, run with `KILN_CUDA_GEMV=1`).
+//! **Every float dtype but f64, by default.** On an H100 (2026-11-26, one
+//! warm machine, `benches/gpu_generate.rs`), GPT-2 small's decode step in a
+//! CUDA graph took 0.690 ms/token in f32 with these kernels and 0.808
+//! with cuBLAS; in bf16 0.670 and 0.661, a tie within the machine's noise.
+//! The bf16 kernels read 16 bytes a lane (8 elements) and carry their
+//! epilogue, so they stay on; they were f32-only while they read 8 bytes
+//! (0.985 against cuBLAS's 0.969 ms/token).
 
 use super::ops::{buffer_locs, operand};
 use super::{Lowering, Storage, Value};
@@ -43,12 +44,7 @@ impl Lowering<'_> {
         epi: Option<Epi<'_>>,
     ) -> Result<bool, String> {
         let r = shape.rank();
-        let forced = std::env::var("KILN_CUDA_GEMV").is_ok_and(|v| v == "1");
-        if off("KILN_CUDA_GEMV")
-            || (dtype != DType::F32 && !forced)
-            || r < 2
-            || shape.0[..r - 2].iter().product::<usize>() != 1
-        {
+        if off("KILN_CUDA_GEMV") || r < 2 || shape.0[..r - 2].iter().product::<usize>() != 1 {
             return Ok(false);
         }
         let (Storage::Mem(la), Storage::Mem(lb)) = (a.storage.clone(), b.storage.clone()) else {
@@ -96,25 +92,18 @@ impl Lowering<'_> {
             None => dtype,
         };
         let cg = epi.as_ref().map(|e| gemv::Epilogue { g: e.g, operands: &operands, product: e.product });
-        let ab = vec![la, lb];
-        if spec.splits() > 1 {
-            let ws = self.new_scratch(spec.workspace_bytes());
-            let part = self.add_kernel("gemv_partial", |nm| gemv::gemv(nm, &spec, out_dtype, None))?;
-            let mut args = vec![ws];
-            args.extend(&ab);
-            self.launches.push(Launch::Kernel { kernel: part, args });
-            let comb =
-                self.add_kernel("gemv_combine", |nm| gemv::combine(nm, &spec, out_dtype, cg.as_ref()))?;
-            let mut args = vec![dst, ws];
-            args.extend(epi_locs);
-            self.launches.push(Launch::Kernel { kernel: comb, args });
+        let mut args = vec![dst];
+        let name = if spec.splits() > 1 {
+            args.push(self.new_scratch(spec.workspace_bytes()));
+            args.push(self.new_counters(spec.tiles()));
+            "gemv_split"
         } else {
-            let kid = self.add_kernel("gemv", |nm| gemv::gemv(nm, &spec, out_dtype, cg.as_ref()))?;
-            let mut args = vec![dst];
-            args.extend(ab);
-            args.extend(epi_locs);
-            self.launches.push(Launch::Kernel { kernel: kid, args });
-        }
+            "gemv"
+        };
+        args.extend([la, lb]);
+        args.extend(epi_locs);
+        let kernel = self.add_kernel(name, |nm| gemv::gemv(nm, &spec, out_dtype, cg.as_ref()))?;
+        self.launches.push(Launch::Kernel { kernel, args });
         Ok(true)
     }
 }

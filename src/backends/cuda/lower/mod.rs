@@ -73,6 +73,8 @@ pub(crate) struct Lowering<'p> {
     pub values: HashMap<NodeId, Value>,
     pub kernels: Vec<Kernel>,
     pub scratch: u64,
+    /// Bytes of [`Region::Counters`] so far.
+    pub counters: u64,
     pub out_slots: Vec<u64>,
     pub checks: Vec<IndexCheck>,
     /// Launches of the step being lowered.
@@ -104,6 +106,7 @@ fn lower_checked(plan: &Plan, tf32: bool) -> Result<Program> {
         values: HashMap::new(),
         kernels: Vec::new(),
         scratch: 0,
+        counters: 0,
         out_slots: Vec::new(),
         checks: Vec::new(),
         launches: Vec::new(),
@@ -206,6 +209,7 @@ fn lower_checked(plan: &Plan, tf32: bool) -> Result<Program> {
         steps,
         arena_bytes: tables.memory.as_ref().map_or(0, |m| m.arena_bytes),
         scratch_bytes: l.scratch,
+        counter_bytes: l.counters,
         params_bytes,
         inputs,
         out_slots: l.out_slots,
@@ -247,6 +251,14 @@ impl Lowering<'_> {
         let at = self.scratch.div_ceil(ALIGN) * ALIGN;
         self.scratch = at + bytes.max(1);
         Loc::new(Region::Scratch, at)
+    }
+
+    /// `n` fresh arrival counters (u32, zero at every launch; see
+    /// [`Region::Counters`]).
+    pub fn new_counters(&mut self, n: usize) -> Loc {
+        let at = self.counters;
+        self.counters += 4 * n.max(1) as u64;
+        Loc::new(Region::Counters, at)
     }
 
     /// A generated kernel's index in the program, reusing an identical one.
