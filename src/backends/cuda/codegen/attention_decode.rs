@@ -4,14 +4,17 @@
 //! and so walk all of a head's keys on one or a few threads.
 //!
 //! A block of [`THREADS`] threads owns one query row of one (batch, head)
-//! and one chunk of [`CHUNK`] keys: thread `t` computes key `t`'s score
-//! (its own dot product over the head dim, the query in shared memory),
-//! the block reduces the chunk's maximum and sum, and the threads then
-//! split the value dims, each adding `e^(s - m) v` over the chunk's keys.
-//! With one chunk (up to [`CHUNK`] keys) the block writes the output;
-//! otherwise it writes its partial maximum, sum and unnormalized output
-//! (f32, f64 for f64) to a workspace, and [`combine`] merges a row's
-//! chunks: `out = Σ e^(m_s - M) o_s / Σ e^(m_s - M) l_s`.
+//! and one chunk of [`CHUNK`] keys: [`PER_KEY`] threads compute a key's
+//! score (each a strided part of the dot product over the head dim, the
+//! query in shared memory, joined by shuffles), the block reduces the
+//! chunk's maximum and sum, and groups of threads then split the chunk's
+//! keys and the value dims, each adding `e^(s - m) v`, the groups' sums
+//! added in order. With one chunk the block writes the output; otherwise
+//! it writes its partial maximum, sum and unnormalized output (f32, f64
+//! for f64) to a workspace, and the last block of the row to finish (an
+//! arrival counter in [`Region::Counters`](crate::backends::cuda::program::Region)
+//! says which) merges the row's chunks in order:
+//! `out = Σ e^(m_s - M) o_s / Σ e^(m_s - M) l_s`. One launch per attention.
 //!
 //! The rules are the CUDA-core kernel's (`attention.rs`): removed keys
 //! (bounds, causal `j > i`, a false bool mask, an additive `-inf`) are
@@ -33,10 +36,14 @@ pub(crate) const MAX_QUERIES: usize = 16;
 /// Keys at least for which it is used: with fewer, a row's keys are one
 /// tile of the flash kernels, which keep them.
 pub(crate) const MIN_KEYS: usize = 32;
-/// Keys per block (one per thread when scoring).
-pub(crate) const CHUNK: usize = 128;
+/// Keys per block. Short chunks make more blocks and short serial
+/// chains: with 128 (one key a thread) GPT-2's decode attention took 10 µs
+/// a layer on an H100, its 12 blocks each walking up to 128 keys' values.
+pub(crate) const CHUNK: usize = 32;
 /// Threads of a block.
 const THREADS: usize = 128;
+/// Threads that share one key's dot product (over the head dim).
+const PER_KEY: usize = THREADS / CHUNK;
 
 /// Whether the split-key kernel takes `spec`: few query rows, enough
 /// keys, and a head the flash kernel also takes.
@@ -47,6 +54,11 @@ pub(crate) fn applies(spec: &Spec) -> bool {
 /// Key chunks per query row.
 pub(crate) fn chunks(spec: &Spec) -> usize {
     spec.sk.div_ceil(CHUNK).max(1)
+}
+
+/// Query rows of all (batch, head) pairs: one arrival counter each.
+pub(crate) fn rows(spec: &Spec) -> usize {
+    spec.batch * spec.heads * spec.sq
 }
 
 /// The accumulator's C type and its size in bytes.
@@ -65,21 +77,26 @@ pub(crate) fn workspace_bytes(spec: &Spec) -> u64 {
     (rows * chunks(spec) * (spec.dv + 2) * acc_type(spec.dtype).1) as u64
 }
 
-/// The split-key kernel: `out` is the output (one chunk) or the workspace.
+/// The split-key kernel. With one chunk it writes the output; with more,
+/// each block writes its chunk's partial maximum, sum and output to `ws`,
+/// and the last block of a row to arrive (counted in `counts`, which it
+/// sets back to zero) merges the row's chunks in chunk order.
 pub(crate) fn partial(name: &str, spec: &Spec) -> Kernel {
     let Spec { dtype, batch, heads, sq, sk, d, dv, .. } = *spec;
     let split = chunks(spec);
     let (acc, _) = acc_type(dtype);
     let st = types::storage(dtype);
     let load = |e: &str| types::load(dtype, e);
-    let out_param =
-        if split == 1 { format!("{st}* __restrict__ out") } else { format!("{acc}* __restrict__ ws") };
-    let mut p = vec![
-        out_param,
+    let mut p = vec![format!("{st}* __restrict__ out")];
+    if split > 1 {
+        p.push(format!("{acc}* ws"));
+        p.push("unsigned* counts".to_string());
+    }
+    p.extend([
         format!("const {st}* __restrict__ q"),
         format!("const {st}* __restrict__ k"),
         format!("const {st}* __restrict__ v"),
-    ];
+    ]);
     if spec.mask != AttnMask::None {
         p.push(format!("const {}* __restrict__ mask", types::storage(spec.mask_dtype)));
     }
@@ -88,10 +105,11 @@ pub(crate) fn partial(name: &str, spec: &Spec) -> Kernel {
     } else {
         ("__int_as_float(0xff800000)", "expf")
     };
+    let nan_max = |y: &str, m: &str| format!("{m} = ({y} > {m} || ({y} != {y} && {m} == {m})) ? {y} : {m};");
     let mut s = format!("extern \"C\" __global__ void {name}({}) {{\n", p.join(", "));
     let _ = writeln!(s, "  typedef long long I;\n  typedef {acc} A;\n  const A NEG_INF = {inf};");
     let _ = writeln!(s, "  __shared__ A qs[{}];\n  __shared__ A sc[{CHUNK}];", d.max(1));
-    let _ = writeln!(s, "  __shared__ A red[{}];", THREADS / 32);
+    let _ = writeln!(s, "  __shared__ A red[{}];\n  __shared__ A po[{THREADS}];", THREADS / 32);
     s.push_str("  const int t = threadIdx.x, lane = t % 32, w = t / 32;\n");
     // Block = ((b * heads + h) * sq + i) * split + chunk.
     let _ = writeln!(s, "  const I chunk = (I)blockIdx.x % {split}, row = (I)blockIdx.x / {split};");
@@ -103,8 +121,9 @@ pub(crate) fn partial(name: &str, spec: &Spec) -> Kernel {
         load(&format!("q[{}]", spec.q.at("b", "h", "i", "c")))
     );
     s.push_str("  __syncthreads();\n");
-    // This thread's key and its score (NEG_INF when removed).
-    let _ = writeln!(s, "  const I j = chunk * {CHUNK} + t;");
+    // Key `key` of the chunk is scored by threads PER_KEY * key + sub.
+    let _ = writeln!(s, "  const int key = t / {PER_KEY}, sub = t % {PER_KEY};");
+    let _ = writeln!(s, "  const I j = chunk * {CHUNK} + key;");
     let mut removed = format!("j >= {sk}");
     if spec.causal {
         removed.push_str(" || j > i");
@@ -130,33 +149,32 @@ pub(crate) fn partial(name: &str, spec: &Spec) -> Kernel {
         }
     }
     s.push_str(&pre);
-    let _ = writeln!(s, "  A mine = NEG_INF;\n  if (!({removed})) {{\n    A dot = 0;");
+    // Every lane reaches the shuffles that add the key's partial dots.
+    let _ = writeln!(s, "  const bool removed = {removed};\n  A dot = 0;\n  if (!removed) {{");
     let _ = writeln!(
         s,
-        "    #pragma unroll 8\n    for (int c = 0; c < {d}; ++c) dot += qs[c] * (A){};",
+        "    #pragma unroll\n    for (int c = sub; c < {d}; c += {PER_KEY}) dot += qs[c] * (A){};\n  }}",
         load(&format!("k[{}]", spec.k.at("b", "h", "j", "c")))
     );
-    let _ = writeln!(s, "    mine = {score};\n  }}");
-    let _ = writeln!(s, "  if (t < {CHUNK}) sc[t] = mine;");
-    // The chunk's maximum, NaN winning (`sc != sc` holds for NaN only).
-    s.push_str("  A mx = mine;\n");
-    s.push_str("  for (int o = 16; o > 0; o >>= 1) {\n");
-    s.push_str("    const A y = kiln::shfl_xor(mx, o);\n");
-    s.push_str("    mx = (y > mx || (y != y && mx == mx)) ? y : mx;\n  }\n");
-    s.push_str("  if (lane == 0) red[w] = mx;\n  __syncthreads();\n");
-    s.push_str("  mx = red[0];\n");
-    let _ = writeln!(
-        s,
-        "  for (int x = 1; x < {}; ++x) mx = (red[x] > mx || (red[x] != red[x] && mx == mx)) ? red[x] : mx;",
-        THREADS / 32
+    let mut o = PER_KEY / 2;
+    while o > 0 {
+        let _ = writeln!(s, "  dot += kiln::shfl_xor(dot, {o});");
+        o /= 2;
+    }
+    let _ = writeln!(s, "  const A mine = removed ? NEG_INF : {score};");
+    // The chunk's maximum, NaN winning (`y != y` holds for NaN only).
+    s.push_str(
+        "  A mx = mine;\n  for (int o = 16; o > 0; o >>= 1) {\n    const A y = kiln::shfl_xor(mx, o);\n",
     );
-    // Probabilities (0 for removed keys, which are skipped below) and the sum.
-    let _ = writeln!(s, "  const A pr = mine == NEG_INF ? (A)0 : {ex}(mine - mx);");
-    s.push_str("  A sum = pr;\n");
-    s.push_str("  for (int o = 16; o > 0; o >>= 1) sum += kiln::shfl_xor(sum, o);\n");
+    let _ = writeln!(s, "    {}\n  }}", nan_max("y", "mx"));
+    s.push_str("  if (lane == 0) red[w] = mx;\n  __syncthreads();\n  mx = red[0];\n");
+    let _ = writeln!(s, "  for (int x = 1; x < {}; ++x) {}", THREADS / 32, nan_max("red[x]", "mx"));
+    // Probabilities (0 for removed keys, which are skipped below), each key
+    // counted once (by its sub 0), and their sum.
+    let _ = writeln!(s, "  const A pr = (sub != 0 || removed) ? (A)0 : {ex}(mine - mx);");
+    s.push_str("  A sum = pr;\n  for (int o = 16; o > 0; o >>= 1) sum += kiln::shfl_xor(sum, o);\n");
     s.push_str("  __syncthreads();  // every thread has read red's maxima\n");
-    s.push_str("  if (lane == 0) red[w] = sum;\n");
-    let _ = writeln!(s, "  if (t < {CHUNK}) sc[t] = mine == NEG_INF ? NEG_INF : pr;");
+    s.push_str("  if (lane == 0) red[w] = sum;\n  if (sub == 0) sc[key] = removed ? NEG_INF : pr;\n");
     s.push_str("  __syncthreads();\n  sum = 0;\n");
     let _ = writeln!(s, "  for (int x = 0; x < {}; ++x) sum += red[x];", THREADS / 32);
     // Keys of this chunk that exist (the last chunk may be short).
@@ -164,77 +182,99 @@ pub(crate) fn partial(name: &str, spec: &Spec) -> Kernel {
         s,
         "  const int n = {sk} - chunk * {CHUNK} < {CHUNK} ? (int)({sk} - chunk * {CHUNK}) : {CHUNK};"
     );
-    let _ = writeln!(s, "  for (int c = t; c < {dv}; c += {THREADS}) {{\n    A o = 0;");
-    s.push_str("    #pragma unroll 4\n    for (int r = 0; r < n; ++r) {\n");
-    s.push_str("      const A pv = sc[r];\n      if (pv == NEG_INF) continue;\n");
-    let _ = writeln!(
-        s,
-        "      o += pv * (A){};\n    }}",
-        load(&format!("v[{}]", spec.v.at("b", "h", &format!("(chunk * {CHUNK} + r)"), "c")))
-    );
-    if split == 1 {
-        s.push_str("    const A inv = sum == 0 ? (A)0 : (A)1 / sum;\n");
+    // The values: `groups` groups of threads each add every groups-th key
+    // for all value dims, then group 0 adds the groups' sums in order.
+    let groups = (THREADS / dv.max(1)).max(1);
+    let v_at = |r: &str, c: &str| {
+        load(&format!("v[{}]", spec.v.at("b", "h", &format!("(chunk * {CHUNK} + {r})"), c)))
+    };
+    let finish = |s: &mut String, o: &str, c: &str| {
+        if split == 1 {
+            s.push_str("    const A inv = sum == 0 ? (A)0 : (A)1 / sum;\n");
+            let _ = writeln!(
+                s,
+                "    out[row * {dv} + {c}] = {};",
+                types::store(dtype, &format!("({})({o} * inv)", types::compute(dtype)))
+            );
+        } else {
+            // Workspace of (row, chunk): [max, sum, o_0 .. o_dv).
+            let _ = writeln!(s, "    ws[(row * {split} + chunk) * {} + 2 + {c}] = {o};", dv + 2);
+        }
+    };
+    if groups > 1 {
+        let _ = writeln!(s, "  {{\n    const int g = t / {dv}, c = t % {dv};\n    A o = 0;");
+        // Unrolled over the chunk with the value loaded before the test,
+        // so a thread's loads are in flight together; a removed key's
+        // value (in bounds: r < n) is read but never weighted.
+        let _ = writeln!(s, "    if (g < {groups}) {{\n      #pragma unroll\n      for (int r = g; r < {CHUNK}; r += {groups}) {{");
         let _ = writeln!(
             s,
-            "    out[(bh * {sq} + i) * {dv} + c] = {};\n  }}\n}}",
-            types::store(dtype, &format!("({})(o * inv)", types::compute(dtype)))
+            "        if (r >= n) break;\n        const A vr = (A){};\n        const A pv = sc[r];\n        if (pv != NEG_INF) o += pv * vr;\n      }}\n    }}",
+            v_at("r", "c")
         );
+        s.push_str("    po[t] = o;\n  }\n  __syncthreads();\n");
+        let _ = writeln!(s, "  if (t < {dv}) {{\n    A o = po[t];");
+        let _ = writeln!(s, "    for (int x = 1; x < {groups}; ++x) o += po[x * {dv} + t];");
+        finish(&mut s, "o", "t");
+        s.push_str("  }\n");
     } else {
-        // Workspace of (row, chunk): [max, sum, o_0 .. o_dv).
-        let _ = writeln!(s, "    ws[(row * {split} + chunk) * {} + 2 + c] = o;\n  }}", dv + 2);
+        let _ = writeln!(s, "  for (int c = t; c < {dv}; c += {THREADS}) {{\n    A o = 0;");
+        s.push_str("    #pragma unroll 4\n    for (int r = 0; r < n; ++r) {\n");
         let _ = writeln!(
             s,
-            "  if (t == 0) {{\n    ws[(row * {split} + chunk) * {w}] = mx;\n    ws[(row * {split} + chunk) * {w} + 1] = sum;\n  }}\n}}",
-            w = dv + 2
+            "      const A pv = sc[r];\n      if (pv == NEG_INF) continue;\n      o += pv * (A){};\n    }}",
+            v_at("r", "c")
         );
+        finish(&mut s, "o", "c");
+        s.push_str("  }\n");
     }
+    if split > 1 {
+        let w = dv + 2;
+        let _ = writeln!(
+            s,
+            "  if (t == 0) {{\n    ws[(row * {split} + chunk) * {w}] = mx;\n    ws[(row * {split} + chunk) * {w} + 1] = sum;\n  }}"
+        );
+        merge(&mut s, spec, ex);
+    }
+    s.push_str("}\n");
     let grid = (batch * heads * sq * split).max(1);
-    Kernel::new(
-        name,
-        s,
-        grid as u32,
-        THREADS as u32,
-        if spec.mask == AttnMask::None { vec![0, 1, 2] } else { vec![0, 1, 2, 3] },
-    )
+    Kernel::new(name, s, grid as u32, THREADS as u32, Vec::new())
 }
 
-/// Merges the chunks of every row from the workspace into `out`: a block
-/// per row, a thread per value dim.
-pub(crate) fn combine(name: &str, spec: &Spec) -> Kernel {
-    let Spec { dtype, batch, heads, sq, dv, .. } = *spec;
+/// The end of a split kernel: the last block of a row to arrive merges the
+/// row's chunks from the workspace, `out = Σ e^(m_s - M) o_s / Σ e^(m_s -
+/// M) l_s` in chunk order (so the result does not depend on which block
+/// came last), and sets the row's counter back to zero. The fences make
+/// each block's partials visible before its arrival counts; `__ldcg`
+/// reads them from L2.
+fn merge(s: &mut String, spec: &Spec, ex: &str) {
+    let Spec { dtype, dv, .. } = *spec;
     let split = chunks(spec);
-    let (acc, _) = acc_type(dtype);
-    let st = types::storage(dtype);
-    let (inf, ex) = if acc == "double" {
-        ("__longlong_as_double(0xfff0000000000000LL)", "exp")
-    } else {
-        ("__int_as_float(0xff800000)", "expf")
-    };
     let w = dv + 2;
-    let mut s = format!(
-        "extern \"C\" __global__ void {name}({st}* __restrict__ out, const {acc}* __restrict__ ws) {{\n"
-    );
-    let _ = writeln!(s, "  typedef long long I;\n  typedef {acc} A;\n  const A NEG_INF = {inf};");
-    s.push_str("  const I row = blockIdx.x;\n");
+    s.push_str("  __threadfence();\n  __syncthreads();\n  __shared__ unsigned ticket;\n");
+    s.push_str("  if (t == 0) ticket = atomicAdd(&counts[row], 1u);\n  __syncthreads();\n");
+    let _ = writeln!(s, "  if (ticket != {}u) return;\n  __threadfence();", split - 1);
     let _ = writeln!(s, "  const A* p = ws + row * {};", split * w);
     // The row's maximum over chunks, NaN winning; a chunk with no key has
     // NEG_INF and weight 0.
-    s.push_str("  A mx = NEG_INF;\n");
-    let _ = writeln!(s, "  for (int x = 0; x < {split}; ++x) {{");
-    let _ =
-        writeln!(s, "    const A y = p[x * {w}];\n    mx = (y > mx || (y != y && mx == mx)) ? y : mx;\n  }}");
-    let _ = writeln!(s, "  for (int c = threadIdx.x; c < {dv}; c += blockDim.x) {{");
-    s.push_str("    A sum = 0, o = 0;\n");
-    let _ = writeln!(s, "    for (int x = 0; x < {split}; ++x) {{");
-    let _ = writeln!(s, "      const A y = p[x * {w}];\n      if (y == NEG_INF) continue;");
-    let _ = writeln!(s, "      const A f = {ex}(y - mx);");
-    let _ = writeln!(s, "      sum += f * p[x * {w} + 1];\n      o += f * p[x * {w} + 2 + c];\n    }}");
-    s.push_str("    const A inv = sum == 0 ? (A)0 : (A)1 / sum;\n");
+    s.push_str("  A top = NEG_INF;\n");
     let _ = writeln!(
         s,
-        "    out[row * {dv} + c] = {};\n  }}\n}}",
+        "  for (int x = 0; x < {split}; ++x) {{\n    const A y = __ldcg(p + x * {w});\n    top = (y > top || (y != y && top == top)) ? y : top;\n  }}"
+    );
+    let _ = writeln!(s, "  for (int c = t; c < {dv}; c += {THREADS}) {{\n    A l = 0, o = 0;");
+    let _ = writeln!(s, "    for (int x = 0; x < {split}; ++x) {{");
+    let _ = writeln!(s, "      const A y = __ldcg(p + x * {w});\n      if (y == NEG_INF) continue;");
+    let _ = writeln!(s, "      const A f = {ex}(y - top);");
+    let _ = writeln!(
+        s,
+        "      l += f * __ldcg(p + x * {w} + 1);\n      o += f * __ldcg(p + x * {w} + 2 + c);\n    }}"
+    );
+    s.push_str("    const A inv = l == 0 ? (A)0 : (A)1 / l;\n");
+    let _ = writeln!(
+        s,
+        "    out[row * {dv} + c] = {};\n  }}",
         types::store(dtype, &format!("({})(o * inv)", types::compute(dtype)))
     );
-    let threads = dv.next_multiple_of(32).clamp(32, 256);
-    Kernel::new(name, s, (batch * heads * sq).max(1) as u32, threads as u32, vec![0])
+    s.push_str("  if (t == 0) counts[row] = 0u;\n");
 }

@@ -121,20 +121,14 @@ impl Lowering<'_> {
         };
         if attention_decode::applies(&spec) && !super::gemv::off("KILN_CUDA_DECODE_ATTENTION") {
             // A few query rows: keys split over blocks (`attention_decode.rs`).
-            let partial = self.add_kernel("attention_decode", |n| Ok(attention_decode::partial(n, &spec)))?;
-            if attention_decode::chunks(&spec) == 1 {
-                let mut args = vec![dst];
-                args.extend(buffer_locs(&vals));
-                self.launches.push(Launch::Kernel { kernel: partial, args });
-                return Ok(());
+            let kernel = self.add_kernel("attention_decode", |n| Ok(attention_decode::partial(n, &spec)))?;
+            let mut args = vec![dst];
+            if attention_decode::chunks(&spec) > 1 {
+                args.push(self.new_scratch(attention_decode::workspace_bytes(&spec)));
+                args.push(self.new_counters(attention_decode::rows(&spec)));
             }
-            let ws = self.new_scratch(attention_decode::workspace_bytes(&spec));
-            let mut args = vec![ws];
             args.extend(buffer_locs(&vals));
-            self.launches.push(Launch::Kernel { kernel: partial, args });
-            let combine =
-                self.add_kernel("attention_combine", |n| Ok(attention_decode::combine(n, &spec)))?;
-            self.launches.push(Launch::Kernel { kernel: combine, args: vec![dst, ws] });
+            self.launches.push(Launch::Kernel { kernel, args });
             return Ok(());
         }
         let kernel = self.add_kernel("attention", |n| flash(n, &spec))?;
