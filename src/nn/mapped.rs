@@ -8,6 +8,11 @@
 //! - *unexpected*: tensors mapped to a name that is no parameter;
 //! - *mis-shaped*: tensors whose shape differs from their parameter's.
 //!
+//! A mapping may also say that a 2-D tensor is its parameter's transpose
+//! ([`Target::transposed`]): Hugging Face's GPT-2 stores its Conv1D
+//! weights `[in, out]`, and kiln's GPT-2 holds them `[out, in]` (see
+//! `nn::gpt2`), so they are transposed once, on the host, as they load.
+//!
 //! Tensors the mapping answers `None` for are deliberately skipped (a
 //! pooler head an embedding model does not use, old buffers such as
 //! `position_ids`). Float tensors convert to the parameter's float dtype
@@ -32,10 +37,35 @@ pub struct LoadReport {
     pub skipped: Vec<String>,
 }
 
+/// Where [`load_mapped`] puts a checkpoint tensor: the kiln variable's
+/// name, and whether the tensor is stored transposed. A mapping that
+/// returns a plain `String` means "this variable, as stored".
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The kiln variable's name.
+    pub name: String,
+    /// The tensor is 2-D and the variable holds its transpose: a
+    /// checkpoint `[a, b]` loads into a `[b, a]` variable.
+    pub transposed: bool,
+}
+
+impl Target {
+    /// The variable `name`, loaded from the transpose of its tensor.
+    pub fn transposed(name: impl Into<String>) -> Target {
+        Target { name: name.into(), transposed: true }
+    }
+}
+
+impl From<String> for Target {
+    fn from(name: String) -> Target {
+        Target { name, transposed: false }
+    }
+}
+
 /// Sets every parameter of `params` from the safetensors `files`, naming
 /// each checkpoint tensor's parameter with `map` (checkpoint name → kiln
-/// variable name, `None` to skip the tensor). Nothing is assigned unless
-/// every parameter has exactly one tensor of its shape.
+/// variable name or [`Target`], `None` to skip the tensor). Nothing is
+/// assigned unless every parameter has exactly one tensor of its shape.
 ///
 /// ```
 /// use kiln::prelude::*;
@@ -60,10 +90,10 @@ pub struct LoadReport {
 /// # Ok::<(), kiln::Error>(())
 /// ```
 #[track_caller]
-pub fn load_mapped<P: AsRef<Path>>(
+pub fn load_mapped<P: AsRef<Path>, T: Into<Target>>(
     params: &impl Params,
     files: &[P],
-    mut map: impl FnMut(&str) -> Option<String>,
+    mut map: impl FnMut(&str) -> Option<T>,
 ) -> Result<LoadReport> {
     let location = Location::caller();
     let _span = tracing::info_span!("nn::load_mapped", files = files.len()).entered();
@@ -83,29 +113,38 @@ pub fn load_mapped<P: AsRef<Path>>(
         let mut names: Vec<String> = file.names().into_iter().map(str::to_string).collect();
         names.sort();
         for name in names {
-            let Some(target) = map(&name) else {
+            let Some(Target { name: target, transposed }) = map(&name).map(Into::into) else {
                 skipped.push(name);
                 continue;
             };
             let view = file.tensor(&name).map_err(|e| fail(format!("tensor \"{name}\": {e}")))?;
-            let shape = Shape::new(view.shape());
+            let mut dims = view.shape().to_vec();
             let Some(var) = by_name.get(&target) else {
                 unexpected.push(format!("{name} (as {target})"));
                 continue;
             };
-            if view.shape() != var.shape() {
+            if transposed {
+                dims.reverse();
+            }
+            if (transposed && view.shape().len() != 2) || dims != var.shape() {
                 seen_misshaped.push(target.clone());
                 misshaped.push(format!(
-                    "{name} is {shape} in the checkpoint, {target} is {}",
+                    "{name} is {}{} in the checkpoint, {target} is {}",
+                    Shape::new(view.shape()),
+                    if transposed { ", loaded transposed," } else { "" },
                     Shape::new(var.shape())
                 ));
                 continue;
             }
+            let shape = Shape::new(dims);
             let dtype = kiln_dtype(view.dtype()).ok_or_else(|| {
                 fail(format!("tensor \"{name}\" has dtype {:?}, which kiln does not read", view.dtype()))
             })?;
-            let host = from_bytes(dtype, view.data())
+            let mut host = from_bytes(dtype, view.data())
                 .ok_or_else(|| fail(format!("tensor \"{name}\": its bytes do not fit {dtype}")))?;
+            if transposed {
+                host = transpose(host, view.shape()[0], view.shape()[1]);
+            }
             if let Some((first, ..)) = found.insert(target.clone(), (name.clone(), shape, dtype, host)) {
                 twice.push(format!("{target} (from {first} and {name})"));
             }
@@ -171,6 +210,23 @@ fn convert(
         DType::F32 => HostData::F32(wide.iter().map(|&x| x as f32).collect()),
         _ => HostData::F64(wide),
     })
+}
+
+/// The `[cols, rows]` transpose of row-major `[rows, cols]` values.
+fn transpose(host: HostData, rows: usize, cols: usize) -> HostData {
+    fn t<T: Copy>(v: Vec<T>, rows: usize, cols: usize) -> Vec<T> {
+        (0..cols * rows).map(|i| v[(i % rows) * cols + i / rows]).collect()
+    }
+    match host {
+        HostData::F16(d) => HostData::F16(t(d, rows, cols)),
+        HostData::BF16(d) => HostData::BF16(t(d, rows, cols)),
+        HostData::F32(d) => HostData::F32(t(d, rows, cols)),
+        HostData::F64(d) => HostData::F64(t(d, rows, cols)),
+        HostData::U8(d) => HostData::U8(t(d, rows, cols)),
+        HostData::I32(d) => HostData::I32(t(d, rows, cols)),
+        HostData::I64(d) => HostData::I64(t(d, rows, cols)),
+        HostData::Bool(d) => HostData::Bool(t(d, rows, cols)),
+    }
 }
 
 fn upload(ctx: &crate::Context, host: HostData, shape: Vec<usize>) -> Tensor {

@@ -60,7 +60,7 @@ pub use ema::Ema;
 pub use kv_cache::KvCache;
 pub use layers::{Dropout, Embedding, LayerNorm, Linear};
 pub use loss::{binary_cross_entropy_with_logits, cross_entropy, cross_entropy_smoothed, mse};
-pub use mapped::{checkpoint_files, load_mapped, table, LoadReport};
+pub use mapped::{checkpoint_files, load_mapped, table, LoadReport, Target};
 #[cfg(feature = "tokenizers")]
 pub use tokenizer::{Batch, Tokenizer};
 

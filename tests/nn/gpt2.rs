@@ -117,8 +117,50 @@ fn gpt2_hugging_face_names_map_onto_kiln_names() {
         ("transformer.wte.bias", None),
     ];
     for (hf, want) in cases {
-        assert_eq!(hf_name("m", hf).as_deref(), want, "{hf}");
+        let got = hf_name("m", hf);
+        assert_eq!(got.as_ref().map(|t| t.name.as_str()), want, "{hf}");
+        // Conv1D weights ([in, out] in the checkpoint) load transposed.
+        let conv1d = hf.contains(".attn.c_") || hf.contains(".mlp.c_");
+        assert_eq!(got.is_some_and(|t| t.transposed), conv1d && hf.ends_with(".weight"), "{hf}");
     }
+}
+
+/// A mapping that says "transposed" loads a 2-D tensor's transpose, and a
+/// tensor that does not fit once transposed is reported as mis-shaped.
+#[test]
+fn a_transposed_mapping_loads_the_transpose() -> Result<()> {
+    let dir = scratch_dir().join(format!("kiln-transposed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let other = Context::cpu();
+    let stored: Vec<f32> = (0..6).map(|i| i as f32 + 0.5).collect();
+    other.scope("fc", |c| {
+        c.variable("weight", c.tensor(&stored, [3, 2]))?; // [in, out]
+        c.variable("bias", c.tensor(&[1.0f32, -1.0], [2])).map(|_| ())
+    })?;
+    let path = dir.join("m.safetensors");
+    other.save(&path)?;
+    let ctx = Context::cpu();
+    let layer = ctx.scope("net", |ctx| kiln::nn::Linear::new(ctx, "proj", 3, 2))?; // [out, in]
+    let map = |n: &str| match n {
+        "fc/weight" => Some(kiln::nn::Target::transposed("net/proj/weight")),
+        _ => Some(n.replace("fc/", "net/proj/").into()),
+    };
+    load_mapped(&layer, &[&path], map)?;
+    assert_eq!(layer.weight.to_vec::<f32>()?, vec![0.5, 2.5, 4.5, 1.5, 3.5, 5.5]);
+    // [3, 2] transposed is [2, 3]: it does not fit a [3, 2] parameter.
+    let wide = ctx.scope("wide", |ctx| kiln::nn::Linear::new(ctx, "proj", 2, 3))?;
+    let map = |n: &str| match n {
+        "fc/weight" => Some(kiln::nn::Target::transposed("wide/proj/weight")),
+        _ => Some(n.replace("fc/", "wide/proj/").into()),
+    };
+    let e = load_mapped(&wide, &[&path], map).expect_err("a misfit");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("fc/weight is [3,2], loaded transposed, in the checkpoint, wide/proj/weight is [3,2]"),
+        "{msg}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+    Ok(())
 }
 
 /// Every logit of two prompts within 1e-4 of transformers', and the last

@@ -12,12 +12,12 @@
 //! - [`Gpt2`]: token + position embeddings, pre-norm blocks whose
 //!   attention is one [`crate::Tensor::scaled_dot_product_attention`]
 //!   node (causal, with a key-padding mask for left-padded batches), the
-//!   Conv1D projections as `x W + b`, a final layer norm, and logits
+//!   Conv1D projections as `x Wᵀ + b` (`W` held `[out, in]`), a final layer norm, and logits
 //!   `h · wteᵀ` (the LM head is tied to the token embedding). Parameters
 //!   live in kiln's own scoped names (`gpt2/layer0/attention/qkv/weight`)
 //!   in the dtype the model is built in.
 //! - [`hf_name`]: the one table from Hugging Face tensor names to those
-//!   names, for [`crate::nn::load_mapped`]; [`Gpt2::from_pretrained`]
+//!   names (and which load transposed), for [`crate::nn::load_mapped`]; [`Gpt2::from_pretrained`]
 //!   reads a model folder with it.
 //! - [`Gpt2::generate`]: greedy or sampled continuations of a batch of
 //!   prompts ([`crate::nn::sampling`]: temperature, top-k, top-p, chosen

@@ -9,8 +9,16 @@
 //! x = x + down(act(up(norm2(x))))
 //! ```
 //!
-//! The projections are Conv1D layers (`x W + b`, `W` stored `[in, out]`
-//! as Hugging Face's checkpoints hold it, so no transpose). Attention is
+//! The projections are Hugging Face's Conv1D layers, `x W + b`, with `W`
+//! held `[out, in]` (as `nn::Linear` holds it; the product reads `Wᵀ`
+//! as a view) where Hugging Face's checkpoints store `[in, out]`: the
+//! loader transposes once ([`super::hf_name`] says which tensors). A
+//! decode step's products are matrix-vector products, and with `[out,
+//! in]` each output's weights are one contiguous row: the CUDA GEMV then
+//! gives each output a warp that streams its row and sums with shuffles,
+//! where `[in, out]` had to split the inputs across blocks and add their
+//! partial sums through global memory (a second round trip per product,
+//! 48 a token for GPT-2 small). Attention is
 //! one [`Tensor::scaled_dot_product_attention`] node over
 //! `[batch, heads, seq, head_dim]` (a permuted view of the projection).
 //!
@@ -30,7 +38,8 @@ use crate::nn::layers::Norm;
 use crate::nn::Params;
 use crate::{Context, DType, Error, Location, Result, Tensor, Variable};
 
-/// `x W + b` with `W` `[in, out]` (Hugging Face's `Conv1D` layout).
+/// `x Wᵀ + b` with `W` `[out, in]`: Hugging Face's `Conv1D`, with the
+/// weight held as `nn::Linear` holds it (see the module docs).
 struct Conv1d {
     weight: Variable,
     bias: Variable,
@@ -40,14 +49,14 @@ impl Conv1d {
     fn new(ctx: &Context, name: &str, n_in: usize, n_out: usize, dtype: DType) -> Result<Conv1d> {
         ctx.scope(name, |ctx| {
             Ok(Conv1d {
-                weight: ctx.variable("weight", (ctx.randn([n_in, n_out]) * 0.02).cast(dtype))?,
+                weight: ctx.variable("weight", (ctx.randn([n_out, n_in]) * 0.02).cast(dtype))?,
                 bias: ctx.variable("bias", ctx.zeros_dtype([n_out], dtype))?,
             })
         })
     }
 
     fn forward(&self, x: &Tensor) -> Tensor {
-        x.matmul(&self.weight) + &*self.bias
+        x.matmul(&self.weight.t()) + &*self.bias
     }
 }
 
