@@ -161,6 +161,8 @@ fn few_row_matmuls_with_epilogues_match_f64() {
                 (5, 300, 257, true),
                 (2, 256, 264, false),
                 (3, 264, 300, true),
+                // A long k: a lane's column loads in several batches.
+                (2, 4104, 24, true),
             ] {
                 let a = rand_f(&mut rng, dtype, &[m, k], 1.0);
                 let w = rand_f(&mut rng, dtype, &[k, n], 1.0);
