@@ -172,9 +172,29 @@ impl<'m> Generator<'m> {
 
     /// The logits `[batch, vocab]` at the last column of the prompts
     /// `[batch, bucket]`, with their keys and values written at 0.
+    ///
+    /// The prompts attend over their own keys and values (the cache's
+    /// first `bucket` positions, which they are also written to), causal
+    /// and with the left padding masked, not over the whole cache under
+    /// the decode step's mask: a 512-token prompt in a 1024-position cache
+    /// then computes a quarter of the scores (half the keys, and the
+    /// kernel skips the blocks above the diagonal). On an H100 in f32 the
+    /// whole-cache form spent 6.4 of a 12.8 ms prefill in attention.
     fn prefill(&self, ids: &Tensor, starts: &Tensor) -> Result<Tensor> {
-        let zero = self.model.context().scalar(0i64);
-        logits_after(self.model, &self.cache, ids, &zero, starts)
+        let (model, cache) = (self.model, &self.cache);
+        let ctx = model.context();
+        let (b, s) = (ids.shape()[0], ids.shape()[1]);
+        let zero = ctx.scalar(0i64);
+        let positions = cache.positions(&zero, s, starts);
+        let keys = ctx.arange(0i64, s as i64, 1).reshape([1, s]);
+        let real = keys.ge(&starts.reshape([b, 1])).reshape([b, 1, 1, s]);
+        let attend = Attend { causal: true, mask: Some(real) };
+        let h = model.hidden(ids, Positions::Given(&positions), &attend, &mut |layer, kv: KeyValues| {
+            cache.append_stacked(layer, &zero, &kv.both())?;
+            Ok(kv)
+        })?;
+        let last = h.narrow(1, s - 1, 1).reshape([b, model.config().n_embd]);
+        model.lm_head(&last)
     }
 
     /// The decode step of `sampling`, recorded on its first call.
@@ -196,16 +216,16 @@ impl<'m> Generator<'m> {
     }
 }
 
-/// The logits `[batch, vocab]` of the last of `ids` (`[batch, s]`),
+/// The logits `[batch, vocab]` of the decode step's `ids` (`[batch, 1]`),
 /// written into the cache at index `at` (0-d i64), each row's sequence
-/// starting at `starts[row]`.
+/// starting at `starts[row]`, attending over the whole cache.
 fn logits_after(model: &Gpt2, cache: &KvCache, ids: &Tensor, at: &Tensor, starts: &Tensor) -> Result<Tensor> {
     let (b, s) = (ids.shape()[0], ids.shape()[1]);
     let positions = cache.positions(at, s, starts);
     let attend = Attend { causal: false, mask: Some(cache.visible(at, s, starts)) };
     let h = model.hidden(ids, Positions::Given(&positions), &attend, &mut |layer, kv: KeyValues| {
-        let (keys, values) = cache.append(layer, at, &kv.keys, &kv.values)?;
-        Ok(KeyValues { keys, values })
+        let (keys, values) = cache.append_stacked(layer, at, &kv.both())?;
+        Ok(KeyValues::new(keys, values))
     })?;
     let last = h.narrow(1, s - 1, 1).reshape([b, model.config().n_embd]);
     model.lm_head(&last)

@@ -68,6 +68,28 @@ pub struct KeyValues {
     pub keys: Tensor,
     /// `[batch, heads, keys, head_dim]`.
     pub values: Tensor,
+    /// The same keys and values stacked, `[2, batch, heads, keys,
+    /// head_dim]`, when the model has them as one view (a block's
+    /// projection does): a KV cache then writes both at once
+    /// ([`crate::nn::KvCache::append_stacked`]). `None` for a pair made
+    /// apart ([`KeyValues::new`]).
+    pub stacked: Option<Tensor>,
+}
+
+impl KeyValues {
+    /// Keys and values made apart.
+    pub fn new(keys: Tensor, values: Tensor) -> KeyValues {
+        KeyValues { keys, values, stacked: None }
+    }
+
+    /// `[2, batch, heads, keys, head_dim]`: [`KeyValues::stacked`], or
+    /// the two stacked now.
+    pub fn both(&self) -> Tensor {
+        match &self.stacked {
+            Some(kv) => kv.clone(),
+            None => Tensor::stack(&[&self.keys, &self.values], 0),
+        }
+    }
 }
 
 /// Which keys each query attends to.
@@ -108,7 +130,8 @@ impl Block {
         let (b, s, w) = (x.shape()[0], x.shape()[1], x.shape()[2]);
         let qkv = self.qkv.forward(x).reshape([b, s, 3, heads, w / heads]);
         let part = |i: usize| qkv.narrow(2, i, 1).squeeze(2).permute(&[0, 2, 1, 3]);
-        (part(0), KeyValues { keys: part(1), values: part(2) })
+        let stacked = qkv.narrow(2, 1, 2).permute(&[2, 0, 3, 1, 4]);
+        (part(0), KeyValues { keys: part(1), values: part(2), stacked: Some(stacked) })
     }
 
     /// The attention of `q` over `kv`, merged back to `[batch, seq, width]`
