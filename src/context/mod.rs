@@ -379,6 +379,27 @@ impl Context {
         }
     }
 
+    /// Starts [`Stats::peak_bytes`] over from the bytes held now (as
+    /// PyTorch's `torch.cuda.reset_peak_memory_stats`), so that a peak
+    /// measures one phase: decoding after the weights are loaded, one
+    /// step after the warm-up.
+    ///
+    /// ```
+    /// use kiln::prelude::*;
+    /// let ctx = Context::cpu();
+    /// let big = ctx.randn([1 << 16]);
+    /// ctx.realize(&[&big])?;
+    /// drop(big);
+    /// ctx.reset_peak_bytes();
+    /// assert_eq!(ctx.stats().peak_bytes, ctx.stats().live_bytes);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn reset_peak_bytes(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let device = self.inner.backend.stats();
+        device.peak_bytes.store(device.live_bytes.load(Relaxed), Relaxed);
+    }
+
     pub(crate) fn state(&self) -> MutexGuard<'_, State> {
         // A panic while the lock was held cannot leave the graph half
         // edited in a way later reads would trust more than a fresh

@@ -355,6 +355,31 @@ impl Context {
         Ok(ir::text::print(&self.optimized_graph_at(tensors, Location::caller())?))
     }
 
+    /// Drops every compiled plan this context holds, and with them their
+    /// arenas (the device memory of their intermediate values) and, on
+    /// CUDA, their captured graphs: a one-off computation (a model's
+    /// random initializer, a conversion of its weights) need not keep its
+    /// memory for the rest of the process. Realized tensors, variables
+    /// and captured steps ([`Context::capture`], which hold their own
+    /// plans) are untouched; a later read of a dropped plan's graph
+    /// compiles it again.
+    ///
+    /// ```
+    /// use kiln::prelude::*;
+    /// let ctx = Context::cpu();
+    /// let w = ctx.variable("w", ctx.randn([256, 256]) * 0.02)?;
+    /// ctx.sync()?; // the initializer's plan runs, and stays cached
+    /// assert_eq!(ctx.stats().cached_plans, 1);
+    /// ctx.clear_plans();
+    /// assert_eq!(ctx.stats().cached_plans, 0);
+    /// assert_eq!(w.shape(), &[256, 256]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn clear_plans(&self) {
+        let _span = tracing::info_span!("Context::clear_plans").entered();
+        self.state().cache.plans.clear();
+    }
+
     /// Computes several tensors in one plan (sharing their common work) and
     /// keeps their values, so later reads and ops start from them.
     #[track_caller]
