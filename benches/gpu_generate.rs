@@ -19,6 +19,13 @@
 //! - peak device memory of decoding next to the weights plus the cache.
 //!
 //!     cargo bench --features cuda --bench gpu_generate [-- --profile | --profile-bf16]
+//!     cargo bench --features cuda --bench gpu_generate -- --profile-prefill
+//!     cargo bench --features cuda --bench gpu_generate -- --memory f32|bf16
+//!
+//! `--profile*` print where a decode token's (or a 512-token prefill's)
+//! device time goes, by op; `--memory` measures one configuration's peak
+//! alone in its process (run it once per dtype): the peak while
+//! decoding, counted from after the weights are made.
 //!
 //! Without a GPU it says so and exits 0 (with `KILN_REQUIRE_CUDA=1`, 1).
 
@@ -77,18 +84,19 @@ fn bandwidth(ctx: &Context) -> Result<f64> {
     Ok(2.0 * 4.0 * n as f64 / secs)
 }
 
-/// Where a decode token's device time goes, by op: 32 profiled tokens of
-/// a generation in `dtype` (every node timed by CUDA events, launched
-/// eagerly, so a short kernel's time includes its launch).
-fn print_profile(config: &Gpt2Config, dtype: DType) -> Result<()> {
+/// Where a generation's device time goes, by op: `new` tokens after a
+/// prompt of `len` in `dtype` (every node timed by CUDA events, launched
+/// eagerly, so a short kernel's time includes its launch). 33 tokens of a
+/// 16-token prompt are mostly decode steps; 1 token of 512 is a prefill.
+fn print_profile(config: &Gpt2Config, dtype: DType, len: usize, new: usize) -> Result<()> {
     let ctx = Context::cuda(0)?.with_seed(0).with_tf32(false).with_profiling(true);
     let model = Gpt2::new(&ctx, "gpt2", config, dtype)?;
-    let mut generator = model.generator(1, 128)?;
-    let p16 = prompt(16, 1);
-    generator.generate(&[&p16], &GenerateOptions::greedy(4))?;
+    let mut generator = model.generator(1, (len + new).next_power_of_two())?;
+    let p = prompt(len, 1);
+    generator.generate(&[&p], &GenerateOptions::greedy(new.min(4)))?;
     ctx.reset_profile();
     let started = Instant::now();
-    generator.generate(&[&p16], &GenerateOptions::greedy(33))?;
+    generator.generate(&[&p], &GenerateOptions::greedy(new))?;
     let wall = started.elapsed().as_secs_f64() * 1e3;
     let p = ctx.profile();
     let runs = p.runs.len().max(1) as f64;
@@ -108,6 +116,58 @@ fn print_profile(config: &Gpt2Config, dtype: DType) -> Result<()> {
     Ok(())
 }
 
+/// The peak device memory of decoding in `dtype`, alone in this process:
+/// counted from after the weights are made and their random
+/// initializer's plan is dropped ([`Context::clear_plans`]: a loaded
+/// checkpoint has no such plan), over a 16-token prompt and 112 new
+/// tokens with a 128-position cache, next to the weights plus the cache.
+/// Prints what is held at each stage, to say where memory goes.
+fn print_memory(ctx: &Context, config: &Gpt2Config, dtype: DType) -> Result<()> {
+    let mb = |b: u64| b as f64 / 1e6;
+    let stage = |what: &str| {
+        let s = ctx.stats();
+        println!(
+            "{dtype} memory, {what}: live {:.1} MB, peak {:.1} MB, {} cached plans",
+            mb(s.live_bytes),
+            mb(s.peak_bytes),
+            s.cached_plans
+        );
+    };
+    let model = Gpt2::new(ctx, "gpt2", config, dtype)?;
+    ctx.sync()?;
+    stage("weights made");
+    ctx.clear_plans();
+    let weights = weight_bytes(&model)?;
+    let held = ctx.stats().live_bytes;
+    ctx.reset_peak_bytes();
+    stage("initializer dropped");
+    let mut generator = model.generator(1, 128)?;
+    stage("cache made");
+    let c = model.config();
+    let cache = (2 * c.n_layer * c.n_head * 128 * c.head_dim() * dtype.size()) as u64;
+    let p16 = prompt(16, 1);
+    generator.generate(&[&p16], &GenerateOptions::greedy(1))?;
+    stage("after a prefill");
+    generator.generate(&[&p16], &GenerateOptions::greedy(3))?;
+    stage("after 2 decode steps");
+    for _ in 0..3 {
+        generator.generate(&[&p16], &GenerateOptions::greedy(112))?;
+    }
+    ctx.sync()?;
+    stage("after 3 generations");
+    let peak = ctx.stats().peak_bytes;
+    println!(
+        "{dtype} memory: peak {:.1} MB while decoding; weights {:.1} MB + cache {:.1} MB = {:.1} MB, so {:+.1}% over (held before decoding: {:.1} MB)",
+        mb(peak),
+        mb(weights),
+        mb(cache),
+        mb(weights + cache),
+        100.0 * (peak as f64 / (weights + cache) as f64 - 1.0),
+        mb(held)
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let ctx = match Context::cuda(0) {
         Ok(c) => c.with_seed(0).with_tf32(false),
@@ -120,14 +180,22 @@ fn main() -> Result<()> {
         }
     };
     println!("device: {}", ctx.device_description());
+    let config = Gpt2Config::gpt2_small();
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(k) = args.iter().position(|a| a == "--memory") {
+        let dtype = if args.get(k + 1).is_some_and(|d| d == "bf16") { DType::BF16 } else { DType::F32 };
+        return print_memory(&ctx, &config, dtype);
+    }
     let bw = bandwidth(&ctx)?;
     println!("copy bandwidth: {:.0} GB/s", bw / 1e9);
-    let config = Gpt2Config::gpt2_small();
-    if std::env::args().any(|a| a == "--profile") {
-        return print_profile(&config, DType::F32);
+    if args.iter().any(|a| a == "--profile") {
+        return print_profile(&config, DType::F32, 16, 33);
     }
-    if std::env::args().any(|a| a == "--profile-bf16") {
-        return print_profile(&config, DType::BF16);
+    if args.iter().any(|a| a == "--profile-bf16") {
+        return print_profile(&config, DType::BF16, 16, 33);
+    }
+    if args.iter().any(|a| a == "--profile-prefill") {
+        return print_profile(&config, DType::F32, 512, 1);
     }
     for dtype in [DType::F32, DType::BF16] {
         let made = Instant::now();

@@ -10,12 +10,26 @@ token ends a run early), in each of `generate`'s modes:
 - eager with the default dynamic cache;
 - `cache_implementation="static"`, eager;
 - `cache_implementation="static"` with the forward compiled
-  (`torch.compile(mode="reduce-overhead")`, HF's documented fast path).
+  (`torch.compile(mode="reduce-overhead")`, HF's documented fast path);
+- the same compiled in torch.compile's default mode (no CUDA graphs):
+  with transformers' newer static cache, reduce-overhead fails ("accessing
+  tensor output of CUDAGraphs that has been overwritten"), and this mode
+  is then HF's compiled number.
+
+Each compiled mode starts from `torch._dynamo.reset()`, so one mode's
+recompiles do not count against the next one's limit.
 
 f32 and bf16, TF32 off. Each mode: 2 warm-up generations (the compiled
 mode compiles in them), then the median of 7 timed generations (CUDA
-synchronized wall time) divided by the new tokens. Also the prefill of a
-512-token prompt (one forward, median of 20 after warm-up, CUDA events).
+synchronized wall time) divided by the new tokens. Also:
+
+- a batch of 8 prompts of lengths 5 to 200 (left-padded, with their
+  attention mask), 64 new tokens each, in the same three modes: tokens/s
+  (median of 3 after 2 warm-ups);
+- the prefill of a 512-token prompt: one forward that keeps the last
+  position's logits (`logits_to_keep=1`, as `generate`'s prefill does),
+  eager and compiled (`torch.compile`, default mode), median of 20 after
+  warm-up, CUDA events.
 
     python3 benches/hf_generate.py [--markdown table.md] [--json out.jsonl]
 """
@@ -63,13 +77,22 @@ def timed(f, reps):
     return statistics.median(times)
 
 
+MODES = ["dynamic", "static", "static-compiled", "static-compiled-default"]
+
+
+def compile_forward(m, mode):
+    if mode.startswith("static-compiled"):
+        torch._dynamo.reset()
+        kw = dict(mode="reduce-overhead") if mode == "static-compiled" else {}
+        m.forward = torch.compile(m.forward, fullgraph=True, **kw)
+
+
 def decode(m, mode):
     ids = torch.randint(0, 50257, (1, PROMPT), device=dev, generator=torch.Generator(dev).manual_seed(1))
     kw = dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, pad_token_id=0)
     if mode != "dynamic":
         kw["cache_implementation"] = "static"
-    if mode == "static-compiled":
-        m.forward = torch.compile(m.forward, mode="reduce-overhead", fullgraph=True)
+    compile_forward(m, mode)
 
     def run():
         with torch.no_grad():
@@ -84,18 +107,50 @@ def decode(m, mode):
     return timed(run, 7) / NEW * 1e3, first
 
 
-def prefill(m, n=512):
+def batch(m, mode, rows=8, new=64):
+    lens = [5 + i * 195 // 7 for i in range(rows)]
+    width = max(lens)
+    g = torch.Generator(dev).manual_seed(3)
+    ids = torch.zeros((rows, width), dtype=torch.long, device=dev)
+    mask = torch.zeros((rows, width), dtype=torch.long, device=dev)
+    for r, n in enumerate(lens):
+        ids[r, width - n:] = torch.randint(1, 50257, (n,), device=dev, generator=g)
+        mask[r, width - n:] = 1
+    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0, attention_mask=mask)
+    if mode != "dynamic":
+        kw["cache_implementation"] = "static"
+    compile_forward(m, mode)
+
+    def run():
+        with torch.no_grad():
+            out = m.generate(ids, **kw)
+        assert out.shape == (rows, width + new), out.shape
+
+    run()
+    run()
+    return rows * new / timed(run, 3)
+
+
+def prefill(m, compiled, n=512):
     if dev != "cuda":
         return float("nan")
     ids = torch.randint(0, 50257, (1, n), device=dev, generator=torch.Generator(dev).manual_seed(2))
+    if compiled:
+        torch._dynamo.reset()
+    f = torch.compile(m) if compiled else m
+    kw = dict(use_cache=False, logits_to_keep=1)
     with torch.no_grad():
+        try:
+            f(ids, **kw)
+        except TypeError:  # an older transformers: every position's logits
+            kw.pop("logits_to_keep")
         for _ in range(3):
-            m(ids, use_cache=False)
+            f(ids, **kw)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         times = []
         for _ in range(20):
             start.record()
-            m(ids, use_cache=False)
+            f(ids, **kw)
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end))
@@ -104,7 +159,7 @@ def prefill(m, n=512):
 
 rows = []
 for dtype, name in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
-    for mode in ["dynamic", "static", "static-compiled"]:
+    for mode in MODES:
         try:
             ms, first = decode(model(dtype), mode)
         except Exception as e:  # a mode this transformers/torch pair cannot run: say so, go on
@@ -112,9 +167,22 @@ for dtype, name in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
             continue
         rows.append(dict(what=f"decode ms/token {name}", mode=mode, ms=ms, first_s=first))
         print(json.dumps(rows[-1]), flush=True)
-    ms = prefill(model(dtype))
-    rows.append(dict(what=f"prefill 512 ms {name}", mode="eager", ms=ms))
-    print(json.dumps(rows[-1]), flush=True)
+    for mode in MODES:
+        try:
+            tps = batch(model(dtype), mode)
+        except Exception as e:
+            print(f"{name} batch {mode}: failed: {type(e).__name__}: {str(e).splitlines()[-1][:300]}", flush=True)
+            continue
+        rows.append(dict(what=f"batch 8 tokens/s {name}", mode=mode, ms=tps))
+        print(json.dumps(rows[-1]), flush=True)
+    for compiled in [False, True]:
+        try:
+            ms = prefill(model(dtype), compiled)
+        except Exception as e:
+            print(f"{name} prefill compiled={compiled}: failed: {type(e).__name__}: {str(e).splitlines()[-1][:300]}", flush=True)
+            continue
+        rows.append(dict(what=f"prefill 512 ms {name}", mode="compiled" if compiled else "eager", ms=ms))
+        print(json.dumps(rows[-1]), flush=True)
 
 args = sys.argv[1:]
 if "--json" in args:
@@ -123,6 +191,6 @@ if "--json" in args:
             f.write(json.dumps(r) + "\n")
 if "--markdown" in args:
     with open(args[args.index("--markdown") + 1], "w") as f:
-        f.write(f"| what | HF mode | ms | first call s |\n|---|---|---|---|\n")
+        f.write(f"| what | HF mode | ms (tokens/s for batch rows) | first call s |\n|---|---|---|---|\n")
         for r in rows:
             f.write(f"| {r['what']} | {r['mode']} | {r['ms']:.3f} | {r.get('first_s', float('nan')):.2f} |\n")
