@@ -77,7 +77,18 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
         ));
     }
     let acc = if dtype == DType::F64 { "double" } else { "float" };
-    let rows = sq.div_ceil(32).clamp(1, 4) * 32;
+    // Rows a block: up to 128, fewer while that leaves fewer than two
+    // blocks an H100 SM (264): a thread walks its row's keys alone, so a
+    // 512-token prefill of 12 heads in blocks of 128 rows (48 blocks) left
+    // most of the card idle.
+    let mut rows = sq.div_ceil(32).clamp(1, 4) * 32;
+    while rows > 32 && batch * heads * sq.div_ceil(rows) < 264 {
+        rows /= 2;
+    }
+    // f32 heads whose dims are multiples of 4 read shared memory 16 bytes
+    // at a time and sum a score over 4 chains (a 64-long chain of
+    // dependent adds was the kernel's critical path).
+    let vec4 = acc == "float" && d % 4 == 0 && dv % 4 == 0 && d > 0 && dv > 0;
     let mut tile = match d.max(dv) {
         0..=64 => 32,
         65..=128 => 16,
@@ -111,7 +122,12 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
     let mut s = format!("extern \"C\" __global__ void {name}({}) {{\n", p.join(", "));
     let _ = writeln!(s, "  typedef long long I;\n  typedef {acc} A;");
     let _ = writeln!(s, "  const A NEG_INF = {inf};");
-    let _ = writeln!(s, "  __shared__ A ks[{}];\n  __shared__ A vs[{}];", tile * d.max(1), tile * dv.max(1));
+    let _ = writeln!(
+        s,
+        "  __align__(16) __shared__ A ks[{}];\n  __align__(16) __shared__ A vs[{}];",
+        tile * d.max(1),
+        tile * dv.max(1)
+    );
     // A tile's scores, column t for thread t: in shared memory rather than
     // registers, so the loops over a tile's keys need not be unrolled
     // (unrolled, a 64-dim head took NVRTC about 9 s on the H100).
@@ -139,23 +155,55 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
     let _ = writeln!(s, "  const I kend = {end};");
     let _ = writeln!(s, "  for (I j0 = 0; j0 < kend; j0 += {tile}) {{");
     s.push_str("    __syncthreads();  // the previous tile's readers are done\n");
+    // A tile's keys and values: the loop is unrolled so that a thread has
+    // several loads in flight (one at a time, a 512-key prefill spent most
+    // of its time waiting on them), 16 bytes each where the operand lies
+    // contiguous and aligned along the head dim.
     for (arr, x, op, n) in [("ks", &spec.k, "k", d), ("vs", &spec.v, "v", dv)] {
-        let _ = writeln!(s, "    for (int e = t; e < {tile} * {n}; e += {rows}) {{");
-        let _ = writeln!(s, "      const I r = e / {n}, c = e % {n}, j = j0 + r;", n = n.max(1));
-        let _ = writeln!(
-            s,
-            "      {arr}[e] = j < {sk} ? (A){} : (A)0;\n    }}",
-            load(&format!("{op}[{}]", x.at("b", "h", "j", "c")))
-        );
+        let wide = vec4
+            && dtype == DType::F32
+            && x.strides[3] == 1
+            && x.offset % 4 == 0
+            && x.strides[..3].iter().all(|st| st % 4 == 0);
+        if wide {
+            let _ = writeln!(s, "    #pragma unroll 8\n    for (int e = t * 4; e < {tile} * {n}; e += {}) {{", rows * 4);
+            let _ = writeln!(s, "      const I r = e / {n}, c = e % {n}, j = j0 + r;");
+            let _ = writeln!(
+                s,
+                "      kiln::vec4<A> x = {{}};\n      if (j < {sk}) x = kiln::load4(&{op}[{}]);",
+                x.at("b", "h", "j", "c")
+            );
+            let _ = writeln!(s, "      *reinterpret_cast<kiln::vec4<A>*>(&{arr}[e]) = x;\n    }}");
+        } else {
+            let _ = writeln!(s, "    #pragma unroll 8\n    for (int e = t; e < {tile} * {n}; e += {rows}) {{");
+            let _ = writeln!(s, "      const I r = e / {n}, c = e % {n}, j = j0 + r;", n = n.max(1));
+            let _ = writeln!(
+                s,
+                "      {arr}[e] = j < {sk} ? (A){} : (A)0;\n    }}",
+                load(&format!("{op}[{}]", x.at("b", "h", "j", "c")))
+            );
+        }
     }
     s.push_str("    __syncthreads();\n");
     let _ = writeln!(s, "    A tmax = NEG_INF;");
     let _ = writeln!(s, "    #pragma unroll 1\n    for (int r = 0; r < {tile}; ++r) {{");
-    s.push_str("      const I j = j0 + r;\n      A dot = 0;\n");
-    let _ = writeln!(
-        s,
-        "      #pragma unroll\n      for (int c = 0; c < {d}; ++c) dot += qr[c] * ks[r * {d} + c];"
-    );
+    if vec4 {
+        s.push_str("      const I j = j0 + r;\n      A d0 = 0, d1 = 0, d2 = 0, d3 = 0;\n");
+        let _ = writeln!(s, "      #pragma unroll\n      for (int c = 0; c < {d}; c += 4) {{");
+        let _ = writeln!(
+            s,
+            "        const kiln::vec4<A> kv = *reinterpret_cast<const kiln::vec4<A>*>(&ks[r * {d} + c]);"
+        );
+        s.push_str("        d0 += qr[c] * kv.v[0]; d1 += qr[c + 1] * kv.v[1];\n");
+        s.push_str("        d2 += qr[c + 2] * kv.v[2]; d3 += qr[c + 3] * kv.v[3];\n      }\n");
+        s.push_str("      const A dot = (d0 + d1) + (d2 + d3);\n");
+    } else {
+        s.push_str("      const I j = j0 + r;\n      A dot = 0;\n");
+        let _ = writeln!(
+            s,
+            "      #pragma unroll\n      for (int c = 0; c < {d}; ++c) dot += qr[c] * ks[r * {d} + c];"
+        );
+    }
     let mut removed = format!("!active || j >= {sk}");
     if spec.causal {
         removed.push_str(" || j > i");
@@ -195,10 +243,20 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
     s.push_str("        if (sc == NEG_INF) continue;\n");
     let _ = writeln!(s, "        const A p = {ex}(sc - m);");
     s.push_str("        l += p;\n");
-    let _ = writeln!(
-        s,
-        "        #pragma unroll\n        for (int c = 0; c < {dv}; ++c) acc[c] += p * vs[r * {dv} + c];"
-    );
+    if vec4 {
+        let _ = writeln!(s, "        #pragma unroll\n        for (int c = 0; c < {dv}; c += 4) {{");
+        let _ = writeln!(
+            s,
+            "          const kiln::vec4<A> vv = *reinterpret_cast<const kiln::vec4<A>*>(&vs[r * {dv} + c]);"
+        );
+        s.push_str("          acc[c] += p * vv.v[0]; acc[c + 1] += p * vv.v[1];\n");
+        s.push_str("          acc[c + 2] += p * vv.v[2]; acc[c + 3] += p * vv.v[3];\n        }\n");
+    } else {
+        let _ = writeln!(
+            s,
+            "        #pragma unroll\n        for (int c = 0; c < {dv}; ++c) acc[c] += p * vs[r * {dv} + c];"
+        );
+    }
     s.push_str("      }\n    }\n  }\n");
     s.push_str("  if (active) {\n    const A inv = l == 0 ? (A)0 : (A)1 / l;\n");
     let _ = writeln!(s, "    #pragma unroll\n    for (int c = 0; c < {dv}; ++c)");
