@@ -270,3 +270,59 @@ fn few_row_products_wide_enough_to_split_match_f64() {
         }
     }
 }
+
+/// The first index of the maximum of each row (NaN wins, its first index;
+/// ties go to the lower index), as PyTorch's `argmax`.
+fn argmax_ref(x: &[f64], rows: usize, cols: usize) -> Vec<i64> {
+    (0..rows)
+        .map(|r| {
+            let row = &x[r * cols..][..cols];
+            if let Some(k) = row.iter().position(|v| v.is_nan()) {
+                return k as i64;
+            }
+            let mut best = 0;
+            for (k, &v) in row.iter().enumerate() {
+                if v > row[best] {
+                    best = k;
+                }
+            }
+            best as i64
+        })
+        .collect()
+}
+
+/// Greedy sampling's argmax over a vocabulary (`codegen/argmax.rs` on
+/// CUDA: a row over many blocks, the last to arrive combining them):
+/// rows of 50257 and 16389 columns with the maximum planted anywhere,
+/// ties (the lower index wins), a NaN (its index wins), a row of `-inf`
+/// (index 0), several calls of each plan interleaved (the arrival counters
+/// live across launches), f32, bf16 and f16.
+#[test]
+fn argmax_over_a_vocabulary_matches_the_reference() {
+    each_backend(|| {
+        let ctx = dev();
+        let mut rng = Rng::new(3404);
+        for it in 0..4 {
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                for (rows, cols) in [(1usize, 50257usize), (3, 16389)] {
+                    let mut x = rand_f(&mut rng, dtype, &[rows, cols], 1.0).to_vec();
+                    for r in 0..rows {
+                        let at = rng.range(0, cols as i64) as usize;
+                        x[r * cols + at] = 100.0;
+                        match (r + it) % 4 {
+                            // A tie after (or before) the planted maximum.
+                            1 => x[r * cols + rng.range(0, cols as i64) as usize] = 100.0,
+                            2 => x[r * cols + rng.range(0, cols as i64) as usize] = f64::NAN,
+                            3 if rows > 1 => x[r * cols..][..cols].fill(f64::NEG_INFINITY),
+                            _ => {}
+                        }
+                    }
+                    let want = argmax_ref(&x, rows, cols);
+                    let t = tensor_f(&ctx, dtype, &Nd::new(x, &[rows, cols]));
+                    let got = t.argmax(1, false).to_vec::<i64>().expect("argmax");
+                    assert_eq!(got, want, "argmax of {rows} x {cols} {dtype}, call {it}");
+                }
+            }
+        }
+    });
+}

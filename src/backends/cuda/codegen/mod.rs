@@ -21,6 +21,7 @@
 //! with one pointer per buffer operand; its source starts with
 //! `#include "kiln.cuh"` (`kernels/kiln.cuh`, inlined when compiled).
 
+pub(crate) mod argmax;
 pub(crate) mod attention;
 pub(crate) mod attention_decode;
 pub(crate) mod attention_mma;

@@ -7,10 +7,11 @@ use super::{bytes, Lowering, Storage, Value};
 use crate::backends::cpu::Layout;
 use crate::backends::cuda::codegen::body::{Operand, Source};
 use crate::backends::cuda::codegen::index::Access;
-use crate::backends::cuda::codegen::{elementwise, ops, reduction, Kernel};
+use crate::backends::cuda::codegen::{argmax, elementwise, ops, reduction, Kernel};
 use crate::backends::cuda::program::{Conv, Epilogue, IndexCheck, Launch, Loc, Pool, Region, Tensor4};
 use crate::ir::{
-    BinaryOp, DType, FusedBody, FusedKind, Graph, Node, NodeId, Op, Placement, RegionId, Shape, UnaryOp,
+    BinaryOp, DType, FusedBody, FusedKind, Graph, Node, NodeId, Op, Placement, ReduceOp, RegionId, Shape,
+    UnaryOp,
 };
 
 impl Lowering<'_> {
@@ -31,6 +32,9 @@ impl Lowering<'_> {
             Op::Reduce { op, dims, .. } => {
                 let x = &ops[0];
                 let rank = x.layout.shape.rank();
+                if *op == ReduceOp::ArgMax && self.argmax_rows(x, dims, dst)? {
+                    return Ok(());
+                }
                 let kept: Vec<usize> = (0..rank).filter(|d| !dims.contains(d)).collect();
                 let perm: Vec<usize> = kept.iter().chain(dims.iter()).copied().collect();
                 let domain = Shape(perm.iter().map(|&d| x.layout.shape.0[d]).collect());
@@ -492,4 +496,28 @@ pub(super) fn buffer_locs(vs: &[Value]) -> Vec<Loc> {
 /// 64-bit FNV-1a (stable names for generated kernels).
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+impl Lowering<'_> {
+    /// An argmax over the trailing dims of a few long dense rows with the
+    /// split kernel (`codegen/argmax.rs`). `Ok(false)`: not taken, use the
+    /// general reduction.
+    fn argmax_rows(&mut self, x: &Value, dims: &[usize], dst: Loc) -> Result<bool, String> {
+        let rank = x.layout.shape.rank();
+        let Some(&first) = dims.iter().min() else { return Ok(false) };
+        let trailing = dims.len() == rank - first && (first..rank).all(|d| dims.contains(&d));
+        let Storage::Mem(loc) = x.storage else { return Ok(false) };
+        let rows: usize = x.layout.shape.0[..first].iter().product();
+        let cols: usize = x.layout.shape.0[first..].iter().product();
+        let dense = x.layout.strides == Layout::contiguous(x.layout.shape.clone()).strides;
+        if !trailing || !dense || !argmax::applies(x.dtype, rows, cols) {
+            return Ok(false);
+        }
+        let ws = self.new_scratch(argmax::workspace_bytes(rows, cols));
+        let counts = self.new_counters(rows);
+        let (dtype, offset) = (x.dtype, x.layout.offset);
+        let kernel = self.add_kernel("argmax", |n| Ok(argmax::kernel(n, dtype, rows, cols, offset)))?;
+        self.launches.push(Launch::Kernel { kernel, args: vec![dst, ws, counts, loc] });
+        Ok(true)
+    }
 }
