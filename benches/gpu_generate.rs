@@ -18,9 +18,11 @@
 //!   compiled (the bound is one per prefill bucket plus the decode step);
 //! - peak device memory of decoding next to the weights plus the cache.
 //!
-//!     cargo bench --features cuda --bench gpu_generate [-- --profile | --profile-bf16]
-//!     cargo bench --features cuda --bench gpu_generate -- --profile-prefill
-//!     cargo bench --features cuda --bench gpu_generate -- --memory f32|bf16
+//! ```text
+//! cargo bench --features cuda --bench gpu_generate [-- --profile | --profile-bf16]
+//! cargo bench --features cuda --bench gpu_generate -- --profile-prefill
+//! cargo bench --features cuda --bench gpu_generate -- --memory f32|bf16
+//! ```
 //!
 //! `--profile*` print where a decode token's (or a 512-token prefill's)
 //! device time goes, by op; `--memory` measures one configuration's peak

@@ -90,7 +90,9 @@ impl KvCache {
         ctx.scope(name, |ctx| {
             let mut kv = Vec::with_capacity(layers);
             for i in 0..layers {
-                kv.push(ctx.scope(&format!("layer{i}"), |ctx| ctx.variable("kv", ctx.zeros_dtype(shape, dtype)))?);
+                kv.push(
+                    ctx.scope(&format!("layer{i}"), |ctx| ctx.variable("kv", ctx.zeros_dtype(shape, dtype)))?,
+                );
             }
             // Computed now: a plan that reads a variable's first value
             // (a constant zeros node) differs from one that reads its
@@ -143,7 +145,13 @@ impl KvCache {
         self.append_at(layer, offset, kv, Location::caller())
     }
 
-    fn append_at(&self, layer: usize, offset: &Tensor, kv: &Tensor, location: Location) -> Result<(Tensor, Tensor)> {
+    fn append_at(
+        &self,
+        layer: usize,
+        offset: &Tensor,
+        kv: &Tensor,
+        location: Location,
+    ) -> Result<(Tensor, Tensor)> {
         let Some(var) = self.layers.get(layer) else {
             return Err(Error::Argument {
                 op: "KvCache::append",

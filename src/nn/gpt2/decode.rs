@@ -187,7 +187,7 @@ impl<'m> Generator<'m> {
         let zero = ctx.scalar(0i64);
         let positions = cache.positions(&zero, s, starts);
         let keys = ctx.arange(0i64, s as i64, 1).reshape([1, s]);
-        let real = keys.ge(&starts.reshape([b, 1])).reshape([b, 1, 1, s]);
+        let real = keys.ge(starts.reshape([b, 1])).reshape([b, 1, 1, s]);
         let attend = Attend { causal: true, mask: Some(real) };
         let h = model.hidden(ids, Positions::Given(&positions), &attend, &mut |layer, kv: KeyValues| {
             cache.append_stacked(layer, &zero, &kv.both())?;

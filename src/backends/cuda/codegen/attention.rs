@@ -166,7 +166,11 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
             && x.offset % 4 == 0
             && x.strides[..3].iter().all(|st| st % 4 == 0);
         if wide {
-            let _ = writeln!(s, "    #pragma unroll 8\n    for (int e = t * 4; e < {tile} * {n}; e += {}) {{", rows * 4);
+            let _ = writeln!(
+                s,
+                "    #pragma unroll 8\n    for (int e = t * 4; e < {tile} * {n}; e += {}) {{",
+                rows * 4
+            );
             let _ = writeln!(s, "      const I r = e / {n}, c = e % {n}, j = j0 + r;");
             let _ = writeln!(
                 s,
@@ -175,7 +179,8 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
             );
             let _ = writeln!(s, "      *reinterpret_cast<kiln::vec4<A>*>(&{arr}[e]) = x;\n    }}");
         } else {
-            let _ = writeln!(s, "    #pragma unroll 8\n    for (int e = t; e < {tile} * {n}; e += {rows}) {{");
+            let _ =
+                writeln!(s, "    #pragma unroll 8\n    for (int e = t; e < {tile} * {n}; e += {rows}) {{");
             let _ = writeln!(s, "      const I r = e / {n}, c = e % {n}, j = j0 + r;", n = n.max(1));
             let _ = writeln!(
                 s,

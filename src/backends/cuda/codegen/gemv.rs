@@ -269,13 +269,17 @@ pub(crate) fn gemv(
             let _ = writeln!(s, "    {vt} wv[{per}];");
             let _ = writeln!(s, "    #pragma unroll\n    for (int x = 0; x < {per}; ++x) {{");
             let _ = writeln!(s, "      const int k0 = (c0 + x) * {step} + lane * {v};");
-            let _ = writeln!(s, "      if (c0 + x < {iters} && k0 < {k}) wv[x] = kiln::load{v}(wcol + k0);\n    }}");
+            let _ = writeln!(
+                s,
+                "      if (c0 + x < {iters} && k0 < {k}) wv[x] = kiln::load{v}(wcol + k0);\n    }}"
+            );
             let _ = writeln!(s, "    #pragma unroll\n    for (int x = 0; x < {per}; ++x) {{");
             let _ = writeln!(s, "      const int k0 = (c0 + x) * {step} + lane * {v};");
             let _ = writeln!(s, "      if (c0 + x >= {iters} || k0 >= {k}) break;");
             let _ = writeln!(s, "      #pragma unroll\n      for (int r = 0; r < {m}; ++r) {{");
             if a_vector {
-                let _ = writeln!(s, "        const {vt} av = kiln::load{v}(a + {aoff}LL + (I)r * {asm}LL + k0);");
+                let _ =
+                    writeln!(s, "        const {vt} av = kiln::load{v}(a + {aoff}LL + (I)r * {asm}LL + k0);");
             }
             for e in 0..v {
                 let x = if a_vector {
