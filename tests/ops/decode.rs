@@ -271,26 +271,6 @@ fn few_row_products_wide_enough_to_split_match_f64() {
     }
 }
 
-/// The first index of the maximum of each row (NaN wins, its first index;
-/// ties go to the lower index), as PyTorch's `argmax`.
-fn argmax_ref(x: &[f64], rows: usize, cols: usize) -> Vec<i64> {
-    (0..rows)
-        .map(|r| {
-            let row = &x[r * cols..][..cols];
-            if let Some(k) = row.iter().position(|v| v.is_nan()) {
-                return k as i64;
-            }
-            let mut best = 0;
-            for (k, &v) in row.iter().enumerate() {
-                if v > row[best] {
-                    best = k;
-                }
-            }
-            best as i64
-        })
-        .collect()
-}
-
 /// Greedy sampling's argmax over a vocabulary (`codegen/argmax.rs` on
 /// CUDA: a row over many blocks, the last to arrive combining them):
 /// rows of 50257 and 16389 columns with the maximum planted anywhere,
@@ -317,7 +297,7 @@ fn argmax_over_a_vocabulary_matches_the_reference() {
                             _ => {}
                         }
                     }
-                    let want = argmax_ref(&x, rows, cols);
+                    let want: Vec<i64> = x.chunks(cols).map(super::reduce::argmax_f).collect();
                     let t = tensor_f(&ctx, dtype, &Nd::new(x, &[rows, cols]));
                     let got = t.argmax(1, false).to_vec::<i64>().expect("argmax");
                     assert_eq!(got, want, "argmax of {rows} x {cols} {dtype}, call {it}");

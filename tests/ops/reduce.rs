@@ -21,7 +21,7 @@ fn fmin(v: &[f64]) -> f64 {
 }
 
 /// Index of the first maximum; a NaN is the maximum (the first NaN wins).
-fn argmax_f(v: &[f64]) -> i64 {
+pub(super) fn argmax_f(v: &[f64]) -> i64 {
     if let Some(i) = v.iter().position(|x| x.is_nan()) {
         return i as i64;
     }

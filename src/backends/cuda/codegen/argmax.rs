@@ -76,9 +76,7 @@ pub(crate) fn kernel(name: &str, dtype: DType, rows: usize, cols: usize, offset:
     );
     let _ = writeln!(k, "  a = kiln::group_reduce<{THREADS}>(a, kiln::ArgMax());");
     let _ = writeln!(k, "  if (t == 0) ws[row * {s} + b] = a;");
-    k.push_str("  __threadfence();\n  __syncthreads();\n  __shared__ unsigned ticket;\n");
-    k.push_str("  if (t == 0) ticket = atomicAdd(&counts[row], 1u);\n  __syncthreads();\n");
-    let _ = writeln!(k, "  if (ticket != {}u) return;\n  __threadfence();", s - 1);
+    super::last_to_arrive(&mut k, "t", "counts[row]", s);
     k.push_str("  kiln::Arg<float> r = none;\n");
     let _ = writeln!(k, "  for (int p = t; p < {s}; p += {THREADS}) {{");
     let _ = writeln!(

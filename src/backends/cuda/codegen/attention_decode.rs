@@ -251,9 +251,7 @@ fn merge(s: &mut String, spec: &Spec, ex: &str) {
     let Spec { dtype, dv, .. } = *spec;
     let split = chunks(spec);
     let w = dv + 2;
-    s.push_str("  __threadfence();\n  __syncthreads();\n  __shared__ unsigned ticket;\n");
-    s.push_str("  if (t == 0) ticket = atomicAdd(&counts[row], 1u);\n  __syncthreads();\n");
-    let _ = writeln!(s, "  if (ticket != {}u) return;\n  __threadfence();", split - 1);
+    super::last_to_arrive(s, "t", "counts[row]", split);
     let _ = writeln!(s, "  const A* p = ws + row * {};", split * w);
     // The row's maximum over chunks, NaN winning; a chunk with no key has
     // NEG_INF and weight 0.

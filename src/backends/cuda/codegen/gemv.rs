@@ -397,9 +397,7 @@ fn finish_split(s: &mut String, spec: &Spec, out: DType, epi: Option<&Epilogue<'
     let Spec { m, n, .. } = *spec;
     let bc = spec.block_cols();
     let splits = spec.splits();
-    s.push_str("  __threadfence();\n  __syncthreads();\n  __shared__ unsigned ticket;\n");
-    s.push_str("  if (threadIdx.x == 0) ticket = atomicAdd(&counts[cb], 1u);\n  __syncthreads();\n");
-    let _ = writeln!(s, "  if (ticket != {}u) return;\n  __threadfence();", splits - 1);
+    super::last_to_arrive(s, "threadIdx.x", "counts[cb]", splits);
     let _ = writeln!(s, "  for (int t = threadIdx.x; t < {}; t += blockDim.x) {{", m * bc);
     let _ = writeln!(s, "    const int r = t / {bc}, c = t % {bc};\n    const I col = cb * {bc} + c;");
     let _ =

@@ -46,6 +46,21 @@ pub(crate) const BLOCK: u32 = 256;
 /// Blocks at most in a grid; kernels loop over the rest (grid-stride).
 const MAX_GRID: usize = 65_536;
 
+/// The statements that end a block's first phase in the kernels whose
+/// last block to arrive finishes the work (the split-`k` GEMV, the decode
+/// attention's chunk merge, the argmax over blocks): after each block
+/// wrote its partials, fence, take a ticket from the arrival counter
+/// `counter` (thread `thread` of the block does), and return unless the
+/// ticket says this block is the last of `arrivals`; then fence again
+/// before the partials are read. CUDA's threadFenceReduction pattern; the
+/// caller reads the partials with `__ldcg` and sets `counter` back to 0
+/// ([`Region::Counters`](crate::backends::cuda::program::Region)).
+pub(crate) fn last_to_arrive(s: &mut String, thread: &str, counter: &str, arrivals: usize) {
+    s.push_str("  __threadfence();\n  __syncthreads();\n  __shared__ unsigned ticket;\n");
+    s.push_str(&format!("  if ({thread} == 0) ticket = atomicAdd(&{counter}, 1u);\n  __syncthreads();\n"));
+    s.push_str(&format!("  if (ticket != {}u) return;\n  __threadfence();\n", arrivals - 1));
+}
+
 /// A generated kernel and how to launch it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Kernel {
