@@ -509,8 +509,7 @@ impl Lowering<'_> {
         let Storage::Mem(loc) = x.storage else { return Ok(false) };
         let rows: usize = x.layout.shape.0[..first].iter().product();
         let cols: usize = x.layout.shape.0[first..].iter().product();
-        let dense = x.layout.strides == Layout::contiguous(x.layout.shape.clone()).strides;
-        if !trailing || !dense || !argmax::applies(x.dtype, rows, cols) {
+        if !trailing || !x.layout.is_contiguous() || !argmax::applies(x.dtype, rows, cols) {
             return Ok(false);
         }
         let ws = self.new_scratch(argmax::workspace_bytes(rows, cols));
