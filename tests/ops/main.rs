@@ -15,6 +15,7 @@ mod index;
 mod linalg;
 mod nonfinite;
 mod reduce;
+mod slots;
 mod transformer;
 mod views;
 mod write;

@@ -5,14 +5,16 @@
 //! # Inputs
 //!
 //! A graph bakes in every address, so inputs go through *static input
-//! slots*: before a replay each bound buffer is copied into its slot on
-//! stream 0, unless the slot already holds a copy of the very same bytes.
-//! "The same bytes" is the buffer's [`Contents`](crate::backends::Contents),
-//! not its allocation: an output set's allocations are rewritten by every
-//! replay that reuses the set, and each such replay hands its outputs out
-//! with new contents (`replay.rs` says why, and lists every cache keyed by
-//! a buffer). A loop that reads the same weights every iteration copies
-//! them once.
+//! slots*. A slot adopts the bound buffer's allocation when the graph is
+//! captured, so an input bound again as the same buffer (weights, a KV
+//! cache written in place) is never copied (`slots.rs` says when a slot
+//! copies, becomes private or lets go). A private slot copies the bound
+//! buffer in on stream 0 before a replay, unless it already holds a copy
+//! of the very same bytes. "The same bytes" is the buffer's
+//! [`Contents`](crate::backends::Contents), not its allocation: an output
+//! set's allocations are rewritten by every replay that reuses the set,
+//! and each such replay hands its outputs out with new contents
+//! (`replay.rs` says why, and lists every cache keyed by a buffer).
 //!
 //! # Outputs
 //!
@@ -40,11 +42,11 @@
 //! binds that very allocation again (the variable's new value), and the
 //! replay copies nothing: a KV cache updated every decode step makes no
 //! input copy at all. The slot is written only when nobody else can read
-//! its old bytes: bound again as the run's own buffer (held by nothing
-//! but the slot and the run), or free (held by the slot alone, so the
-//! bound buffer is copied in first). Otherwise, when someone still holds
-//! the bytes the slot has (a snapshot of the cache), the run is eager and
-//! writes over the run's own buffer or a copy of it (`exec.rs`).
+//! its old bytes as a value: bound again as the run's own buffer (held by
+//! nothing but slots and the run), or held by slots alone (so the bound
+//! buffer is copied in first). Otherwise, when someone still holds the
+//! bytes the slot has (a snapshot of the cache), the run is eager and
+//! writes over the run's own buffer or a copy of it (`outputs.rs`).
 //!
 //! # Why the first run is eager
 //!
@@ -59,6 +61,7 @@ use super::device::{raw, LaunchState};
 use super::exec::CudaExecutable;
 use super::memory::DeviceAlloc;
 use super::replay::{Next, Replays};
+use super::slots::Slot;
 use super::CudaBuffer;
 use crate::{Error, Result};
 use cudarc::driver::{result, sys, CudaGraph, CudaStream};
@@ -77,7 +80,10 @@ pub(crate) struct Graphs {
     /// Static input slots; those of donated inputs (`Program::donated`)
     /// are handed out as the outputs written over them (see "Inputs
     /// written over").
-    slots: Vec<Option<Arc<DeviceAlloc>>>,
+    slots: Vec<Option<Slot>>,
+    /// Slots that let go of an allocation someone held: they never adopt
+    /// again (`slots.rs`).
+    released: Vec<bool>,
     sets: Vec<OutputSet>,
 }
 
@@ -130,6 +136,7 @@ impl Graphs {
         Graphs {
             replays: Replays::new(inputs, enabled),
             slots: (0..inputs).map(|_| None).collect(),
+            released: vec![false; inputs],
             sets: Vec::new(),
         }
     }
@@ -147,16 +154,18 @@ impl Graphs {
         ls: &LaunchState,
         inputs: &[&CudaBuffer],
     ) -> Result<Option<Replayed>> {
-        let free = self.sets.iter().map(|s| s.outs.iter().all(|o| Arc::strong_count(o) == 1));
+        // A set is free when its buffers are held by nothing but the set
+        // (and input slots, which hold bytes, not values).
+        let free = self.sets.iter().map(|s| s.outs.iter().all(|o| DeviceAlloc::value_holders(o) == 1));
         let next = self.replays.next(free);
-        if next != Next::Eager && !self.donated_slots_writable(exe, inputs) {
+        if next != Next::Eager && !self.slots_usable(exe, inputs) {
             self.release_held_slots(exe, inputs);
             return Ok(None);
         }
         let set = match next {
             Next::Eager => return Ok(None),
             Next::Replay(k) => k,
-            Next::Capture => match self.capture(exe, ls) {
+            Next::Capture => match self.capture(exe, ls, inputs) {
                 Ok(set) => {
                     self.sets.push(set);
                     exe.dev.stats.graph_captures.fetch_add(1, Ordering::Relaxed);
@@ -172,11 +181,22 @@ impl Graphs {
         let s0 = raw(&ls.streams[0]);
         let mut over = vec![None; inputs.len()];
         for (k, b) in inputs.iter().enumerate() {
-            let Some(slot) = self.slots[k].as_ref() else { continue };
-            let copy = if exe.program.donated.contains(&(k as u32)) {
-                over[k] = Some(slot.clone());
-                !Arc::ptr_eq(slot, &b.alloc)
+            let Some(slot) = self.slots[k].as_mut() else { continue };
+            let donated = exe.program.donated.contains(&(k as u32));
+            if donated {
+                over[k] = Some(slot.alloc().clone());
+            }
+            // `slots_usable` checked that nobody reads a slot written here.
+            let copy = if Arc::ptr_eq(slot.alloc(), &b.alloc) {
+                false
+            } else if donated {
+                true
+            } else if slot.is_private() {
+                self.replays.must_copy(k, b.contents)
             } else {
+                // Adopted and bound to another allocation: held by this
+                // slot alone (`slot_usable`), so it is private from now on.
+                slot.privatize();
                 self.replays.must_copy(k, b.contents)
             };
             if copy {
@@ -184,7 +204,7 @@ impl Graphs {
                 // orders the copy after the buffer was written and before the
                 // replay reads the slot.
                 let copied =
-                    unsafe { result::memcpy_dtod_async(slot.ptr(), b.ptr(), b.bytes() as usize, s0) };
+                    unsafe { result::memcpy_dtod_async(slot.alloc().ptr(), b.ptr(), b.bytes() as usize, s0) };
                 if let Err(e) = copied {
                     self.replays.forget(k);
                     return Err(Error::Backend(format!(
@@ -204,39 +224,40 @@ impl Graphs {
         Ok(Some(Replayed { outs: set.outs.clone(), over }))
     }
 
-    /// Whether a replay may write every donated input's slot (see "Inputs
-    /// written over"): the slot is the bound buffer's allocation, held by
-    /// the slot and this run only, or the slot is held by nothing else.
-    fn donated_slots_writable(&self, exe: &CudaExecutable, inputs: &[&CudaBuffer]) -> bool {
-        exe.program.donated.iter().all(|&k| {
-            let (Some(b), Some(slot)) = (inputs.get(k as usize), self.slots.get(k as usize)) else {
-                return false;
-            };
-            match slot {
-                None => true,
-                Some(slot) if Arc::ptr_eq(slot, &b.alloc) => Arc::strong_count(slot) == 2,
-                Some(slot) => Arc::strong_count(slot) == 1,
-            }
-        })
+    /// Whether a replay may use every slot as it stands (see `slots.rs`):
+    /// a donated input's slot is written over, so nobody but this run may
+    /// read it as a value; an adopted slot bound to another allocation
+    /// becomes private, so nobody else may hold it at all (no value, no
+    /// other plan's slot, no output set).
+    fn slots_usable(&self, exe: &CudaExecutable, inputs: &[&CudaBuffer]) -> bool {
+        (0..self.slots.len()).all(|k| self.slot_usable(exe, inputs, k))
     }
 
-    /// Lets go of every donated slot someone else holds (a snapshot of a
-    /// value a replay wrote there), with the graphs that bake its address:
-    /// this run is eager, and the next captures with a new slot. So a
-    /// value held for long costs one capture, not an eager run per call.
+    fn slot_usable(&self, exe: &CudaExecutable, inputs: &[&CudaBuffer], k: usize) -> bool {
+        let Some(slot) = &self.slots[k] else { return true };
+        let Some(b) = inputs.get(k) else { return false };
+        if exe.program.donated.contains(&(k as u32)) {
+            slot.readers_besides(&b.alloc) == 0
+        } else if !slot.is_private() && !Arc::ptr_eq(slot.alloc(), &b.alloc) {
+            Arc::strong_count(slot.alloc()) == 1
+        } else {
+            true
+        }
+    }
+
+    /// Lets go of every slot `slots_usable` refused (someone holds the
+    /// bytes: a snapshot of what a replay wrote there, old weights that
+    /// another plan adopted too), with the graphs that bake its address:
+    /// this run is eager, and the next captures with a new private slot.
+    /// So a value held for long costs one capture, not an eager run per
+    /// call.
     fn release_held_slots(&mut self, exe: &CudaExecutable, inputs: &[&CudaBuffer]) {
         let mut released = false;
-        for &k in &exe.program.donated {
-            let (Some(b), Some(slot)) = (inputs.get(k as usize), self.slots.get_mut(k as usize)) else {
-                continue;
-            };
-            let held = match slot {
-                Some(s) if Arc::ptr_eq(s, &b.alloc) => Arc::strong_count(s) > 2,
-                Some(s) => Arc::strong_count(s) > 1,
-                None => false,
-            };
-            if held {
-                *slot = None;
+        for k in 0..self.slots.len() {
+            if !self.slot_usable(exe, inputs, k) {
+                self.slots[k] = None;
+                self.released[k] = true;
+                self.replays.forget(k);
                 released = true;
             }
         }
@@ -246,19 +267,33 @@ impl Graphs {
         }
     }
 
-    /// Whether `alloc` is one of the input slots (held by them once).
-    pub fn is_slot(&self, alloc: &Arc<DeviceAlloc>) -> bool {
-        self.slots.iter().flatten().any(|s| Arc::ptr_eq(s, alloc))
-    }
-
-    /// Captures the plan into a graph writing a new output set.
-    fn capture(&mut self, exe: &CudaExecutable, ls: &LaunchState) -> Result<OutputSet> {
+    /// An input slot that has none adopts the bound buffer (a donated
+    /// one only when the run holds it alone), unless it let go before.
+    fn capture(
+        &mut self,
+        exe: &CudaExecutable,
+        ls: &LaunchState,
+        bound: &[&CudaBuffer],
+    ) -> Result<OutputSet> {
         for (k, want) in exe.program.inputs.iter().enumerate() {
             let Some((shape, dtype)) = want else { continue };
-            if self.slots[k].is_none() {
-                let bytes = shape.numel() as u64 * dtype.size() as u64;
-                self.slots[k] = Some(Arc::new(exe.dev.pool.alloc(bytes)?));
+            if self.slots[k].is_some() {
+                continue;
             }
+            let bytes = shape.numel() as u64 * dtype.size() as u64;
+            let adoptable = bound.get(k).filter(|b| {
+                let donated = exe.program.donated.contains(&(k as u32));
+                !self.released[k]
+                    && b.bytes() == bytes
+                    && (!donated || DeviceAlloc::value_holders(&b.alloc) == 1)
+            });
+            self.slots[k] = Some(match adoptable {
+                Some(b) => {
+                    self.replays.forget(k);
+                    Slot::adopt(&b.alloc)
+                }
+                None => Slot::private(exe.dev.pool.alloc(bytes)?),
+            });
         }
         let outs: Vec<Arc<DeviceAlloc>> = exe
             .program
@@ -266,7 +301,7 @@ impl Graphs {
             .iter()
             .map(|&b| exe.dev.pool.alloc(b).map(Arc::new))
             .collect::<Result<_>>()?;
-        let inputs = self.slots.iter().map(|s| s.as_ref().map_or(0, |s| s.ptr())).collect();
+        let inputs = self.slots.iter().map(|s| s.as_ref().map_or(0, |s| s.alloc().ptr())).collect();
         let b = exe.bindings(inputs, outs.iter().map(|a| a.ptr()).collect());
         let n = exe.program.streams as usize;
         let streams = &ls.capture[..n];

@@ -27,7 +27,7 @@ use crate::backends::DeviceStats;
 use crate::{Error, Result};
 use cudarc::driver::{result, sys, CudaContext};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The caching allocator of one device.
@@ -93,6 +93,9 @@ pub(crate) struct DeviceAlloc {
     pool: Arc<Pool>,
     /// The upload that wrote the block, when the copy stream did.
     copy: Option<Arc<CopyFence>>,
+    /// How many captured graphs' input slots hold the block
+    /// (`slots.rs`): they hold it as staging bytes, never as a value.
+    slot_refs: AtomicUsize,
 }
 
 impl std::fmt::Debug for DeviceAlloc {
@@ -145,7 +148,7 @@ impl Pool {
             None => self.fresh(class, bytes)?,
         };
         self.stats.allocated(class);
-        Ok(DeviceAlloc { ptr, class, bytes, pool: self.clone(), copy: None })
+        Ok(DeviceAlloc { ptr, class, bytes, pool: self.clone(), copy: None, slot_refs: AtomicUsize::new(0) })
     }
 
     /// A cached block of `class` that `first` may use now: the newest
@@ -267,6 +270,26 @@ impl DeviceAlloc {
     /// True when the block came from `pool` (and goes back to it).
     pub fn belongs_to(&self, pool: &Arc<Pool>) -> bool {
         Arc::ptr_eq(&self.pool, pool)
+    }
+
+    /// How many references to `this` hold a value in it: every reference
+    /// but the graph input slots' (`slots.rs`). The slot count is read
+    /// first and a slot counts itself only after it cloned the reference
+    /// (and uncounts before it drops it), so a race can only count a
+    /// holder too many, never one too few.
+    pub fn value_holders(this: &Arc<DeviceAlloc>) -> usize {
+        let slots = this.slot_refs.load(Ordering::SeqCst);
+        Arc::strong_count(this).saturating_sub(slots)
+    }
+
+    /// Counts a graph input slot that holds the block (`slots.rs`).
+    pub fn slot_taken(&self) {
+        self.slot_refs.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Uncounts a graph input slot that is about to drop its reference.
+    pub fn slot_released(&self) {
+        self.slot_refs.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Marks the block as written by an upload on the copy stream.

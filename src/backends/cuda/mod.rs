@@ -52,6 +52,8 @@ mod nvrtc;
 mod outputs;
 #[cfg(feature = "cuda-backend")]
 mod profile;
+#[cfg(feature = "cuda-backend")]
+mod slots;
 
 #[cfg(feature = "cuda-backend")]
 mod backend;

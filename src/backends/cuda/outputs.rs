@@ -5,7 +5,6 @@
 
 use super::device::{raw, LaunchState};
 use super::exec::CudaExecutable;
-use super::graph::Graphs;
 use super::memory::DeviceAlloc;
 use super::program::Output;
 use super::CudaBuffer;
@@ -71,21 +70,19 @@ impl CudaExecutable {
     }
 
     /// Where an eager run writes each donated input (`Program::donated`):
-    /// the bound buffer's own allocation when nobody else can read it (the
-    /// run holds the only reference, besides the graph's input slot when
-    /// it is one), else a private copy made on stream 0. So a value
-    /// someone holds never changes.
+    /// the bound buffer's own allocation when nobody else can read it as
+    /// a value (the run holds the only reference, besides graph input
+    /// slots, which hold staging bytes: `slots.rs`), else a private copy
+    /// made on stream 0. So a value someone holds never changes.
     pub(super) fn eager_over(
         &self,
         ls: &LaunchState,
-        graphs: &Graphs,
         ins: &[&CudaBuffer],
     ) -> Result<Vec<Option<Arc<DeviceAlloc>>>> {
         let mut over = vec![None; ins.len()];
         for &k in &self.program.donated {
             let b = ins.get(k as usize).ok_or_else(|| bad(format!("donated input {k} is not bound")))?;
-            let holders = 1 + usize::from(graphs.is_slot(&b.alloc));
-            let alloc = if Arc::strong_count(&b.alloc) == holders {
+            let alloc = if DeviceAlloc::value_holders(&b.alloc) == 1 {
                 b.alloc.clone()
             } else {
                 let copy = Arc::new(self.dev.pool.alloc(b.bytes())?);

@@ -12,6 +12,13 @@
 //!
 //! Eager runs (the first, or every set held, or graphs off) read the
 //! bound buffers directly and return fresh buffers.
+//!
+//! On the GPU a slot adopts the bound buffer's allocation when the graph
+//! is captured (`slots.rs`). Here a new slot takes the bound bytes
+//! without counting an input copy when the GPU would adopt them (any
+//! input; a donated one only when the run holds it alone), so the
+//! counters agree; a later call binding other bytes counts a copy, where
+//! the GPU may instead let go of a slot someone holds and capture again.
 
 use super::{from_bytes, host_bytes, Emulated, Region256};
 use crate::backends::cpu::{CpuBuffer, Layout, Storage};
@@ -77,7 +84,9 @@ impl Graphs {
             }
             Next::Replay(k) => k,
             Next::Capture => {
-                self.capture(exe)?;
+                for k in self.capture(exe)? {
+                    self.adopt(exe, k, &inputs[k], owned)?;
+                }
                 self.stats.graph_captures.fetch_add(1, Ordering::Relaxed);
                 self.replays.captured()
             }
@@ -144,12 +153,15 @@ impl Graphs {
             .collect()
     }
 
-    /// A new output set, and the input slots on the first capture.
-    fn capture(&mut self, exe: &Emulated) -> Result<()> {
+    /// A new output set, and the input slots on the first capture (their
+    /// numbers are returned).
+    fn capture(&mut self, exe: &Emulated) -> Result<Vec<usize>> {
+        let mut new = Vec::new();
         for (k, want) in exe.program.inputs.iter().enumerate() {
             let Some((shape, dtype)) = want else { continue };
             if self.slots[k].is_none() {
                 self.slots[k] = Some(Region256::new(shape.numel() as u64 * dtype.size() as u64)?);
+                new.push(k);
             }
         }
         let mut set: Vec<Option<Arc<Storage>>> = vec![None; exe.program.out_slots.len()];
@@ -160,6 +172,24 @@ impl Graphs {
             }
         }
         self.sets.push(set);
+        Ok(new)
+    }
+
+    /// A new slot `k` takes the bound bytes as the GPU's adopts the bound
+    /// allocation: no input copy is counted, and binding the same buffer
+    /// again copies nothing (see the module docs).
+    fn adopt(&mut self, exe: &Emulated, k: usize, bound: &Buffer, owned: bool) -> Result<()> {
+        let (Some(slot), Buffer::Cpu(c)) = (self.slots[k].as_ref(), bound) else { return Ok(()) };
+        let donated = exe.program.donated.contains(&(k as u32));
+        if donated && !(owned && c.is_unique()) {
+            return Ok(());
+        }
+        slot.fill(&exe.cpu_bytes(bound)?)?;
+        if donated {
+            self.over[k] = Some(c.identity());
+        } else {
+            self.replays.must_copy(k, c.identity());
+        }
         Ok(())
     }
 }
