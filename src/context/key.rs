@@ -275,7 +275,7 @@ fn encode(graph: &Graph, id: NodeId, operands: &[NodeId], marks: &[(u32, u32)], 
             put(w, *op as u64 | (*keepdim as u64) << 8);
             dims_words(w, dims);
         }
-        Op::Where | Op::MatMul => {}
+        Op::Where | Op::MatMul | Op::Assign => {}
         Op::Conv2d { stride, padding, dilation, groups } => {
             for v in stride.iter().chain(padding).chain(dilation).chain([groups]) {
                 put(w, *v as u64);
@@ -348,6 +348,7 @@ fn op_tag(op: &Op) -> u64 {
         Op::Attention { .. } => 24,
         Op::Collective { .. } => 25,
         Op::WriteAt { .. } => 26,
+        Op::Assign => 27,
     }
 }
 

@@ -9,8 +9,10 @@
 //! backward pass and updates compile and run as one graph. Ops see a
 //! variable's value at the point they are recorded: a tensor computed
 //! before an assignment keeps the old value, one computed after sees the
-//! new one (program order). A `write_at` into a variable is written over
-//! the variable's own buffer when nothing else can read the old value
+//! new one (program order). A `write_at` into a variable, and an
+//! assignment whose value is computed elementwise from the old one (an
+//! optimizer update, an EMA: `assign`, see `passes/assign.rs`), is written
+//! over the variable's own buffer when nothing else can read the old value
 //! (buffer donation, `donate.rs`); nothing in the graph depends on that.
 
 use super::workspace::{check_name, VarEntry, VarId};
@@ -156,7 +158,17 @@ impl Variable {
             });
         }
         let source = state.resolve(r);
-        let node = fresh_value(&mut state, source, &var.shape, var.region)?;
+        // Over a realized value the new one is an `assign`, which a run may
+        // compute into the old value's bytes (see `passes/assign.rs`).
+        let old = state.ws.value(self.id());
+        let node = if matches!(state.graph.node(old).op, Op::Buffer(_)) && old != source {
+            state
+                .graph
+                .add(Op::Assign, &[old, source], None, var.region)
+                .map_err(|m| Error::Backend(format!("recording an assignment: {m}")))?
+        } else {
+            fresh_value(&mut state, source, &var.shape, var.region)?
+        };
         state.ws.set_value(self.id(), node);
         Ok(())
     }

@@ -40,6 +40,9 @@ pub struct FusedBody {
     graph: Graph,
     kind: FusedKind,
     inputs: usize,
+    /// The operand whose bytes the result may be written over (an
+    /// assigned variable's old value; see [`FusedBody::over`]).
+    over: Option<usize>,
 }
 
 /// What loop a backend runs for a fused body (see the module docs).
@@ -89,7 +92,38 @@ impl FusedBody {
     /// which node breaks which rule.
     pub fn new(graph: Graph) -> Result<FusedBody, String> {
         let (kind, inputs) = classify(&graph)?;
-        Ok(FusedBody { graph, kind, inputs })
+        Ok(FusedBody { graph, kind, inputs, over: None })
+    }
+
+    /// This body, with its result marked as writable over operand `k`:
+    /// an elementwise body whose `input k` has the output's shape and
+    /// dtype. The `assign` pass marks the value of an assignment that
+    /// reads the variable's old value (`over=k` in the text IR).
+    pub fn with_over(mut self, k: usize) -> Result<FusedBody, String> {
+        if self.kind != FusedKind::Elementwise {
+            return Err(format!(
+                "only an elementwise body writes over an operand, not a {} one",
+                self.kind.name()
+            ));
+        }
+        let input = *self.input_nodes().get(k).ok_or_else(|| format!("the body has no input {k}"))?;
+        let (i, out) = (self.graph.node(input), self.graph.node(self.output()));
+        if i.shape != out.shape || i.dtype != out.dtype {
+            return Err(format!(
+                "input {k} is {}{} but the result is {}{}",
+                i.dtype, i.shape, out.dtype, out.shape
+            ));
+        }
+        self.over = Some(k);
+        Ok(self)
+    }
+
+    /// The operand the result may be written over, if the `assign` pass
+    /// marked one: the memory pass then places the result over that
+    /// operand's input when nothing else needs its old bytes
+    /// (`Facts::over_input_refusal`).
+    pub fn over(&self) -> Option<usize> {
+        self.over
     }
 
     /// The body graph.

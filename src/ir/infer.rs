@@ -264,6 +264,13 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
             }
             (x.clone(), d)
         }
+        Op::Assign => {
+            let ((old, d), (value, dv)) = (ty(0), ty(1));
+            if old != value || d != dv {
+                return Err(format!("assign of a {dv}{value} value to a {d}{old} variable"));
+            }
+            (value.clone(), dv)
+        }
         Op::WriteAt { dim } => {
             let ((x, d), (value, dv), (offset, doff)) = (ty(0), ty(1), ty(2));
             if dv != d {

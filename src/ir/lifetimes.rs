@@ -326,33 +326,41 @@ impl Facts {
 
 impl Facts {
     /// The input a graph output may be written over
-    /// ([`crate::ir::Placement::OverInput`]): the target of a `write_at`
-    /// whose value is the output's storage root, when
+    /// ([`crate::ir::Placement::OverInput`]): the target of a `write_at`,
+    /// or the operand an assigned fused value is marked `over`
+    /// ([`crate::ir::FusedBody::over`]), when
     /// [`Facts::over_input_refusal`] finds nothing against it.
     pub fn over_input(&self, graph: &Graph, y: usize) -> Option<NodeId> {
-        let target = *graph.operands(self.order[y]).first()?;
+        let yid = self.order[y];
+        let slot = over_slot(graph, yid).ok()?;
+        let target = *graph.operands(yid).get(slot)?;
         self.over_input_refusal(graph, y, target).is_none().then_some(target)
     }
 
     /// Why output step `y` cannot be written over the bytes of input node
-    /// `x`, or `None` when it can: `y` is a `write_at` that is the storage
-    /// root of a graph output; `x` is its target operand, an `input` read
-    /// directly (no view), which no graph output returns; every other
+    /// `x`, or `None` when it can: `y` is a `write_at` (its target operand)
+    /// or a fused elementwise node marked `over` an operand, and the
+    /// storage root of a graph output; `x` is that operand, an `input`
+    /// read directly (no view), which no graph output returns; every other
     /// reader of `x` (its aliases' included) runs before `y`, on any
-    /// stream; and neither the value nor the offset reads `x`'s bytes.
-    /// The write then only changes the window, after everything that read
-    /// the old bytes.
+    /// stream. A `write_at`'s value and offset do not read `x`'s bytes: the
+    /// write then only changes the window, after everything that read the
+    /// old bytes. A fused node reads `x` only as its `input k`, directly at
+    /// the output's shape and byte size, and no other operand reads `x`'s
+    /// bytes: each element is then read before it is overwritten (the
+    /// memory pass's in-place rule, for an input).
     pub fn over_input_refusal(&self, graph: &Graph, y: usize, x: NodeId) -> Option<&'static str> {
         let yid = self.order[y];
-        if !matches!(graph.node(yid).op, Op::WriteAt { .. }) {
-            return Some("only write_at writes over an input");
-        }
+        let slot = match over_slot(graph, yid) {
+            Ok(slot) => slot,
+            Err(why) => return Some(why),
+        };
         if self.kind[y] != Kind::Output {
             return Some("the node is not the storage root of a graph output");
         }
         let operands = graph.operands(yid);
-        if operands.first() != Some(&x) {
-            return Some("the input is not the write's target operand");
+        if operands.get(slot) != Some(&x) {
+            return Some("the input is not the operand the node writes over");
         }
         let Some(xs) = self.step(x) else { return Some("the input is not scheduled") };
         if !matches!(graph.node(x).op, Op::Input(_)) {
@@ -372,11 +380,38 @@ impl Facts {
         if !others_before {
             return Some("another reader of the input may run at the same time (unordered stream)");
         }
-        let aliased = operands[1..].iter().any(|&o| self.step(o).is_some_and(|o| self.root(o) == xs));
+        let aliased = operands
+            .iter()
+            .enumerate()
+            .any(|(j, &o)| j != slot && self.step(o).is_some_and(|o| self.root(o) == xs));
+        let Op::Fused(body) = &graph.node(yid).op else {
+            return aliased.then_some("the value or the offset reads the input's bytes");
+        };
         if aliased {
-            return Some("the value or the offset reads the input's bytes");
+            return Some("another operand reads the input's bytes");
+        }
+        if value_bytes(graph, x) != value_bytes(graph, yid) {
+            return Some("the input has another byte size");
+        }
+        let g = body.graph();
+        let Some(&input) = body.input_nodes().get(slot) else { return Some("no such body input") };
+        if g.node(input).shape != graph.node(yid).shape {
+            return Some("the body reads the input at another shape");
+        }
+        if g.users(input).iter().any(|&u| g.node(u).op.is_view()) {
+            return Some("the body reads the input through a view");
         }
         None
+    }
+}
+
+/// The operand node `y` may be written over: a `write_at`'s target, a
+/// fused node's `over` operand; why not otherwise.
+fn over_slot(graph: &Graph, y: NodeId) -> Result<usize, &'static str> {
+    match &graph.node(y).op {
+        Op::WriteAt { .. } => Ok(0),
+        Op::Fused(body) => body.over().ok_or("the fused node is not marked to write over an operand"),
+        _ => Err("only write_at and an assigned fused value write over an input"),
     }
 }
 

@@ -287,6 +287,14 @@ pub enum Op {
         /// The dimension the window moves along.
         dim: usize,
     },
+    /// `assign %old, %value`: the value of `%value`, a variable's new value
+    /// that a run may write over the bytes of `%old`, the value the
+    /// variable held (recorded by `Variable::assign` when that was a
+    /// realized buffer). No backend runs it: the `assign` pass replaces it
+    /// by `%value`, marking a fused elementwise value that reads `%old` so
+    /// that the memory pass may place it over `%old`'s input
+    /// ([`super::FusedBody::over`]). XLA calls this an input/output alias.
+    Assign,
     /// Concatenation of two or more operands along `dim`.
     Cat {
         /// The joined dimension.
@@ -339,6 +347,7 @@ impl Op {
             Op::IndexSelect { .. } => "index_select",
             Op::IndexAdd { .. } => "index_add",
             Op::WriteAt { .. } => "write_at",
+            Op::Assign => "assign",
             Op::Attention { .. } => "attention",
             Op::Cat { .. } => "cat",
             Op::Fused(_) => "fused",
@@ -402,7 +411,8 @@ impl Op {
             | Op::MatMul
             | Op::Conv2d { .. }
             | Op::Gather { .. }
-            | Op::IndexSelect { .. } => 2,
+            | Op::IndexSelect { .. }
+            | Op::Assign => 2,
             Op::Where | Op::IndexAdd { .. } | Op::WriteAt { .. } => 3,
             Op::Attention { mask: AttnMask::None, .. } => 3,
             Op::Attention { .. } => 4,

@@ -14,6 +14,7 @@
 //! (`effects.rs`): a pass that merged, dropped or reordered one on some
 //! ranks only would pair different rounds across ranks.
 
+mod assign;
 mod autocast;
 mod autodiff;
 mod constant_fold;
@@ -27,6 +28,7 @@ mod simplify;
 mod streams;
 mod view_fold;
 
+pub use assign::Assign;
 pub use autocast::{policy_text, Autocast, OpKey, PolicyEntry, Precision, POLICY};
 pub use autodiff::{grad_region, gradients, Autodiff, GradRequest};
 pub use constant_fold::ConstantFold;
@@ -63,6 +65,11 @@ pub trait Pass: Send + Sync {
     /// set or a region of the graph has an autocast setting.
     fn applies(&self, _options: &PassOptions, _graph: &Graph) -> bool {
         true
+    }
+    /// Whether the pass runs even when turned off (then with
+    /// [`PassCtx::off`] set, doing only what backends need: `assign`).
+    fn required(&self) -> bool {
+        false
     }
 }
 
@@ -212,6 +219,9 @@ pub struct PassCtx {
     /// Short remarks for the dump header (e.g. why a search stopped);
     /// cleared before each pass.
     pub notes: Vec<String>,
+    /// The pass is turned off but [`Pass::required`]: it does only what
+    /// backends need.
+    pub off: bool,
 }
 
 impl PassCtx {
@@ -275,6 +285,10 @@ pub static REGISTRY: &[PassInfo] = &[
         pass: &Fusion,
         description: "group elementwise work, row reductions and matmul epilogues into fused nodes",
     },
+    PassInfo {
+        pass: &Assign,
+        description: "turn assignments into their values; mark fused updates to write over the variable",
+    },
     PassInfo { pass: &Schedule, description: "order the nodes to keep the peak of live bytes low" },
     PassInfo { pass: &Streams, description: "spread independent chains over streams with the fewest events" },
     PassInfo { pass: &Memory, description: "place values in one arena by liveness, in place where safe" },
@@ -304,6 +318,9 @@ pub static PIPELINE: &[&dyn Pass] = &[
     &Dce,
     // One kernel per group of elementwise ops, row reductions, matmul epilogues.
     &Fusion,
+    // Assignments become their values (required: no backend runs one); a
+    // fused update may then be written over its variable's input.
+    &Assign,
     // An order with a low peak of live bytes.
     &Schedule,
     // Streams and events over that order.
@@ -543,9 +560,11 @@ fn run_pipeline(
     let mut cx = PassCtx { options: config.options, ..PassCtx::default() };
     let recorded = effects::Recorded::of(&graph);
     for (step, pass) in PIPELINE.iter().enumerate() {
-        if !config.is_enabled(pass.name()) || !pass.applies(&cx.options, &graph) {
+        let on = config.is_enabled(pass.name());
+        if (!on && !pass.required()) || !pass.applies(&cx.options, &graph) {
             continue;
         }
+        cx.off = !on;
         let stats = run_pass(*pass, &mut graph, &mut cx, verify, &recorded)?;
         graph.advance_phase(pass.reaches());
         if let Some(dir) = &dump_dir {

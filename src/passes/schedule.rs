@@ -18,6 +18,11 @@
 //! Collectives keep their recorded order (`seq`): each waits for the one
 //! before it as for an operand, so every rank issues them in one order
 //! whatever its constants did to the rest of its graph.
+//! A fused update marked to write over an input (`over`, see the assign
+//! pass) waits for every other reader of that input (views included) as
+//! for an operand, unless such a reader needs the update's own result:
+//! the memory pass can then write it in place (a parameter update after
+//! the backward matmul that still reads the old weights).
 //!
 //! *Does not.* Look ahead (a node that allocates now to free more later
 //! loses to one that allocates less), change the graph, or pick streams or
@@ -66,6 +71,22 @@ impl Pass for Schedule {
     }
 }
 
+/// Which nodes need node `i`'s result (`i` included), by dense index.
+fn descendants(users: &[Vec<usize>], i: usize) -> Vec<bool> {
+    let mut seen = vec![false; users.len()];
+    let mut stack = vec![i];
+    seen[i] = true;
+    while let Some(j) = stack.pop() {
+        for &u in &users[j] {
+            if !seen[u] {
+                seen[u] = true;
+                stack.push(u);
+            }
+        }
+    }
+    seen
+}
+
 /// The needed nodes in topological order, as dense indices.
 struct Dag {
     ids: Vec<NodeId>,
@@ -86,6 +107,8 @@ struct Dag {
     collective: Vec<bool>,
     /// The collective recorded right after this one (which waits for it).
     next_collective: Vec<Option<usize>>,
+    /// The updates marked `over` an input that wait for this reader of it.
+    updates_after: Vec<Vec<usize>>,
 }
 
 impl Dag {
@@ -141,7 +164,30 @@ impl Dag {
         for pair in recorded.windows(2) {
             next_collective[pair[0].1] = Some(pair[1].1);
         }
-        Dag { ids, operands, users, alloc, roots_read, readers, freeable, collective, next_collective }
+        let mut updates_after = vec![Vec::new(); n];
+        for (i, &id) in ids.iter().enumerate() {
+            let Op::Fused(body) = &graph.node(id).op else { continue };
+            let Some(x) = body.over().and_then(|k| graph.operands(id).get(k).copied()) else { continue };
+            let Some(&x) = pos.get(&x) else { continue };
+            let after_i = descendants(&users, i);
+            for &u in &readers[root[x]] {
+                if u != i && !after_i[u] {
+                    updates_after[u].push(i);
+                }
+            }
+        }
+        Dag {
+            ids,
+            operands,
+            users,
+            alloc,
+            roots_read,
+            readers,
+            freeable,
+            collective,
+            next_collective,
+            updates_after,
+        }
     }
 
     fn len(&self) -> usize {
@@ -152,7 +198,7 @@ impl Dag {
     fn greedy(&self) -> Vec<usize> {
         let n = self.len();
         let mut waiting: Vec<usize> = self.operands.iter().map(Vec::len).collect();
-        for &next in self.next_collective.iter().flatten() {
+        for &next in self.next_collective.iter().flatten().chain(self.updates_after.iter().flatten()) {
             waiting[next] += 1;
         }
         let mut pending: Vec<usize> = self.readers.iter().map(Vec::len).collect();
@@ -195,7 +241,7 @@ impl Dag {
                     }
                 }
             }
-            for &u in self.users[i].iter().chain(&self.next_collective[i]) {
+            for &u in self.users[i].iter().chain(&self.next_collective[i]).chain(&self.updates_after[i]) {
                 waiting[u] -= 1;
                 if waiting[u] == 0 {
                     score[u] = score_of(u, &pending);

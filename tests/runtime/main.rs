@@ -8,6 +8,7 @@ mod capture_props;
 mod copies;
 mod failures;
 mod futures;
+mod in_place_steps;
 mod nonblocking;
 mod warm_up;
 

@@ -280,7 +280,19 @@ fn place_values(
                 }
                 Place::OverInput
             }
-            (_, Placement::OverInput(_)) => return Err(what("over an input (only write_at is)")),
+            // An assigned value the CUDA backend computes over its
+            // variable's input: here it gets fresh bytes (the given-up
+            // input is dropped), which is the same value.
+            (Op::Fused(body), Placement::OverInput(of)) if body.over().is_some() => {
+                let marked = body.over().and_then(|k| graph.operands(id).get(k).copied());
+                if marked != Some(*of) {
+                    return Err(what(&format!("over {of}, which is not its marked operand")));
+                }
+                Place::Auto
+            }
+            (_, Placement::OverInput(_)) => {
+                return Err(what("over an input (only write_at and assigned values are)"))
+            }
             (_, Placement::Arena { offset, bytes, in_place_of }) => {
                 if steps[i].output {
                     return Err(bad(format!(

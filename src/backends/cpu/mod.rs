@@ -85,6 +85,14 @@ impl CpuBuffer {
         (self.storage.contents(), self.layout.clone())
     }
 
+    /// A weak handle on the storage: the same storage while it is alive,
+    /// whatever was written into it (the emulator's stand-in for a device
+    /// allocation's identity).
+    #[cfg_attr(not(feature = "cuda-emulator"), allow(dead_code))]
+    pub(crate) fn storage_handle(&self) -> std::sync::Weak<Storage> {
+        Arc::downgrade(&self.storage)
+    }
+
     /// Whether nobody else holds this buffer's storage (the emulator's
     /// model of a GPU allocation held by one run alone).
     #[cfg_attr(not(feature = "cuda-emulator"), allow(dead_code))]

@@ -66,7 +66,7 @@ use super::CudaBuffer;
 use crate::{Error, Result};
 use cudarc::driver::{result, sys, CudaGraph, CudaStream};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// One captured graph and the outputs it writes.
 struct OutputSet {
@@ -84,6 +84,10 @@ pub(crate) struct Graphs {
     /// Slots that let go of an allocation someone held: they never adopt
     /// again (`slots.rs`).
     released: Vec<bool>,
+    /// The allocation each input was bound to on the run before: a
+    /// capture adopts only an input bound to the same one twice running
+    /// (`slots.rs`).
+    last: Vec<Weak<DeviceAlloc>>,
     sets: Vec<OutputSet>,
 }
 
@@ -137,6 +141,7 @@ impl Graphs {
             replays: Replays::new(inputs, enabled),
             slots: (0..inputs).map(|_| None).collect(),
             released: vec![false; inputs],
+            last: (0..inputs).map(|_| Weak::new()).collect(),
             sets: Vec::new(),
         }
     }
@@ -158,6 +163,15 @@ impl Graphs {
         // (and input slots, which hold bytes, not values).
         let free = self.sets.iter().map(|s| s.outs.iter().all(|o| DeviceAlloc::value_holders(o) == 1));
         let next = self.replays.next(free);
+        let stable: Vec<bool> = inputs
+            .iter()
+            .zip(&mut self.last)
+            .map(|(b, last)| {
+                let same = Weak::ptr_eq(last, &Arc::downgrade(&b.alloc));
+                *last = Arc::downgrade(&b.alloc);
+                same
+            })
+            .collect();
         if next != Next::Eager && !self.slots_usable(exe, inputs) {
             self.release_held_slots(exe, inputs);
             return Ok(None);
@@ -165,7 +179,7 @@ impl Graphs {
         let set = match next {
             Next::Eager => return Ok(None),
             Next::Replay(k) => k,
-            Next::Capture => match self.capture(exe, ls, inputs) {
+            Next::Capture => match self.capture(exe, ls, inputs, &stable) {
                 Ok(set) => {
                     self.sets.push(set);
                     exe.dev.stats.graph_captures.fetch_add(1, Ordering::Relaxed);
@@ -267,13 +281,15 @@ impl Graphs {
         }
     }
 
-    /// An input slot that has none adopts the bound buffer (a donated
-    /// one only when the run holds it alone), unless it let go before.
+    /// An input slot that has none adopts the bound buffer when the run
+    /// before bound the same one (a donated one only when the run holds it
+    /// alone), unless it let go before (`slots.rs`).
     fn capture(
         &mut self,
         exe: &CudaExecutable,
         ls: &LaunchState,
         bound: &[&CudaBuffer],
+        stable: &[bool],
     ) -> Result<OutputSet> {
         for (k, want) in exe.program.inputs.iter().enumerate() {
             let Some((shape, dtype)) = want else { continue };
@@ -284,6 +300,7 @@ impl Graphs {
             let adoptable = bound.get(k).filter(|b| {
                 let donated = exe.program.donated.contains(&(k as u32));
                 !self.released[k]
+                    && stable.get(k) == Some(&true)
                     && b.bytes() == bytes
                     && (!donated || DeviceAlloc::value_holders(&b.alloc) == 1)
             });

@@ -3,13 +3,17 @@
 //!
 //! # Adopted, not copied
 //!
-//! When a plan is captured, each input's slot *adopts* the bound buffer's
-//! own allocation: a plan that reads the same buffers every call (the
-//! weights of a model, a KV cache written in place) copies nothing and
-//! holds no second copy of them, however many plans read them. Before,
-//! every captured plan copied every input into a slot of its own: GPT-2's
-//! weights once per prefill length and once for the decode step, 3.5x the
-//! weights' bytes.
+//! When a plan is captured, an input bound to the same allocation as on
+//! the run before (the weights of a model, a KV cache written in place)
+//! has its slot *adopt* that allocation: a plan that reads the same
+//! buffers every call copies nothing and holds no second copy of them,
+//! however many plans read them. Before, every captured plan copied every
+//! input into a slot of its own: GPT-2's weights once per prefill length
+//! and once for the decode step, 3.5x the weights' bytes. An input that
+//! changed since the run before (a batch of data) gets a private slot
+//! from the start: its old buffer is often still held when the next call
+//! comes (the context collects dead tensors after a run), and an adopted
+//! slot would then have to let go of it and capture again.
 //!
 //! A slot holds its allocation as *staging bytes*, not as a value:
 //! [`DeviceAlloc::value_holders`] does not count slots, so several plans

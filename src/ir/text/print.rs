@@ -197,6 +197,7 @@ fn attrs(op: &Op, dtype: crate::ir::DType) -> String {
         | Op::Binary(_)
         | Op::Compare(_)
         | Op::Where
+        | Op::Assign
         | Op::MatMul => String::new(),
         Op::Permute(perm) => format!(" perm={}", list(perm)),
         Op::Slice { dim, start, step, len } => format!(" dim={dim} start={start} step={step} len={len}"),
@@ -222,7 +223,10 @@ fn attrs(op: &Op, dtype: crate::ir::DType) -> String {
         Op::Attention { scale, causal, mask } => {
             format!(" scale={scale:?} mask={}{}", mask.name(), if *causal { " causal" } else { "" })
         }
-        Op::Fused(body) => format!(" kind={}", body.kind().name()),
+        Op::Fused(body) => match body.over() {
+            Some(k) => format!(" kind={} over={k}", body.kind().name()),
+            None => format!(" kind={}", body.kind().name()),
+        },
         Op::Collective { what: Collective::Broadcast(root), seq } => format!(" root={root} seq={seq}"),
         Op::Collective { what: Collective::AllReduce(_), seq } => format!(" seq={seq}"),
     }

@@ -99,6 +99,8 @@ pub(super) fn vjp(
             None,
             if wanted[2] { Some(b.op(Op::IndexSelect { dim }, &[g, xs[1]])?) } else { None },
         ]),
+        // The value flows through; the old value is only overwritten.
+        Op::Assign => Ok(vec![None, Some(g)]),
         Op::WriteAt { dim } => Ok(vec![
             // The target's gradient is g with the window zeroed (it was
             // overwritten); the value's is g's window.

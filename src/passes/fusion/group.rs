@@ -269,6 +269,24 @@ impl Walk<'_, '_> {
         found
     }
 
+    /// Whether `g`'s root is the value of an `assign` over an input (a
+    /// variable's update, such as SGD's momentum `0.9 * buf + grad`): it
+    /// stays elementwise, so that the assign pass can mark it to be
+    /// written over the variable (a matmul epilogue writes the GEMM's
+    /// product first, over bytes the epilogue still has to read). The
+    /// walk meets the matmul before the members that read the variable
+    /// (consumers first), so this does not wait to see them.
+    fn updates_in_place(&self, g: &Group) -> bool {
+        let graph = self.ix.graph;
+        let root = self.ix.order[g.root];
+        graph.users(root).into_iter().any(|a| {
+            let ops = graph.operands(a);
+            matches!(graph.node(a).op, Op::Assign)
+                && ops.get(1) == Some(&root)
+                && ops.first().is_some_and(|&old| matches!(graph.node(old).op, Op::Input(_)))
+        })
+    }
+
     /// Adds `i` to its users' group if `check` allows (and applies the
     /// group's new state).
     fn try_join(&mut self, i: usize, check: impl FnOnce(&Self, &Group) -> Option<State>) -> bool {
@@ -342,7 +360,7 @@ impl Walk<'_, '_> {
     /// member follows it (a walk from the matmul over members reaches them all).
     fn join_matmul(&self, g: &Group, i: usize) -> Option<State> {
         let s = &g.state;
-        if s.split.is_some() || s.reduction || s.domain != *self.ix.shape(i) {
+        if s.split.is_some() || s.reduction || s.domain != *self.ix.shape(i) || self.updates_in_place(g) {
             return None;
         }
         let me = self.group_of[g.root]?;

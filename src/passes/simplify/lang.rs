@@ -102,6 +102,7 @@ pub enum OpKey {
     WriteAt {
         dim: usize,
     },
+    Assign,
     /// The scale keyed by its bits.
     Attention {
         scale: u64,
@@ -178,6 +179,7 @@ impl From<&Op> for OpKey {
             Op::IndexSelect { dim } => OpKey::IndexSelect { dim: *dim },
             Op::IndexAdd { dim } => OpKey::IndexAdd { dim: *dim },
             Op::WriteAt { dim } => OpKey::WriteAt { dim: *dim },
+            Op::Assign => OpKey::Assign,
             Op::Attention { scale, causal, mask } => {
                 OpKey::Attention { scale: scale.to_bits(), causal: *causal, mask: *mask }
             }
@@ -223,6 +225,7 @@ impl OpKey {
             OpKey::IndexSelect { dim } => Op::IndexSelect { dim: *dim },
             OpKey::IndexAdd { dim } => Op::IndexAdd { dim: *dim },
             OpKey::WriteAt { dim } => Op::WriteAt { dim: *dim },
+            OpKey::Assign => Op::Assign,
             OpKey::Attention { scale, causal, mask } => {
                 Op::Attention { scale: f64::from_bits(*scale), causal: *causal, mask: *mask }
             }

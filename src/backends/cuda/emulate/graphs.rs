@@ -15,8 +15,9 @@
 //!
 //! On the GPU a slot adopts the bound buffer's allocation when the graph
 //! is captured (`slots.rs`). Here a new slot takes the bound bytes
-//! without counting an input copy when the GPU would adopt them (any
-//! input; a donated one only when the run holds it alone), so the
+//! without counting an input copy when the GPU would adopt them (an input
+//! bound to the same storage on the run before; a donated one only when
+//! the run holds it alone), so the
 //! counters agree; a later call binding other bytes counts a copy, where
 //! the GPU may instead let go of a slot someone holds and capture again.
 
@@ -27,7 +28,7 @@ use crate::backends::cuda::replay::{Next, Replays};
 use crate::backends::{Backend, Buffer, Contents, DeviceStats, RngArgs};
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// The replay state of one emulated executable.
 pub(super) struct Graphs {
@@ -43,6 +44,9 @@ pub(super) struct Graphs {
     /// holds those bytes, so binding that very buffer again copies
     /// nothing (the GPU's slot is that buffer's allocation).
     over: Vec<Option<(Contents, Layout)>>,
+    /// The storage each input was bound to on the run before: a capture
+    /// adopts only an input bound to the same one twice running.
+    last: Vec<Weak<Storage>>,
 }
 
 fn bad(msg: String) -> Error {
@@ -57,6 +61,7 @@ impl Graphs {
             sets: Vec::new(),
             stats,
             over: (0..inputs).map(|_| None).collect(),
+            last: (0..inputs).map(|_| Weak::new()).collect(),
         }
     }
 
@@ -69,7 +74,21 @@ impl Graphs {
         rng: &RngArgs,
     ) -> Result<Vec<Buffer>> {
         let free = self.sets.iter().map(|set| set.iter().flatten().all(|s| Arc::strong_count(s) == 1));
-        let set = match self.replays.next(free) {
+        let next = self.replays.next(free);
+        let stable: Vec<bool> = inputs
+            .iter()
+            .zip(&mut self.last)
+            .map(|(b, last)| match b {
+                Buffer::Cpu(c) => {
+                    let now = c.storage_handle();
+                    let same = Weak::ptr_eq(last, &now);
+                    *last = now;
+                    same
+                }
+                _ => false,
+            })
+            .collect();
+        let set = match next {
             Next::Eager => {
                 let ins = inputs
                     .iter()
@@ -85,7 +104,9 @@ impl Graphs {
             Next::Replay(k) => k,
             Next::Capture => {
                 for k in self.capture(exe)? {
-                    self.adopt(exe, k, &inputs[k], owned)?;
+                    if stable[k] {
+                        self.adopt(exe, k, &inputs[k], owned)?;
+                    }
                 }
                 self.stats.graph_captures.fetch_add(1, Ordering::Relaxed);
                 self.replays.captured()

@@ -122,6 +122,7 @@ pub(super) enum Kind {
     IndexSelect,
     IndexAdd,
     WriteAt,
+    Assign,
     Attention,
     Cat,
     Fused,
@@ -149,6 +150,7 @@ const FIXED: &[(&str, Kind)] = &[
     ("index_select", Kind::IndexSelect),
     ("index_add", Kind::IndexAdd),
     ("write_at", Kind::WriteAt),
+    ("assign", Kind::Assign),
     ("attention", Kind::Attention),
     ("cat", Kind::Cat),
     ("fused", Kind::Fused),
@@ -222,6 +224,13 @@ pub(super) fn fused_op(body: Graph, a: &mut Attrs) -> Result<Op, String> {
             clip(kind)
         ));
     }
+    let body = match a.has("over") {
+        true => {
+            let k = a.usize("over", "fused", "fused %a, %b kind=elementwise over=0 {")?;
+            body.with_over(k).map_err(|m| format!("fused over={k}: {m}"))?
+        }
+        false => body,
+    };
     Ok(Op::Fused(Arc::new(body)))
 }
 
@@ -318,6 +327,7 @@ pub(super) fn build_op(
             };
             Op::Attention { scale, causal: a.flag("causal"), mask }
         }
+        Kind::Assign => Op::Assign,
         Kind::Cat => Op::Cat { dim: a.usize("dim", m, "cat %a, %b dim=0")? },
         Kind::Collective(what) => {
             let what = match what {

@@ -1,0 +1,181 @@
+//! Training steps that update their variables in place (`assign` over a
+//! realized value, `passes/assign.rs`): the results equal the uncaptured
+//! copying loop whatever a reader holds, and on CUDA a captured step binds
+//! the buffers it wrote last call, so it copies no parameter, moment or
+//! step count into a graph slot (`Stats::graph_input_copies`).
+
+use super::{data, devices, tol};
+use kiln::nn::{self, Linear, Module, ReLU, Sequential};
+use kiln::optim::{AdamConfig, AdamW, Optimizer, Sgd, SgdConfig, TrainStep};
+use kiln::prelude::*;
+
+fn mlp(ctx: &Context) -> Result<Sequential> {
+    Sequential::new(ctx, "mlp", |ctx| {
+        Ok(vec![Linear::new(ctx, "0", 8, 16)?.boxed(), ReLU.boxed(), Linear::new(ctx, "2", 16, 3)?.boxed()])
+    })
+}
+
+fn batches(ctx: &Context) -> Vec<(Tensor, Tensor)> {
+    (0..3)
+        .map(|b| {
+            let x = ctx.tensor(&data(32 * 8, 70 + b), [32, 8]);
+            let y = ctx.tensor(&(0..32).map(|i| (i * 7 + b as i64) % 3).collect::<Vec<i64>>(), [32]);
+            (x, y)
+        })
+        .collect()
+}
+
+fn values(ctx: &Context) -> Result<Vec<Vec<f32>>> {
+    let ws = ctx.workspace();
+    ws.names()
+        .iter()
+        .map(|n| ctx.get_variable(n))
+        .filter(|v| v.as_ref().map_or(true, |v| v.dtype() == DType::F32))
+        .map(|v| v?.to_vec::<f32>())
+        .collect()
+}
+
+/// A captured AdamW and SGD-with-momentum step, 20 calls: after the
+/// first captures, each call copies its two arguments and its learning
+/// rate and nothing else, and every loss and final value equals the
+/// uncaptured loop's.
+#[test]
+fn a_captured_step_copies_no_parameter_or_optimizer_state() -> Result<()> {
+    for (name, make) in devices() {
+        for adam in [true, false] {
+            let run = |captured: bool| -> Result<(Vec<f32>, Vec<Vec<f32>>, u64)> {
+                let ctx = make().with_seed(5);
+                let m = mlp(&ctx)?;
+                let opt: Box<dyn Optimizer> = if adam {
+                    Box::new(AdamW::new(&m, AdamConfig { lr: 0.01, ..AdamConfig::adamw() })?)
+                } else {
+                    Box::new(Sgd::new(&m, SgdConfig { lr: 0.05, momentum: 0.9, ..SgdConfig::default() })?)
+                };
+                let data = batches(&ctx);
+                let mut losses = Vec::new();
+                let mut copies = 0;
+                if captured {
+                    let mut step = TrainStep::new(&ctx, opt, |b: &[Tensor]| {
+                        nn::cross_entropy(&m.forward(&b[0])?, &b[1])
+                    });
+                    for s in 0..20 {
+                        let (x, y) = &data[s % 3];
+                        let before = ctx.stats().graph_input_copies;
+                        losses.push(step.call(&[x, y])?.item::<f32>()?);
+                        if s >= 4 {
+                            copies += ctx.stats().graph_input_copies - before;
+                        }
+                    }
+                } else {
+                    let mut opt = opt;
+                    for s in 0..20 {
+                        let (x, y) = &data[s % 3];
+                        let loss = nn::cross_entropy(&m.forward(x)?, y)?;
+                        loss.backward()?;
+                        opt.step()?;
+                        opt.zero_grad()?;
+                        losses.push(loss.item::<f32>()?);
+                    }
+                }
+                Ok((losses, values(&ctx)?, copies))
+            };
+            let (la, pa, _) = run(false)?;
+            let (lb, pb, copies) = run(true)?;
+            let what = format!("{name}, {}", if adam { "AdamW" } else { "SGD" });
+            let t = tol(name);
+            for (a, b) in la.iter().zip(&lb) {
+                assert!(
+                    (a - b).abs() as f64 <= t * a.abs().max(1.0) as f64,
+                    "{what}: losses {la:?} vs {lb:?}"
+                );
+            }
+            for (a, b) in pa.iter().zip(&pb) {
+                let want: Vec<f64> = a.iter().map(|&v| v as f64).collect();
+                super::close(b, &want, t, &format!("{what}: values"));
+            }
+            if name.starts_with("cuda") {
+                // x, y and the learning rate (a host scalar the step
+                // uploads every call): no parameter, moment or count.
+                assert_eq!(copies, 16 * 3, "{what}: 16 replays copy their x, y and learning rate alone");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Plain reads (uncaptured) that assign updates in place, with readers
+/// holding old values: `detach`ed snapshots and ops recorded before the
+/// assignment. Three variables of different sizes, a learning rate that
+/// changes every step, and an EMA of each; every value a reader holds is
+/// what program order says.
+#[test]
+fn in_place_updates_keep_every_value_a_reader_holds() -> Result<()> {
+    for (name, make) in devices() {
+        let ctx = make();
+        let sizes = [5usize, 64, 1000];
+        let mut model: Vec<Vec<f32>> =
+            sizes.iter().enumerate().map(|(i, &n)| data(n, 90 + i as u64)).collect();
+        let mut ema_model = model.clone();
+        let vars: Vec<Variable> = model
+            .iter()
+            .enumerate()
+            .map(|(i, v)| ctx.variable(&format!("p{i}"), ctx.tensor(v, [v.len()])))
+            .collect::<Result<_>>()?;
+        let emas: Vec<Variable> = model
+            .iter()
+            .enumerate()
+            .map(|(i, v)| ctx.variable(&format!("e{i}"), ctx.tensor(v, [v.len()])))
+            .collect::<Result<_>>()?;
+        let lr = ctx.variable("lr", ctx.scalar(0.5f32))?;
+        let mut held = Vec::new();
+        for step in 0..24 {
+            let rate = 0.5 / (1.0 + step as f32);
+            lr.assign(ctx.scalar(rate))?;
+            for (i, p) in vars.iter().enumerate() {
+                let g = data(sizes[i], 200 + step as u64 * 3 + i as u64);
+                if (step + i) % 5 == 0 {
+                    held.push((
+                        p.detach(),
+                        model[i].clone(),
+                        format!("{name}: snapshot of p{i} at step {step}"),
+                    ));
+                }
+                if (step + i) % 7 == 0 {
+                    let doubled: Vec<f32> = model[i].iter().map(|v| v * 2.0).collect();
+                    held.push((&**p * 2.0, doubled, format!("{name}: 2 p{i} recorded at step {step}")));
+                }
+                p.assign(&**p - &(ctx.tensor(&g, [sizes[i]]) * &*lr))?;
+                for (v, gv) in model[i].iter_mut().zip(&g) {
+                    *v -= gv * rate;
+                }
+                emas[i].assign(&*emas[i] * 0.9 + &**p * 0.1)?;
+                for (e, v) in ema_model[i].iter_mut().zip(&model[i]) {
+                    *e = *e * 0.9 + v * 0.1;
+                }
+            }
+            if step % 3 == 2 {
+                for i in 0..3 {
+                    let want: Vec<f64> = model[i].iter().map(|&v| v as f64).collect();
+                    super::close(
+                        &vars[i].to_vec::<f32>()?,
+                        &want,
+                        1e-5,
+                        &format!("{name}: p{i} at step {step}"),
+                    );
+                    let want: Vec<f64> = ema_model[i].iter().map(|&v| v as f64).collect();
+                    super::close(
+                        &emas[i].to_vec::<f32>()?,
+                        &want,
+                        1e-5,
+                        &format!("{name}: e{i} at step {step}"),
+                    );
+                }
+            }
+        }
+        for (t, want, what) in held {
+            let want: Vec<f64> = want.iter().map(|&v| v as f64).collect();
+            super::close(&t.to_vec::<f32>()?, &want, 1e-5, &what);
+        }
+    }
+    Ok(())
+}
