@@ -158,10 +158,16 @@ impl Variable {
             });
         }
         let source = state.resolve(r);
-        // Over a realized value the new one is an `assign`, which a run may
-        // compute into the old value's bytes (see `passes/assign.rs`).
+        // Over a realized value that the new one is computed from (an
+        // update), the new one is an `assign`, which a run may compute into
+        // the old value's bytes (see `passes/assign.rs`). A value that does
+        // not read the old one does not bind it, so a failed old value
+        // stays unread.
         let old = state.ws.value(self.id());
-        let node = if matches!(state.graph.node(old).op, Op::Buffer(_)) && old != source {
+        let update = matches!(state.graph.node(old).op, Op::Buffer(_))
+            && old != source
+            && reads_within(&state.graph, source, old, UPDATE_DEPTH);
+        let node = if update {
             state
                 .graph
                 .add(Op::Assign, &[old, source], None, var.region)
@@ -213,6 +219,30 @@ impl Variable {
         }
         self.assign_at(&written, location)
     }
+}
+
+/// How many operand steps below a new value [`reads_within`] looks for
+/// the old one: an optimizer's update reads it within two (`p - lr * g`,
+/// `b * 0.9 + g`, `p * (1 - lr * wd) - ...`), and a bounded look costs the
+/// recording of an assignment nothing next to a walk of the whole step.
+const UPDATE_DEPTH: usize = 3;
+
+/// Whether `value` reads `old` within `depth` operand steps.
+fn reads_within(graph: &crate::ir::Graph, value: NodeId, old: NodeId, depth: usize) -> bool {
+    let mut level = vec![value];
+    for _ in 0..depth {
+        let mut next = Vec::new();
+        for n in level {
+            for o in graph.operands(n) {
+                if o == old {
+                    return true;
+                }
+                next.push(o);
+            }
+        }
+        level = next;
+    }
+    false
 }
 
 /// An identity node reading `source` in `region`: a variable's new value,
