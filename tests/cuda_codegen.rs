@@ -21,8 +21,11 @@ fn settings() -> insta::Settings {
 /// Plans a case graph as the pipeline's last passes would.
 fn plan(graph: Graph, options: PassOptions, fuse: bool) -> Graph {
     let mut g = graph;
-    let passes: &[&str] =
-        if fuse { &["fusion", "schedule", "streams", "memory"] } else { &["schedule", "streams", "memory"] };
+    let passes: &[&str] = if fuse {
+        &["fusion", "assign", "schedule", "streams", "memory"]
+    } else {
+        &["assign", "schedule", "streams", "memory"]
+    };
     for pass in passes {
         g = run_single(pass, g, options).unwrap_or_else(|e| panic!("{pass}: {e}"));
     }

@@ -1,7 +1,8 @@
 //! In-place writes: which buffers a run may write over.
 //!
 //! A plan that writes an output over an input (`Placement::OverInput`:
-//! a `write_at` into a variable, such as a KV cache) lists those input
+//! a `write_at` into a variable, such as a KV cache, or an update the
+//! `assign` pass marked) lists those input
 //! slots (`Plan::donated`, [`Executable::donated`]). For each run the
 //! context decides whether it *gives* the slot's buffer up, and the
 //! backend writes in place only when it then holds the only reference to
@@ -25,8 +26,11 @@
 //!   count on CUDA), after the context dropped its own.
 //!
 //! A buffer given up belongs to the run: if the run fails, the old value
-//! is gone with it, and a later read of something that needed it reports
-//! that the buffer was freed. A second thread that reads a pending value
+//! is gone with it. When the launch itself fails (the CPU runs the plan
+//! as it launches), a later read of something that needed the old value
+//! (the assignment, still pending) reports the run's error again
+//! (`State::lost`); a run that fails on the device later leaves its error
+//! in the buffers it wrote, which every reader of the new value gets. A second thread that reads a pending value
 //! of the same variable while the run is launching can hit that too;
 //! reading a variable while another thread writes it is a race in the
 //! program either way.

@@ -62,6 +62,9 @@ pub(crate) struct State {
     pub(crate) live: Vec<Weak<TensorNode>>,
     /// Realized values, by the id their `Buffer` nodes carry.
     pub(crate) buffers: HashMap<BufferId, Buffer>,
+    /// Buffers given to a run to write over (`donate.rs`) whose launch
+    /// failed: a read of one reports that run's error, not a freed buffer.
+    pub(crate) lost: HashMap<BufferId, crate::Error>,
     next_buffer: u64,
     /// The next random stream; one per random node, so every random node
     /// draws different numbers and a rerun of a program draws the same ones.
@@ -235,6 +238,7 @@ impl Context {
             graph: Graph::new(),
             live: Vec::new(),
             buffers: HashMap::new(),
+            lost: HashMap::new(),
             next_buffer: 0,
             next_stream: 0,
             seed: 0,

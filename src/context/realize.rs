@@ -175,6 +175,14 @@ impl Context {
         let outputs = match outputs {
             Ok(outputs) => outputs,
             Err(e) => {
+                // The buffers given to the run went with it: a pending value
+                // that reads one (an assignment, retried by the next read)
+                // reports this error again, not a freed buffer.
+                for &k in &job.given {
+                    if let Some(&id) = job.input_ids.get(k as usize) {
+                        state.lost.insert(id, e.clone());
+                    }
+                }
                 state.collect();
                 return Err(e);
             }
@@ -306,8 +314,9 @@ impl Context {
             .inputs
             .iter()
             .map(|b| {
-                state.buffers.get(b).cloned().ok_or_else(|| {
-                    crate::Error::Backend(format!("buffer {} was freed while still read", b.0))
+                state.buffers.get(b).cloned().ok_or_else(|| match state.lost.get(b) {
+                    Some(e) => e.clone(),
+                    None => crate::Error::Backend(format!("buffer {} was freed while still read", b.0)),
                 })
             })
             .collect::<Result<_>>()?;

@@ -60,7 +60,7 @@ impl Pass for Assign {
             graph.remove(id);
             cx.rewrite();
         }
-        Ok(Changed::Yes)
+        Ok(Changed::from(cx.stats.rewrites > 0))
     }
 }
 
