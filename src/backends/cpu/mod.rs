@@ -85,12 +85,12 @@ impl CpuBuffer {
         (self.storage.contents(), self.layout.clone())
     }
 
-    /// A weak handle on the storage: the same storage while it is alive,
-    /// whatever was written into it (the emulator's stand-in for a device
-    /// allocation's identity).
+    /// The storage's address: the same while the storage lives, whatever
+    /// was written into it (the emulator's stand-in for a device
+    /// allocation's identity; an address may be reused once it is freed).
     #[cfg_attr(not(feature = "cuda-emulator"), allow(dead_code))]
-    pub(crate) fn storage_handle(&self) -> std::sync::Weak<Storage> {
-        Arc::downgrade(&self.storage)
+    pub(crate) fn storage_address(&self) -> usize {
+        Arc::as_ptr(&self.storage) as usize
     }
 
     /// Whether nobody else holds this buffer's storage (the emulator's

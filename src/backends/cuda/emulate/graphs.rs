@@ -28,7 +28,7 @@ use crate::backends::cuda::replay::{Next, Replays};
 use crate::backends::{Backend, Buffer, Contents, DeviceStats, RngArgs};
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 /// The replay state of one emulated executable.
 pub(super) struct Graphs {
@@ -44,9 +44,13 @@ pub(super) struct Graphs {
     /// holds those bytes, so binding that very buffer again copies
     /// nothing (the GPU's slot is that buffer's allocation).
     over: Vec<Option<(Contents, Layout)>>,
-    /// The storage each input was bound to on the run before: a capture
-    /// adopts only an input bound to the same one twice running.
-    last: Vec<Weak<Storage>>,
+    /// The address of the storage each input was bound to on the run
+    /// before: a capture adopts only an input bound to the same one twice
+    /// running. An address, not a `Weak`: a weak reference would make the
+    /// storage look shared to `Arc::get_mut` (an output set could not be
+    /// rewritten). A freed storage's address reused is only a miscounted
+    /// copy here: the slot takes the bound bytes either way.
+    last: Vec<usize>,
 }
 
 fn bad(msg: String) -> Error {
@@ -61,7 +65,7 @@ impl Graphs {
             sets: Vec::new(),
             stats,
             over: (0..inputs).map(|_| None).collect(),
-            last: (0..inputs).map(|_| Weak::new()).collect(),
+            last: vec![0; inputs],
         }
     }
 
@@ -80,8 +84,8 @@ impl Graphs {
             .zip(&mut self.last)
             .map(|(b, last)| match b {
                 Buffer::Cpu(c) => {
-                    let now = c.storage_handle();
-                    let same = Weak::ptr_eq(last, &now);
+                    let now = c.storage_address();
+                    let same = *last == now;
                     *last = now;
                     same
                 }
