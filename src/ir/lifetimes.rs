@@ -13,7 +13,7 @@
 //! operands first; streams below the count; events recorded before their
 //! waiters): [`super::plan_check`] checks those before it builds them.
 
-use super::{FusedKind, Graph, NodeId, Op, Shape, StreamPlan};
+use super::{FusedBody, FusedKind, Graph, NodeId, Op, Shape, StreamPlan};
 
 /// Arena offsets are multiples of this (a cache line; what SIMD loads like).
 pub(crate) const ALIGN: u64 = 64;
@@ -302,16 +302,8 @@ impl Facts {
         if !others_before {
             return Some("another reader of the operand may run at the same time (unordered stream)");
         }
-        if value_bytes(graph, xid) != value_bytes(graph, yid) {
-            return Some("the operand has another byte size");
-        }
-        let g = body.graph();
-        let Some(&input) = body.input_nodes().get(k) else { return Some("no such body input") };
-        if g.node(input).shape != graph.node(yid).shape {
-            return Some("the body reads the operand at another shape");
-        }
-        if g.users(input).iter().any(|&u| g.node(u).op.is_view()) {
-            return Some("the body reads the operand through a view");
+        if let Some(why) = reads_in_step(graph, body, k, xid, yid) {
+            return Some(why);
         }
         let aliased = operands
             .iter()
@@ -390,19 +382,28 @@ impl Facts {
         if aliased {
             return Some("another operand reads the input's bytes");
         }
-        if value_bytes(graph, x) != value_bytes(graph, yid) {
-            return Some("the input has another byte size");
-        }
-        let g = body.graph();
-        let Some(&input) = body.input_nodes().get(slot) else { return Some("no such body input") };
-        if g.node(input).shape != graph.node(yid).shape {
-            return Some("the body reads the input at another shape");
-        }
-        if g.users(input).iter().any(|&u| g.node(u).op.is_view()) {
-            return Some("the body reads the input through a view");
-        }
-        None
+        reads_in_step(graph, body, slot, x, yid)
     }
+}
+
+/// Why fused node `y` would not read each element of operand `x` (its
+/// `input k`) before writing the same element, or `None` when it does:
+/// `x` has the result's byte size, and the body reads `input k` directly
+/// (no view) at the result's shape. The in-place rule for an arena
+/// operand and for an input written over share it.
+fn reads_in_step(graph: &Graph, body: &FusedBody, k: usize, x: NodeId, y: NodeId) -> Option<&'static str> {
+    if value_bytes(graph, x) != value_bytes(graph, y) {
+        return Some("the operand has another byte size");
+    }
+    let g = body.graph();
+    let Some(&input) = body.input_nodes().get(k) else { return Some("no such body input") };
+    if g.node(input).shape != graph.node(y).shape {
+        return Some("the body reads the operand at another shape");
+    }
+    if g.users(input).iter().any(|&u| g.node(u).op.is_view()) {
+        return Some("the body reads the operand through a view");
+    }
+    None
 }
 
 /// The operand node `y` may be written over: a `write_at`'s target, a

@@ -1,7 +1,9 @@
 //! The registry and the pipeline's own contracts (each pass's behaviour
 //! is in its `.kir` cases and snapshots).
 
+use super::run::run_pass;
 use super::*;
+use crate::ir;
 
 #[test]
 fn registry_names_are_unique_kebab_case() {

@@ -2,7 +2,7 @@
 //! with DCE, and a schedule did before collectives were effects) and the
 //! golden error each gets; and every real pass leaving collectives alone.
 
-use super::super::{run_pass, Changed, Pass, PassCtx};
+use super::super::{run::run_pass, Changed, Pass, PassCtx};
 use super::Recorded;
 use crate::ir::text::parse;
 use crate::ir::{Graph, Op, ReduceOp};
