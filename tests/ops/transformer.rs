@@ -386,6 +386,34 @@ fn tensor_core_attention_matches_f64() {
     });
 }
 
+/// The CUDA-core kernel splits a query row's keys over several threads
+/// and merges their partial softmaxes, except where the merge would not
+/// fit in shared memory (f64 heads of 200: one thread a row, as before):
+/// both ends of the kernel, causal and not, over more keys than a tile,
+/// and a prefill-like causal case of 12 heads over its own 80 keys.
+#[test]
+fn cuda_core_attention_with_and_without_a_key_split_matches_f64() {
+    each_backend(|| {
+        let ctx = dev();
+        let mut rng = Rng::new(2007);
+        for (dtype, h, s, d) in [(DType::F64, 1, 19, 200), (DType::F32, 12, 80, 64), (DType::F16, 2, 45, 40)]
+        {
+            let q = rand_f(&mut rng, dtype, &[1, h, s, d], 1.0);
+            let k = rand_f(&mut rng, dtype, &[1, h, s, d], 1.0);
+            let v = rand_f(&mut rng, dtype, &[1, h, s, d], 1.0);
+            let (tq, tk, tv) =
+                (tensor_f(&ctx, dtype, &q), tensor_f(&ctx, dtype, &k), tensor_f(&ctx, dtype, &v));
+            let scale = 1.0 / (d as f64).sqrt();
+            for causal in [false, true] {
+                let want = attention_ref(&q, &k, &v, None, None, causal, scale);
+                let got = tq.scaled_dot_product_attention(&tk, &tv, None, causal, None);
+                let tol = if dtype == DType::F64 { 1.0 } else { 4.0 };
+                check_f(&got, dtype, &want, tol, &format!("attention {dtype} head dim {d}, causal {causal}"));
+            }
+        }
+    });
+}
+
 #[test]
 fn attention_refuses_what_it_cannot_take() {
     let ctx = Context::cpu();

@@ -1,13 +1,20 @@
 //! The attention kernel: one generated flash-style kernel per shape, for
 //! [`Op::Attention`](crate::ir::Op::Attention).
 //!
-//! A block owns `rows` consecutive query rows of one (batch, head), one
-//! thread per row (`rows` = the query length rounded up to a warp, at most
-//! 128). It walks the keys in tiles of `tile` keys: the block loads the
-//! tile's keys and values into shared memory (as f32), then every thread
-//! computes its row's `tile` scores into its own column of a shared tile,
-//! the tile maximum, one rescale of its running sum and output (the online
-//! softmax), and adds `e^(s - m) v` for the tile. The `[sq, sk]` scores
+//! A block owns `rows` consecutive query rows of one (batch, head), and
+//! `split` threads per row (`rows` = the query length rounded up to a
+//! warp, at most 128). It walks the keys in tiles of `tile` keys: the
+//! block loads the tile's keys and values into shared memory (as f32),
+//! then each thread takes every `split`-th key of the tile for its row:
+//! it computes those scores into its row's column of a shared tile, their
+//! maximum, one rescale of its running sum and output (the online
+//! softmax), and adds `e^(s - m) v` for them. With `split > 1` the
+//! threads of a row end with partial softmaxes over disjoint keys, merged
+//! through shared memory (each rescaled to the row's maximum, as
+//! FlashAttention's split-KV merge does), and the block writes its rows'
+//! outputs as one contiguous run. Threads are split-major (thread
+//! `sub * rows + row`), so a warp's 32 lanes read the same key: shared
+//! memory broadcasts it. The `[sq, sk]` scores
 //! exist only as that tile; global memory sees q, k, v (each read once per
 //! block) and the output. f16, bf16 and f32 accumulate in f32, f64 in
 //! f64; scores of removed keys are skipped, and a row with no key left
@@ -102,6 +109,8 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
     }
     let qblocks = sq.div_ceil(rows).max(1);
     let grid = (batch * heads * qblocks).max(1);
+    let split = key_split(grid, rows, tile, dv, width);
+    let threads = rows * split;
     let st = types::storage(dtype);
     let load = |e: &str| types::load(dtype, e);
     let mut p = vec![
@@ -122,20 +131,27 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
     let mut s = format!("extern \"C\" __global__ void {name}({}) {{\n", p.join(", "));
     let _ = writeln!(s, "  typedef long long I;\n  typedef {acc} A;");
     let _ = writeln!(s, "  const A NEG_INF = {inf};");
+    // One shared array: a tile's keys, values and scores, then (split > 1)
+    // the merge's outputs and running maxima and sums.
+    let (kn, vn, sn) = (tile * d.max(1), tile * dv.max(1), tile * rows);
+    let merge = if split > 1 { merge_len(rows, dv, split) } else { 0 };
+    let _ = writeln!(s, "  __align__(16) __shared__ A smem[{}];", (kn + vn + sn).max(merge));
+    let _ = writeln!(s, "  A* ks = smem;\n  A* vs = smem + {kn};");
+    // A tile's scores, column `row` for the row's threads: in shared
+    // memory rather than registers, so the loops over a tile's keys need
+    // not be unrolled (unrolled, a 64-dim head took NVRTC about 9 s on the
+    // H100).
+    let _ = writeln!(s, "  A* scs = smem + {};", kn + vn);
+    let _ = writeln!(s, "  const int t = threadIdx.x, row = t % {rows}, sub = t / {rows};");
+    // The last query blocks of a causal attention walk the most keys:
+    // they go first, so the short ones fill in behind them.
     let _ = writeln!(
         s,
-        "  __align__(16) __shared__ A ks[{}];\n  __align__(16) __shared__ A vs[{}];",
-        tile * d.max(1),
-        tile * dv.max(1)
+        "  const I qb = {} - (I)blockIdx.x % {qblocks}, bh = (I)blockIdx.x / {qblocks};",
+        qblocks - 1
     );
-    // A tile's scores, column t for thread t: in shared memory rather than
-    // registers, so the loops over a tile's keys need not be unrolled
-    // (unrolled, a 64-dim head took NVRTC about 9 s on the H100).
-    let _ = writeln!(s, "  __shared__ A scs[{}];", tile * rows);
-    let _ = writeln!(s, "  const int t = threadIdx.x;");
-    let _ = writeln!(s, "  const I qb = (I)blockIdx.x % {qblocks}, bh = (I)blockIdx.x / {qblocks};");
     let _ = writeln!(s, "  const I b = bh / {heads}, h = bh % {heads};", heads = heads.max(1));
-    let _ = writeln!(s, "  const I i = qb * {rows} + t;\n  const bool active = i < {sq};");
+    let _ = writeln!(s, "  const I i = qb * {rows} + row;\n  const bool active = i < {sq};");
     let _ = writeln!(s, "  A qr[{}], acc[{}];", d.max(1), dv.max(1));
     let _ = writeln!(s, "  A m = NEG_INF, l = 0;");
     // Every loop over a head dim is unrolled: the arrays stay in registers
@@ -169,7 +185,7 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
             let _ = writeln!(
                 s,
                 "    #pragma unroll 8\n    for (int e = t * 4; e < {tile} * {n}; e += {}) {{",
-                rows * 4
+                threads * 4
             );
             let _ = writeln!(s, "      const I r = e / {n}, c = e % {n}, j = j0 + r;");
             let _ = writeln!(
@@ -180,7 +196,7 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
             let _ = writeln!(s, "      *reinterpret_cast<kiln::vec4<A>*>(&{arr}[e]) = x;\n    }}");
         } else {
             let _ =
-                writeln!(s, "    #pragma unroll 8\n    for (int e = t; e < {tile} * {n}; e += {rows}) {{");
+                writeln!(s, "    #pragma unroll 8\n    for (int e = t; e < {tile} * {n}; e += {threads}) {{");
             let _ = writeln!(s, "      const I r = e / {n}, c = e % {n}, j = j0 + r;", n = n.max(1));
             let _ = writeln!(
                 s,
@@ -191,7 +207,7 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
     }
     s.push_str("    __syncthreads();\n");
     let _ = writeln!(s, "    A tmax = NEG_INF;");
-    let _ = writeln!(s, "    #pragma unroll 1\n    for (int r = 0; r < {tile}; ++r) {{");
+    let _ = writeln!(s, "    #pragma unroll 1\n    for (int r = sub; r < {tile}; r += {split}) {{");
     if vec4 {
         s.push_str("      const I j = j0 + r;\n      A d0 = 0, d1 = 0, d2 = 0, d3 = 0;\n");
         let _ = writeln!(s, "      #pragma unroll\n      for (int c = 0; c < {d}; c += 4) {{");
@@ -233,7 +249,7 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
         }
     }
     let _ = writeln!(s, "      const A sc = ({removed}) ? NEG_INF : {score};");
-    let _ = writeln!(s, "      scs[r * {rows} + t] = sc;");
+    let _ = writeln!(s, "      scs[r * {rows} + row] = sc;");
     // NaN wins: `sc != sc` is true for a NaN only (no fast math).
     s.push_str("      tmax = (sc > tmax || (sc != sc && tmax == tmax)) ? sc : tmax;\n    }\n");
     // One rescale per tile: the running maximum moves at most once (to
@@ -243,8 +259,8 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
     let _ = writeln!(s, "      const A corr = {ex}(m - mn);");
     s.push_str("      m = mn;\n      l *= corr;\n");
     let _ = writeln!(s, "      #pragma unroll\n      for (int c = 0; c < {dv}; ++c) acc[c] *= corr;");
-    let _ = writeln!(s, "      #pragma unroll 1\n      for (int r = 0; r < {tile}; ++r) {{");
-    let _ = writeln!(s, "        const A sc = scs[r * {rows} + t];");
+    let _ = writeln!(s, "      #pragma unroll 1\n      for (int r = sub; r < {tile}; r += {split}) {{");
+    let _ = writeln!(s, "        const A sc = scs[r * {rows} + row];");
     s.push_str("        if (sc == NEG_INF) continue;\n");
     let _ = writeln!(s, "        const A p = {ex}(sc - m);");
     s.push_str("        l += p;\n");
@@ -263,18 +279,80 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
         );
     }
     s.push_str("      }\n    }\n  }\n");
-    s.push_str("  if (active) {\n    const A inv = l == 0 ? (A)0 : (A)1 / l;\n");
-    let _ = writeln!(s, "    #pragma unroll\n    for (int c = 0; c < {dv}; ++c)");
-    let _ = writeln!(
-        s,
-        "      out[(bh * {sq} + i) * {dv} + c] = {};\n  }}\n}}",
-        types::store(dtype, &format!("({})(acc[c] * inv)", types::compute(dtype)))
-    );
+    let store = types::store(dtype, &format!("({})(x)", types::compute(dtype)));
+    if split == 1 {
+        s.push_str("  if (active) {\n    const A inv = l == 0 ? (A)0 : (A)1 / l;\n");
+        let _ = writeln!(s, "    #pragma unroll\n    for (int c = 0; c < {dv}; ++c) {{");
+        let _ =
+            writeln!(s, "      const A x = acc[c] * inv;\n      out[(bh * {sq} + i) * {dv} + c] = {store};");
+        s.push_str("    }\n  }\n}\n");
+    } else {
+        merge_partials(&mut s, rows, dv, split, sq, ex, &store);
+    }
     Ok(Kernel::new(
         name,
         s,
         grid as u32,
-        rows as u32,
+        threads as u32,
         if spec.mask == AttnMask::None { vec![0, 1, 2] } else { vec![0, 1, 2, 3] },
     ))
+}
+
+/// Threads per query row: more while the grid leaves the card short of
+/// threads (a 512-token prefill of 12 heads is 192 blocks of 32 rows, one
+/// warp each on an H100 of 132 SMs, when a row's keys are one thread's),
+/// up to 256 threads a block (a thread holds a query row and an output
+/// row in registers), at least two of a tile's keys a thread, and while
+/// the merge fits in the 48 KiB of static shared memory.
+fn key_split(grid: usize, rows: usize, tile: usize, dv: usize, width: usize) -> usize {
+    // About 16 warps an SM on 132 SMs.
+    const ENOUGH_THREADS: usize = 132 * 512;
+    let mut split = 1;
+    while grid * rows * split < ENOUGH_THREADS
+        && rows * split * 2 <= 256
+        && split * 4 <= tile
+        && merge_len(rows, dv, split * 2) * width <= 48 * 1024
+    {
+        split *= 2;
+    }
+    split
+}
+
+/// Elements of the merge's shared memory: each row's output, then each
+/// thread's running maximum and sum, then each row's total sum.
+fn merge_len(rows: usize, dv: usize, split: usize) -> usize {
+    rows * dv.max(1) + 2 * rows * split + rows
+}
+
+/// The end of a kernel whose rows' keys were split over `split` threads:
+/// each thread rescales its partial output and sum to the row's maximum
+/// (a thread that saw no key, `m = -inf`, contributes zero; a NaN maximum
+/// wins, so the row is NaN), the threads of a row add their outputs into
+/// shared memory one split at a time, and the block writes its rows (one
+/// contiguous run of `out`) with every thread.
+fn merge_partials(s: &mut String, rows: usize, dv: usize, split: usize, sq: usize, ex: &str, store: &str) {
+    let (ms, ls, tot) = (rows * dv, rows * dv + rows * split, rows * dv + 2 * rows * split);
+    s.push_str("  __syncthreads();  // the last tile's readers are done\n");
+    let _ = writeln!(s, "  smem[{ms} + t] = m;\n  smem[{ls} + t] = l;\n  __syncthreads();");
+    s.push_str("  A mx = NEG_INF;\n");
+    let _ = writeln!(s, "  for (int u = 0; u < {split}; ++u) {{");
+    let _ = writeln!(s, "    const A x = smem[{ms} + u * {rows} + row];");
+    s.push_str("    mx = (x > mx || (x != x && mx == mx)) ? x : mx;\n  }\n");
+    let _ = writeln!(s, "  const A corr = m == NEG_INF ? (A)0 : {ex}(m - mx);");
+    let _ = writeln!(s, "  for (int u = 0; u < {split}; ++u) {{");
+    s.push_str("    if (sub == u) {\n");
+    let _ = writeln!(s, "      #pragma unroll\n      for (int c = 0; c < {dv}; ++c)");
+    let _ =
+        writeln!(s, "        smem[row * {dv} + c] = (u == 0 ? (A)0 : smem[row * {dv} + c]) + acc[c] * corr;");
+    let _ = writeln!(s, "      smem[{tot} + row] = (u == 0 ? (A)0 : smem[{tot} + row]) + l * corr;");
+    s.push_str("    }\n    __syncthreads();\n  }\n");
+    // The block's rows are `out[(bh * sq + qb * rows) * dv ..]`, contiguous.
+    let _ = writeln!(
+        s,
+        "  const I first = qb * {rows}, n = ({sq} - first < {rows} ? {sq} - first : {rows}) * {dv};"
+    );
+    let _ = writeln!(s, "  for (I e = t; e < n; e += {}) {{", rows * split);
+    let _ = writeln!(s, "    const A lt = smem[{tot} + e / {}];", dv.max(1));
+    s.push_str("    const A x = lt == 0 ? (A)0 : smem[e] / lt;\n");
+    let _ = writeln!(s, "    out[(bh * {sq} + first) * {dv} + e] = {store};\n  }}\n}}");
 }
