@@ -344,7 +344,7 @@ impl CudaExecutable {
                     b.ptr(g.b.0),
                     b.ptr(g.c.0),
                     bias,
-                    h.lt_workspace.ptr(),
+                    h.workspace.ptr(),
                 )
                 .map_err(|e| e.to_string())?;
             }

@@ -17,8 +17,6 @@ use cudarc::cublaslt::sys as lt;
 use cudarc::driver::sys::CUstream;
 use std::ffi::c_void;
 
-/// Bytes of cuBLASLt workspace per stream.
-pub(crate) const LT_WORKSPACE: u64 = 32 << 20;
 
 fn check(st: lt::cublasStatus_t, what: &str) -> Result<()> {
     if st == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
@@ -121,7 +119,7 @@ impl LtPlan {
             )?;
             let mut pref = std::ptr::null_mut();
             check(lt::cublasLtMatmulPreferenceCreate(&mut pref), "preference")?;
-            let ws = LT_WORKSPACE;
+            let ws = super::device::BLAS_WORKSPACE;
             let st = lt::cublasLtMatmulPreferenceSetAttribute(
                 pref,
                 lt::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
