@@ -17,7 +17,6 @@ use cudarc::cublaslt::sys as lt;
 use cudarc::driver::sys::CUstream;
 use std::ffi::c_void;
 
-
 fn check(st: lt::cublasStatus_t, what: &str) -> Result<()> {
     if st == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
         Ok(())

@@ -1,9 +1,23 @@
 //! Device memory: a caching allocator for persistent buffers, arenas and
 //! scratch, so a loop does not call `cuMemAlloc` every iteration.
 //!
-//! Blocks are rounded up to a size class (512 bytes below 1 MiB, 2 MiB
-//! above) and a freed block goes back to its class's free list, where the
-//! next allocation of that class takes it. Reuse is *stream-ordered*: every
+//! Blocks are rounded up to a size class (512 bytes below 1 MiB, 64 KiB
+//! from there) and a freed block goes back to its class's free list, where
+//! the next allocation of that class takes it.
+//!
+//! Where fresh blocks come from: the driver hands out blocks below 1 MiB
+//! at their size (it sub-allocates them), but rounds every larger block
+//! up to 2 MiB (`benches/alloc_granularity.py` on an H100: a 2.25 MiB
+//! block takes 4 MiB of the device, a 6.75 MiB one 8). So large blocks
+//! are carved, one after another, out of *segments*: a request up to
+//! 10 MiB out of a 20 MiB segment shared with the next ones, a larger one
+//! out of its own segment rounded up to 2 MiB, whose end the next blocks
+//! use. GPT-2 small's 48 weight matrices lost 64 MB to the rounding
+//! before (their own `cuMemAlloc` each, in 2 MiB classes). A carved block
+//! is never given back alone: it goes to its class's free list like any
+//! other, and a segment is freed when every block carved from it is
+//! cached and the cache is released (as in PyTorch's caching allocator,
+//! without its splitting and merging of cached blocks). Reuse is *stream-ordered*: every
 //! plan joins all its streams into stream 0 before it ends, and input
 //! copies run on stream 0, so run work that reuses a block is always
 //! ordered after the last run that read it (as in PyTorch's caching
@@ -33,7 +47,7 @@ use std::sync::{Arc, Mutex};
 /// The caching allocator of one device.
 pub(crate) struct Pool {
     ctx: Arc<CudaContext>,
-    free: Mutex<HashMap<u64, Vec<FreeBlock>>>,
+    free: Mutex<Lists>,
     /// Bytes of the blocks in `free`.
     cached: AtomicU64,
     stats: Arc<DeviceStats>,
@@ -41,10 +55,39 @@ pub(crate) struct Pool {
     stream0_tail: Mutex<Option<Arc<Event>>>,
 }
 
+/// The free lists by class, and the segments large blocks are carved
+/// from (see the module docs), under one lock.
+#[derive(Default)]
+struct Lists {
+    free: HashMap<u64, Vec<FreeBlock>>,
+    segments: HashMap<u64, Segment>,
+    next_segment: u64,
+}
+
+/// A `cuMemAlloc` block that large blocks are carved from, front to back.
+struct Segment {
+    ptr: sys::CUdeviceptr,
+    size: u64,
+    /// Bytes carved so far (the next block starts there).
+    carved: u64,
+    /// Blocks carved from it that are not in a free list.
+    held: usize,
+}
+
+/// Requests from this size on are carved from segments.
+const LARGE: u64 = 1 << 20;
+/// Requests up to this size share segments of [`SHARED_SEGMENT`] bytes.
+const SHARED_UP_TO: u64 = 10 << 20;
+const SHARED_SEGMENT: u64 = 20 << 20;
+/// The driver's rounding of large blocks.
+const DRIVER_PAGE: u64 = 2 << 20;
+
 /// A cached block and what must finish before the other stream reuses it
 /// (see the module docs).
 struct FreeBlock {
     ptr: sys::CUdeviceptr,
+    /// The segment it was carved from, for a large block.
+    segment: Option<u64>,
     /// The last stream-0 completion recorded before the block was freed.
     stream0: Option<Arc<Event>>,
     /// The upload that wrote the block, if one did.
@@ -88,6 +131,8 @@ const SCAN: usize = 16;
 /// A block of device memory; back to its pool's free list when dropped.
 pub(crate) struct DeviceAlloc {
     ptr: sys::CUdeviceptr,
+    /// The segment it was carved from, for a large block.
+    segment: Option<u64>,
     class: u64,
     bytes: u64,
     pool: Arc<Pool>,
@@ -106,13 +151,46 @@ impl std::fmt::Debug for DeviceAlloc {
 
 /// The size class of a request: the bytes the block really has.
 fn class_of(bytes: u64) -> u64 {
-    const SMALL: u64 = 512;
-    const LARGE: u64 = 2 << 20;
+    const SMALL_STEP: u64 = 512;
+    const LARGE_STEP: u64 = 64 << 10;
     let b = bytes.max(1);
-    if b < (1 << 20) {
-        b.div_ceil(SMALL) * SMALL
+    if b < LARGE {
+        b.div_ceil(SMALL_STEP) * SMALL_STEP
     } else {
-        b.div_ceil(LARGE) * LARGE
+        b.div_ceil(LARGE_STEP) * LARGE_STEP
+    }
+}
+
+/// The size of a new segment for a block of `class` bytes.
+fn segment_for(class: u64) -> u64 {
+    if class <= SHARED_UP_TO {
+        SHARED_SEGMENT
+    } else {
+        class.div_ceil(DRIVER_PAGE) * DRIVER_PAGE
+    }
+}
+
+impl Lists {
+    /// A block of `class` bytes from the end of a segment that has room,
+    /// the fullest first (so the roomy ones keep room for large blocks).
+    fn carve(&mut self, class: u64) -> Option<(sys::CUdeviceptr, u64)> {
+        let (&id, seg) = self
+            .segments
+            .iter_mut()
+            .filter(|(_, g)| g.size - g.carved >= class)
+            .min_by_key(|(&id, g)| (g.size - g.carved, id))?;
+        let ptr = seg.ptr + seg.carved;
+        seg.carved += class;
+        seg.held += 1;
+        Some((ptr, id))
+    }
+
+    /// Adds a fresh segment and carves `class` bytes from its start.
+    fn carve_new(&mut self, ptr: sys::CUdeviceptr, size: u64, class: u64) -> (sys::CUdeviceptr, u64) {
+        let id = self.next_segment;
+        self.next_segment += 1;
+        self.segments.insert(id, Segment { ptr, size, carved: class, held: 1 });
+        (ptr, id)
     }
 }
 
@@ -120,7 +198,7 @@ impl Pool {
     pub fn new(ctx: Arc<CudaContext>, stats: Arc<DeviceStats>) -> Arc<Pool> {
         Arc::new(Pool {
             ctx,
-            free: Mutex::new(HashMap::new()),
+            free: Mutex::new(Lists::default()),
             cached: AtomicU64::new(0),
             stats,
             stream0_tail: Mutex::new(None),
@@ -140,23 +218,57 @@ impl Pool {
 
     fn alloc_for(self: &Arc<Pool>, bytes: u64, first: FirstUse) -> Result<DeviceAlloc> {
         let class = class_of(bytes);
-        let ptr = match self.take_cached(class, first) {
+        let (ptr, segment) = match self.take_cached(class, first) {
             Some(p) => {
                 self.cached.fetch_sub(class, Ordering::Relaxed);
                 p
             }
-            None => self.fresh(class, bytes)?,
+            None if class >= LARGE => self.carve(class, bytes)?,
+            None => (self.fresh(class, bytes)?, None),
         };
         self.stats.allocated(class);
-        Ok(DeviceAlloc { ptr, class, bytes, pool: self.clone(), copy: None, slot_refs: AtomicUsize::new(0) })
+        Ok(DeviceAlloc {
+            ptr,
+            segment,
+            class,
+            bytes,
+            pool: self.clone(),
+            copy: None,
+            slot_refs: AtomicUsize::new(0),
+        })
+    }
+
+    /// A never used large block: from a segment's room, or a new segment.
+    fn carve(&self, class: u64, asked: u64) -> Result<(sys::CUdeviceptr, Option<u64>)> {
+        if let Some((ptr, id)) = self.lists().carve(class) {
+            return Ok((ptr, Some(id)));
+        }
+        // A shared segment, or (when the device has no room for one) the
+        // block alone at the driver's rounding.
+        let mut size = segment_for(class);
+        let ptr = match self.fresh(size, asked) {
+            Ok(p) => p,
+            Err(_) if size > class.div_ceil(DRIVER_PAGE) * DRIVER_PAGE => {
+                size = class.div_ceil(DRIVER_PAGE) * DRIVER_PAGE;
+                self.fresh(size, asked)?
+            }
+            Err(e) => return Err(e),
+        };
+        let (ptr, id) = self.lists().carve_new(ptr, size, class);
+        Ok((ptr, Some(id)))
+    }
+
+    fn lists(&self) -> std::sync::MutexGuard<'_, Lists> {
+        self.free.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A cached block of `class` that `first` may use now: the newest
     /// first (a run's blocks are reused in stream order, so the newest is
     /// usable unless an upload wrote it), the oldest first for uploads
     /// (the most likely to have finished their runs).
-    fn take_cached(&self, class: u64, first: FirstUse) -> Option<sys::CUdeviceptr> {
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+    fn take_cached(&self, class: u64, first: FirstUse) -> Option<(sys::CUdeviceptr, Option<u64>)> {
+        let mut lists = self.lists();
+        let Lists { free, segments, .. } = &mut *lists;
         let list = free.get_mut(&class)?;
         let n = list.len();
         let order: Box<dyn Iterator<Item = usize>> = match first {
@@ -177,7 +289,11 @@ impl Pool {
                     continue;
                 }
             }
-            return Some(list.remove(k).ptr);
+            let block = list.remove(k);
+            if let Some(seg) = block.segment.and_then(|id| segments.get_mut(&id)) {
+                seg.held += 1;
+            }
+            return Some((block.ptr, block.segment));
         }
         None
     }
@@ -221,10 +337,27 @@ impl Pool {
     /// device is synchronized first; this path runs only when an
     /// allocation failed or the device closes, so the wait costs nothing in
     /// a loop.
+    ///
+    /// A carved block's memory goes back with its segment, once every block
+    /// of the segment is cached: the blocks of a segment still in use stay
+    /// in the free lists.
     pub fn release_cached(&self) {
-        let blocks: Vec<(u64, Vec<FreeBlock>)> =
-            self.free.lock().unwrap_or_else(|e| e.into_inner()).drain().collect();
-        if blocks.is_empty() {
+        let (blocks, segments) = {
+            let mut lists = self.lists();
+            let Lists { free, segments, .. } = &mut *lists;
+            let empty: Vec<u64> = segments.iter().filter(|(_, g)| g.held == 0).map(|(&id, _)| id).collect();
+            let mut blocks: Vec<(u64, Vec<FreeBlock>)> = Vec::new();
+            for (&class, list) in free.iter_mut() {
+                let (go, stay): (Vec<FreeBlock>, Vec<FreeBlock>) =
+                    list.drain(..).partition(|b| b.segment.is_none_or(|id| empty.contains(&id)));
+                *list = stay;
+                blocks.push((class, go));
+            }
+            free.retain(|_, list| !list.is_empty());
+            let gone: Vec<Segment> = empty.iter().filter_map(|id| segments.remove(id)).collect();
+            (blocks, gone)
+        };
+        if blocks.iter().all(|(_, b)| b.is_empty()) && segments.is_empty() {
             return;
         }
         let _ = self.ctx.bind_to_thread();
@@ -234,13 +367,20 @@ impl Pool {
             tracing::warn!(error = ?e, "cuda: synchronizing before releasing cached blocks failed");
         }
         for (class, freed) in blocks {
-            for FreeBlock { ptr: p, .. } in freed {
-                // SAFETY: a block this pool allocated and no buffer holds;
-                // the device has finished every piece of work (synchronized
-                // above), so none still uses it.
-                let _ = unsafe { result::free_sync(p) };
+            for FreeBlock { ptr: p, segment, .. } in freed {
+                if segment.is_none() {
+                    // SAFETY: a block this pool allocated and no buffer
+                    // holds; the device has finished every piece of work
+                    // (synchronized above), so none still uses it.
+                    let _ = unsafe { result::free_sync(p) };
+                }
                 self.cached.fetch_sub(class, Ordering::Relaxed);
             }
+        }
+        for g in segments {
+            // SAFETY: as above: every block carved from it was cached, and
+            // is out of the free lists now.
+            let _ = unsafe { result::free_sync(g.ptr) };
         }
     }
 
@@ -312,26 +452,56 @@ impl Drop for DeviceAlloc {
         self.pool.stats.freed(self.class);
         let stream0 = self.pool.stream0_tail.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let copy = self.copy.take().filter(|c| !c.known_finished());
-        self.pool
-            .free
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(self.class)
-            .or_default()
-            .push(FreeBlock { ptr: self.ptr, stream0, copy });
+        let mut lists = self.pool.lists();
+        if let Some(seg) = self.segment.and_then(|id| lists.segments.get_mut(&id)) {
+            seg.held -= 1;
+        }
+        lists.free.entry(self.class).or_default().push(FreeBlock {
+            ptr: self.ptr,
+            segment: self.segment,
+            stream0,
+            copy,
+        });
+        drop(lists);
         self.pool.cached.fetch_add(self.class, Ordering::Relaxed);
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::class_of;
+    use super::{class_of, segment_for, Lists};
 
     #[test]
     fn size_classes() {
         assert_eq!(class_of(0), 512);
         assert_eq!(class_of(513), 1024);
-        assert_eq!(class_of(1 << 20), 2 << 20);
-        assert_eq!(class_of((2 << 20) + 1), 4 << 20);
+        assert_eq!(class_of(1 << 20), 1 << 20);
+        assert_eq!(class_of((1 << 20) + 1), (1 << 20) + (64 << 10));
+        // GPT-2 small's f32 `c_proj` (768 x 768) is its own size.
+        assert_eq!(class_of(2_359_296), 2_359_296);
+    }
+
+    #[test]
+    fn large_blocks_are_carved_from_shared_segments() {
+        let mut lists = Lists::default();
+        assert!(lists.carve(1 << 20).is_none(), "no segment yet");
+        let (a, s0) = lists.carve_new(1 << 30, segment_for(2_359_296), 2_359_296);
+        assert_eq!(segment_for(2_359_296), 20 << 20);
+        // The next blocks follow it in the same segment while they fit.
+        let (b, s1) = lists.carve(7_077_888).expect("room for 6.75 MiB");
+        assert_eq!((b, s1), (a + 2_359_296, s0));
+        let (c, _) = lists.carve(9_437_184).expect("room for 9 MiB");
+        assert_eq!(c, b + 7_077_888);
+        assert!(lists.carve((2 << 20) + (64 << 10)).is_none(), "20 MiB less 18 MiB carved");
+        assert_eq!(lists.segments[&s0].held, 3);
+        // A large block gets its own segment, rounded to the driver's page
+        // (GPT-2's f32 `wte`, 147.2 MiB, takes 148 MiB).
+        assert_eq!(segment_for(154_389_504), 148 << 20);
+        let (_, big) = lists.carve_new(1 << 34, segment_for(13_107_200), 13_107_200);
+        assert_eq!(segment_for(13_107_200), 14 << 20);
+        // Its end (1.5 MiB) serves the next block before the first
+        // segment's 2 MiB: the fullest segment first.
+        let (d, sd) = lists.carve(1 << 20).expect("the big segment's end");
+        assert_eq!((d, sd), ((1 << 34) + 13_107_200, big));
     }
 }
