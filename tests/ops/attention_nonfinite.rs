@@ -1,6 +1,7 @@
 //! NaN and ±inf through attention on every kernel path and backend
-//! (issue 33): the CPU kernel, the CUDA-core kernel (f32, head dim 72)
-//! and the tensor-core kernel (f16 and bf16, head dim 64), on the CPU,
+//! (issue 33): the CPU kernel, the CUDA-core kernels (f32 at head dim
+//! 72 one row a thread, at 64 register-tiled) and the tensor-core kernel
+//! (f16 and bf16, head dim 64), on the CPU,
 //! the CUDA emulator and a GPU when there is one (see `nonfinite.rs`).
 //!
 //! PyTorch's semantics, which [`reference`] computes in f64:
@@ -25,9 +26,9 @@
 //! What is not specified: the values of a removed key (`p = 0` times a
 //! NaN or inf value) may or may not reach its row. PyTorch's backends
 //! differ there too (the math path multiplies `0 · NaN`, flash skips
-//! whole causal blocks); kiln's CPU and CUDA-core kernels never read
-//! them, the tensor-core kernel multiplies within a tile. The reference
-//! marks those outputs `None`.
+//! whole causal blocks); kiln's CPU kernel and one-row CUDA-core kernel
+//! never read them, the tensor-core and register-tiled kernels multiply
+//! within a tile. The reference marks those outputs `None`.
 
 use super::nonfinite::{backends, read, report, same, tensor, tol};
 use kiln::prelude::*;
@@ -248,16 +249,21 @@ fn run_cases<const SK: usize>(
 }
 
 /// Every kernel path: the CPU kernel on the CPU, on CUDA (and the
-/// emulator) the CUDA-core kernel (f32 at head dim 72, f16 at 40), the
-/// tensor-core kernel (f16 and bf16 at head dim 64) and, over 40 and 150
+/// emulator) the CUDA-core kernels (f32 at head dim 72 and 64, f16 at
+/// 40), the tensor-core kernel (f16 and bf16 at head dim 64) and, over 40 and 150
 /// keys, the split-key kernel (`codegen/attention_decode.rs`).
 #[test]
 fn nan_and_inf_through_attention_on_every_kernel_and_backend() {
     let mut failures = Vec::new();
     for (backend, ctx) in backends() {
-        for (dtype, d) in
-            [(DType::F32, 72), (DType::F16, 40), (DType::F16, 64), (DType::BF16, 64), (DType::F64, 8)]
-        {
+        for (dtype, d) in [
+            (DType::F32, 72),
+            (DType::F32, 64),
+            (DType::F16, 40),
+            (DType::F16, 64),
+            (DType::BF16, 64),
+            (DType::F64, 8),
+        ] {
             run_cases::<SK>(backend, &ctx(), dtype, d, &mut failures);
         }
         // A few query rows over many keys: the split-key kernel on CUDA
@@ -283,7 +289,7 @@ fn nan_and_inf_through_attention_on_every_kernel_and_backend() {
 fn attention_keeps_a_nan_query_row_nan_on_every_kernel() -> Result<()> {
     let mut failures = Vec::new();
     for (backend, ctx) in backends() {
-        for (dtype, d) in [(DType::F32, 72), (DType::F16, 64), (DType::F32, 8)] {
+        for (dtype, d) in [(DType::F32, 72), (DType::F32, 64), (DType::F16, 64), (DType::F32, 8)] {
             let ctx = ctx();
             let x = finite::<SK>(d);
             let mut q = x.q.clone();

@@ -386,18 +386,26 @@ fn tensor_core_attention_matches_f64() {
     });
 }
 
-/// The CUDA-core kernel splits a query row's keys over several threads
-/// and merges their partial softmaxes, except where the merge would not
-/// fit in shared memory (f64 heads of 200: one thread a row, as before):
-/// both ends of the kernel, causal and not, over more keys than a tile,
-/// and a prefill-like causal case of 12 heads over its own 80 keys.
+/// The CUDA-core kernels on CUDA: the one-row kernel splits a query row's
+/// keys over several threads and merges their partial softmaxes, except
+/// where the merge would not fit in shared memory (f64 heads of 200: one
+/// thread a row); f32 heads of 16-64 take the register-tiled kernel (a
+/// prefill-like causal case of 12 heads over its own 80 keys, and 70
+/// keys of 48 dims: tiles cut short). Causal and not, over more keys than
+/// a tile.
 #[test]
-fn cuda_core_attention_with_and_without_a_key_split_matches_f64() {
+fn cuda_core_attention_kernels_match_f64() {
     each_backend(|| {
         let ctx = dev();
         let mut rng = Rng::new(2007);
-        for (dtype, h, s, d) in [(DType::F64, 1, 19, 200), (DType::F32, 12, 80, 64), (DType::F16, 2, 45, 40)]
-        {
+        let shapes = [
+            (DType::F64, 1, 19, 200),
+            (DType::F32, 12, 80, 64),
+            (DType::F32, 1, 70, 48),
+            (DType::F32, 2, 45, 72),
+            (DType::F16, 2, 45, 40),
+        ];
+        for (dtype, h, s, d) in shapes {
             let q = rand_f(&mut rng, dtype, &[1, h, s, d], 1.0);
             let k = rand_f(&mut rng, dtype, &[1, h, s, d], 1.0);
             let v = rand_f(&mut rng, dtype, &[1, h, s, d], 1.0);

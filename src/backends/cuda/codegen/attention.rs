@@ -25,8 +25,10 @@
 //!
 //! All threads of a block reach every `__syncthreads` (rows past the end
 //! compute and write nothing), so the kernel runs as it is on the CPU
-//! emulator. It is a CUDA-core kernel, for f32, f64 and the f16/bf16
-//! head dims the tensor-core kernel (`attention_mma.rs`) does not take.
+//! emulator. It is a CUDA-core kernel, for f64, the f32 head dims the
+//! register-tiled kernel (`attention_simt.rs`) does not take, and the
+//! f16/bf16 head dims the tensor-core kernel (`attention_mma.rs`) does not
+//! take.
 
 use super::{types, Kernel};
 use crate::ir::{AttnMask, DType};
@@ -76,6 +78,9 @@ pub(crate) struct Spec {
 pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
     if super::attention_mma::applies(spec) {
         return Ok(super::attention_mma::flash_mma(name, spec));
+    }
+    if super::attention_simt::applies(spec) {
+        return Ok(super::attention_simt::flash_simt(name, spec));
     }
     let Spec { dtype, batch, heads, sq, sk, d, dv, .. } = *spec;
     if d.max(dv) > MAX_HEAD_DIM {
