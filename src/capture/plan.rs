@@ -7,7 +7,7 @@ use crate::context::VarId;
 use crate::ir::{BufferId, DType, NodeId, Op};
 use crate::{Context, Error, Location, Result, Tensor};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Where a plan input comes from at a call.
 enum Source {
@@ -17,8 +17,11 @@ enum Source {
     Var(VarId),
     /// A tensor from outside the step, realized when it was recorded.
     Const(Buffer),
-    /// A read of a host scalar recorded by the step: its value at the call.
-    Host(HostScalar, DType),
+    /// A read of a host scalar recorded by the step: its value at the call,
+    /// uploaded when it changed (the last upload is kept with the value it
+    /// holds: an unchanged learning rate binds the same buffer every call,
+    /// so a CUDA graph's slot reads it where it lies, no copy).
+    Host(HostScalar, DType, Mutex<Option<(u64, Buffer)>>),
 }
 
 /// Where a plan output goes after a call.
@@ -179,7 +182,7 @@ impl StepPlan {
             if let Some(&k) = arg_of_buffer.get(&id) {
                 Ok(Source::Arg(k))
             } else if let Some((cell, dtype)) = host_reads.get(&id) {
-                Ok(Source::Host(cell.clone(), *dtype))
+                Ok(Source::Host(cell.clone(), *dtype, Mutex::new(None)))
             } else if let Some(&v) = var_of_buffer.get(&id) {
                 Ok(Source::Var(v))
             } else {
@@ -344,7 +347,18 @@ fn source_buffer(
     args: &[Buffer],
 ) -> Result<Buffer> {
     match s {
-        Source::Host(cell, dtype) => cell.upload(ctx, *dtype),
+        Source::Host(cell, dtype, last) => {
+            let bits = cell.get().to_bits();
+            let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
+            match &*last {
+                Some((held, buffer)) if *held == bits => Ok(buffer.clone()),
+                _ => {
+                    let buffer = cell.upload(ctx, *dtype)?;
+                    *last = Some((bits, buffer.clone()));
+                    Ok(buffer)
+                }
+            }
+        }
         Source::Arg(k) => {
             args.get(*k).cloned().ok_or_else(|| Error::Backend("captured step: argument missing".into()))
         }

@@ -35,10 +35,11 @@ fn values(ctx: &Context) -> Result<Vec<Vec<f32>>> {
         .collect()
 }
 
-/// A captured AdamW and SGD-with-momentum step, 20 calls: after the
-/// first captures, each call copies its two arguments and its learning
-/// rate and nothing else, and every loss and final value equals the
-/// uncaptured loop's.
+/// A captured AdamW and SGD-with-momentum step, 20 calls, the learning
+/// rate lowered before call 12: after the first captures, each call
+/// copies its two arguments and nothing else (the learning rate, a host
+/// scalar, only on the call after it changed), and every loss and final
+/// value equals the uncaptured loop's.
 #[test]
 fn a_captured_step_copies_no_parameter_or_optimizer_state() -> Result<()> {
     for (name, make) in devices() {
@@ -60,6 +61,9 @@ fn a_captured_step_copies_no_parameter_or_optimizer_state() -> Result<()> {
                     });
                     for s in 0..20 {
                         let (x, y) = &data[s % 3];
+                        if s == 12 {
+                            step.optimizer().set_lr(0.004)?;
+                        }
                         let before = ctx.stats().graph_input_copies;
                         losses.push(step.call(&[x, y])?.item::<f32>()?);
                         if s >= 4 {
@@ -70,6 +74,9 @@ fn a_captured_step_copies_no_parameter_or_optimizer_state() -> Result<()> {
                     let mut opt = opt;
                     for s in 0..20 {
                         let (x, y) = &data[s % 3];
+                        if s == 12 {
+                            opt.set_lr(0.004)?;
+                        }
                         let loss = nn::cross_entropy(&m.forward(x)?, y)?;
                         loss.backward()?;
                         opt.step()?;
@@ -94,9 +101,13 @@ fn a_captured_step_copies_no_parameter_or_optimizer_state() -> Result<()> {
                 super::close(b, &want, t, &format!("{what}: values"));
             }
             if name.starts_with("cuda") {
-                // x, y and the learning rate (a host scalar the step
-                // uploads every call): no parameter, moment or count.
-                assert_eq!(copies, 16 * 3, "{what}: 16 replays copy their x, y and learning rate alone");
+                // x and y, and the learning rate once (the call after it
+                // changed): no parameter, moment, count or unchanged rate.
+                assert_eq!(
+                    copies,
+                    16 * 2 + 1,
+                    "{what}: 16 replays copy their x and y alone, and one new rate"
+                );
             }
         }
     }
