@@ -52,6 +52,8 @@ pub struct Generator<'m> {
     model: &'m Gpt2,
     cache: Arc<KvCache>,
     steps: Vec<(Sampling, Step<'m>)>,
+    /// The captured prefills (and their first sample), by sampling.
+    prefills: Vec<(Sampling, Step<'m>)>,
 }
 
 impl Gpt2 {
@@ -84,7 +86,7 @@ impl Gpt2 {
                 )
             })
         })?;
-        Ok(Generator { model: self, cache: Arc::new(cache), steps: Vec::new() })
+        Ok(Generator { model: self, cache: Arc::new(cache), steps: Vec::new(), prefills: Vec::new() })
     }
 }
 
@@ -154,8 +156,12 @@ impl<'m> Generator<'m> {
             *s = bucket as i64 - 1;
         }
         let starts = ctx.tensor(&starts, [batch]);
-        let logits = self.prefill(&ctx.tensor(&ids, [batch, bucket]), &starts)?;
-        let mut next = sample(&logits, &options.sampling)?;
+        let ids = ctx.tensor(&ids, [batch, bucket]);
+        let mut next = if bucket.is_power_of_two() {
+            self.prefill_step(&options.sampling).call(&[&ids, &starts])?.remove(0)
+        } else {
+            sample(&prefill(model, &self.cache, &ids, &starts)?, &options.sampling)?
+        };
         // Launched on its own now, as reading it would: the first step's
         // call would otherwise realize the prefill with its arguments, a
         // plan of its own (1000 prompts of lengths 1-512 compiled 16 plans
@@ -187,31 +193,28 @@ impl<'m> Generator<'m> {
         Ok(out)
     }
 
-    /// The logits `[batch, vocab]` at the last column of the prompts
-    /// `[batch, bucket]`, with their keys and values written at 0.
-    ///
-    /// The prompts attend over their own keys and values (the cache's
-    /// first `bucket` positions, which they are also written to), causal
-    /// and with the left padding masked, not over the whole cache under
-    /// the decode step's mask: a 512-token prompt in a 1024-position cache
-    /// then computes a quarter of the scores (half the keys, and the
-    /// kernel skips the blocks above the diagonal). On an H100 in f32 the
-    /// whole-cache form spent 6.4 of a 12.8 ms prefill in attention.
-    fn prefill(&self, ids: &Tensor, starts: &Tensor) -> Result<Tensor> {
-        let (model, cache) = (self.model, &self.cache);
-        let ctx = model.context();
-        let (b, s) = (ids.shape()[0], ids.shape()[1]);
-        let zero = ctx.scalar(0i64);
-        let positions = cache.positions(&zero, s, starts);
-        let keys = ctx.arange(0i64, s as i64, 1).reshape([1, s]);
-        let real = keys.ge(starts.reshape([b, 1])).reshape([b, 1, 1, s]);
-        let attend = Attend { causal: true, mask: Some(real) };
-        let h = model.hidden(ids, Positions::Given(&positions), &attend, &mut |layer, kv: KeyValues| {
-            cache.append_stacked(layer, &zero, &kv.both())?;
-            Ok(kv)
-        })?;
-        let last = h.narrow(1, s - 1, 1).reshape([b, model.config().n_embd]);
-        model.lm_head(&last)
+    /// The prefill of `sampling` and its first sample, a captured step of
+    /// the prompts `[batch, bucket]` and the rows' starts, recorded once
+    /// per bucket: a prefill recorded each call cost the host about a
+    /// millisecond on GPT-2 small (its 400-odd ops recorded, keyed and
+    /// bound every call), as much as the device's work for a short prompt.
+    /// Only power-of-two buckets come here: at most 8 of them for 1024
+    /// positions, within the captured step's cap; the others (a bucket
+    /// cut to the room left in the cache) run uncaptured.
+    fn prefill_step(&mut self, sampling: &Sampling) -> &mut Step<'m> {
+        let k = match self.prefills.iter().position(|(s, _)| s == sampling) {
+            Some(k) => k,
+            None => {
+                let (model, cache, sampling_) = (self.model, self.cache.clone(), sampling.clone());
+                let f: StepBody<'m> = Box::new(move |args: &[Tensor]| {
+                    Ok(vec![sample(&prefill(model, &cache, &args[0], &args[1])?, &sampling_)?])
+                });
+                let cap = model.config().n_positions.max(MIN_BUCKET).ilog2() as usize + 1;
+                self.prefills.push((sampling.clone(), model.context().capture(f).with_cap(cap)));
+                self.prefills.len() - 1
+            }
+        };
+        &mut self.prefills[k].1
     }
 
     /// The decode step of `sampling`, recorded on its first call.
@@ -231,6 +234,32 @@ impl<'m> Generator<'m> {
         };
         &mut self.steps[k].1
     }
+}
+
+/// The logits `[batch, vocab]` at the last column of the prompts
+/// `[batch, bucket]`, with their keys and values written at 0.
+///
+/// The prompts attend over their own keys and values (the cache's
+/// first `bucket` positions, which they are also written to), causal
+/// and with the left padding masked, not over the whole cache under
+/// the decode step's mask: a 512-token prompt in a 1024-position cache
+/// then computes a quarter of the scores (half the keys, and the
+/// kernel skips the blocks above the diagonal). On an H100 in f32 the
+/// whole-cache form spent 6.4 of a 12.8 ms prefill in attention.
+fn prefill(model: &Gpt2, cache: &KvCache, ids: &Tensor, starts: &Tensor) -> Result<Tensor> {
+    let ctx = model.context();
+    let (b, s) = (ids.shape()[0], ids.shape()[1]);
+    let zero = ctx.scalar(0i64);
+    let positions = cache.positions(&zero, s, starts);
+    let keys = ctx.arange(0i64, s as i64, 1).reshape([1, s]);
+    let real = keys.ge(starts.reshape([b, 1])).reshape([b, 1, 1, s]);
+    let attend = Attend { causal: true, mask: Some(real) };
+    let h = model.hidden(ids, Positions::Given(&positions), &attend, &mut |layer, kv: KeyValues| {
+        cache.append_stacked(layer, &zero, &kv.both())?;
+        Ok(kv)
+    })?;
+    let last = h.narrow(1, s - 1, 1).reshape([b, model.config().n_embd]);
+    model.lm_head(&last)
 }
 
 /// The logits `[batch, vocab]` of the decode step's `ids` (`[batch, 1]`),
