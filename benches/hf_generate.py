@@ -31,7 +31,7 @@ synchronized wall time) divided by the new tokens. Also:
   eager and compiled (`torch.compile`, default mode), median of 20 after
   warm-up, CUDA events.
 
-    python3 benches/hf_generate.py [--markdown table.md] [--json out.jsonl]
+    python3 benches/hf_generate.py [--markdown table.md] [--json out.jsonl] [--only decode|batch|prefill]
 """
 import json
 import statistics
@@ -157,9 +157,12 @@ def prefill(m, compiled, n=512):
     return statistics.median(times)
 
 
+args = sys.argv[1:]
+# `--only decode|batch|prefill`: one kind of row (a shorter call).
+only = args[args.index("--only") + 1] if "--only" in args else None
 rows = []
 for dtype, name in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
-    for mode in MODES:
+    for mode in MODES if only in (None, "decode") else []:
         try:
             ms, first = decode(model(dtype), mode)
         except Exception as e:  # a mode this transformers/torch pair cannot run: say so, go on
@@ -167,7 +170,7 @@ for dtype, name in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
             continue
         rows.append(dict(what=f"decode ms/token {name}", mode=mode, ms=ms, first_s=first))
         print(json.dumps(rows[-1]), flush=True)
-    for mode in MODES:
+    for mode in MODES if only in (None, "batch") else []:
         try:
             tps = batch(model(dtype), mode)
         except Exception as e:
@@ -175,7 +178,7 @@ for dtype, name in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
             continue
         rows.append(dict(what=f"batch 8 tokens/s {name}", mode=mode, ms=tps))
         print(json.dumps(rows[-1]), flush=True)
-    for compiled in [False, True]:
+    for compiled in [False, True] if only in (None, "prefill") else []:
         try:
             ms = prefill(model(dtype), compiled)
         except Exception as e:
@@ -184,7 +187,6 @@ for dtype, name in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
         rows.append(dict(what=f"prefill 512 ms {name}", mode="compiled" if compiled else "eager", ms=ms))
         print(json.dumps(rows[-1]), flush=True)
 
-args = sys.argv[1:]
 if "--json" in args:
     with open(args[args.index("--json") + 1], "w") as f:
         for r in rows:
