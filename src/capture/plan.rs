@@ -126,6 +126,10 @@ impl StepPlan {
                     by_buffer.insert(b, v);
                 }
             }
+            // The old ids that nothing reads go now: each would hold the
+            // bytes a second time, and the recording run would write over
+            // a copy of every variable it updates in place (`donate.rs`).
+            state.collect();
             let host_before: Vec<BufferId> = state.host_scalars.keys().copied().collect();
             (state.ws.vars.len(), by_buffer, state.next_stream, host_before)
         };

@@ -190,3 +190,44 @@ fn in_place_updates_keep_every_value_a_reader_holds() -> Result<()> {
     }
     Ok(())
 }
+
+/// The recording call of a captured step writes a variable in place too:
+/// recording gives each variable's value a buffer id of its own, and the
+/// old id (read by nothing) must not keep a second hold on the bytes, or
+/// the recording run writes over a copy of every variable it updates (a
+/// GPT-2 decode step's recording held its KV cache twice; a training
+/// step's, every parameter and moment). Peak memory over each call stays
+/// within the variable plus the small write, on the CPU and the GPU (the
+/// emulator copies on a plan's first run by design: `emulate/graphs.rs`).
+#[test]
+fn a_captured_step_writes_in_place_from_its_recording_call_on() -> Result<()> {
+    for (name, make) in devices() {
+        if name == "cuda-emulated" {
+            continue;
+        }
+        let ctx = make();
+        let n = 1 << 18;
+        let cache = ctx.variable("cache", ctx.tensor(&data(n, 7), [n / 64, 64]))?;
+        ctx.sync()?;
+        let (c, v) = (ctx.clone(), cache.clone());
+        let mut step = ctx.capture(move |args: &[Tensor]| {
+            v.write_at(0, &args[0], &c.ones([1, 64]))?;
+            Ok(vec![v.tensor().narrow(0, 0, 1).sum(&[0usize, 1], false)])
+        });
+        let held = ctx.stats().live_bytes;
+        for k in 0..4i64 {
+            ctx.reset_peak_bytes();
+            step.call(&[&ctx.scalar(k)])?.remove(0).item::<f32>()?;
+            let peak = ctx.stats().peak_bytes;
+            assert!(
+                peak < held + (n as u64 * 4) / 2,
+                "{name}, call {k}: peak {peak} B with {held} B held before (the variable is {} B)",
+                n * 4
+            );
+        }
+        let got = cache.to_vec::<f32>()?;
+        assert!(got[..4 * 64].iter().all(|&x| x == 1.0), "{name}: the first four rows were written");
+        assert_eq!(got[4 * 64..], data(n, 7)[4 * 64..], "{name}: the rest is untouched");
+    }
+    Ok(())
+}
