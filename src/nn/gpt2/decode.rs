@@ -160,13 +160,14 @@ impl<'m> Generator<'m> {
         let mut next = if bucket.is_power_of_two() {
             self.prefill_step(&options.sampling).call(&[&ids, &starts])?.remove(0)
         } else {
-            sample(&prefill(model, &self.cache, &ids, &starts)?, &options.sampling)?
+            let next = sample(&prefill(model, &self.cache, &ids, &starts)?, &options.sampling)?;
+            // Launched on its own now, as reading it would: the first
+            // step's call would otherwise realize the prefill with its
+            // arguments, a plan of its own (1000 prompts of lengths 1-512
+            // compiled 16 plans instead of 9).
+            next.realize()?;
+            next
         };
-        // Launched on its own now, as reading it would: the first step's
-        // call would otherwise realize the prefill with its arguments, a
-        // plan of its own (1000 prompts of lengths 1-512 compiled 16 plans
-        // instead of 9).
-        next.realize()?;
         let step = self.step(&options.sampling);
         let mut done = vec![false; rows];
         for t in 0..new {
@@ -202,38 +203,45 @@ impl<'m> Generator<'m> {
     /// positions, within the captured step's cap; the others (a bucket
     /// cut to the room left in the cache) run uncaptured.
     fn prefill_step(&mut self, sampling: &Sampling) -> &mut Step<'m> {
-        let k = match self.prefills.iter().position(|(s, _)| s == sampling) {
-            Some(k) => k,
-            None => {
-                let (model, cache, sampling_) = (self.model, self.cache.clone(), sampling.clone());
-                let f: StepBody<'m> = Box::new(move |args: &[Tensor]| {
-                    Ok(vec![sample(&prefill(model, &cache, &args[0], &args[1])?, &sampling_)?])
-                });
-                let cap = model.config().n_positions.max(MIN_BUCKET).ilog2() as usize + 1;
-                self.prefills.push((sampling.clone(), model.context().capture(f).with_cap(cap)));
-                self.prefills.len() - 1
-            }
-        };
-        &mut self.prefills[k].1
+        let (model, cache) = (self.model, self.cache.clone());
+        step_for(&mut self.prefills, sampling, |sampling| {
+            let f: StepBody<'m> = Box::new(move |args: &[Tensor]| {
+                Ok(vec![sample(&prefill(model, &cache, &args[0], &args[1])?, &sampling)?])
+            });
+            let cap = model.config().n_positions.max(MIN_BUCKET).ilog2() as usize + 1;
+            model.context().capture(f).with_cap(cap)
+        })
     }
 
     /// The decode step of `sampling`, recorded on its first call.
     fn step(&mut self, sampling: &Sampling) -> &mut Step<'m> {
-        let k = match self.steps.iter().position(|(s, _)| s == sampling) {
-            Some(k) => k,
-            None => {
-                let (model, cache, sampling_) = (self.model, self.cache.clone(), sampling.clone());
-                let f: StepBody<'m> = Box::new(move |args: &[Tensor]| {
-                    let ids = args[0].reshape([cache.batch(), 1]);
-                    let logits = logits_after(model, &cache, &ids, &args[1], &args[2])?;
-                    Ok(vec![sample(&logits, &sampling_)?])
-                });
-                self.steps.push((sampling.clone(), model.context().capture(f)));
-                self.steps.len() - 1
-            }
-        };
-        &mut self.steps[k].1
+        let (model, cache) = (self.model, self.cache.clone());
+        step_for(&mut self.steps, sampling, |sampling| {
+            let f: StepBody<'m> = Box::new(move |args: &[Tensor]| {
+                let ids = args[0].reshape([cache.batch(), 1]);
+                let logits = logits_after(model, &cache, &ids, &args[1], &args[2])?;
+                Ok(vec![sample(&logits, &sampling)?])
+            });
+            model.context().capture(f)
+        })
     }
+}
+
+/// The step of `sampling` in `steps`, made by `make` (given its own copy
+/// of the settings) the first time.
+fn step_for<'a, 'm>(
+    steps: &'a mut Vec<(Sampling, Step<'m>)>,
+    sampling: &Sampling,
+    make: impl FnOnce(Sampling) -> Step<'m>,
+) -> &'a mut Step<'m> {
+    let k = match steps.iter().position(|(s, _)| s == sampling) {
+        Some(k) => k,
+        None => {
+            steps.push((sampling.clone(), make(sampling.clone())));
+            steps.len() - 1
+        }
+    };
+    &mut steps[k].1
 }
 
 /// The logits `[batch, vocab]` at the last column of the prompts
