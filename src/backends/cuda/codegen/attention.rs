@@ -74,6 +74,33 @@ pub(crate) struct Spec {
     pub m: Option<Strided>,
 }
 
+impl Spec {
+    /// The opening line of a flash kernel `name` (every kernel but the
+    /// split-key decode one): `out, q, k, v` and the mask, if any.
+    pub(crate) fn flash_head(&self, name: &str) -> String {
+        let st = types::storage(self.dtype);
+        let mut p = vec![
+            format!("{st}* __restrict__ out"),
+            format!("const {st}* __restrict__ q"),
+            format!("const {st}* __restrict__ k"),
+            format!("const {st}* __restrict__ v"),
+        ];
+        if self.mask != AttnMask::None {
+            p.push(format!("const {}* __restrict__ mask", types::storage(self.mask_dtype)));
+        }
+        format!("extern \"C\" __global__ void {name}({}) {{\n", p.join(", "))
+    }
+
+    /// The parameters a flash kernel reads (all but `out`).
+    pub(crate) fn flash_reads(&self) -> Vec<usize> {
+        if self.mask == AttnMask::None {
+            vec![0, 1, 2]
+        } else {
+            vec![0, 1, 2, 3]
+        }
+    }
+}
+
 /// The kernel for `spec`, or why there is none.
 pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
     if super::attention_mma::applies(spec) {
@@ -116,24 +143,14 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
     let grid = (batch * heads * qblocks).max(1);
     let split = key_split(grid, rows, tile, dv, width);
     let threads = rows * split;
-    let st = types::storage(dtype);
     let load = |e: &str| types::load(dtype, e);
-    let mut p = vec![
-        format!("{st}* __restrict__ out"),
-        format!("const {st}* __restrict__ q"),
-        format!("const {st}* __restrict__ k"),
-        format!("const {st}* __restrict__ v"),
-    ];
-    if spec.mask != AttnMask::None {
-        p.push(format!("const {}* __restrict__ mask", types::storage(spec.mask_dtype)));
-    }
     let inf = if acc == "double" {
         "__longlong_as_double(0xfff0000000000000LL)"
     } else {
         "__int_as_float(0xff800000)"
     };
     let ex = if acc == "double" { "exp" } else { "expf" };
-    let mut s = format!("extern \"C\" __global__ void {name}({}) {{\n", p.join(", "));
+    let mut s = spec.flash_head(name);
     let _ = writeln!(s, "  typedef long long I;\n  typedef {acc} A;");
     let _ = writeln!(s, "  const A NEG_INF = {inf};");
     // One shared array: a tile's keys, values and scores, then (split > 1)
@@ -294,13 +311,7 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
     } else {
         merge_partials(&mut s, rows, dv, split, sq, ex, &store);
     }
-    Ok(Kernel::new(
-        name,
-        s,
-        grid as u32,
-        threads as u32,
-        if spec.mask == AttnMask::None { vec![0, 1, 2] } else { vec![0, 1, 2, 3] },
-    ))
+    Ok(Kernel::new(name, s, grid as u32, threads as u32, spec.flash_reads()))
 }
 
 /// Threads per query row: more while the grid leaves the card short of

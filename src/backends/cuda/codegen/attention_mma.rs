@@ -75,16 +75,7 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec) -> Kernel {
     let tag = format!("{st}()");
     let (kst, vst) = (d + PAD, KEYS + PAD);
     let log2e = std::f64::consts::LOG2_E;
-    let mut p = vec![
-        format!("{st}* __restrict__ out"),
-        format!("const {st}* __restrict__ q"),
-        format!("const {st}* __restrict__ k"),
-        format!("const {st}* __restrict__ v"),
-    ];
-    if spec.mask != AttnMask::None {
-        p.push(format!("const {}* __restrict__ mask", types::storage(spec.mask_dtype)));
-    }
-    let mut s = format!("extern \"C\" __global__ void {name}({}) {{\n", p.join(", "));
+    let mut s = spec.flash_head(name);
     s.push_str("  typedef long long I;\n  typedef kiln::u32 U;\n");
     s.push_str("  const float NEG_INF = __int_as_float(0xff800000);\n");
     // Keys (and, before the first tile, the queries: ROWS == KEYS) and the
@@ -240,8 +231,7 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec) -> Kernel {
         "      *(U*)&out[(bh * {sq} + i) * {dv} + n * 8 + 2 * c] = kiln::pack2(o[n][2 * r] * l[r], o[n][2 * r + 1] * l[r], {tag});"
     );
     s.push_str("    }\n  }\n}\n");
-    let params = if spec.mask == AttnMask::None { vec![0, 1, 2] } else { vec![0, 1, 2, 3] };
-    Kernel::new(name, s, grid as u32, THREADS as u32, params)
+    Kernel::new(name, s, grid as u32, THREADS as u32, spec.flash_reads())
 }
 
 /// Code that loads rows `start .. start + 64` (zeros past `len`) of

@@ -62,16 +62,7 @@ pub(crate) fn flash_simt(name: &str, spec: &Spec) -> Kernel {
     let grid = (batch * heads * qblocks).max(1);
     let (qst, kst, pst) = (d + PAD, d + PAD, ROWS + PAD);
     let cols = dv / 16;
-    let mut p = vec![
-        "float* __restrict__ out".to_string(),
-        "const float* __restrict__ q".into(),
-        "const float* __restrict__ k".into(),
-        "const float* __restrict__ v".into(),
-    ];
-    if spec.mask != AttnMask::None {
-        p.push(format!("const {}* __restrict__ mask", types::storage(spec.mask_dtype)));
-    }
-    let mut s = format!("extern \"C\" __global__ void {name}({}) {{\n", p.join(", "));
+    let mut s = spec.flash_head(name);
     s.push_str("  typedef long long I;\n  typedef kiln::vec4<float> V4;\n");
     s.push_str("  const float NEG_INF = __int_as_float(0xff800000);\n");
     let _ = writeln!(s, "  __align__(16) __shared__ float qs[{}];", ROWS * qst);
@@ -185,8 +176,7 @@ pub(crate) fn flash_simt(name: &str, spec: &Spec) -> Kernel {
     s.push_str("    const float inv = l[a] == 0.f ? 0.f : 1.f / l[a];\n");
     let _ = writeln!(s, "    #pragma unroll\n    for (int u = 0; u < {cols}; ++u)");
     let _ = writeln!(s, "      out[(bh * {sq} + i) * {dv} + kx + 16 * u] = o[a][u] * inv;\n  }}\n}}");
-    let params = if spec.mask == AttnMask::None { vec![0, 1, 2] } else { vec![0, 1, 2, 3] };
-    Kernel::new(name, s, grid as u32, THREADS as u32, params)
+    Kernel::new(name, s, grid as u32, THREADS as u32, spec.flash_reads())
 }
 
 /// Code that loads rows `start .. start + 32` (zeros past `len`) of
