@@ -21,8 +21,11 @@ use cudarc::cudnn::sys as dnn_sys;
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// Bytes of cuBLAS and cuBLASLt workspace per stream (NVIDIA's
-/// recommendation for Hopper).
+/// Bytes of workspace a classic cuBLAS GEMM gets (NVIDIA's
+/// recommendation for Hopper), and the most a cuBLASLt algorithm may ask
+/// for. A stream's workspace grows to this only when one of its plans
+/// calls classic cuBLAS, whose needs cannot be asked; cuBLASLt says what
+/// its chosen algorithm takes (`lt.rs`).
 pub(crate) const BLAS_WORKSPACE: u64 = 32 << 20;
 
 /// One GPU, opened for kiln.
@@ -64,20 +67,52 @@ pub(crate) struct LaunchState {
 /// A stream's cuBLAS and cuBLASLt handles and their one workspace: the
 /// two libraries' calls on one stream run one after the other, so they
 /// can share it (two workspaces held 32 MiB more a stream, a tenth of
-/// GPT-2 small's bf16 weights).
+/// GPT-2 small's bf16 weights). It grows as plans need: to what the
+/// cuBLASLt algorithms chosen take, and to [`BLAS_WORKSPACE`] once a plan
+/// calls classic cuBLAS. Holding 32 MiB from the stream's creation was
+/// 13% of GPT-2 small's bf16 weights and cache, for a decode that calls
+/// no classic GEMM.
 pub(crate) struct BlasHandle {
     pub handle: blas_sys::cublasHandle_t,
     pub lt: cudarc::cublaslt::sys::cublasLtHandle_t,
-    pub workspace: super::memory::DeviceAlloc,
+    pub workspace: GrowingWorkspace,
 }
 
 /// A cuDNN handle with a workspace that grows as convolutions need.
 pub(crate) struct DnnHandle {
     pub handle: dnn_sys::cudnnHandle_t,
-    pub workspace: Option<super::memory::DeviceAlloc>,
-    /// Workspaces this stream outgrew: kept, since captured graphs may
-    /// still use them (see `dnn.rs`).
+    pub workspace: GrowingWorkspace,
+}
+
+/// A library workspace that only grows. A workspace it outgrew is kept:
+/// CUDA graphs captured while it was current still name it.
+#[derive(Default)]
+pub(crate) struct GrowingWorkspace {
+    current: Option<super::memory::DeviceAlloc>,
     retired: Vec<super::memory::DeviceAlloc>,
+}
+
+impl GrowingWorkspace {
+    /// The current workspace's address (0 while there is none).
+    pub fn ptr(&self) -> u64 {
+        self.current.as_ref().map_or(0, super::memory::DeviceAlloc::ptr)
+    }
+
+    /// The current workspace's bytes.
+    pub fn bytes(&self) -> u64 {
+        self.current.as_ref().map_or(0, super::memory::DeviceAlloc::bytes)
+    }
+
+    /// Makes the workspace at least `bytes`; true when it moved.
+    fn grow(&mut self, pool: &Arc<Pool>, bytes: u64) -> Result<bool> {
+        if bytes <= self.bytes() {
+            return Ok(false);
+        }
+        if let Some(old) = self.current.replace(pool.alloc(bytes)?) {
+            self.retired.push(old);
+        }
+        Ok(true)
+    }
 }
 
 // SAFETY: the raw handles are only used under the launch lock.
@@ -199,28 +234,20 @@ impl LaunchState {
             if st != blas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
                 return Err(Error::Backend(format!("cuda: cublasCreate failed: {st:?}")));
             }
-            let workspace = self.pool.alloc(BLAS_WORKSPACE)?;
-            // SAFETY: the workspace outlives the handle (both in BlasHandle).
-            let st = unsafe {
-                blas_sys::cublasSetWorkspace_v2(handle, workspace.ptr() as *mut _, BLAS_WORKSPACE as usize)
-            };
-            if st != blas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-                return Err(Error::Backend(format!("cuda: cublasSetWorkspace failed: {st:?}")));
-            }
             let mut lt = std::ptr::null_mut();
             // SAFETY: plain handle creation; destroyed in Drop.
             let st = unsafe { cudarc::cublaslt::sys::cublasLtCreate(&mut lt) };
             if st != cudarc::cublaslt::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
                 return Err(Error::Backend(format!("cuda: cublasLtCreate failed: {st:?}")));
             }
-            self.blas.push(BlasHandle { handle, lt, workspace });
+            self.blas.push(BlasHandle { handle, lt, workspace: GrowingWorkspace::default() });
             let mut dnn = std::ptr::null_mut();
             // SAFETY: plain handle creation; destroyed in Drop.
             let st = unsafe { dnn_sys::cudnnCreate(&mut dnn) };
             if st != dnn_sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
                 return Err(Error::Backend(format!("cuda: cudnnCreate failed: {st:?}")));
             }
-            self.dnn.push(DnnHandle { handle: dnn, workspace: None, retired: Vec::new() });
+            self.dnn.push(DnnHandle { handle: dnn, workspace: GrowingWorkspace::default() });
             self.streams.push(s);
             self.capture.push(c);
         }
@@ -231,13 +258,25 @@ impl LaunchState {
 impl LaunchState {
     /// Grows stream `stream`'s cuDNN workspace to at least `bytes`.
     pub fn grow_dnn_workspace(&mut self, stream: usize, bytes: u64) -> Result<()> {
-        let h = &mut self.dnn[stream];
-        if bytes == 0 || h.workspace.as_ref().is_some_and(|w| w.bytes() >= bytes) {
+        self.dnn[stream].workspace.grow(&self.pool, bytes).map(drop)
+    }
+
+    /// Grows stream `stream`'s cuBLAS/cuBLASLt workspace to at least
+    /// `bytes`, and tells classic cuBLAS where it now is. Classic cuBLAS
+    /// is only called by plans that grew it to [`BLAS_WORKSPACE`] first,
+    /// so it never falls back to a workspace of its own.
+    pub fn grow_blas_workspace(&mut self, stream: usize, bytes: u64) -> Result<()> {
+        let h = &mut self.blas[stream];
+        if !h.workspace.grow(&self.pool, bytes)? {
             return Ok(());
         }
-        let new = self.pool.alloc(bytes)?;
-        if let Some(old) = h.workspace.replace(new) {
-            h.retired.push(old);
+        // SAFETY: the workspace lives as long as the handle (both in
+        // BlasHandle; outgrown ones are retired, not freed).
+        let st = unsafe {
+            blas_sys::cublasSetWorkspace_v2(h.handle, h.workspace.ptr() as *mut _, h.workspace.bytes() as usize)
+        };
+        if st != blas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(Error::Backend(format!("cuda: cublasSetWorkspace failed: {st:?}")));
         }
         Ok(())
     }

@@ -21,7 +21,7 @@
 //! (`group.rs`): no run on a broken group, a failed run breaks it, and
 //! its waits have the group's watchdog.
 
-use super::device::{raw, Device, Event, LaunchState};
+use super::device::{raw, Device, Event, LaunchState, BLAS_WORKSPACE};
 use super::dnn::{self, ConvPlan, PoolPlan};
 use super::graph::Graphs;
 use super::lt::LtPlan;
@@ -108,8 +108,7 @@ impl LibraryPlans {
     /// prelude or its steps, as [`LibraryPlans::new`] walks them).
     fn needed(program: &Program) -> bool {
         program.prelude.iter().chain(program.steps.iter().flat_map(|s| &s.launches)).any(|l| {
-            matches!(l, Launch::Conv(_) | Launch::Pool(_))
-                || matches!(l, Launch::Gemm(g) if g.epilogue != Epilogue::None)
+            matches!(l, Launch::Conv(_) | Launch::Pool(_) | Launch::Gemm(_))
         })
     }
 
@@ -133,8 +132,14 @@ impl LibraryPlans {
                 Launch::Pool(p) => {
                     plans.pools.insert((i, j), PoolPlan::new(p)?);
                 }
-                Launch::Gemm(g) if g.epilogue != Epilogue::None => {
-                    if let Some(plan) = LtPlan::new(ls.blas[stream].lt, g)? {
+                Launch::Gemm(g) => {
+                    let lt = match g.epilogue {
+                        Epilogue::None => None,
+                        _ => LtPlan::new(ls.blas[stream].lt, g)?,
+                    };
+                    // A GEMM cuBLASLt cannot take runs on classic cuBLAS.
+                    ls.grow_blas_workspace(stream, lt.as_ref().map_or(BLAS_WORKSPACE, LtPlan::workspace))?;
+                    if let Some(plan) = lt {
                         plans.lts.insert((i, j), plan);
                     }
                 }
@@ -356,8 +361,7 @@ impl CudaExecutable {
                 let plan = self.convs.get(&key).ok_or("a convolution without its plan")?;
                 let h = &ls.dnn[idx];
                 dnn::set_stream(h.handle, raw(stream)).map_err(|e| e.to_string())?;
-                let ws = h.workspace.as_ref().map_or(0, DeviceAlloc::ptr);
-                plan.run(h.handle, b.ptr(c.x.at), b.ptr(c.w.at), b.ptr(c.y.at), ws)
+                plan.run(h.handle, b.ptr(c.x.at), b.ptr(c.w.at), b.ptr(c.y.at), h.workspace.ptr())
                     .map_err(|e| e.to_string())?;
             }
             Launch::Pool(p) => {

@@ -150,6 +150,11 @@ impl LtPlan {
         }
     }
 
+    /// Bytes of workspace the chosen algorithm takes.
+    pub fn workspace(&self) -> u64 {
+        self.workspace as u64
+    }
+
     /// Enqueues `D = epilogue(op(A) op(B))` on `stream`.
     #[allow(clippy::too_many_arguments)]
     pub fn run(
