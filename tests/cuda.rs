@@ -370,3 +370,34 @@ fn two_stream_plans_interleaved_read_current_values() -> Result<()> {
     assert!(s.graph_captures > s.compiles && s.graph_replays > 2 * s.graph_captures, "{s:?}");
     Ok(())
 }
+
+/// `Stats::launches` counts what a run launches, whether it ran eagerly,
+/// was captured or replayed a graph: one plan run many times adds the
+/// same count each time (a matmul with its bias is one cuBLASLt call or a
+/// GEMM and a kernel, never zero). The CPU launches nothing it counts.
+#[test]
+fn launches_count_every_run_alike_eager_captured_or_replayed() -> Result<()> {
+    let Some(cuda) = gpu() else { return Ok(()) };
+    let cpu = Context::cpu();
+    for ctx in [&cuda, &cpu] {
+        let w = ctx.variable("w", ctx.tensor(&data(64 * 32, 1), [64, 32]))?;
+        let b = ctx.variable("b", ctx.tensor(&data(32, 2), [32]))?;
+        let mut per_run = Vec::new();
+        for it in 0..8u64 {
+            let x = ctx.tensor(&data(16 * 64, 3 + it), [16, 64]);
+            let before = ctx.stats().launches;
+            let y = (x.matmul(&w) + &*b).relu().sum_all();
+            y.realize()?;
+            per_run.push(ctx.stats().launches - before);
+            y.item::<f32>()?;
+        }
+        if ctx.device() == "cpu" {
+            assert!(per_run.iter().all(|&n| n == 0), "{per_run:?}");
+        } else {
+            let s = ctx.stats();
+            assert!(s.graph_replays >= 4, "{s:?}");
+            assert!(per_run[0] >= 2 && per_run.iter().all(|&n| n == per_run[0]), "{per_run:?}");
+        }
+    }
+    Ok(())
+}

@@ -139,6 +139,9 @@ pub struct DeviceStats {
     /// Inputs copied into a graph's static input slot before a replay
     /// (the others were already there, see `backends/cuda/replay.rs`).
     pub graph_input_copies: AtomicU64,
+    /// Kernels and library calls launched (CUDA; a replayed graph counts
+    /// the launches it holds).
+    pub launches: AtomicU64,
 }
 
 impl DeviceStats {

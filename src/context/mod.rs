@@ -148,6 +148,12 @@ pub struct Stats {
     /// Inputs copied into a CUDA graph's static input slots before a
     /// replay; an input whose bytes the slot already holds is not copied.
     pub graph_input_copies: u64,
+    /// Kernels and library calls (cuBLAS, cuDNN, NCCL) launched on a CUDA
+    /// device, all runs together; a replayed CUDA graph counts every
+    /// launch it holds, as `torch.profiler` counts a step's kernels. 0 on
+    /// the CPU, whose steps [`Stats::nodes_executed`] counts. Per training
+    /// step, it says how much a step launches (issue 35's kernel counts).
+    pub launches: u64,
     /// Per region of the recording graph (scopes, their `grad/` regions):
     /// nodes recorded there now, and the variables the region's workspace
     /// holds. Sorted by path; the root region's path is empty.
@@ -378,6 +384,7 @@ impl Context {
             graph_captures: device.graph_captures.load(Relaxed),
             graph_replays: device.graph_replays.load(Relaxed),
             graph_input_copies: device.graph_input_copies.load(Relaxed),
+            launches: device.launches.load(Relaxed),
             regions: state.region_stats(),
             recompiles: state.observe.recompiles.clone(),
         }

@@ -273,7 +273,11 @@ impl LaunchState {
         // SAFETY: the workspace lives as long as the handle (both in
         // BlasHandle; outgrown ones are retired, not freed).
         let st = unsafe {
-            blas_sys::cublasSetWorkspace_v2(h.handle, h.workspace.ptr() as *mut _, h.workspace.bytes() as usize)
+            blas_sys::cublasSetWorkspace_v2(
+                h.handle,
+                h.workspace.ptr() as *mut _,
+                h.workspace.bytes() as usize,
+            )
         };
         if st != blas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
             return Err(Error::Backend(format!("cuda: cublasSetWorkspace failed: {st:?}")));

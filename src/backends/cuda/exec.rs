@@ -45,6 +45,10 @@ pub(crate) struct CudaExecutable {
     pools: HashMap<(usize, usize), PoolPlan>,
     /// GEMMs whose epilogue cuBLASLt applies (the next launch is skipped).
     lts: HashMap<(usize, usize), LtPlan>,
+    /// Kernels and library calls a run launches ([`Stats::launches`]).
+    ///
+    /// [`Stats::launches`]: crate::Stats::launches
+    launches: u64,
     arena: Option<DeviceAlloc>,
     scratch: Option<DeviceAlloc>,
     /// [`Region::Counters`], zeroed when made.
@@ -107,9 +111,11 @@ impl LibraryPlans {
     /// Whether `program` calls a library that needs a plan (in its
     /// prelude or its steps, as [`LibraryPlans::new`] walks them).
     fn needed(program: &Program) -> bool {
-        program.prelude.iter().chain(program.steps.iter().flat_map(|s| &s.launches)).any(|l| {
-            matches!(l, Launch::Conv(_) | Launch::Pool(_) | Launch::Gemm(_))
-        })
+        program
+            .prelude
+            .iter()
+            .chain(program.steps.iter().flat_map(|s| &s.launches))
+            .any(|l| matches!(l, Launch::Conv(_) | Launch::Pool(_) | Launch::Gemm(_)))
     }
 
     /// Chooses every library call's algorithm, under the launch lock.
@@ -206,6 +212,7 @@ impl CudaExecutable {
             functions,
             convs,
             pools,
+            launches: program.launch_count() - lts.len() as u64,
             lts,
             arena,
             scratch,
@@ -529,6 +536,7 @@ impl CudaExecutable {
         drop(ls);
         drop(graphs);
         self.dev.stats.nodes_executed.fetch_add(self.program.steps.len() as u64, Ordering::Relaxed);
+        self.dev.stats.launches.fetch_add(self.launches, Ordering::Relaxed);
         let outputs = self.outputs(&ins, &outs, &over, &done)?;
         Ok(Launched { outputs, done })
     }

@@ -403,6 +403,15 @@ impl Launch {
     }
 }
 
+impl Program {
+    /// Kernels and library calls one run enqueues: the prelude's and every
+    /// step's, as lowered (`exec.rs` launches a GEMM and the epilogue
+    /// kernel after it as one cuBLASLt call where it can).
+    pub fn launch_count(&self) -> u64 {
+        (self.prelude.len() + self.steps.iter().map(|s| s.launches.len()).sum::<usize>()) as u64
+    }
+}
+
 impl fmt::Display for Program {
     /// The launch list, then every kernel's source: what snapshots hold.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
