@@ -21,14 +21,20 @@ torch.manual_seed(0).
 One step = forward + loss, backward, step, zero_grad, loss.item(). Per row:
 5 warm-up steps (the first, which includes compilation, is "first ms"),
 then --steps timed steps: wall time (time.perf_counter) around each whole
-step, median; peak MiB = torch.cuda.max_memory_allocated() over the timed
-steps after a reset (parameters, grads, optimizer state, activations); the
-loss of the first and last timed step. Then 3 steps under
-torch.profiler (CUDA activity): device kernels (no memcpy/memset) / 3. For
-reduce-overhead the note says how many CUDA graphs are launched per step,
-whether the profiler reported the kernels inside them (judged against the
-compile row's count), and the peak reserved memory (memory of the graph
-pools may not count as allocated).
+step, median; the loss of the first and last timed step; peak MiB =
+torch.cuda.max_memory_allocated() over the timed steps after a reset
+(parameters, grads, optimizer state, activations) plus the segments of the
+CUDA graph pools the row created (while graphs replay, their memory is not
+counted as allocated). Then 3 steps under torch.profiler (CUDA activity):
+device kernel events (not memcpy, memset or GPU user annotations) / 3. For
+reduce-overhead the note says how much of the peak is graph pools, how many
+graphs are launched per step and whether the profiler reported the kernels
+inside them (judged against the torch.compile row's count).
+
+Inductor's caches are left on, as users have them: a compiled row's first
+ms includes compiling only the graphs not compiled earlier in this run (or
+an earlier run on the machine); TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 makes
+every row compile cold.
 
     python3 benches/torch_train_gpt.py [kiln_train_gpt.jsonl] [--markdown table.md]
         [--only SUBSTRING] [--precisions f32,bf16] [--modes eager,compile,reduce-overhead]
@@ -42,7 +48,6 @@ and kiln's ratios to the best torch row. --device cpu is a smoke test
 import argparse
 import gc
 import json
-import math
 import os
 import statistics
 import time
@@ -155,12 +160,20 @@ def kernel_counts(step):
         for _ in range(PROFILED):
             step()
     events = prof.events()
-    kernels = sum(e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")) for e in events)
+    kernels = sum(e.device_type == DeviceType.CUDA and not e.is_user_annotation
+                  and not e.name.startswith(("Memcpy", "Memset")) for e in events)
     graphs = sum(e.name.startswith("cudaGraphLaunch") for e in events)
     return kernels / PROFILED, graphs / PROFILED
 
 
+def graph_pool_bytes():
+    """Bytes of the segments of private memory pools: the CUDA graphs'
+    memory, which max_memory_allocated does not see while graphs replay."""
+    return sum(s["total_size"] for s in torch.cuda.memory_snapshot() if s["segment_pool_id"] != (0, 0))
+
+
 def measure(step, steps, cuda):
+    pools = graph_pool_bytes() if cuda else 0
     first, _ = timed(step)
     for _ in range(WARMUP - 1):
         step()
@@ -170,8 +183,8 @@ def measure(step, steps, cuda):
     times, losses = zip(*(timed(step) for _ in range(steps)))
     row = {"median_ms": statistics.median(times), "first_ms": first, "loss_first": losses[0], "loss_last": losses[-1]}
     if cuda:
-        row["peak_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
-        row["peak_reserved_mib"] = torch.cuda.max_memory_reserved() / 2 ** 20
+        row["graph_pool_mib"] = (graph_pool_bytes() - pools) / 2 ** 20
+        row["peak_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20 + row["graph_pool_mib"]
         row["kernels_per_step"], row["graph_launches_per_step"] = kernel_counts(step)
     return row
 
@@ -179,11 +192,10 @@ def measure(step, steps, cuda):
 def graph_note(row, compiled):
     """What the profiler's count means for a reduce-overhead row, judged
     against the torch.compile row of the same configuration (`compiled`)."""
-    note = f"peak reserved {row['peak_reserved_mib']:.0f} MiB"
     g = row["graph_launches_per_step"]
     if not g:
-        return note
-    note += f"; {g:g} CUDA graph launches per step"
+        return "the profiler saw no CUDA graph launch"
+    note = f"peak includes {row['graph_pool_mib']:.0f} MiB of CUDA graph pools; {g:g} graph launches per step"
     if compiled is None or "kernels_per_step" not in compiled:
         return note + ", no torch.compile row to tell whether kernels inside graphs were counted"
     if row["kernels_per_step"] < compiled["kernels_per_step"] / 2:
@@ -193,7 +205,7 @@ def graph_note(row, compiled):
 
 
 def fmt(v, spec):
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+    return "-" if v is None else format(v, spec)
 
 
 def tables(rows):
@@ -218,9 +230,7 @@ def tables(rows):
         torch_rows = [r for r in group if not r["impl"].startswith("kiln") and "error" not in r]
         fastest = min(torch_rows, key=lambda r: r["median_ms"], default=None)
         smallest = min((r for r in torch_rows if "peak_mib" in r), key=lambda r: r["peak_mib"], default=None)
-        for k in (r for r in group if r["impl"].startswith("kiln") and "error" not in r):
-            if fastest is None:
-                continue
+        for k in (r for r in group if r["impl"].startswith("kiln") and "error" not in r and fastest):
             line = f"{k['impl']} / best torch = {k['median_ms'] / fastest['median_ms']:.2f}x median ms ({fastest['impl']})"
             if smallest and k.get("peak_mib"):
                 line += f", {k['peak_mib'] / smallest['peak_mib']:.2f}x peak MiB ({smallest['impl']})"
@@ -243,7 +253,7 @@ def main():
     if a.kiln and os.path.exists(a.kiln):
         rows += [json.loads(line) for line in open(a.kiln) if line.strip()]
     cuda = a.device == "cuda"
-    print(f"device: {torch.cuda.get_device_name() if cuda else 'cpu'}, torch {torch.__version__}")
+    print(f"device: {torch.cuda.get_device_name() if cuda else 'cpu'}, torch {torch.__version__}", flush=True)
     for config in (c for c in CONFIGS if a.only in c):
         for precision in a.precisions.split(","):
             for optimizer in a.optimizers.split(","):
@@ -257,9 +267,9 @@ def main():
                                         and (r["config"], r["precision"]) == (config, precision)]
                             row["note"] = graph_note(row, compiled[0] if compiled else None)
                     except Exception as e:  # a failed row is a row with its reason
-                        row["error"] = f"{type(e).__name__}: {e}"[:200]
+                        row["error"] = " ".join(f"{type(e).__name__}: {e}".replace("|", "/").split())[:200]
                     rows.append(row)
-                    print(json.dumps(row))
+                    print(json.dumps(row), flush=True)
                     gc.collect()
                     torch._dynamo.reset()
                     if cuda:

@@ -10,6 +10,7 @@ mod data;
 mod errors;
 mod generate;
 mod gpt2;
+mod gpt2_training;
 mod kv_cache;
 mod losses;
 mod modules;

@@ -1,0 +1,211 @@
+//! GPT-style decoder training on the GPU (issue 35): kiln's side of the
+//! table that `benches/torch_train_gpt.py` completes in the same call
+//! (PyTorch `nn.Module`s, `torch.optim.AdamW` default and fused, eager,
+//! torch.compile and reduce-overhead).
+//!
+//! The model is `nn::gpt2::Gpt2` with random weights (GPT-2's
+//! architecture: pre-LN blocks, tanh GELU, causal attention, the LM head
+//! tied to the token embedding), trained as its users train it: a
+//! captured `optim::TrainStep` of `AdamW` (PyTorch's defaults) on the
+//! cross-entropy of next-token logits, one fixed batch of random token ids
+//! and targets, the loss read every step. Three configurations, each in f32
+//! (TF32 off) and under bf16 autocast (f32 parameters, as
+//! `torch.autocast`):
+//!
+//! - `L2 d128 T64 B32 V8192`: launch-bound;
+//! - `L4 d256 T128 B16 V8192`: the issue's small decoder;
+//! - `L12 d768 T512 B8 V50257`: GPT-2 small's sizes.
+//!
+//! Each row is a fresh context. One call = `step.call` and the read of the
+//! loss, wall time, the median of 30 after 5 warm-ups (`first ms` is the
+//! first call: compile and capture). Peak MiB is `Stats::peak_bytes` over
+//! the timed steps (parameters, gradients, AdamW's moments, the step's
+//! arena; `torch.cuda.max_memory_allocated` on PyTorch's side), launches
+//! and input copies per step are `Stats::launches` and
+//! `Stats::graph_input_copies` over them.
+//!
+//!     cargo bench --features cuda --bench gpu_train_gpt [-- SUBSTRING] [--steps N] [--precisions f32,bf16]
+//!     KILN_BENCH_OUT=kiln_train.jsonl cargo bench ...   # also JSON lines
+//!
+//! Without a GPU it says so and exits 0 (`KILN_REQUIRE_CUDA=1`: 1).
+
+use kiln::nn::gpt2::{Activation, Gpt2, Gpt2Config};
+use kiln::nn::{self};
+use kiln::optim::{AdamConfig, AdamW, TrainStep};
+use kiln::prelude::*;
+use std::io::Write;
+use std::time::Instant;
+
+#[path = "common/models.rs"]
+mod models;
+
+/// One decoder's sizes.
+struct Shape {
+    layers: usize,
+    width: usize,
+    seq: usize,
+    batch: usize,
+    vocab: usize,
+}
+
+impl Shape {
+    /// The name both sides print (`L4 d256 T128 B16 V8192`).
+    fn name(&self) -> String {
+        let Shape { layers, width, seq, batch, vocab } = self;
+        format!("L{layers} d{width} T{seq} B{batch} V{vocab}")
+    }
+
+    /// GPT-2's configuration at these sizes: 64-wide heads.
+    fn config(&self) -> Gpt2Config {
+        Gpt2Config {
+            vocab_size: self.vocab,
+            n_positions: self.seq,
+            n_embd: self.width,
+            n_layer: self.layers,
+            n_head: self.width / 64,
+            n_inner: 4 * self.width,
+            layer_norm_epsilon: 1e-5,
+            activation: Activation::GeluTanh,
+            scale_attn_weights: true,
+            scale_attn_by_inverse_layer_idx: false,
+        }
+    }
+}
+
+const SHAPES: [Shape; 3] = [
+    Shape { layers: 2, width: 128, seq: 64, batch: 32, vocab: 8192 },
+    Shape { layers: 4, width: 256, seq: 128, batch: 16, vocab: 8192 },
+    Shape { layers: 12, width: 768, seq: 512, batch: 8, vocab: 50257 },
+];
+
+/// `n` token ids below `vocab` (splitmix64 from `seed`).
+fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<i64> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((z ^ (z >> 31)) % vocab as u64) as i64
+        })
+        .collect()
+}
+
+/// What one row measured.
+struct Row {
+    first_ms: f64,
+    median_ms: f64,
+    peak_mib: f64,
+    launches: f64,
+    copies: f64,
+    loss_first: f32,
+    loss_last: f32,
+}
+
+/// Trains `shape` for `steps` timed steps in `precision` on a fresh context.
+fn train(shape: &Shape, precision: &str, steps: usize) -> Result<Row> {
+    let mut ctx = Context::cuda(0)?.with_seed(1).with_tf32(false);
+    if precision == "bf16" {
+        ctx = ctx.with_autocast(DType::BF16);
+    }
+    let model = Gpt2::new(&ctx, "gpt", &shape.config(), DType::F32)?;
+    let opt = AdamW::new(&model, AdamConfig::adamw())?;
+    let (rows, vocab) = (shape.batch * shape.seq, shape.vocab);
+    let ids = ctx.tensor(&tokens(rows, vocab, 1), [shape.batch, shape.seq]);
+    let targets = ctx.tensor(&tokens(rows, vocab, 2), [rows]);
+    ctx.realize(&[&ids, &targets])?;
+    let mut step = TrainStep::new(&ctx, opt, move |b: &[Tensor]| {
+        nn::cross_entropy(&model.forward(&b[0], None)?.reshape([rows, vocab]), &b[1])
+    });
+    ctx.sync()?;
+    let t0 = Instant::now();
+    step.call(&[&ids, &targets])?.item::<f32>()?;
+    let first_ms = t0.elapsed().as_secs_f64() * 1e3;
+    for _ in 0..5 {
+        step.call(&[&ids, &targets])?.item::<f32>()?;
+    }
+    ctx.sync()?;
+    ctx.reset_peak_bytes();
+    let before = ctx.stats();
+    let (mut times, mut losses) = (Vec::with_capacity(steps), Vec::with_capacity(steps));
+    for _ in 0..steps {
+        let t = Instant::now();
+        losses.push(step.call(&[&ids, &targets])?.item::<f32>()?);
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let after = ctx.stats();
+    let per_step = |a: u64, b: u64| (a - b) as f64 / steps as f64;
+    Ok(Row {
+        first_ms,
+        median_ms: models::median(times),
+        peak_mib: after.peak_bytes as f64 / (1 << 20) as f64,
+        launches: per_step(after.launches, before.launches),
+        copies: per_step(after.graph_input_copies, before.graph_input_copies),
+        loss_first: losses[0],
+        loss_last: losses[steps - 1],
+    })
+}
+
+/// A JSON number, or `null` for a NaN or infinity (JSON has neither).
+fn json_number(v: f32) -> String {
+    if v.is_finite() {
+        format!("{v}")
+    } else {
+        "null".into()
+    }
+}
+
+fn main() -> Result<()> {
+    let probe = match Context::cuda(0) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("benches/gpu_train_gpt: no CUDA device ({e})");
+            let required = std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1");
+            std::process::exit(if required { 1 } else { 0 });
+        }
+    };
+    println!("device: {}", probe.device_description());
+    drop(probe);
+    let mut out = std::env::var("KILN_BENCH_OUT").ok().and_then(|p| std::fs::File::create(p).ok());
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|k| args.get(k + 1)).cloned();
+    let steps = value("--steps").and_then(|s| s.parse().ok()).unwrap_or(30usize).max(1);
+    let precisions = value("--precisions").unwrap_or_else(|| "f32,bf16".into());
+    let only = args
+        .iter()
+        .enumerate()
+        .find(|(k, a)| !a.starts_with('-') && (*k == 0 || !args[k - 1].starts_with("--")))
+        .map(|(_, a)| a.clone());
+    println!(
+        "{:<26} {:<6} {:>10} {:>10} {:>10} {:>10} {:>8}  loss",
+        "configuration", "", "median ms", "first ms", "peak MiB", "launches", "copies"
+    );
+    for shape in &SHAPES {
+        let name = shape.name();
+        if only.as_deref().is_some_and(|o| !name.contains(o)) {
+            continue;
+        }
+        for precision in precisions.split(',') {
+            let r = train(shape, precision, steps)?;
+            println!(
+                "{name:<26} {precision:<6} {:>10.3} {:>10.1} {:>10.1} {:>10.1} {:>8.2}  {:.4} -> {:.4}",
+                r.median_ms, r.first_ms, r.peak_mib, r.launches, r.copies, r.loss_first, r.loss_last
+            );
+            if let Some(f) = out.as_mut() {
+                let _ = writeln!(
+                    f,
+                    "{{\"config\":\"{name}\",\"precision\":\"{precision}\",\"impl\":\"kiln captured\",\"median_ms\":{:.5},\"first_ms\":{:.1},\"peak_mib\":{:.1},\"launches_per_step\":{:.1},\"input_copies_per_step\":{:.2},\"loss_first\":{},\"loss_last\":{}}}",
+                    r.median_ms,
+                    r.first_ms,
+                    r.peak_mib,
+                    r.launches,
+                    r.copies,
+                    json_number(r.loss_first),
+                    json_number(r.loss_last)
+                );
+            }
+        }
+    }
+    Ok(())
+}
