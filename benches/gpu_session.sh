@@ -19,6 +19,8 @@
 #                                            # several GPUs), then its gpu:: tests under memcheck
 #   bash benches/gpu_session.sh digits-amp   # examples/digits.rs MLP and --conv under --autocast bf16 (and f32)
 #   bash benches/gpu_session.sh transformer  # benches/gpu_transformer.rs + torch_transformer.py (issue 20)
+#   bash benches/gpu_session.sh train-gpt    # benches/gpu_train_gpt.rs + torch_train_gpt.py: GPT-style decoder training
+#                                            # (issue 35); TRAIN_ARGS (kiln) and TORCH_TRAIN_ARGS (--only, --modes, ...) pick rows
 #   bash benches/gpu_session.sh generate     # benches/gpu_generate.rs + hf_generate.py: GPT-2 small decode and
 #                                            # prefill, kiln then Hugging Face's generate modes (issue 34)
 #   bash benches/gpu_session.sh minilm       # examples/embed.rs and tests-nn (bert) on the real weights,
@@ -137,6 +139,11 @@ for stage in "$@"; do
       cat "$OUT/transformer-kiln.log"
       PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-500} python3 benches/torch_transformer.py "$OUT/kiln_transformer.jsonl" --markdown "$OUT/transformer.md" > "$OUT/transformer-torch.log" 2>&1 || status=1
       tail -50 "$OUT/transformer-torch.log" ;;
+    train-gpt)
+      KILN_BENCH_OUT=$OUT/kiln_train_gpt.jsonl timeout 300 $bin/benches-gpu_train_gpt ${TRAIN_ARGS:-} > "$OUT/train-gpt-kiln.log" 2>&1 || status=1
+      cat "$OUT/train-gpt-kiln.log"
+      PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-500} python3 benches/torch_train_gpt.py "$OUT/kiln_train_gpt.jsonl" --markdown "$OUT/train-gpt.md" ${TORCH_TRAIN_ARGS:-} > "$OUT/train-gpt-torch.log" 2>&1 || status=1
+      cat "$OUT/train-gpt.md" ;;
     generate)
       timeout 400 $bin/benches-gpu_generate > "$OUT/generate-kiln.log" 2>&1 || status=1
       cat "$OUT/generate-kiln.log"
