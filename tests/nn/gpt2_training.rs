@@ -1,10 +1,13 @@
 //! Training GPT-2 (`benches/gpu_train_gpt.rs`'s workload, at toy sizes):
-//! a captured AdamW `TrainStep` gives the losses and parameters of the
-//! same steps taken one op at a time (backward, step, zero_grad), on
-//! every device, and the loss falls. On CUDA the captured step replays
-//! its graph with no input copies once captured.
+//! the fixture model's losses over 10 AdamW steps are PyTorch's
+//! (`gpt2_training_reference.py`), on every device; a captured AdamW
+//! `TrainStep` gives the losses and parameters of the same steps taken
+//! one op at a time (backward, step, zero_grad), and the loss falls. On
+//! CUDA the captured step replays its graph with no input copies once
+//! captured.
 
-use crate::gpt2::devices;
+use crate::gpt2::{devices, fixture};
+use crate::gpt2_training_reference as reference;
 use kiln::nn::gpt2::{Activation, Gpt2, Gpt2Config};
 use kiln::nn::{self, Params};
 use kiln::optim::{AdamConfig, AdamW, Optimizer, TrainStep};
@@ -100,6 +103,36 @@ fn a_captured_gpt2_adamw_step_equals_the_step_op_by_op_and_the_loss_falls() -> R
             assert!(s.graph_replays >= 8, "{device}: {s:?}");
             assert_eq!(copies, 0, "{device}: input copies in the last 8 steps");
             assert!(s.launches > 0, "{device}: {s:?}");
+        }
+    }
+    Ok(())
+}
+
+/// Ten AdamW steps on the fixture model (weights ten times GPT-2's
+/// initial scale, biases set) give PyTorch's losses: the forward pass,
+/// every gradient (attention's, the tied embedding's two uses) and the
+/// update, compounded over the steps.
+#[test]
+fn gpt2_adamw_training_follows_pytorch_losses() -> Result<()> {
+    for (device, make) in devices() {
+        if device == "cuda-emulated" {
+            continue;
+        }
+        let ctx = make();
+        let model = Gpt2::from_pretrained(&ctx, fixture(), DType::F32)?;
+        let vocab = model.config().vocab_size;
+        let (b, t) = (reference::BATCH, reference::SEQ);
+        let ids: Vec<i64> = (0..b * t).map(|i| ((i * 37 + 11) % vocab) as i64).collect();
+        let targets: Vec<i64> = (0..b * t).map(|i| ((i * 53 + 7) % vocab) as i64).collect();
+        let (ids, targets) = (ctx.tensor(&ids, [b, t]), ctx.tensor(&targets, [b * t]));
+        let opt = AdamW::new(&model, AdamConfig::adamw())?;
+        let mut step = TrainStep::new(&ctx, opt, |x: &[Tensor]| {
+            nn::cross_entropy(&model.forward(&x[0], None)?.reshape([b * t, vocab]), &x[1])
+        });
+        for (i, want) in reference::LOSSES.iter().enumerate() {
+            let got = f64::from(step.call(&[&ids, &targets])?.item::<f32>()?);
+            // f32 sums in another order, compounded by Adam over the steps.
+            assert!((got - want).abs() <= 2e-4 * want.abs(), "{device}: step {i}: loss {got}, PyTorch {want}");
         }
     }
     Ok(())

@@ -11,6 +11,7 @@ mod errors;
 mod generate;
 mod gpt2;
 mod gpt2_training;
+mod gpt2_training_reference;
 mod kv_cache;
 mod losses;
 mod modules;

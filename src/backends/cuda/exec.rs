@@ -43,7 +43,8 @@ pub(crate) struct CudaExecutable {
     functions: Vec<CudaFunction>,
     convs: HashMap<(usize, usize), ConvPlan>,
     pools: HashMap<(usize, usize), PoolPlan>,
-    /// GEMMs whose epilogue cuBLASLt applies (the next launch is skipped).
+    /// GEMMs cuBLASLt runs; where it applies the epilogue
+    /// ([`LtPlan::fused`]) the next launch is skipped.
     lts: HashMap<(usize, usize), LtPlan>,
     /// Kernels and library calls a run launches ([`Stats::launches`]).
     ///
@@ -139,10 +140,7 @@ impl LibraryPlans {
                     plans.pools.insert((i, j), PoolPlan::new(p)?);
                 }
                 Launch::Gemm(g) => {
-                    let lt = match g.epilogue {
-                        Epilogue::None => None,
-                        _ => LtPlan::new(ls.blas[stream].lt, g)?,
-                    };
+                    let lt = LtPlan::new(ls.blas[stream].lt, g)?;
                     // A GEMM cuBLASLt cannot take runs on classic cuBLAS.
                     ls.grow_blas_workspace(stream, lt.as_ref().map_or(BLAS_WORKSPACE, LtPlan::workspace))?;
                     if let Some(plan) = lt {
@@ -212,7 +210,7 @@ impl CudaExecutable {
             functions,
             convs,
             pools,
-            launches: program.launch_count() - lts.len() as u64,
+            launches: program.launch_count() - lts.values().filter(|p| p.fused()).count() as u64,
             lts,
             arena,
             scratch,
@@ -296,7 +294,7 @@ impl CudaExecutable {
                 if std::mem::take(&mut skip) {
                     continue;
                 }
-                skip = matches!(l, Launch::Gemm(_)) && self.lts.contains_key(&(i, j));
+                skip = matches!(l, Launch::Gemm(_)) && self.lts.get(&(i, j)).is_some_and(LtPlan::fused);
                 self.launch_one(ls, streams, idx, l, b, (i, j))
                     .map_err(|e| Error::Backend(format!("cuda: {} ({}): {e}", step.node, step.op)))?;
             }

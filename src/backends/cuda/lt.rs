@@ -6,7 +6,13 @@
 //! `relu(product)` (f32, f16, bf16, no batch), and puts the generated
 //! epilogue kernel right after the GEMM. When cuBLASLt's heuristic finds an
 //! algorithm for it, the executor runs the one cuBLASLt call and skips that
-//! kernel; otherwise it runs the plain GEMM and the kernel. GELU is not
+//! kernel; otherwise it runs the plain GEMM and the kernel.
+//!
+//! Plain GEMMs (no epilogue, no batch, not widened) go through cuBLASLt
+//! too, because its heuristic says how much workspace the algorithm takes:
+//! a stream's workspace grows to that, where classic cuBLAS, which cannot
+//! be asked, gets 32 MiB (`device.rs`). The matrices' alignment, known
+//! from their offsets, goes to the heuristic as well. GELU is not
 //! among these: cuBLASLt's GELU is the tanh approximation, and kiln's is the
 //! exact (erf) form. A residual stays in the generated epilogue.
 
@@ -34,6 +40,9 @@ pub(crate) struct LtPlan {
     algo: lt::cublasLtMatmulAlgo_t,
     workspace: usize,
     bias: bool,
+    /// Whether it applies an epilogue the lowered kernel after it would
+    /// (the executor then skips that kernel).
+    fused: bool,
 }
 
 // SAFETY: host-side descriptors, used under the device's launch lock.
@@ -54,7 +63,7 @@ impl LtPlan {
             _ => return Ok(None),
         };
         let (epilogue, bias) = match g.epilogue {
-            Epilogue::None => return Ok(None),
+            Epilogue::None => (lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT, false),
             Epilogue::Relu => (lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU, false),
             Epilogue::Bias(_) => (lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS, true),
             Epilogue::BiasRelu(_) => (lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS, true),
@@ -82,6 +91,7 @@ impl LtPlan {
                 algo: std::mem::zeroed(),
                 workspace: 0,
                 bias,
+                fused: g.epilogue != Epilogue::None,
             };
             let set = |attr: lt::cublasLtMatmulDescAttributes_t, v: *const c_void, n: usize| {
                 check(lt::cublasLtMatmulDescSetAttribute(desc, attr, v, n), "descriptor attribute")
@@ -119,12 +129,27 @@ impl LtPlan {
             let mut pref = std::ptr::null_mut();
             check(lt::cublasLtMatmulPreferenceCreate(&mut pref), "preference")?;
             let ws = super::device::BLAS_WORKSPACE;
-            let st = lt::cublasLtMatmulPreferenceSetAttribute(
+            let mut st = lt::cublasLtMatmulPreferenceSetAttribute(
                 pref,
                 lt::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                 &ws as *const u64 as _,
                 8,
             );
+            // The heuristic assumes 256-byte aligned matrices unless told:
+            // a view's offset may align them less, and an algorithm that
+            // needs more would fail at run time.
+            use lt::cublasLtMatmulPreferenceAttributes_t as P;
+            for (attr, loc) in [
+                (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, g.a.0),
+                (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, g.b.0),
+                (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, g.c.0),
+                (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, g.c.0),
+            ] {
+                let align = alignment(loc.offset);
+                if st == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                    st = lt::cublasLtMatmulPreferenceSetAttribute(pref, attr, &align as *const u32 as _, 4);
+                }
+            }
             let mut result: lt::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
             let mut found = 0;
             let heuristic = lt::cublasLtMatmulAlgoGetHeuristic(
@@ -148,6 +173,11 @@ impl LtPlan {
             plan.workspace = result.workspaceSize;
             Ok(Some(plan))
         }
+    }
+
+    /// Whether it applies the epilogue of the kernel lowered after it.
+    pub fn fused(&self) -> bool {
+        self.fused
     }
 
     /// Bytes of workspace the chosen algorithm takes.
@@ -206,6 +236,16 @@ impl LtPlan {
                 "matmul",
             )
         }
+    }
+}
+
+/// The alignment (bytes, at most 256) of a matrix `offset` bytes into a
+/// region: regions themselves start 256-byte aligned (`memory.rs`).
+fn alignment(offset: u64) -> u32 {
+    if offset == 0 {
+        256
+    } else {
+        (1u32 << offset.trailing_zeros().min(8)).min(256)
     }
 }
 
