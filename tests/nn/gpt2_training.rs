@@ -137,3 +137,87 @@ fn gpt2_adamw_training_follows_pytorch_losses() -> Result<()> {
     }
     Ok(())
 }
+
+/// splitmix64 token ids below `vocab` (as `benches/gpu_train_gpt.rs`).
+fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<i64> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((z ^ (z >> 31)) % vocab as u64) as i64
+        })
+        .collect()
+}
+
+/// 30 captured AdamW steps of a GPT-2 at the bench's smallest sizes
+/// (width 128, two 64-wide heads, 8192 tokens: a 4 MiB embedding and
+/// 16 MiB of logits, so blocks are carved from shared segments and the
+/// workspace grows), from the same seed: every step's loss.
+fn bench_sized_losses(ctx: &Context, captured: bool) -> Result<Vec<f32>> {
+    let (width, seq, batch, vocab) = (128, 64, 8, 8192);
+    let config = Gpt2Config {
+        vocab_size: vocab,
+        n_positions: seq,
+        n_embd: width,
+        n_layer: 2,
+        n_head: width / 64,
+        n_inner: 4 * width,
+        ..config()
+    };
+    let model = Gpt2::new(ctx, "gpt", &config, DType::F32)?;
+    let opt = AdamW::new(&model, AdamConfig::adamw())?;
+    let ids = ctx.tensor(&random_tokens(batch * seq, vocab, 1), [batch, seq]);
+    let targets = ctx.tensor(&random_tokens(batch * seq, vocab, 2), [batch * seq]);
+    let loss = |ids: &Tensor, targets: &Tensor| {
+        nn::cross_entropy(&model.forward(ids, None)?.reshape([batch * seq, vocab]), targets)
+    };
+    let mut losses = Vec::new();
+    if captured {
+        let mut step = TrainStep::new(ctx, opt, |b: &[Tensor]| loss(&b[0], &b[1]));
+        for _ in 0..30 {
+            losses.push(step.call(&[&ids, &targets])?.item::<f32>()?);
+        }
+    } else {
+        let mut opt = opt;
+        for _ in 0..30 {
+            let l = loss(&ids, &targets)?;
+            opt.backward(&l)?;
+            opt.step()?;
+            opt.zero_grad()?;
+            losses.push(l.item::<f32>()?);
+        }
+    }
+    Ok(losses)
+}
+
+/// The GPU follows the CPU step for step over 30 steps at sizes where
+/// memory and library state matter (see [`bench_sized_losses`]):
+/// captured and replayed, captured without CUDA graphs, and op by op.
+/// Random weights are the same on both (one counter-based generator).
+#[test]
+fn gpu_training_follows_the_cpu_at_bench_sizes() -> Result<()> {
+    let gpus: Vec<_> = devices().into_iter().filter(|(d, _)| *d == "cuda").collect();
+    if gpus.is_empty() {
+        return Ok(());
+    }
+    let want = bench_sized_losses(&Context::cpu().with_seed(1), true)?;
+    let make = gpus[0].1;
+    let runs = [
+        ("captured", bench_sized_losses(&make().with_seed(1), true)?),
+        ("captured, no CUDA graphs", bench_sized_losses(&make().with_seed(1).with_cuda_graphs(false), true)?),
+        ("op by op", bench_sized_losses(&make().with_seed(1), false)?),
+    ];
+    let mut failed = Vec::new();
+    for (name, got) in &runs {
+        eprintln!("{name}: {got:?}");
+        if let Some(i) = (0..30).find(|&i| (got[i] - want[i]).abs() > 1e-3 * want[i].abs()) {
+            failed.push(format!("{name}: step {i}: {} vs the CPU's {}", got[i], want[i]));
+        }
+    }
+    eprintln!("cpu: {want:?}");
+    assert!(failed.is_empty(), "{failed:#?}");
+    Ok(())
+}
