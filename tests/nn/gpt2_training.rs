@@ -157,7 +157,9 @@ fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<i64> {
 /// 16 MiB of logits, so blocks are carved from shared segments and the
 /// workspace grows), from the same seed: every step's loss.
 fn bench_sized_losses(ctx: &Context, captured: bool) -> Result<Vec<f32>> {
-    let (width, seq, batch, vocab) = (128, 64, 8, 8192);
+    // KILN_TRAIN_CHECK_BATCH: the batch (the bench's is 32).
+    let batch = std::env::var("KILN_TRAIN_CHECK_BATCH").ok().and_then(|b| b.parse().ok()).unwrap_or(8);
+    let (width, seq, vocab) = (128, 64, 8192);
     let config = Gpt2Config {
         vocab_size: vocab,
         n_positions: seq,
