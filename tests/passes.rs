@@ -44,6 +44,7 @@ pass_test!(constant_fold, "constant-fold");
 pass_test!(cse, "cse");
 pass_test!(simplify, "simplify");
 pass_test!(dce, "dce");
+pass_test!(remat, "remat");
 pass_test!(fusion, "fusion");
 pass_test!(assign, "assign");
 pass_test!(schedule, "schedule");
@@ -337,11 +338,12 @@ fn pipeline_dumps_every_step() {
             "04-cse.kir",
             "05-simplify.kir",
             "06-dce.kir",
-            "07-fusion.kir",
-            // 08 is `assign`, which applies only to graphs with assignments.
-            "09-schedule.kir",
-            "10-streams.kir",
-            "11-memory.kir"
+            "07-remat.kir",
+            "08-fusion.kir",
+            // 09 is `assign`, which applies only to graphs with assignments.
+            "10-schedule.kir",
+            "11-streams.kir",
+            "12-memory.kir"
         ]
     );
     let mut dumps = String::new();

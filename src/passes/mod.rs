@@ -23,6 +23,7 @@ mod dce;
 mod effects;
 mod fusion;
 mod memory;
+mod remat;
 mod run;
 mod schedule;
 mod simplify;
@@ -37,6 +38,7 @@ pub use cse::Cse;
 pub use dce::Dce;
 pub use fusion::Fusion;
 pub use memory::Memory;
+pub use remat::Remat;
 pub(crate) use run::fnv1a;
 pub use run::{optimize, optimize_traced, run_single, PassRecord};
 pub use schedule::Schedule;
@@ -285,6 +287,10 @@ pub static REGISTRY: &[PassInfo] = &[
     PassInfo { pass: &Simplify, description: "rewrite by equality saturation and keep the cheapest form" },
     PassInfo { pass: &Dce, description: "remove nodes the outputs do not need" },
     PassInfo {
+        pass: &Remat,
+        description: "recompute cheap forward values in the backward pass instead of keeping them",
+    },
+    PassInfo {
         pass: &Fusion,
         description: "group elementwise work, row reductions and matmul epilogues into fused nodes",
     },
@@ -319,6 +325,9 @@ pub static PIPELINE: &[&dyn Pass] = &[
     &Simplify,
     // Drop what folding, bypassed views and merges left unused.
     &Dce,
+    // The backward pass recomputes cheap forward values it reads, so that
+    // fusion can finish each forward chain in one kernel.
+    &Remat,
     // One kernel per group of elementwise ops, row reductions, matmul epilogues.
     &Fusion,
     // Assignments become their values (required: no backend runs one); a

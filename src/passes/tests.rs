@@ -26,6 +26,7 @@ fn registry_names_are_unique_kebab_case() {
             "cse",
             "simplify",
             "dce",
+            "remat",
             "fusion",
             "assign",
             "schedule",

@@ -132,7 +132,10 @@ fn gpt2_adamw_training_follows_pytorch_losses() -> Result<()> {
         for (i, want) in reference::LOSSES.iter().enumerate() {
             let got = f64::from(step.call(&[&ids, &targets])?.item::<f32>()?);
             // f32 sums in another order, compounded by Adam over the steps.
-            assert!((got - want).abs() <= 2e-4 * want.abs(), "{device}: step {i}: loss {got}, PyTorch {want}");
+            assert!(
+                (got - want).abs() <= 2e-4 * want.abs(),
+                "{device}: step {i}: loss {got}, PyTorch {want}"
+            );
         }
     }
     Ok(())
