@@ -156,18 +156,23 @@ fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<i64> {
 }
 
 /// 30 captured AdamW steps of a GPT-2 at the bench's smallest sizes
-/// (width 128, two 64-wide heads, 8192 tokens: a 4 MiB embedding and
-/// 16 MiB of logits, so blocks are carved from shared segments and the
-/// workspace grows), from the same seed: every step's loss.
+/// (2 layers of width 128, two 64-wide heads, batch 8, 8192 tokens: a
+/// 4 MiB embedding and 16 MiB of logits, so blocks are carved from shared
+/// segments and the workspace grows), from the same seed: every step's
+/// loss.
 fn bench_sized_losses(ctx: &Context, captured: bool) -> Result<Vec<f32>> {
-    // KILN_TRAIN_CHECK_BATCH: the batch (the bench's is 32).
-    let batch = std::env::var("KILN_TRAIN_CHECK_BATCH").ok().and_then(|b| b.parse().ok()).unwrap_or(8);
-    let (width, seq, vocab) = (128, 64, 8192);
+    // KILN_TRAIN_CHECK="layers,width,seq,batch,vocab" checks other sizes
+    // (the bench's: 2,128,64,32,8192 and 12,768,512,8,50257).
+    let sizes: Vec<usize> = std::env::var("KILN_TRAIN_CHECK")
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_default();
+    let [layers, width, seq, batch, vocab] = sizes[..].try_into().unwrap_or([2, 128, 64, 8, 8192]);
+    let steps = if sizes.is_empty() { 30 } else { 10 };
     let config = Gpt2Config {
         vocab_size: vocab,
         n_positions: seq,
         n_embd: width,
-        n_layer: 2,
+        n_layer: layers,
         n_head: width / 64,
         n_inner: 4 * width,
         ..config()
@@ -182,12 +187,12 @@ fn bench_sized_losses(ctx: &Context, captured: bool) -> Result<Vec<f32>> {
     let mut losses = Vec::new();
     if captured {
         let mut step = TrainStep::new(ctx, opt, |b: &[Tensor]| loss(&b[0], &b[1]));
-        for _ in 0..30 {
+        for _ in 0..steps {
             losses.push(step.call(&[&ids, &targets])?.item::<f32>()?);
         }
     } else {
         let mut opt = opt;
-        for _ in 0..30 {
+        for _ in 0..steps {
             let l = loss(&ids, &targets)?;
             opt.backward(&l)?;
             opt.step()?;
@@ -218,7 +223,7 @@ fn gpu_training_follows_the_cpu_at_bench_sizes() -> Result<()> {
     let mut failed = Vec::new();
     for (name, got) in &runs {
         eprintln!("{name}: {got:?}");
-        if let Some(i) = (0..30).find(|&i| (got[i] - want[i]).abs() > 1e-3 * want[i].abs()) {
+        if let Some(i) = (0..want.len()).find(|&i| (got[i] - want[i]).abs() > 1e-3 * want[i].abs()) {
             failed.push(format!("{name}: step {i}: {} vs the CPU's {}", got[i], want[i]));
         }
     }
