@@ -21,9 +21,13 @@
 //! ```text
 //! cargo bench --features cuda --bench gpu_generate [-- --profile | --profile-bf16]
 //! cargo bench --features cuda --bench gpu_generate -- --profile-prefill
+//! cargo bench --features cuda --bench gpu_generate -- --prefill
+//! cargo bench --features cuda --bench gpu_generate -- --gemms
 //! cargo bench --features cuda --bench gpu_generate -- --memory f32|bf16
 //! ```
 //!
+//! `--prefill` times the 512-token prefill alone (f32, bf16); `--gemms`
+//! its four GEMM shapes one by one.
 //! `--profile*` print where a decode token's (or a 512-token prefill's)
 //! device time goes, by op; `--memory` measures one configuration's peak
 //! alone in its process (run it once per dtype): the peak while
@@ -115,6 +119,45 @@ fn print_profile(config: &Gpt2Config, dtype: DType, len: usize, new: usize) -> R
             100.0 * r.share
         );
     }
+    if new == 1 {
+        // A prefill: its slowest nodes one by one (a layer's GEMMs and
+        // attention, to set next to the same shapes in PyTorch).
+        println!("  slowest nodes:");
+        for r in p.by_node().iter().take(24) {
+            println!("    {:<60} {:>4} calls {:>9.4} ms", r.key, r.calls, r.total_ms);
+        }
+    }
+    Ok(())
+}
+
+/// The prefill's four GEMM shapes (a 512-token prompt through one GPT-2
+/// small block: qkv, attention projection, MLP up and down), each
+/// `x · wᵀ + b` as the model runs it (weights `[out, in]`) and `x · w + b`
+/// (HF's Conv1D layout `[in, out]`), f32, TF32 off: the median device time
+/// of 30 eager runs (CUDA events), next to `hf_generate.py --gemms`.
+fn print_gemms(ctx: &Context) -> Result<()> {
+    let ctx = ctx.clone().with_profiling(true);
+    let (m, d) = (512usize, 768usize);
+    for (what, k, n) in [("qkv", d, 3 * d), ("proj", d, d), ("up", d, 4 * d), ("down", 4 * d, d)] {
+        let x = ctx.randn([m, k]);
+        let b = ctx.randn([n]);
+        for (layout, w) in [("x·wT+b", ctx.randn([n, k])), ("x·w+b", ctx.randn([k, n]))] {
+            ctx.realize(&[&x, &b, &w])?;
+            let wt = if layout == "x·wT+b" { w.t() } else { w.clone() };
+            let mut times = Vec::new();
+            for rep in 0..33 {
+                ctx.reset_profile();
+                let y = x.matmul(&wt) + &b;
+                ctx.realize(&[&y])?;
+                if rep >= 3 {
+                    times.push(ctx.profile().node_ms());
+                }
+            }
+            let ms = median(times);
+            let tflops = 2.0 * (m * k * n) as f64 / (ms * 1e-3) / 1e12;
+            println!("gemm {what:<5} {m}x{k}x{n} {layout:<7} {:7.1} us  {tflops:5.1} TFLOP/s", ms * 1e3);
+        }
+    }
     Ok(())
 }
 
@@ -187,6 +230,36 @@ fn main() -> Result<()> {
     if let Some(k) = args.iter().position(|a| a == "--memory") {
         let dtype = if args.get(k + 1).is_some_and(|d| d == "bf16") { DType::BF16 } else { DType::F32 };
         return print_memory(&ctx, &config, dtype);
+    }
+    if args.iter().any(|a| a == "--gemms") {
+        return print_gemms(&ctx);
+    }
+    if args.iter().any(|a| a == "--prefill") {
+        // The prefill rows alone (a shorter call, next to
+        // `hf_generate.py --only prefill`).
+        // With `--ncu`, f32 only: 3 prefills between cuProfilerStart and
+        // cuProfilerStop, for `ncu --profile-from-start off` (every kernel).
+        let ncu = args.iter().any(|a| a == "--ncu");
+        for dtype in [DType::F32, DType::BF16] {
+            let model = Gpt2::new(&ctx, &format!("gpt2_{dtype}"), &config, dtype)?;
+            let mut long_gen = model.generator(1, 1024)?;
+            let p512 = prompt(512, 2);
+            long_gen.generate(&[&p512], &GenerateOptions::greedy(1))?;
+            if ncu {
+                long_gen.generate(&[&p512], &GenerateOptions::greedy(1))?;
+                // SAFETY: plain driver calls with no arguments.
+                unsafe { cudarc::driver::sys::cuProfilerStart() };
+                for _ in 0..3 {
+                    long_gen.generate(&[&p512], &GenerateOptions::greedy(1))?;
+                }
+                // SAFETY: as above.
+                unsafe { cudarc::driver::sys::cuProfilerStop() };
+                return Ok(());
+            }
+            let prefill = time(20, || long_gen.generate(&[&p512], &GenerateOptions::greedy(1)).map(drop))?;
+            println!("{dtype} prefill 512: {:.2} ms (with its first token)", prefill * 1e3);
+        }
+        return Ok(());
     }
     let bw = bandwidth(&ctx)?;
     println!("copy bandwidth: {:.0} GB/s", bw / 1e9);

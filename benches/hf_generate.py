@@ -32,6 +32,12 @@ synchronized wall time) divided by the new tokens. Also:
   warm-up, CUDA events.
 
     python3 benches/hf_generate.py [--markdown table.md] [--json out.jsonl] [--only decode|batch|prefill]
+    python3 benches/hf_generate.py --profile-prefill [f32|bf16]
+    python3 benches/hf_generate.py --gemms
+
+`--profile-prefill` prints where the compiled 512-token prefill's device
+time goes instead: torch.profiler's CUDA kernels of 5 forwards, summed by
+kernel name, per forward (next to kiln's `gpu_generate --profile-prefill`).
 """
 import json
 import statistics
@@ -157,7 +163,70 @@ def prefill(m, compiled, n=512):
     return statistics.median(times)
 
 
+def profile_prefill(dtype, n=512, reps=5):
+    from torch.profiler import ProfilerActivity, profile
+
+    m = model(dtype)
+    ids = torch.randint(0, 50257, (1, n), device=dev, generator=torch.Generator(dev).manual_seed(2))
+    f = torch.compile(m)
+    kw = dict(use_cache=False, logits_to_keep=1)
+    with torch.no_grad():
+        for _ in range(3):
+            f(ids, **kw)
+        sync()
+        if "--ncu" in sys.argv:  # 3 forwards for `ncu --profile-from-start off`
+            torch.cuda.profiler.start()
+            for _ in range(3):
+                f(ids, **kw)
+            sync()
+            torch.cuda.profiler.stop()
+            return
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                f(ids, **kw)
+            sync()
+    rows = [e for e in prof.key_averages() if e.device_time_total > 0]
+    rows.sort(key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in rows) / reps
+    print(f"HF compiled prefill {n}, {dtype}: {total / 1e3:.3f} ms of kernels per forward")
+    for e in rows[:16]:
+        print(f"  {e.key[:70]:<70} {e.count / reps:5.1f} x {e.device_time_total / e.count:8.1f} us = {e.device_time_total / reps / 1e3:7.3f} ms")
+
+
+def gemms(m=512, d=768, reps=30):
+    """The prefill's four GEMM shapes as HF's Conv1D runs them
+    (`addmm(b, x, w)`, w `[in, out]`) and as nn.Linear does (`linear(x, w,
+    b)`, w `[out, in]`), f32: median CUDA-event time of `reps` calls."""
+    g = torch.Generator(dev).manual_seed(4)
+    for what, k, n in [("qkv", d, 3 * d), ("proj", d, d), ("up", d, 4 * d), ("down", 4 * d, d)]:
+        x = torch.randn(m, k, device=dev, generator=g)
+        b = torch.randn(n, device=dev, generator=g)
+        for layout, w, f in [
+            ("x·w+b", torch.randn(k, n, device=dev, generator=g), lambda w: torch.addmm(b, x, w)),
+            ("x·wT+b", torch.randn(n, k, device=dev, generator=g), lambda w: torch.nn.functional.linear(x, w, b)),
+        ]:
+            for _ in range(3):
+                f(w)
+            times = []
+            for _ in range(reps):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                f(w)
+                e.record()
+                torch.cuda.synchronize()
+                times.append(s.elapsed_time(e))
+            ms = statistics.median(times)
+            print(f"torch gemm {what:<5} {m}x{k}x{n} {layout:<7} {ms * 1e3:7.1f} us  {2 * m * k * n / ms / 1e9:5.1f} TFLOP/s")
+
+
 args = sys.argv[1:]
+if "--gemms" in args:
+    gemms()
+    sys.exit(0)
+if "--profile-prefill" in args:
+    i = args.index("--profile-prefill")
+    profile_prefill(torch.bfloat16 if args[i + 1:i + 2] == ["bf16"] else torch.float32)
+    sys.exit(0)
 # `--only decode|batch|prefill`: one kind of row (a shorter call).
 only = args[args.index("--only") + 1] if "--only" in args else None
 rows = []

@@ -36,11 +36,13 @@ use kiln::prelude::*;
 const NAN: f64 = f64::NAN;
 const INF: f64 = f64::INFINITY;
 
-/// `[1, H, SQ, d]` queries over `[1, H, SK, d]` keys and values (`SK` a
-/// const parameter: 7 for the flash kernels, 40 and 150 for the CUDA
-/// backend's split-key kernel, one chunk and two with a short last one).
+/// `[1, H, SQ, d]` queries over `[1, H, SK, d]` keys and values (`SQ` and
+/// `SK` const parameters: 5 over 7 for the flash kernels, 5 over 40 and
+/// 150 for the CUDA backend's split-key decode kernel, one chunk and two
+/// with a short last one, 40 over 256 and 600 for the register-tiled f32
+/// kernel with its keys split over 2 and 4 blocks).
 const H: usize = 2;
-const SQ: usize = 5;
+const ROWS: usize = 5;
 const SK: usize = 7;
 
 /// The inputs of one case (row-major `[1, H, S, d]`), with the mask as
@@ -62,7 +64,7 @@ fn at(h: usize, row: usize, c: usize, rows: usize, d: usize) -> usize {
 
 /// PyTorch's attention in f64 (module docs); `None` where it is not
 /// specified.
-fn reference<const SK: usize>(x: &Inputs, scale: f64) -> Vec<Option<f64>> {
+fn reference<const SQ: usize, const SK: usize>(x: &Inputs, scale: f64) -> Vec<Option<f64>> {
     let d = x.d;
     let mut out = Vec::with_capacity(H * SQ * d);
     for h in 0..H {
@@ -98,7 +100,7 @@ fn reference<const SK: usize>(x: &Inputs, scale: f64) -> Vec<Option<f64>> {
 }
 
 /// Finite inputs of head dim `d`, O(1), from a fixed formula.
-fn finite<const SK: usize>(d: usize) -> Inputs {
+fn finite<const SQ: usize, const SK: usize>(d: usize) -> Inputs {
     let f = |n: usize, salt: usize| -> Vec<f64> {
         (0..n).map(|i| (((i * 29 + salt * 7) % 23) as f64 - 11.0) / 11.0).collect()
     };
@@ -114,8 +116,8 @@ fn finite<const SK: usize>(d: usize) -> Inputs {
 }
 
 /// The cases of head dim `d`: a name and its inputs.
-fn cases<const SK: usize>(d: usize) -> Vec<(&'static str, Inputs)> {
-    let base = finite::<SK>(d);
+fn cases<const SQ: usize, const SK: usize>(d: usize) -> Vec<(&'static str, Inputs)> {
+    let base = finite::<SQ, SK>(d);
     let with = |f: &dyn Fn(&mut Inputs)| {
         let mut x = base.clone();
         f(&mut x);
@@ -194,7 +196,7 @@ fn cases<const SK: usize>(d: usize) -> Vec<(&'static str, Inputs)> {
 /// Runs every case of `dtype` and head dim `d` on `ctx` in one plan and
 /// compares each output with [`reference`] of the inputs rounded to
 /// `dtype`.
-fn run_cases<const SK: usize>(
+fn run_cases<const SQ: usize, const SK: usize>(
     backend: &str,
     ctx: &Context,
     dtype: DType,
@@ -203,7 +205,7 @@ fn run_cases<const SK: usize>(
 ) {
     let scale = 1.0 / (d as f64).sqrt();
     let round = |v: &[f64]| -> Vec<f64> { read(&tensor(&Context::cpu(), v, &[v.len()], dtype)) };
-    let cases = cases::<SK>(d);
+    let cases = cases::<SQ, SK>(d);
     let mut outs = Vec::new();
     for (_, x) in &cases {
         let q = tensor(ctx, &x.q, &[1, H, SQ, d], dtype);
@@ -226,7 +228,7 @@ fn run_cases<const SK: usize>(
             add: x.add.as_ref().map(|a| round(a)),
             ..x.clone()
         };
-        let want = reference::<SK>(&rounded, scale);
+        let want = reference::<SQ, SK>(&rounded, scale);
         let got = read(out);
         let bad: Vec<String> = got
             .iter()
@@ -250,8 +252,9 @@ fn run_cases<const SK: usize>(
 
 /// Every kernel path: the CPU kernel on the CPU, on CUDA (and the
 /// emulator) the CUDA-core kernels (f32 at head dim 72 and 64, f16 at
-/// 40), the tensor-core kernel (f16 and bf16 at head dim 64) and, over 40 and 150
-/// keys, the split-key kernel (`codegen/attention_decode.rs`).
+/// 40), the tensor-core kernel (f16 and bf16 at head dim 64), over 40 and 150
+/// keys the split-key kernel (`codegen/attention_decode.rs`), and over 256
+/// and 600 the register-tiled kernel's split keys (`codegen/attention_simt.rs`).
 #[test]
 fn nan_and_inf_through_attention_on_every_kernel_and_backend() {
     let mut failures = Vec::new();
@@ -264,18 +267,25 @@ fn nan_and_inf_through_attention_on_every_kernel_and_backend() {
             (DType::BF16, 64),
             (DType::F64, 8),
         ] {
-            run_cases::<SK>(backend, &ctx(), dtype, d, &mut failures);
+            run_cases::<ROWS, SK>(backend, &ctx(), dtype, d, &mut failures);
         }
         // A few query rows over many keys: the split-key kernel on CUDA
         // (the CPU has none). The emulator runs the one-chunk case only:
         // the others cost CI most of a minute there; the GPU runs them all.
         if backend != "cpu" {
-            run_cases::<40>(backend, &ctx(), DType::F16, 40, &mut failures);
+            run_cases::<ROWS, 40>(backend, &ctx(), DType::F16, 40, &mut failures);
         }
         if backend == "cuda" {
             for (dtype, d) in [(DType::F32, 72), (DType::BF16, 64), (DType::F64, 8)] {
-                run_cases::<150>(backend, &ctx(), dtype, d, &mut failures);
+                run_cases::<ROWS, 150>(backend, &ctx(), dtype, d, &mut failures);
             }
+        }
+        // Many query rows over many keys in f32: the register-tiled kernel
+        // with each query block's keys split over 2 blocks (4 on the GPU
+        // only), merged by the last to arrive.
+        run_cases::<40, 256>(backend, &ctx(), DType::F32, 64, &mut failures);
+        if backend == "cuda" {
+            run_cases::<40, 600>(backend, &ctx(), DType::F32, 32, &mut failures);
         }
     }
     report(&failures);
@@ -291,19 +301,19 @@ fn attention_keeps_a_nan_query_row_nan_on_every_kernel() -> Result<()> {
     for (backend, ctx) in backends() {
         for (dtype, d) in [(DType::F32, 72), (DType::F32, 64), (DType::F16, 64), (DType::F32, 8)] {
             let ctx = ctx();
-            let x = finite::<SK>(d);
+            let x = finite::<ROWS, SK>(d);
             let mut q = x.q.clone();
             for c in 0..d {
-                q[at(1, 2, c, SQ, d)] = NAN;
+                q[at(1, 2, c, ROWS, d)] = NAN;
             }
             let t = |v: &[f64], s: usize| tensor(&ctx, v, &[1, H, s, d], dtype);
-            let out = t(&q, SQ).scaled_dot_product_attention(&t(&x.k, SK), &t(&x.v, SK), None, false, None);
+            let out = t(&q, ROWS).scaled_dot_product_attention(&t(&x.k, SK), &t(&x.v, SK), None, false, None);
             let got = read(&out);
-            if let Some((e, g)) = got.iter().enumerate().find(|(e, g)| (e / d == SQ + 2) != g.is_nan()) {
+            if let Some((e, g)) = got.iter().enumerate().find(|(e, g)| (e / d == ROWS + 2) != g.is_nan()) {
                 failures.push(format!(
                     "{backend} {dtype} head dim {d}: element {e} (head {}, query {}) is {g}",
-                    e / (SQ * d),
-                    e / d % SQ
+                    e / (ROWS * d),
+                    e / d % ROWS
                 ));
             }
         }

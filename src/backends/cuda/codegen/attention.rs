@@ -78,13 +78,20 @@ impl Spec {
     /// The opening line of a flash kernel `name` (every kernel but the
     /// split-key decode one): `out, q, k, v` and the mask, if any.
     pub(crate) fn flash_head(&self, name: &str) -> String {
+        self.flash_head_with(name, &[])
+    }
+
+    /// [`Spec::flash_head`] with parameters `after_out` between `out` and `q`
+    /// (a split kernel's workspace and counters).
+    pub(crate) fn flash_head_with(&self, name: &str, after_out: &[&str]) -> String {
         let st = types::storage(self.dtype);
-        let mut p = vec![
-            format!("{st}* __restrict__ out"),
+        let mut p = vec![format!("{st}* __restrict__ out")];
+        p.extend(after_out.iter().map(|x| x.to_string()));
+        p.extend([
             format!("const {st}* __restrict__ q"),
             format!("const {st}* __restrict__ k"),
             format!("const {st}* __restrict__ v"),
-        ];
+        ]);
         if self.mask != AttnMask::None {
             p.push(format!("const {}* __restrict__ mask", types::storage(self.mask_dtype)));
         }

@@ -22,6 +22,16 @@
 //!   `dv / 16` block of the output (columns `t % 16 + 16 u`: a warp's
 //!   loads of a value row and its stores of an output row are contiguous).
 //!
+//! - Split keys: when a shape has too few blocks to fill the card (a
+//!   prefill of one prompt: GPT-2's 512 tokens are 12 heads × 16 blocks,
+//!   192 blocks of 4 warps on 132 SMs, and a causal block walks up to 16
+//!   tiles in a row), each block's key tiles are split over [`splits`]
+//!   blocks. Each writes its rows' partial maximum, sum and unnormalized
+//!   output to a workspace, and the last of them to arrive (an arrival
+//!   counter per query block) merges them in split order, as the decode
+//!   kernel (`attention_decode.rs`) merges its chunks. The longest serial
+//!   chain falls from 16 tiles to 4, and the card holds 2.5 times the warps.
+//!
 //! Semantics are the one-row kernel's (NaN wins the row maximum, a row
 //! whose keys are all removed is zeros, `+inf` scores give NaN rows),
 //! except that a removed key inside a tile meets `p · v` with `p = 0`, so
@@ -43,10 +53,56 @@ const THREADS: usize = 128;
 /// Padding of a query or key row in shared memory, in floats.
 const PAD: usize = 4;
 
+/// Blocks in flight that fill an H100 (132 SMs, a few 4-warp blocks
+/// each): below it, a block's keys are split.
+const FILL: usize = 4 * 132;
+/// Key tiles a split block walks at least, so that its partials and the
+/// merge stay a small part of its work.
+const MIN_TILES: usize = 4;
+
 /// Whether this kernel takes `spec`.
 pub(crate) fn applies(spec: &Spec) -> bool {
     let fits = |n: usize| n % 16 == 0 && (16..=64).contains(&n);
     spec.dtype == DType::F32 && fits(spec.d) && fits(spec.dv)
+}
+
+/// Whether [`flash`](super::attention::flash) picks this kernel for `spec`.
+pub(crate) fn uses(spec: &Spec) -> bool {
+    applies(spec) && !super::attention_mma::applies(spec)
+}
+
+/// Query blocks of `spec`.
+fn query_blocks(spec: &Spec) -> usize {
+    spec.sq.div_ceil(ROWS).max(1)
+}
+
+/// The blocks each query block's key tiles are split over: 1 when the
+/// unsplit grid fills the card or the keys are few, else enough to fill
+/// it, each split keeping at least [`MIN_TILES`] tiles of the longest
+/// block (`KILN_CUDA_ATTENTION_SPLIT=n` forces `n`, for tests and
+/// measurements).
+pub(crate) fn splits(spec: &Spec) -> usize {
+    let blocks = spec.batch * spec.heads * query_blocks(spec);
+    let tiles = spec.sk.div_ceil(KEYS);
+    if let Some(n) = std::env::var("KILN_CUDA_ATTENTION_SPLIT").ok().and_then(|v| v.parse::<usize>().ok()) {
+        return n.clamp(1, tiles.max(1));
+    }
+    if blocks == 0 || blocks >= FILL {
+        return 1;
+    }
+    FILL.div_ceil(blocks).min(tiles / MIN_TILES).max(1)
+}
+
+/// Arrival counters of a split kernel: one per query block.
+pub(crate) fn counters(spec: &Spec) -> usize {
+    spec.batch * spec.heads * query_blocks(spec)
+}
+
+/// Workspace bytes of a split kernel: per (query row, split) the row's
+/// maximum, sum and `dv` unnormalized output sums, in f32.
+pub(crate) fn workspace_bytes(spec: &Spec) -> u64 {
+    let rows = counters(spec) * ROWS;
+    (rows * splits(spec) * (spec.dv + 2) * 4) as u64
 }
 
 /// Whether an operand's rows of `n` floats can be read 4 at a time (16
@@ -58,11 +114,17 @@ fn vectorized(x: &Strided, n: usize) -> bool {
 /// The kernel for `spec` (which [`applies`]).
 pub(crate) fn flash_simt(name: &str, spec: &Spec) -> Kernel {
     let Spec { batch, heads, sq, sk, d, dv, .. } = *spec;
-    let qblocks = sq.div_ceil(ROWS).max(1);
-    let grid = (batch * heads * qblocks).max(1);
+    let qblocks = query_blocks(spec);
+    let split = splits(spec);
+    let grid = (batch * heads * qblocks * split).max(1);
     let (qst, kst, pst) = (d + PAD, d + PAD, ROWS + PAD);
     let cols = dv / 16;
-    let mut s = spec.flash_head(name);
+    // A split kernel's workspace and arrival counters come right after `out`.
+    let mut s = if split > 1 {
+        spec.flash_head_with(name, &["float* ws", "unsigned* counts"])
+    } else {
+        spec.flash_head(name)
+    };
     s.push_str("  typedef long long I;\n  typedef kiln::vec4<float> V4;\n");
     s.push_str("  const float NEG_INF = __int_as_float(0xff800000);\n");
     let _ = writeln!(s, "  __align__(16) __shared__ float qs[{}];", ROWS * qst);
@@ -72,11 +134,17 @@ pub(crate) fn flash_simt(name: &str, spec: &Spec) -> Kernel {
     s.push_str("  const int t = threadIdx.x, ry = t / 16, kx = t % 16;\n");
     // The last query blocks of a causal attention walk the most keys:
     // they go first, so the short ones fill in behind them.
-    let _ = writeln!(
-        s,
-        "  const I qb = {} - (I)blockIdx.x % {qblocks}, bh = (I)blockIdx.x / {qblocks};",
-        qblocks - 1
-    );
+    // Block = ((b * heads + h) * qblocks + (qblocks - 1 - qb)) * split + sp.
+    if split > 1 {
+        let _ = writeln!(s, "  const I sp = (I)blockIdx.x % {split}, cb = (I)blockIdx.x / {split};");
+        let _ = writeln!(s, "  const I qb = {} - cb % {qblocks}, bh = cb / {qblocks};", qblocks - 1);
+    } else {
+        let _ = writeln!(
+            s,
+            "  const I qb = {} - (I)blockIdx.x % {qblocks}, bh = (I)blockIdx.x / {qblocks};",
+            qblocks - 1
+        );
+    }
     let _ = writeln!(s, "  const I b = bh / {heads}, h = bh % {heads};", heads = heads.max(1));
     let _ = writeln!(s, "  const I i0 = qb * {ROWS};");
     tile_load(&mut s, "q", &spec.q, d, "i0", sq, "qs", qst);
@@ -86,7 +154,14 @@ pub(crate) fn flash_simt(name: &str, spec: &Spec) -> Kernel {
     let end =
         if spec.causal { format!("i0 + {ROWS} < {sk} ? i0 + {ROWS} : (I){sk}") } else { format!("(I){sk}") };
     let _ = writeln!(s, "  const I kend = {end};");
-    let _ = writeln!(s, "  for (I j0 = 0; j0 < kend; j0 += {KEYS}) {{");
+    if split > 1 {
+        // This block's share of the tiles: [t0, t1) of the query block's.
+        let _ = writeln!(s, "  const I tiles = (kend + {}) / {KEYS};", KEYS - 1);
+        let _ = writeln!(s, "  const I t0 = sp * tiles / {split}, t1 = (sp + 1) * tiles / {split};");
+        let _ = writeln!(s, "  for (I j0 = t0 * {KEYS}; j0 < t1 * {KEYS}; j0 += {KEYS}) {{");
+    } else {
+        let _ = writeln!(s, "  for (I j0 = 0; j0 < kend; j0 += {KEYS}) {{");
+    }
     s.push_str("    __syncthreads();  // the previous tile's readers are done\n");
     let mut tiles = String::new();
     tile_load(&mut tiles, "k", &spec.k, d, "j0", sk, "ks", kst);
@@ -173,10 +248,56 @@ pub(crate) fn flash_simt(name: &str, spec: &Spec) -> Kernel {
     }
     s.push_str("    const I i = i0 + ry * 4 + a;\n");
     let _ = writeln!(s, "    if (i >= {sq}) continue;");
-    s.push_str("    const float inv = l[a] == 0.f ? 0.f : 1.f / l[a];\n");
-    let _ = writeln!(s, "    #pragma unroll\n    for (int u = 0; u < {cols}; ++u)");
-    let _ = writeln!(s, "      out[(bh * {sq} + i) * {dv} + kx + 16 * u] = o[a][u] * inv;\n  }}\n}}");
-    Kernel::new(name, s, grid as u32, THREADS as u32, spec.flash_reads())
+    if split == 1 {
+        s.push_str("    const float inv = l[a] == 0.f ? 0.f : 1.f / l[a];\n");
+        let _ = writeln!(s, "    #pragma unroll\n    for (int u = 0; u < {cols}; ++u)");
+        let _ = writeln!(s, "      out[(bh * {sq} + i) * {dv} + kx + 16 * u] = o[a][u] * inv;\n  }}\n}}");
+        return Kernel::new(name, s, grid as u32, THREADS as u32, spec.flash_reads());
+    }
+    // Split: the partials of (row, sp) are [max, sum, o_0 .. o_dv) at
+    // ws + ((cb * ROWS + r) * split + sp) * (dv + 2).
+    let w = dv + 2;
+    let _ = writeln!(s, "    float* p = ws + ((cb * {ROWS} + ry * 4 + a) * {split} + sp) * {w};");
+    s.push_str("    if (kx == 0) { p[0] = m[a]; p[1] = l[a]; }\n");
+    let _ = writeln!(
+        s,
+        "    #pragma unroll\n    for (int u = 0; u < {cols}; ++u) p[2 + kx + 16 * u] = o[a][u];\n  }}"
+    );
+    merge(&mut s, spec, split);
+    s.push_str("}\n");
+    Kernel::new(name, s, grid as u32, THREADS as u32, Vec::new())
+}
+
+/// The end of a split kernel: the last block of a query block to arrive
+/// merges each row's splits from the workspace, `out = Σ e^(m_s - M) o_s /
+/// Σ e^(m_s - M) l_s` in split order (so the result does not depend on
+/// which block came last; a split with no key of the row has `m = -inf`
+/// and is skipped, a NaN maximum makes the row NaN), and sets the counter
+/// back to zero.
+fn merge(s: &mut String, spec: &Spec, split: usize) {
+    let Spec { sq, dv, .. } = *spec;
+    let w = dv + 2;
+    super::last_to_arrive(s, "t", "counts[cb]", split);
+    let _ = writeln!(s, "  for (int e = t; e < {}; e += {THREADS}) {{", ROWS * dv);
+    let _ = writeln!(s, "    const int r = e / {dv}, c = e % {dv};\n    const I i = i0 + r;");
+    let _ = writeln!(s, "    if (i >= {sq}) continue;");
+    let _ = writeln!(s, "    const float* p = ws + (cb * {ROWS} + r) * {};", split * w);
+    s.push_str("    float top = NEG_INF;\n");
+    let _ = writeln!(
+        s,
+        "    for (int x = 0; x < {split}; ++x) {{\n      const float y = __ldcg(p + x * {w});\n      top = (y > top || (y != y && top == top)) ? y : top;\n    }}"
+    );
+    s.push_str("    float l = 0.f, o = 0.f;\n");
+    let _ = writeln!(s, "    for (int x = 0; x < {split}; ++x) {{");
+    let _ = writeln!(s, "      const float y = __ldcg(p + x * {w});\n      if (y == NEG_INF) continue;");
+    s.push_str("      const float f = expf(y - top);\n");
+    let _ = writeln!(
+        s,
+        "      l += f * __ldcg(p + x * {w} + 1);\n      o += f * __ldcg(p + x * {w} + 2 + c);\n    }}"
+    );
+    s.push_str("    const float inv = l == 0.f ? 0.f : 1.f / l;\n");
+    let _ = writeln!(s, "    out[(bh * {sq} + i) * {dv} + c] = o * inv;\n  }}");
+    s.push_str("  if (t == 0) counts[cb] = 0u;\n");
 }
 
 /// Code that loads rows `start .. start + 32` (zeros past `len`) of

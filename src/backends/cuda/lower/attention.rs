@@ -8,8 +8,8 @@
 use super::ops::{buffer_locs, operand};
 use super::{Lowering, Storage, Value};
 use crate::backends::cuda::codegen::attention::{flash, Spec, Strided};
-use crate::backends::cuda::codegen::attention_decode;
 use crate::backends::cuda::codegen::ops;
+use crate::backends::cuda::codegen::{attention_decode, attention_simt};
 use crate::backends::cuda::program::{IndexCheck, Launch, Loc, Region};
 use crate::ir::{AttnMask, DType, NodeId, Shape};
 
@@ -133,6 +133,11 @@ impl Lowering<'_> {
         }
         let kernel = self.add_kernel("attention", |n| flash(n, &spec))?;
         let mut args = vec![dst];
+        if attention_simt::uses(&spec) && attention_simt::splits(&spec) > 1 {
+            // The register-tiled f32 kernel with its keys split over blocks.
+            args.push(self.new_scratch(attention_simt::workspace_bytes(&spec)));
+            args.push(self.new_counters(attention_simt::counters(&spec)));
+        }
         args.extend(buffer_locs(&vals));
         self.launches.push(Launch::Kernel { kernel, args });
         Ok(())

@@ -68,6 +68,12 @@ impl Lowering<'_> {
             Storage::Mem(l) => Ok(l.plus(v.layout.offset as u64 * size)),
             Storage::Const(_) => Err("a constant GEMM operand".to_string()),
         };
+        // A batch of `a`s against one `b` (a linear layer over [batch,
+        // seq, in]) whose rows follow on from batch to batch is one GEMM of
+        // batch x m rows: one call, the algorithms of its true size, and a
+        // cuBLASLt epilogue (which takes no batch).
+        let (m, batch, sa) =
+            if batch > 1 && sb == 0 && !ta && sa == m * lda_a { (batch * m, 1, 0) } else { (m, batch, sa) };
         // out^T (n x m) = b^T (n x k) . a^T (k x m) in column-major terms.
         self.launches.push(Launch::Gemm(Gemm {
             dtype,

@@ -234,13 +234,16 @@ impl Lowering<'_> {
     }
 
     /// The cuBLASLt epilogue a matmul body is (see `lt.rs`): `mm + bias`,
-    /// `relu(mm + bias)` or `relu(mm)`, for a 2-d f32/f16/bf16 product and a
-    /// bias read densely along the columns. The generated epilogue kernel is
-    /// still lowered right after the GEMM; the executor skips it when
-    /// cuBLASLt takes the epilogue.
+    /// `relu(mm + bias)` or `relu(mm)`, for an f32/f16/bf16 product and a
+    /// bias read densely along the columns, the same for every row (and
+    /// every batch: a `[1, seq, n]` product of a model's linear layer takes
+    /// it as a 2-d one does; a GEMM that stays batched runs without
+    /// cuBLASLt, `LtPlan::new`). The generated epilogue kernel is still
+    /// lowered right after the GEMM; the executor skips it when cuBLASLt
+    /// takes the epilogue.
     fn lt_epilogue(&mut self, g: &Graph, mm: NodeId, out: NodeId, ops: &[Value]) -> Result<Epilogue, String> {
         let node = g.node(mm);
-        if node.shape.rank() != 2 || !matches!(node.dtype, DType::F32 | DType::F16 | DType::BF16) {
+        if node.shape.rank() < 2 || !matches!(node.dtype, DType::F32 | DType::F16 | DType::BF16) {
             return Ok(Epilogue::None);
         }
         let (relu, sum) = match &g.node(out).op {
@@ -264,9 +267,12 @@ impl Lowering<'_> {
         }
         let v = self.leaf_value(g, bias, ops)?;
         let Storage::Mem(at) = v.storage else { return Ok(Epilogue::None) };
-        let (m, n) = (node.shape.0[0], node.shape.0[1]);
-        let (s0, s1) = (v.layout.strides[0], v.layout.strides[1]);
-        if !((m == 1 || s0 == 0) && (n == 1 || s1 == 1)) {
+        // Every dim but the last broadcast (or of size 1), the last dense.
+        let dims = &node.shape.0;
+        let r = dims.len();
+        let strides = &v.layout.strides;
+        let rows_alike = (0..r - 1).all(|d| dims[d] == 1 || strides[d] == 0);
+        if !(rows_alike && (dims[r - 1] == 1 || strides[r - 1] == 1)) {
             return Ok(Epilogue::None);
         }
         let at = at.plus(v.layout.offset as u64 * node.dtype.size() as u64);
