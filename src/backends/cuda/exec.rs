@@ -354,6 +354,7 @@ impl CudaExecutable {
                     b.ptr(g.b.0),
                     b.ptr(g.c.0),
                     bias,
+                    g.residual.map_or(0, |r| b.ptr(r)),
                     h.workspace.ptr(),
                 )
                 .map_err(|e| e.to_string())?;

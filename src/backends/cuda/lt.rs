@@ -14,7 +14,8 @@
 //! be asked, gets 32 MiB (`device.rs`). The matrices' alignment, known
 //! from their offsets, goes to the heuristic as well. GELU is not
 //! among these: cuBLASLt's GELU is the tanh approximation, and kiln's is the
-//! exact (erf) form. A residual stays in the generated epilogue.
+//! exact (erf) form. A residual `r + (product [+ bias])` is cuBLASLt's C
+//! matrix, read with `beta = 1` (`Gemm::residual`).
 
 use super::program::{Epilogue, Gemm};
 use crate::ir::DType;
@@ -40,6 +41,8 @@ pub(crate) struct LtPlan {
     algo: lt::cublasLtMatmulAlgo_t,
     workspace: usize,
     bias: bool,
+    /// Whether C is a residual read with `beta = 1` ([`Gemm::residual`]).
+    residual: bool,
     /// Whether it applies an epilogue the lowered kernel after it would
     /// (the executor then skips that kernel).
     fused: bool,
@@ -91,7 +94,8 @@ impl LtPlan {
                 algo: std::mem::zeroed(),
                 workspace: 0,
                 bias,
-                fused: g.epilogue != Epilogue::None,
+                residual: g.residual.is_some(),
+                fused: g.epilogue != Epilogue::None || g.residual.is_some(),
             };
             let set = |attr: lt::cublasLtMatmulDescAttributes_t, v: *const c_void, n: usize| {
                 check(lt::cublasLtMatmulDescSetAttribute(desc, attr, v, n), "descriptor attribute")
@@ -142,7 +146,7 @@ impl LtPlan {
             for (attr, loc) in [
                 (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, g.a.0),
                 (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, g.b.0),
-                (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, g.c.0),
+                (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, g.residual.unwrap_or(g.c.0)),
                 (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, g.c.0),
             ] {
                 let align = alignment(loc.offset);
@@ -185,7 +189,8 @@ impl LtPlan {
         self.workspace as u64
     }
 
-    /// Enqueues `D = epilogue(op(A) op(B))` on `stream`.
+    /// Enqueues `D = epilogue(op(A) op(B) + R)` on `stream`, `R` the
+    /// residual at `residual` when the plan has one (else 0).
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
@@ -195,9 +200,12 @@ impl LtPlan {
         b: u64,
         c: u64,
         bias: u64,
+        residual: u64,
         workspace: u64,
     ) -> Result<()> {
         let (one, zero) = (1.0f32, 0.0f32);
+        // C is the residual (beta 1) or the output itself, unread (beta 0).
+        let (beta, cin) = if self.residual { (&one, residual) } else { (&zero, c) };
         // SAFETY: the descriptors describe these buffers (lowering sized
         // them); the bias pointer is set per launch, under the launch lock,
         // and read by cuBLASLt when it enqueues (a capture bakes it in).
@@ -223,8 +231,8 @@ impl LtPlan {
                     self.a,
                     b as *const c_void,
                     self.b,
-                    &zero as *const f32 as _,
-                    c as *const c_void,
+                    beta as *const f32 as _,
+                    cin as *const c_void,
                     self.c,
                     c as *mut c_void,
                     self.c,

@@ -87,6 +87,12 @@ pub struct Gemm {
     /// A bias (one value per row of C, i.e. per column of kiln's output)
     /// and a relu applied by cuBLASLt's epilogue, if any.
     pub epilogue: Epilogue,
+    /// A residual laid out as C (its leading dimension and batch stride),
+    /// added to the product by cuBLASLt (`D = A·B + 1·C`, C this matrix),
+    /// before the bias, never under a relu. Only cuBLASLt reads it: the
+    /// epilogue kernel lowered after the GEMM adds it when the GEMM runs
+    /// on classic cuBLAS.
+    pub residual: Option<Loc>,
     /// Whether float32 may use TF32 tensor cores (`Context::with_tf32`).
     pub tf32: bool,
 }
@@ -356,6 +362,9 @@ impl Launch {
                     Epilogue::Relu => write!(f, " epilogue=relu")?,
                     Epilogue::Bias(b) => write!(f, " epilogue=bias({b})")?,
                     Epilogue::BiasRelu(b) => write!(f, " epilogue=bias-relu({b})")?,
+                }
+                if let Some(r) = &g.residual {
+                    write!(f, " residual({r})")?;
                 }
                 if g.out_dtype != g.dtype {
                     write!(f, " out={}", g.out_dtype)?;

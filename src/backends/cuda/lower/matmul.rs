@@ -8,6 +8,19 @@ use crate::backends::cuda::codegen::ops;
 use crate::backends::cuda::program::{Epilogue, Gemm, Launch, Loc};
 use crate::ir::{DType, Scalar, Shape};
 
+/// What cuBLASLt may apply to a GEMM's product (see `lt.rs`): its
+/// epilogue and a residual added through its C matrix.
+#[derive(Clone, Debug)]
+pub(super) struct LtEpilogue {
+    pub epilogue: Epilogue,
+    pub residual: Option<Loc>,
+}
+
+impl LtEpilogue {
+    /// The product as it is.
+    pub const NONE: LtEpilogue = LtEpilogue { epilogue: Epilogue::None, residual: None };
+}
+
 impl Lowering<'_> {
     /// `a . b` of `dtype` into `dst`: cuBLAS for float dtypes (views of
     /// transposes are read as they are), a generated kernel for integers.
@@ -22,7 +35,7 @@ impl Lowering<'_> {
         dtype: DType,
         out_dtype: DType,
         dst: Loc,
-        epilogue: Epilogue,
+        epilogue: LtEpilogue,
     ) -> Result<(), String> {
         let r = shape.rank();
         let k = a.layout.shape.0[r - 1];
@@ -87,7 +100,8 @@ impl Lowering<'_> {
             b: (at(&a)?, lda_a, sa),
             c: (dst, n, m * n),
             batch,
-            epilogue,
+            epilogue: epilogue.epilogue,
+            residual: epilogue.residual,
             tf32: self.tf32,
         }));
         Ok(())

@@ -3,6 +3,7 @@
 //! what runs.
 
 use super::gemv::Epi;
+use super::matmul::LtEpilogue;
 use super::{bytes, Lowering, Storage, Value};
 use crate::backends::cpu::Layout;
 use crate::backends::cuda::codegen::body::{Operand, Source};
@@ -59,7 +60,7 @@ impl Lowering<'_> {
                 if self.gemv(&a, &b, &node.shape, node.dtype, dst, None)? {
                     return Ok(());
                 }
-                self.matmul(&a, &b, &node.shape, node.dtype, node.dtype, dst, Epilogue::None)
+                self.matmul(&a, &b, &node.shape, node.dtype, node.dtype, dst, LtEpilogue::NONE)
             }
             Op::Conv2d { stride, padding, dilation, groups } => {
                 let x = self.library_operand(&ops[0], false)?;
@@ -214,7 +215,7 @@ impl Lowering<'_> {
                 if widens(g, mm, body.output()) {
                     // `cast<f32>(a @ b)` of halves: the GEMM stores its f32
                     // accumulator in `dst` (no scratch, no epilogue kernel).
-                    return self.matmul(&a, &b, &node.shape, node.dtype, out.dtype, dst, Epilogue::None);
+                    return self.matmul(&a, &b, &node.shape, node.dtype, out.dtype, dst, LtEpilogue::NONE);
                 }
                 // The epilogue reads the product where the GEMM left it. In
                 // `dst` itself, overwriting it element for element, when
@@ -241,15 +242,88 @@ impl Lowering<'_> {
     /// cuBLASLt, `LtPlan::new`). The generated epilogue kernel is still
     /// lowered right after the GEMM; the executor skips it when cuBLASLt
     /// takes the epilogue.
-    fn lt_epilogue(&mut self, g: &Graph, mm: NodeId, out: NodeId, ops: &[Value]) -> Result<Epilogue, String> {
+    ///
+    /// A residual `r + (mm [+ bias])` (no relu: cuBLASLt would apply it
+    /// after the residual) of the product's dtype, laid out densely as the
+    /// product is, is read as the GEMM's C with `beta = 1`.
+    fn lt_epilogue(
+        &mut self,
+        g: &Graph,
+        mm: NodeId,
+        out: NodeId,
+        ops: &[Value],
+    ) -> Result<LtEpilogue, String> {
         let node = g.node(mm);
         if node.shape.rank() < 2 || !matches!(node.dtype, DType::F32 | DType::F16 | DType::BF16) {
-            return Ok(Epilogue::None);
+            return Ok(LtEpilogue::NONE);
         }
-        let (relu, sum) = match &g.node(out).op {
+        let (relu, mut sum) = match &g.node(out).op {
             Op::Unary(UnaryOp::Relu) => (true, g.operands(out)[0]),
             _ => (false, out),
         };
+        let mut residual = None;
+        if !relu && g.node(sum).op == Op::Binary(BinaryOp::Add) {
+            let terms = g.operands(sum);
+            for (this, other) in [(terms[0], terms[1]), (terms[1], terms[0])] {
+                let product_side = this == mm
+                    || (g.node(this).op == Op::Binary(BinaryOp::Add) && g.operands(this).contains(&mm));
+                if product_side && other != mm {
+                    if let Some(at) = self.dense_like(g, other, node, ops)? {
+                        residual = Some(at);
+                        sum = this;
+                        break;
+                    }
+                }
+            }
+        }
+        let epilogue = self.lt_bias(g, mm, sum, relu, ops)?;
+        if residual.is_some() && sum != mm && epilogue == Epilogue::None {
+            // `r + (mm + x)` with an `x` cuBLASLt cannot add: the kernel
+            // after the GEMM must run, so it adds `r` too.
+            return Ok(LtEpilogue::NONE);
+        }
+        Ok(LtEpilogue { epilogue, residual })
+    }
+
+    /// Where the body leaf `id` lies when it is dense with `product`'s
+    /// shape, dtype and row-major layout (a residual cuBLASLt can read as
+    /// C), or `None`.
+    fn dense_like(
+        &mut self,
+        g: &Graph,
+        id: NodeId,
+        product: &Node,
+        ops: &[Value],
+    ) -> Result<Option<Loc>, String> {
+        let leaf = g.node(id);
+        if leaf.shape != product.shape
+            || leaf.dtype != product.dtype
+            || !crate::ir::fused::is_leaf_or_leaf_view(g, id)
+        {
+            return Ok(None);
+        }
+        let v = self.leaf_value(g, id, ops)?;
+        let Storage::Mem(at) = v.storage else { return Ok(None) };
+        let dims = &product.shape.0;
+        let mut want = vec![1usize; dims.len()];
+        for d in (0..dims.len().saturating_sub(1)).rev() {
+            want[d] = want[d + 1] * dims[d + 1];
+        }
+        let dense = (0..dims.len()).all(|d| dims[d] == 1 || v.layout.strides[d] == want[d]);
+        Ok(dense.then(|| at.plus(v.layout.offset as u64 * product.dtype.size() as u64)))
+    }
+
+    /// The epilogue of `sum` (the product, or the product plus a bias),
+    /// under a relu or not.
+    fn lt_bias(
+        &mut self,
+        g: &Graph,
+        mm: NodeId,
+        sum: NodeId,
+        relu: bool,
+        ops: &[Value],
+    ) -> Result<Epilogue, String> {
+        let node = g.node(mm);
         if sum == mm {
             return Ok(if relu { Epilogue::Relu } else { Epilogue::None });
         }
