@@ -154,7 +154,21 @@ impl<O: Optimizer + Send> DataParallel<O> {
         B: Fn(&Context) -> Result<(M, O)>,
         L: Fn(&M, &[Tensor]) -> Result<Tensor> + Send + Sync + 'static,
     {
-        let group = Group::new(contexts)?;
+        DataParallel::with_group(&Group::new(contexts)?, build, loss)
+    }
+
+    /// [`DataParallel::new`] on a group already formed: a replica on each
+    /// of this process's ranks ([`Group::contexts`]). Across processes
+    /// ([`Group::from_env`]) that is one replica per process, and every
+    /// process runs the same program: the broadcast and the gradients'
+    /// averages meet across them.
+    pub fn with_group<M, B, L>(group: &Group, build: B, loss: L) -> Result<DataParallel<O>>
+    where
+        M: crate::nn::Module + 'static,
+        B: Fn(&Context) -> Result<(M, O)>,
+        L: Fn(&M, &[Tensor]) -> Result<Tensor> + Send + Sync + 'static,
+    {
+        let group = group.clone();
         let loss = std::sync::Arc::new(loss);
         let mut replicas = Vec::new();
         let mut params = Vec::new();
@@ -208,14 +222,18 @@ impl<O: Optimizer + Send> DataParallel<O> {
     }
 
     /// One step on `batch`: every tensor is split along dim 0 into equal
-    /// shards (the batch must divide by the group's size), shard `k` is
-    /// copied to rank `k`, and every rank steps. Returns each rank's loss
-    /// (of its shard; computed without waiting).
+    /// shards, one per rank of the group (the batch must divide by the
+    /// group's size), shard `k` is copied to rank `k`, and every rank of
+    /// this process steps. Across processes every process passes the
+    /// same whole batch and trains on its rank's shard. Returns this
+    /// process's ranks' losses (each of its shard; computed without
+    /// waiting).
     #[track_caller]
     pub fn step(&mut self, batch: &[&Tensor]) -> Result<Vec<Tensor>> {
         let location = Location::caller();
         let n = self.group.size();
-        let mut shards: Vec<Vec<Tensor>> = vec![Vec::new(); n];
+        let ranks = self.group.ranks();
+        let mut shards: Vec<Vec<Tensor>> = vec![Vec::new(); ranks.len()];
         for (i, t) in batch.iter().enumerate() {
             let rows = t.shape().first().copied().unwrap_or(0);
             if rows == 0 || rows % n != 0 {
@@ -227,22 +245,27 @@ impl<O: Optimizer + Send> DataParallel<O> {
                     location,
                 });
             }
-            for (k, shard) in shards.iter_mut().enumerate() {
-                shard.push(t.narrow(0, k * rows / n, rows / n).to(&self.group.contexts()[k]));
+            for ((k, shard), ctx) in ranks.clone().zip(shards.iter_mut()).zip(self.group.contexts()) {
+                shard.push(t.narrow(0, k * rows / n, rows / n).to(ctx));
             }
         }
         self.step_shards(&shards)
     }
 
-    /// One step where rank `k` trains on `shards[k]` (tensors on its own
-    /// context, e.g. from a loader per rank). Returns each rank's loss.
+    /// One step where this process's `k`-th rank trains on `shards[k]`
+    /// (tensors on its own context, e.g. from a loader per rank). Returns
+    /// each of those ranks' losses.
     #[track_caller]
     pub fn step_shards(&mut self, shards: &[Vec<Tensor>]) -> Result<Vec<Tensor>> {
         let location = Location::caller();
-        if shards.len() != self.group.size() {
+        if shards.len() != self.replicas.len() {
             return Err(Error::Argument {
                 op: "DataParallel::step_shards",
-                message: format!("{} shard(s) given for {} rank(s)", shards.len(), self.group.size()),
+                message: format!(
+                    "{} shard(s) given for {} rank(s) in this process",
+                    shards.len(),
+                    self.replicas.len()
+                ),
                 location,
             });
         }
@@ -271,9 +294,11 @@ impl<O: Optimizer + Send> DataParallel<O> {
         &self.group
     }
 
-    /// Rank `k`'s parameters, in the model's order.
+    /// Rank `rank`'s parameters, in the model's order (empty for a rank
+    /// of another process).
     pub fn parameters(&self, rank: usize) -> &[Variable] {
-        self.params.get(rank).map_or(&[], Vec::as_slice)
+        let k = rank.checked_sub(self.group.ranks().start);
+        k.and_then(|k| self.params.get(k)).map_or(&[], Vec::as_slice)
     }
 
     /// Sets every replica's learning rate.
