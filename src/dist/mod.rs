@@ -85,12 +85,14 @@
 //! # Ok::<(), kiln::Error>(())
 //! ```
 
+mod combine;
 mod coordinator;
 mod data_parallel;
 pub(crate) mod host;
 mod link;
 mod ops;
 mod process;
+mod rank_threads;
 mod wire;
 
 pub use data_parallel::{AverageGradients, DataParallel};
