@@ -102,7 +102,7 @@ fn nccl_data_parallel_across_two_processes_follows_in_process() {
         }
     }
     eprintln!("largest difference from the in-process run: {worst:e}");
-    assert!(worst <= 1e-5, "{worst}");
+    assert!(worst <= 1e-4, "{worst}");
 }
 
 #[test]
@@ -115,7 +115,7 @@ fn nccl_a_killed_process_fails_the_other_within_seconds() {
     if gpus(2).is_none() {
         return;
     }
-    let (errs, took) = kill_one(NAME, 2, 1, &[]);
+    let (errs, took) = kill_one(NAME, 2, 1, true);
     assert!(errs[0].contains("the process group is broken: rank 1 (pid "), "{}", errs[0]);
     assert!(errs[0].contains("disconnected without leaving the group"), "{}", errs[0]);
     // The break aborts rank 0's communicator; its wait gives up at most
