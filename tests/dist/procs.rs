@@ -346,3 +346,55 @@ fn a_killed_rank_0_fails_the_others_naming_it() {
     );
     assert!(took < Duration::from_secs(20), "{took:?}");
 }
+
+/// The launcher: a rank that fails gives the others `--grace` to end,
+/// then they are killed, and `kiln-run` exits with the failed rank's
+/// status, naming it.
+#[test]
+fn kiln_run_ends_the_ranks_when_one_fails() {
+    const NAME: &str = "procs::kiln_run_ends_the_ranks_when_one_fails";
+    if child_of(NAME).is_some() {
+        let env = ProcessEnv::from_env().unwrap();
+        if env.rank == 1 {
+            std::process::exit(7);
+        }
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    let launcher = env!("CARGO_BIN_EXE_kiln-run");
+    if !Path::new(launcher).exists() {
+        eprintln!("skipped: kiln-run is not at {launcher} (a bundle of test binaries)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("kiln-procs-launcher-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let t0 = Instant::now();
+    let mut launch = Command::new(launcher)
+        .args(["-n", "2", "--grace", "1"])
+        .arg(std::env::current_exe().unwrap())
+        .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+        .env(ROLE, NAME)
+        .env(OUT, &dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(dir.join("launcher.err")).unwrap()))
+        .spawn()
+        .unwrap();
+    let status = loop {
+        if let Some(s) = launch.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(30) {
+            let _ = launch.kill(); // its ranks die with their pipes or on their own within 60 s
+            let _ = launch.wait();
+            panic!("kiln-run still ran after 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let took = t0.elapsed();
+    let err = std::fs::read_to_string(dir.join("launcher.err")).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(status.code(), Some(7), "{err}");
+    assert!(err.contains("kiln-run: rank 1 failed (exit status: 7); the others have 1s to end"), "{err}");
+    assert!(err.contains("kiln-run: killing rank 0, still running 1s after a rank failed"), "{err}");
+    assert!(took < Duration::from_secs(30), "{took:?}");
+}
