@@ -170,7 +170,6 @@ impl Rendezvous {
     }
 
     /// Why the group can no longer run collectives, if it can't.
-    #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
     pub(crate) fn broken(&self) -> Option<String> {
         lock(&self.state).broken.clone()
     }

@@ -214,12 +214,54 @@ fn join(ctx: &Context, env: &ProcessEnv, location: Location) -> Result<Group> {
     } else {
         None
     };
-    ctx.inner
-        .backend
-        .join_group(Joining { rank, size, host, nccl_id })
+    let joining = Joining { rank, size, host: host.clone(), nccl_id };
+    join_watched(ctx, joining, &host, env.timeout)
         .map_err(|e| fail(format!("rank {rank} ({}) could not join: {e}", ctx.label())))?;
     tracing::info!(rank, size, master = %master, "joined a group of processes");
     Ok(Group { contexts: vec![ctx.clone()], first: rank, size })
+}
+
+/// A rank's join by its backend, watched: a CUDA rank's is NCCL's set-up
+/// of its communicator (`ncclCommInitRank`), which waits for every rank
+/// and has no timeout, so it runs on a thread of its own while this one
+/// watches the group (every kind of rank goes this way; a CPU rank's join
+/// returns at once). A rank
+/// that dies in that window (the coordinator breaks the group) or never
+/// comes (the timeout) is this rank's error instead of a hang; the thread
+/// stuck in NCCL is left behind (no communicator exists yet to abort).
+fn join_watched(ctx: &Context, joining: Joining, host: &Rendezvous, timeout: Duration) -> Result<()> {
+    use std::sync::mpsc::{channel, RecvTimeoutError};
+    let rank = joining.rank;
+    let (tx, rx) = channel();
+    let c = ctx.clone();
+    std::thread::Builder::new()
+        .name("kiln-nccl-init".into())
+        .spawn(move || {
+            let _ = tx.send(c.inner.backend.join_group(joining));
+        })
+        .map_err(|e| Error::Runtime(format!("starting the NCCL set-up's thread: {e}")))?;
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(joined) => return joined,
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(Error::Backend("dist: the NCCL set-up's thread ended without an answer".into()))
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        if let Some(why) = host.broken() {
+            return Err(Error::Runtime(format!(
+                "the group broke while NCCL set up this rank's communicator: {why}"
+            )));
+        }
+        if std::time::Instant::now() >= deadline {
+            let why = format!(
+                "rank {rank} waited {timeout:?} for NCCL to set up its communicator; some rank never did"
+            );
+            host.break_group(why.clone());
+            return Err(Error::Runtime(why));
+        }
+    }
 }
 
 /// Rank 0's listening socket: `MASTER_ADDR` itself where it is a loopback
