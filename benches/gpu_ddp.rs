@@ -9,6 +9,11 @@
 //! per rank does). Throughput is samples per second from the median of
 //! 30 wall-clock step times after 5 warm-ups (a step is timed to the read
 //! of every rank's loss). With `--bf16`, the same under bf16 autocast.
+//! The last row is the same `DataParallel` step with one process per GPU
+//! (issue 37): the bench starts itself once per GPU with torchrun's
+//! environment, each process joins with `Group::from_env` and trains on
+//! its shard, and rank 0 reports (steps meet in the all-reduces, so its
+//! step time is the group's).
 //!
 //!     cargo bench --features cuda --bench gpu_ddp [-- --bf16]
 //!
@@ -53,8 +58,93 @@ fn time(mut step: impl FnMut() -> Result<()>) -> Result<f64> {
     Ok(median(t))
 }
 
+/// What a process of the last row runs (see the module docs).
+fn rank_process(bf16: bool) -> Result<()> {
+    let env = kiln::dist::ProcessEnv::from_env()?;
+    let ctx = Context::cuda(env.local_rank)?.with_tf32(false);
+    let ctx = if bf16 { ctx.with_autocast(DType::BF16) } else { ctx };
+    let group = kiln::dist::Group::join(&ctx, &env)?;
+    let mut dp = DataParallel::with_group(&group, build, |m: &Sequential, b: &[Tensor]| {
+        nn::cross_entropy(&m.forward(&b[0])?, &b[1])
+    })?;
+    let (x, y) = shard(&ctx, GLOBAL / env.world_size, 10 + env.rank as u64);
+    let shards = vec![vec![x, y]];
+    let tn = time(|| {
+        for l in dp.step_shards(&shards)? {
+            l.item::<f32>()?;
+        }
+        Ok(())
+    })?;
+    if env.rank == 0 {
+        let t1: f64 =
+            std::env::var("KILN_DDP_ONE_GPU_S").ok().and_then(|v| v.parse().ok()).unwrap_or(f64::NAN);
+        println!(
+            "kiln {} {} GPUs batch {GLOBAL}, a process each: {:.3} ms/step, {:.0} samples/s, {:.2}x one GPU",
+            if bf16 { "bf16" } else { "f32" },
+            env.world_size,
+            tn * 1e3,
+            GLOBAL as f64 / tn,
+            t1 / tn
+        );
+    }
+    Ok(())
+}
+
+/// Starts this bench once per GPU as the ranks of a group of processes
+/// and waits for them (at most 300 s, then kills them).
+fn spawn_ranks(gpus: usize, bf16: bool, t1: f64) -> Result<()> {
+    let exe = std::env::current_exe().map_err(|e| Error::Io(e.to_string()))?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| Error::Io(e.to_string()))?
+        .port();
+    let mut children = Vec::new();
+    for r in 0..gpus {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.arg("--rank-process");
+        if bf16 {
+            cmd.arg("--bf16");
+        }
+        cmd.env("RANK", r.to_string())
+            .env("WORLD_SIZE", gpus.to_string())
+            .env("LOCAL_RANK", r.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("KILN_DDP_ONE_GPU_S", t1.to_string());
+        children.push(cmd.spawn().map_err(|e| Error::Io(format!("starting rank {r}: {e}")))?);
+    }
+    let t0 = Instant::now();
+    let mut failed = None;
+    for (r, c) in children.iter_mut().enumerate() {
+        loop {
+            match c.try_wait() {
+                Ok(Some(s)) if s.success() => break,
+                Ok(Some(s)) => {
+                    failed.get_or_insert(format!("rank {r} exited with {s}"));
+                    break;
+                }
+                Ok(None) if t0.elapsed().as_secs() < 300 => {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                _ => {
+                    let _ = c.kill();
+                    failed.get_or_insert(format!("rank {r} still ran after 300 s"));
+                    break;
+                }
+            }
+        }
+    }
+    match failed {
+        Some(why) => Err(Error::Runtime(format!("gpu_ddp, a process per GPU: {why}"))),
+        None => Ok(()),
+    }
+}
+
 fn main() -> Result<()> {
     let bf16 = std::env::args().any(|a| a == "--bf16");
+    if std::env::args().any(|a| a == "--rank-process") {
+        return rank_process(bf16);
+    }
     let gpus = kiln::dist::devices().len() - 1;
     let required = std::env::var("KILN_REQUIRE_GPUS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
     if gpus < 2 {
@@ -103,5 +193,6 @@ fn main() -> Result<()> {
         GLOBAL as f64 / tn,
         t1 / tn
     );
-    Ok(())
+    drop((dp, shards, ctxs, x, y, one));
+    spawn_ranks(gpus, bf16, t1)
 }

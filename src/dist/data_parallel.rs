@@ -12,15 +12,21 @@
 //! runs while the earlier layers are still differentiated (PyTorch DDP
 //! gets this from autograd hooks; here the compiler sees it).
 //!
-//! Ownership: each rank's replica (its [`TrainStep`]) is driven by a
-//! thread of its own during [`DataParallel::step`] (a scoped thread per
-//! rank per step), so a rank that blocks in a collective never blocks
-//! another's recording or launching.
+//! Ownership: each rank's replica (its [`TrainStep`]) lives on a thread
+//! of its own for the [`DataParallel`]'s life (`rank_threads.rs`: started
+//! by the constructor, joined by the drop), so a rank that blocks in a
+//! collective never blocks another's recording or launching, and a step
+//! costs a message per rank, not a thread's start. A step waits for
+//! every rank's reply; a rank whose step panics returns an error naming
+//! it. The batch's shards are handed to the ranks as tensor handles.
 
+use super::rank_threads::{RankThreads, Task};
 use super::Group;
 use crate::nn::Params;
 use crate::optim::{Optimizer, TrainStep};
 use crate::{Context, Error, Location, Result, Tensor, Variable};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// An optimizer that first averages every held gradient over the
 /// context's process group, in buckets of about `bucket_bytes`, then
@@ -29,7 +35,9 @@ pub struct AverageGradients<O> {
     inner: O,
     ctx: Context,
     params: Vec<Variable>,
-    bucket_bytes: usize,
+    /// Shared with the [`DataParallel`] that owns this optimizer, which
+    /// sets it from the caller's thread.
+    bucket_bytes: Arc<AtomicUsize>,
 }
 
 impl<O: Optimizer> AverageGradients<O> {
@@ -40,7 +48,7 @@ impl<O: Optimizer> AverageGradients<O> {
             inner,
             ctx: ctx.clone(),
             params: params.parameters(),
-            bucket_bytes: bucket_bytes.max(1),
+            bucket_bytes: Arc::new(AtomicUsize::new(bucket_bytes.max(1))),
         }
     }
 
@@ -52,15 +60,13 @@ impl<O: Optimizer> AverageGradients<O> {
     fn average(&self, location: Location) -> Result<()> {
         let held: Vec<(Variable, Tensor)> =
             self.params.iter().rev().filter_map(|p| self.ctx.grad(p).map(|g| (p.clone(), g))).collect();
+        let bucket_bytes = self.bucket_bytes.load(Ordering::Relaxed);
         let mut start = 0;
         while start < held.len() {
             let dtype = held[start].1.dtype();
             let mut end = start;
             let mut bytes = 0;
-            while end < held.len()
-                && held[end].1.dtype() == dtype
-                && (end == start || bytes < self.bucket_bytes)
-            {
+            while end < held.len() && held[end].1.dtype() == dtype && (end == start || bytes < bucket_bytes) {
                 bytes += held[end].1.shape().iter().product::<usize>() * dtype.size();
                 end += 1;
             }
@@ -110,6 +116,9 @@ impl<O: Optimizer> Optimizer for AverageGradients<O> {
 
 type LossFn = Box<dyn FnMut(&[Tensor]) -> Result<Tensor> + Send>;
 
+/// One rank's replica, owned by its rank thread.
+type Replica<O> = TrainStep<AverageGradients<O>, LossFn>;
+
 /// A model trained on several devices at once: one replica per rank,
 /// built by the same constructor, started from rank 0's parameters, each
 /// step splitting the batch and averaging the gradients.
@@ -137,11 +146,13 @@ type LossFn = Box<dyn FnMut(&[Tensor]) -> Result<Tensor> + Send>;
 /// ```
 pub struct DataParallel<O> {
     group: Group,
-    replicas: Vec<TrainStep<AverageGradients<O>, LossFn>>,
+    replicas: RankThreads<Replica<O>>,
+    /// Each replica's bucket size (its optimizer's).
+    buckets: Vec<Arc<AtomicUsize>>,
     params: Vec<Vec<Variable>>,
 }
 
-impl<O: Optimizer + Send> DataParallel<O> {
+impl<O: Optimizer + Send + 'static> DataParallel<O> {
     /// Makes `contexts` a [`Group`], builds a replica (model and optimizer)
     /// on each with `build`, and copies rank 0's parameters to every rank
     /// (a broadcast), so replicas start equal whatever their seeds. `loss`
@@ -154,19 +165,36 @@ impl<O: Optimizer + Send> DataParallel<O> {
         B: Fn(&Context) -> Result<(M, O)>,
         L: Fn(&M, &[Tensor]) -> Result<Tensor> + Send + Sync + 'static,
     {
-        let group = Group::new(contexts)?;
-        let loss = std::sync::Arc::new(loss);
+        DataParallel::with_group(&Group::new(contexts)?, build, loss)
+    }
+
+    /// [`DataParallel::new`] on a group already formed: a replica on each
+    /// of this process's ranks ([`Group::contexts`]). Across processes
+    /// ([`Group::from_env`]) that is one replica per process, and every
+    /// process runs the same program: the broadcast and the gradients'
+    /// averages meet across them.
+    pub fn with_group<M, B, L>(group: &Group, build: B, loss: L) -> Result<DataParallel<O>>
+    where
+        M: crate::nn::Module + 'static,
+        B: Fn(&Context) -> Result<(M, O)>,
+        L: Fn(&M, &[Tensor]) -> Result<Tensor> + Send + Sync + 'static,
+    {
+        let group = group.clone();
+        let loss = Arc::new(loss);
         let mut replicas = Vec::new();
+        let mut buckets = Vec::new();
         let mut params = Vec::new();
         for ctx in group.contexts() {
             let (model, opt) = build(ctx)?;
             let opt = AverageGradients::new(ctx, &model, opt, 4 << 20);
+            buckets.push(opt.bucket_bytes.clone());
             params.push(model.parameters());
             let loss = loss.clone();
             let f: LossFn = Box::new(move |batch: &[Tensor]| loss(&model, batch));
             replicas.push(TrainStep::new(ctx, opt, f));
         }
-        let dp = DataParallel { group, replicas, params };
+        let replicas = RankThreads::start(replicas, group.ranks().start)?;
+        let dp = DataParallel { group, replicas, buckets, params };
         dp.broadcast_parameters()?;
         Ok(dp)
     }
@@ -174,48 +202,45 @@ impl<O: Optimizer + Send> DataParallel<O> {
     /// Averages gradients in buckets of about `bytes` (at least one
     /// gradient each): smaller buckets start all-reducing sooner, larger
     /// ones make fewer calls.
-    pub fn with_bucket_bytes(mut self, bytes: usize) -> DataParallel<O> {
-        for r in &mut self.replicas {
-            r.optimizer().bucket_bytes = bytes.max(1);
+    pub fn with_bucket_bytes(self, bytes: usize) -> DataParallel<O> {
+        for b in &self.buckets {
+            b.store(bytes.max(1), Ordering::Relaxed);
         }
         self
     }
 
-    /// Every rank takes rank 0's parameters, each rank on a thread of its
-    /// own (the broadcasts meet across ranks).
+    /// Every rank takes rank 0's parameters, each on its rank thread (the
+    /// broadcasts meet across ranks).
     fn broadcast_parameters(&self) -> Result<()> {
         let params = &self.params;
-        std::thread::scope(|s| {
-            let hs: Vec<_> = self
-                .group
-                .contexts()
-                .iter()
-                .zip(params)
-                .map(|(ctx, ps)| {
-                    s.spawn(move || -> Result<()> {
-                        for p in ps {
-                            p.assign(p.tensor().broadcast_from(0))?;
-                        }
-                        let ts: Vec<Tensor> = ps.iter().map(Variable::tensor).collect();
-                        ctx.realize(&ts.iter().collect::<Vec<_>>())
-                    })
-                })
-                .collect();
-            hs.into_iter().try_for_each(|h| {
-                h.join().unwrap_or_else(|_| Err(Error::Backend("dist: a rank's thread panicked".into())))
-            })
-        })
+        let contexts = self.group.contexts();
+        self.replicas.run(|k| {
+            let (ps, ctx) = (params[k].clone(), contexts[k].clone());
+            let task: Task<Replica<O>, ()> = Box::new(move |_| {
+                for p in &ps {
+                    p.assign(p.tensor().broadcast_from(0))?;
+                }
+                let ts: Vec<Tensor> = ps.iter().map(Variable::tensor).collect();
+                ctx.realize(&ts.iter().collect::<Vec<_>>())
+            });
+            task
+        })?;
+        Ok(())
     }
 
     /// One step on `batch`: every tensor is split along dim 0 into equal
-    /// shards (the batch must divide by the group's size), shard `k` is
-    /// copied to rank `k`, and every rank steps. Returns each rank's loss
-    /// (of its shard; computed without waiting).
+    /// shards, one per rank of the group (the batch must divide by the
+    /// group's size), shard `k` is copied to rank `k`, and every rank of
+    /// this process steps. Across processes every process passes the
+    /// same whole batch and trains on its rank's shard. Returns this
+    /// process's ranks' losses (each of its shard; computed without
+    /// waiting).
     #[track_caller]
     pub fn step(&mut self, batch: &[&Tensor]) -> Result<Vec<Tensor>> {
         let location = Location::caller();
         let n = self.group.size();
-        let mut shards: Vec<Vec<Tensor>> = vec![Vec::new(); n];
+        let ranks = self.group.ranks();
+        let mut shards: Vec<Vec<Tensor>> = vec![Vec::new(); ranks.len()];
         for (i, t) in batch.iter().enumerate() {
             let rows = t.shape().first().copied().unwrap_or(0);
             if rows == 0 || rows % n != 0 {
@@ -227,42 +252,34 @@ impl<O: Optimizer + Send> DataParallel<O> {
                     location,
                 });
             }
-            for (k, shard) in shards.iter_mut().enumerate() {
-                shard.push(t.narrow(0, k * rows / n, rows / n).to(&self.group.contexts()[k]));
+            for ((k, shard), ctx) in ranks.clone().zip(shards.iter_mut()).zip(self.group.contexts()) {
+                shard.push(t.narrow(0, k * rows / n, rows / n).to(ctx));
             }
         }
         self.step_shards(&shards)
     }
 
-    /// One step where rank `k` trains on `shards[k]` (tensors on its own
-    /// context, e.g. from a loader per rank). Returns each rank's loss.
+    /// One step where this process's `k`-th rank trains on `shards[k]`
+    /// (tensors on its own context, e.g. from a loader per rank). Returns
+    /// each of those ranks' losses.
     #[track_caller]
     pub fn step_shards(&mut self, shards: &[Vec<Tensor>]) -> Result<Vec<Tensor>> {
         let location = Location::caller();
-        if shards.len() != self.group.size() {
+        let here = self.group.contexts().len();
+        if shards.len() != here {
             return Err(Error::Argument {
                 op: "DataParallel::step_shards",
-                message: format!("{} shard(s) given for {} rank(s)", shards.len(), self.group.size()),
+                message: format!("{} shard(s) given for {here} rank(s) in this process", shards.len()),
                 location,
             });
         }
-        std::thread::scope(|s| {
-            let hs: Vec<_> = self
-                .replicas
-                .iter_mut()
-                .zip(shards)
-                .map(|(r, shard)| {
-                    s.spawn(move || {
-                        let refs: Vec<&Tensor> = shard.iter().collect();
-                        r.call(&refs)
-                    })
-                })
-                .collect();
-            hs.into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| Err(Error::Backend("dist: a rank's thread panicked".into())))
-                })
-                .collect()
+        self.replicas.run(|k| {
+            let shard = shards[k].clone();
+            let task: Task<Replica<O>, Tensor> = Box::new(move |r| {
+                let refs: Vec<&Tensor> = shard.iter().collect();
+                r.call(&refs)
+            });
+            task
         })
     }
 
@@ -271,13 +288,19 @@ impl<O: Optimizer + Send> DataParallel<O> {
         &self.group
     }
 
-    /// Rank `k`'s parameters, in the model's order.
+    /// Rank `rank`'s parameters, in the model's order (empty for a rank
+    /// of another process).
     pub fn parameters(&self, rank: usize) -> &[Variable] {
-        self.params.get(rank).map_or(&[], Vec::as_slice)
+        let k = rank.checked_sub(self.group.ranks().start);
+        k.and_then(|k| self.params.get(k)).map_or(&[], Vec::as_slice)
     }
 
     /// Sets every replica's learning rate.
     pub fn set_lr(&mut self, lr: f64) -> Result<()> {
-        self.replicas.iter_mut().try_for_each(|r| r.optimizer().set_lr(lr))
+        self.replicas.run(|_| {
+            let task: Task<Replica<O>, ()> = Box::new(move |r| r.optimizer().set_lr(lr));
+            task
+        })?;
+        Ok(())
     }
 }

@@ -29,8 +29,20 @@
 //! the abort hooks once: CUDA ranks register one that aborts their NCCL
 //! communicator (`ncclCommAbort`), so a rank spinning in an NCCL kernel
 //! for a partner that will never come gets an error instead.
+//!
+//! Across processes: a rank of a group of processes has a `Rendezvous` of
+//! its own with a [`Link`] to the group's coordinator (`link.rs`), which
+//! runs an in-process `Rendezvous` of all the ranks (`coordinator.rs`):
+//! the matching, the combining (so the same bits as in one process), the
+//! timeouts and the health are this file's, once, on rank 0. Here, such a
+//! rank sends its operand and waits for the coordinator's result; a break
+//! on either side reaches the other (a local one is sent, a remote one
+//! runs the local abort hooks); a rank whose process leaves the group
+//! ([`Rendezvous::leave`]) fails the collectives that still need it.
 
-use crate::ir::{Collective, DType, HostData, ReduceOp, Shape};
+use super::combine::combine;
+use super::link::Link;
+use crate::ir::{Collective, DType, HostData, Shape};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -47,6 +59,9 @@ pub(crate) struct Rendezvous {
     state: Mutex<Rounds>,
     arrived: Condvar,
     hooks: Hooks,
+    /// This process's connection to its group's coordinator, for a rank
+    /// of a group of processes (then `state` holds its rank's rounds only).
+    link: Option<Link>,
 }
 
 /// The abort hooks; taken (so run once) when the group breaks.
@@ -66,6 +81,11 @@ struct Rounds {
     open: HashMap<u64, Round>,
     /// Why the group can no longer run collectives.
     broken: Option<String>,
+    /// For each rank that left the group: how many collectives it ran.
+    left: Vec<Option<u64>>,
+    /// Across processes: this rank's collectives sent to the coordinator,
+    /// and their results once they came.
+    sent: HashMap<u64, Option<Arc<HostData>>>,
 }
 
 #[derive(Debug)]
@@ -113,13 +133,33 @@ fn lock(m: &Mutex<Rounds>) -> MutexGuard<'_, Rounds> {
 impl Rendezvous {
     /// A meeting place for `size` ranks, each waiting at most `timeout`.
     pub(crate) fn new(size: usize, timeout: Duration) -> Rendezvous {
+        Rendezvous::with_link(size, timeout, None)
+    }
+
+    /// A rank's meeting place in a group of processes: its collectives go
+    /// through `link` (see the module docs). The link starts delivering
+    /// once [`Link::start`] has the rendezvous.
+    pub(crate) fn with_link(size: usize, timeout: Duration, link: Option<Link>) -> Rendezvous {
+        let state = Rounds {
+            next: vec![0; size],
+            open: HashMap::new(),
+            broken: None,
+            left: vec![None; size],
+            sent: HashMap::new(),
+        };
         Rendezvous {
             size,
             timeout,
-            state: Mutex::new(Rounds { next: vec![0; size], open: HashMap::new(), broken: None }),
+            state: Mutex::new(state),
             arrived: Condvar::new(),
             hooks: Hooks::default(),
+            link,
         }
+    }
+
+    /// The link to the coordinator, for a rank of a group of processes.
+    pub(crate) fn link(&self) -> Option<&Link> {
+        self.link.as_ref()
     }
 
     /// How long a rank waits for the others (the CPU exchange, a CUDA
@@ -130,7 +170,6 @@ impl Rendezvous {
     }
 
     /// Why the group can no longer run collectives, if it can't.
-    #[cfg_attr(not(feature = "cuda-backend"), allow(dead_code))]
     pub(crate) fn broken(&self) -> Option<String> {
         lock(&self.state).broken.clone()
     }
@@ -152,16 +191,55 @@ impl Rendezvous {
     /// Breaks the group: the first reason sticks, every waiting rank wakes
     /// and fails with it, and the abort hooks start (once, all at once, on
     /// threads of their own: [`run_detached`]).
+    /// Across processes, a break that starts here is sent to the
+    /// coordinator, which breaks every other rank.
     pub(crate) fn break_group(&self, why: String) {
-        {
+        if self.break_here(why.clone()) {
+            if let Some(link) = &self.link {
+                link.send_break(&why);
+            }
+        }
+    }
+
+    /// Breaks this process's side of the group and returns whether this
+    /// was the first break (what a break that came from the coordinator
+    /// runs: it is not sent back).
+    pub(crate) fn break_here(&self, why: String) -> bool {
+        let first = {
             let mut s = lock(&self.state);
-            if s.broken.is_none() {
+            let first = s.broken.is_none();
+            if first {
                 s.broken = Some(why);
             }
             self.arrived.notify_all();
-        }
+            first
+        };
         let hooks = std::mem::take(&mut *self.hooks.0.lock().unwrap_or_else(|e| e.into_inner()));
         run_detached(hooks);
+        first
+    }
+
+    /// Rank `rank` left the group (its process said goodbye): collectives
+    /// it did not run can never complete, so one that is open breaks the
+    /// group now and a later one at once, naming it.
+    pub(crate) fn leave(&self, rank: usize) {
+        let mut s = lock(&self.state);
+        let Some(&ran) = s.next.get(rank) else { return };
+        s.left[rank] = Some(ran);
+        if let Some(&seq) = s.open.keys().filter(|&&seq| seq >= ran).min() {
+            drop(s);
+            self.break_group(left_message(rank, ran, seq));
+        }
+    }
+
+    /// Across processes: the coordinator's result of this rank's
+    /// collective `seq`.
+    pub(crate) fn deliver(&self, seq: u64, data: HostData) {
+        let mut s = lock(&self.state);
+        if let Some(slot) = s.sent.get_mut(&seq) {
+            *slot = Some(Arc::new(data));
+            self.arrived.notify_all();
+        }
     }
 
     /// How many collectives `rank` has handed in so far.
@@ -189,6 +267,9 @@ impl Rendezvous {
         shape: &Shape,
         data: HostData,
     ) -> Result<Arc<HostData>> {
+        if let Some(link) = &self.link {
+            return self.exchange_remote(link, rank, what, shape, data);
+        }
         let mut s = lock(&self.state);
         if let Some(why) = &s.broken {
             return Err(Error::Runtime(format!("{}: the process group is broken: {why}", what.mnemonic())));
@@ -222,6 +303,15 @@ impl Rendezvous {
         }
         round.parts[rank] = Some(data);
         round.handed_in += 1;
+        if let Some(gone) = s.left.iter().position(|l| l.is_some_and(|ran| ran <= seq)) {
+            let why = left_message(gone, s.left[gone].unwrap_or(0), seq);
+            drop(s);
+            self.break_group(why.clone());
+            return Err(Error::Runtime(why));
+        }
+        let Some(round) = s.open.get_mut(&seq) else {
+            return Err(Error::Backend("dist: a round vanished".into()));
+        };
         if round.handed_in == size {
             let parts: Vec<HostData> = round.parts.iter_mut().filter_map(Option::take).collect();
             round.result = Some(Arc::new(combine(what, parts)?));
@@ -248,7 +338,7 @@ impl Rendezvous {
             if now >= deadline {
                 let missing: Vec<usize> = (0..size).filter(|&r| round.parts[r].is_none()).collect();
                 let why = format!(
-                    "rank {rank} waited {:?} in collective #{seq} ({} {dtype}{shape}) for rank(s) {missing:?}, which never ran it (ranks must run their steps concurrently, one thread each)",
+                    "rank {rank} waited {:?} in collective #{seq} ({} {dtype}{shape}) for rank(s) {missing:?}, which never ran it (every rank must run it; ranks of one process must run their steps concurrently, one thread each)",
                     self.timeout,
                     what.mnemonic()
                 );
@@ -261,102 +351,90 @@ impl Rendezvous {
     }
 }
 
-/// Every rank's result: the parts combined in rank order (so every rank
-/// gets the same bits), or the root's part.
-fn combine(what: Collective, mut parts: Vec<HostData>) -> Result<HostData> {
-    let n = parts.len();
-    let op = match what {
-        Collective::Broadcast(root) => {
-            let root = root as usize;
-            if root >= n {
-                return Err(Error::Runtime(format!("broadcast from rank {root} in a group of {n}")));
-            }
-            return Ok(parts.swap_remove(root));
-        }
-        Collective::AllReduce(op) => op,
-    };
-    // Floats accumulate in f64 and round once (for two ranks that is the
-    // correctly rounded sum NCCL's ring computes); integers wrap.
-    macro_rules! fold {
-        ($variant:ident, $first:expr, $to:expr, $from:expr) => {{
-            let mut acc: Vec<_> = $first.iter().map(|&x| $to(x)).collect();
-            for p in &parts[1..] {
-                let HostData::$variant(v) = p else {
-                    return Err(Error::Backend("dist: ranks handed in different dtypes".into()));
-                };
-                for (a, &x) in acc.iter_mut().zip(v) {
-                    *a = step(op, *a, $to(x));
+impl Rendezvous {
+    /// [`Rendezvous::exchange`] for a rank of a group of processes: sends
+    /// the operand to the coordinator and waits for its result, at most
+    /// the group's timeout and a margin (the coordinator times the round
+    /// out itself, naming the missing ranks; the margin is for a
+    /// coordinator that went silent).
+    fn exchange_remote(
+        &self,
+        link: &Link,
+        rank: usize,
+        what: Collective,
+        shape: &Shape,
+        data: HostData,
+    ) -> Result<Arc<HostData>> {
+        let broken =
+            |why: &str| Error::Runtime(format!("{}: the process group is broken: {why}", what.mnemonic()));
+        // Numbered and sent under the link's send lock, so the coordinator
+        // sees this rank's collectives in its order.
+        let seq = link.send_part(
+            || {
+                let mut s = lock(&self.state);
+                if let Some(why) = &s.broken {
+                    return Err(broken(why));
                 }
+                let seq = s.next[rank];
+                s.next[rank] += 1;
+                s.sent.insert(seq, None);
+                Ok(seq)
+            },
+            what,
+            shape,
+            &data,
+        );
+        let seq = match seq {
+            Ok(seq) => seq,
+            Err(e) => {
+                if let Some(why) = self.broken() {
+                    return Err(broken(&why));
+                }
+                return Err(e);
             }
-            HostData::$variant(acc.into_iter().map(|a| $from(finish(op, a, n))).collect())
-        }};
-    }
-    let first = parts.first().ok_or_else(|| Error::Backend("dist: a collective of no ranks".into()))?;
-    Ok(match first {
-        HostData::F16(v) => {
-            fold!(F16, v, |x: half::f16| Acc::F(x.to_f64()), |a: Acc| half::f16::from_f64(a.f()))
-        }
-        HostData::BF16(v) => {
-            fold!(BF16, v, |x: half::bf16| Acc::F(x.to_f64()), |a: Acc| half::bf16::from_f64(a.f()))
-        }
-        HostData::F32(v) => fold!(F32, v, |x: f32| Acc::F(x as f64), |a: Acc| a.f() as f32),
-        HostData::F64(v) => fold!(F64, v, |x: f64| Acc::F(x), |a: Acc| a.f()),
-        HostData::U8(v) => fold!(U8, v, |x: u8| Acc::I(x as i64), |a: Acc| a.i() as u8),
-        HostData::I32(v) => fold!(I32, v, |x: i32| Acc::I(x as i64), |a: Acc| a.i() as i32),
-        HostData::I64(v) => fold!(I64, v, |x: i64| Acc::I(x), |a: Acc| a.i()),
-        HostData::Bool(_) => return Err(Error::Runtime(format!("{} of bool", what.mnemonic()))),
-    })
-}
-
-/// An accumulator: floats in f64, integers in wrapping i64.
-#[derive(Clone, Copy)]
-enum Acc {
-    F(f64),
-    I(i64),
-}
-
-impl Acc {
-    fn f(self) -> f64 {
-        match self {
-            Acc::F(v) => v,
-            Acc::I(v) => v as f64,
-        }
-    }
-    fn i(self) -> i64 {
-        match self {
-            Acc::I(v) => v,
-            Acc::F(v) => v as i64,
+        };
+        let margin = Duration::from_secs(10);
+        let deadline = Instant::now() + self.timeout + margin;
+        let mut s = lock(&self.state);
+        loop {
+            if let Some(why) = s.broken.clone() {
+                s.sent.remove(&seq);
+                return Err(broken(&why));
+            }
+            if let Some(Some(result)) = s.sent.get(&seq) {
+                let result = result.clone();
+                s.sent.remove(&seq);
+                return Ok(result);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                drop(s);
+                let why = format!(
+                    "rank {rank} waited {:?} for the coordinator's result of collective #{seq} ({} {}{shape}) at {}, which never came",
+                    self.timeout + margin,
+                    what.mnemonic(),
+                    data.dtype(),
+                    link.addr()
+                );
+                self.break_group(why.clone());
+                return Err(Error::Runtime(why));
+            }
+            s = self.arrived.wait_timeout(s, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
         }
     }
 }
 
-fn step(op: ReduceOp, a: Acc, x: Acc) -> Acc {
-    match (a, x) {
-        (Acc::F(a), Acc::F(x)) => Acc::F(match op {
-            ReduceOp::Max if a.is_nan() || x.is_nan() => f64::NAN,
-            ReduceOp::Min if a.is_nan() || x.is_nan() => f64::NAN,
-            ReduceOp::Max => a.max(x),
-            ReduceOp::Min => a.min(x),
-            _ => a + x,
-        }),
-        (a, x) => Acc::I(match op {
-            ReduceOp::Max => a.i().max(x.i()),
-            ReduceOp::Min => a.i().min(x.i()),
-            _ => a.i().wrapping_add(x.i()),
-        }),
-    }
-}
-
-fn finish(op: ReduceOp, a: Acc, n: usize) -> Acc {
-    match (op, a) {
-        (ReduceOp::Mean, Acc::F(v)) => Acc::F(v / n as f64),
-        _ => a,
-    }
+/// Why a collective fails when a rank that left the group never ran it.
+fn left_message(rank: usize, ran: u64, seq: u64) -> String {
+    format!(
+        "rank {rank} left the group after its {ran} collective(s), but collective #{seq} needs it; every rank must run the same collectives"
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ir::ReduceOp;
 
     #[test]
     fn ranks_on_threads_get_the_rank_ordered_sum() {

@@ -57,20 +57,46 @@
 //!   they are dropped (their plans hold the communicator).
 //!
 //! # Several processes, several hosts
-//! Out of scope for the runs so far, but the design extends without a new
-//! API: a rank's backend joins through a [`Joining`] (rank, size, and for
-//! NCCL the unique id). In one process, [`Group::new`] makes the id and
-//! joins every context on a thread of its own; across processes, rank 0
-//! would make the id (`ncclGetUniqueId`), the user's launcher (MPI, a TCP
-//! store, torchrun's environment) would hand its 128 bytes to every
-//! process, and each would join its one context with its rank. Plans,
-//! lowering and [`DataParallel`] do not change.
+//! A group's ranks may also be processes, one per device, as `torchrun`
+//! starts them: each process reads its rank from the environment
+//! ([`ProcessEnv`]: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`,
+//! `MASTER_PORT`) and joins its one context with [`Group::from_env`] (or
+//! [`Group::join`]). Rank 0 serves a small TCP coordinator at
+//! `MASTER_ADDR:MASTER_PORT` that forms the group, hands out the NCCL
+//! unique id, carries the CPU ranks' collectives (combined as in one
+//! process, so the same bits) and the group's health: a rank that dies
+//! breaks the group on every other rank with an error naming it (CUDA
+//! ranks abort their communicators), and a collective waits at most the
+//! group's timeout. `kiln-run -n N prog args` starts N processes with
+//! that environment; another host is another `MASTER_ADDR`. Collectives,
+//! plans, lowering and [`DataParallel`] do not change.
+//!
+//! ```no_run
+//! // two.rs, run as `kiln-run -n 2 target/release/examples/two`
+//! use kiln::prelude::*;
+//! use kiln::dist::Group;
+//!
+//! let ctx = Context::cpu();
+//! let group = Group::from_env(&ctx)?;
+//! let rank = ctx.rank().unwrap_or(0) as f32;
+//! let sum = ctx.full([3], rank + 1.0).all_reduce_sum().to_vec::<f32>()?;
+//! assert_eq!(sum, vec![3.0; 3]); // 1 + 2 on both processes
+//! assert_eq!(group.size(), 2);
+//! # Ok::<(), kiln::Error>(())
+//! ```
 
+mod combine;
+mod coordinator;
 mod data_parallel;
 pub(crate) mod host;
+mod link;
 mod ops;
+mod process;
+mod rank_threads;
+mod wire;
 
 pub use data_parallel::{AverageGradients, DataParallel};
+pub use process::ProcessEnv;
 
 use crate::{Context, Error, Location, Result};
 use std::sync::Arc;
@@ -133,11 +159,17 @@ pub fn devices() -> Vec<DeviceInfo> {
     out
 }
 
-/// Contexts joined as the ranks of one process group (rank `k` is
-/// `contexts()[k]`). See the [module docs](self).
+/// Contexts joined as the ranks of one process group: in one process
+/// ([`Group::new`]) every rank's context (rank `k` is `contexts()[k]`),
+/// across processes ([`Group::join`]) this process's one. See the
+/// [module docs](self).
 #[derive(Clone)]
 pub struct Group {
     contexts: Vec<Context>,
+    /// The rank of `contexts[0]`.
+    first: usize,
+    /// Ranks in the group, in every process.
+    size: usize,
 }
 
 impl Group {
@@ -212,17 +244,35 @@ impl Group {
         for (rank, r) in results.into_iter().enumerate() {
             r.map_err(|e| fail(format!("rank {rank} ({}) could not join: {e}", contexts[rank].label())))?;
         }
-        Ok(Group { contexts: contexts.to_vec() })
+        Ok(Group { contexts: contexts.to_vec(), first: 0, size })
     }
 
-    /// The ranks' contexts, rank 0 first.
+    /// This process's ranks' contexts, in rank order: every rank's for a
+    /// group of one process, this process's one for a group of processes.
     pub fn contexts(&self) -> &[Context] {
         &self.contexts
     }
 
-    /// Ranks in the group.
+    /// The ranks of [`Group::contexts`]: `0..size` in one process, this
+    /// process's rank across processes.
+    pub fn ranks(&self) -> std::ops::Range<usize> {
+        self.first..self.first + self.contexts.len()
+    }
+
+    /// Ranks in the group (in every process).
     pub fn size(&self) -> usize {
-        self.contexts.len()
+        self.size
+    }
+}
+
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let labels: Vec<String> = self.contexts.iter().map(Context::label).collect();
+        f.debug_struct("Group")
+            .field("size", &self.size)
+            .field("ranks", &self.ranks())
+            .field("contexts", &labels)
+            .finish()
     }
 }
 

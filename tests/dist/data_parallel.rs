@@ -109,3 +109,34 @@ fn emulated_cuda_ranks_run_the_lowered_collectives() {
     }
     assert_eq!(params_of(&dp, 0), params_of(&dp, 1));
 }
+
+/// Each rank's steps run on one thread of its own, the same every step
+/// (not a thread per rank per step), and dropping the `DataParallel`
+/// ends those threads, dropping the replicas (their loss closures) there.
+#[test]
+fn each_rank_steps_on_one_persistent_thread() {
+    use std::collections::BTreeSet;
+    use std::sync::{Arc, Mutex};
+    let seen: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+    let ranks = [Context::cpu().with_seed(1), Context::cpu().with_seed(2)];
+    let s = seen.clone();
+    let mut dp = DataParallel::new(&ranks, build, move |model: &Sequential, batch: &[Tensor]| {
+        let t = std::thread::current();
+        s.lock().unwrap().insert(format!("{:?} {}", t.id(), t.name().unwrap_or("?")));
+        loss(model, batch)
+    })
+    .unwrap();
+    let host = Context::cpu();
+    for k in 0..5 {
+        let (x, y) = batch(&host, k);
+        dp.step(&[&x, &y]).unwrap();
+    }
+    let names: Vec<String> =
+        seen.lock().unwrap().iter().map(|s| s.split(' ').nth(1).unwrap().to_string()).collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(sorted, vec!["kiln-rank-0", "kiln-rank-1"], "{:?}", seen.lock().unwrap());
+    assert!(Arc::strong_count(&seen) > 1);
+    drop(dp);
+    assert_eq!(Arc::strong_count(&seen), 1, "the replicas' loss closures were dropped with their threads");
+}

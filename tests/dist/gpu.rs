@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-fn gpus(n: usize) -> Option<Vec<Context>> {
+pub fn gpus(n: usize) -> Option<Vec<Context>> {
     let available = kiln::dist::devices().len() - 1;
     let required = std::env::var("KILN_REQUIRE_GPUS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
     let require_cuda = std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1");

@@ -3,13 +3,17 @@
 //! transport runs here in CI (ranks are CPU contexts on threads); the same
 //! tests run on the CUDA emulator with `--features cuda-emulator`, and
 //! `gpu.rs` runs NCCL on real devices (one GPU: a 1-rank group; two or
-//! more: the real thing).
+//! more: the real thing). `procs.rs` runs ranks as processes on
+//! localhost (`gpu_procs.rs`: one per GPU, with `KILN_REQUIRE_GPUS=2`).
 
 mod collectives;
 mod data_parallel;
 mod effects;
 mod errors;
 mod gpu;
+mod gpu_procs;
+mod joining;
+pub mod procs;
 #[path = "../support/splitmix.rs"]
 mod splitmix;
 
