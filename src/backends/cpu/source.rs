@@ -71,6 +71,8 @@ const LANES: usize = 8;
 /// indices `i0 ..`: the same arithmetic on arrays, which LLVM keeps in
 /// vector registers (one call per element cost 10% of the digits MLP
 /// step). The word arrays are returned as `[r0; LANES], .., [r3; LANES]`.
+// Lane `j` of several arrays at once is the loop LLVM vectorizes.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 fn philox_lanes(seed: u64, stream: u64, i0: u64) -> [[u32; LANES]; 4] {
     let mut c = [[0u32; LANES]; 4];
@@ -103,6 +105,7 @@ fn philox_lanes(seed: u64, stream: u64, i0: u64) -> [[u32; LANES]; 4] {
 
 /// Uniform numbers for elements `st .. st + out.len()`, `LANES` at a
 /// time: the bits of `below_one(philox::uniform(seed, stream, i))`.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 fn uniform_lanes<T: Elem>(out: &mut [T], st: usize, seed: u64, stream: u64, below: T) {
     let mut chunks = out.chunks_exact_mut(LANES);
