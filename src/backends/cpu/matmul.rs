@@ -20,8 +20,21 @@ use crate::{Error, Result};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-/// Below this many multiply-adds a single GEMM runs on one thread.
+/// Below this many multiply-adds a product of at most `FEW_ROWS` rows
+/// (decode's GEMVs), or one of another dtype than f32 (matrixmultiply),
+/// runs on one thread.
 const GEMM_PAR_WORK: usize = 64 * 64 * 64;
+
+/// Below this many multiply-adds a single packed f32 GEMM runs on one thread: a
+/// rayon split costs a wake-up of the other core and a join, and below
+/// about 2^20 multiply-adds that costs more than the second core saves.
+/// Measured on the 2-core EPYC (issue 38, f32, the fastest of 300 runs,
+/// three rounds; serial / split): 32x64x256 18.3-19.3 / 20.0-39.2 us,
+/// 64x64x256 27.1-28.7 / 25.8-49.4, 128^3 43.6-44.4 / 45.2-46.7,
+/// 64x128x256 52.0-53.5 / 45.6-48.9, 64x256x256 100.5-104.0 / 75.2-89.0.
+/// At the old 64^3 the digits MLP's two 32x64x256 products were split,
+/// and the rayon wake-ups were 8% of its step.
+const SGEMM_PAR_WORK: usize = 1 << 20;
 
 /// A batch of problems each smaller than this many multiply-adds runs one
 /// single-threaded GEMM per batch item across rayon.
@@ -233,8 +246,7 @@ fn gemm_rows<T: GemmFloat>(
         if super::sgemm::available() {
             let ma = super::sgemm::Mat { data: a32, base: a.base, rs: a.rs, cs: a.cs };
             let mb = super::sgemm::Mat { data: b32, base: b.base, rs: b.rs, cs: b.cs };
-            // Below GEMM_PAR_WORK a rayon split costs more than it saves.
-            super::sgemm::sgemm(m, k, n, ma, mb, d32, parallel && m * n * k >= GEMM_PAR_WORK);
+            super::sgemm::sgemm(m, k, n, ma, mb, d32, parallel && m * n * k >= SGEMM_PAR_WORK);
             return;
         }
     }

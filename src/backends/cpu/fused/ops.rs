@@ -406,17 +406,48 @@ pub(super) fn where_(
     })
 }
 
-#[inline(always)]
-fn at<T: Copy>(s: Seg<'_, T>, i: usize) -> T {
-    match s {
-        Seg::S(v) => v[i],
-        Seg::C(v) => v,
-    }
-}
-
+/// `d[i] = k[i] ? x[i] : y[i]`, one loop per shape of the operands. Both
+/// values are loaded before the choice, so the loop is a blend, not a
+/// branch: a dropout mask is random, and a branch on it mispredicted half
+/// the time (13% of the digits MLP step went here).
 fn select<T: Copy>(d: &mut [T], k: Seg<'_, bool>, x: Seg<'_, T>, y: Seg<'_, T>) {
-    for (i, o) in d.iter_mut().enumerate() {
-        *o = if at(k, i) { at(x, i) } else { at(y, i) };
+    #[inline(always)]
+    fn pick<T: Copy>(c: bool, a: T, b: T) -> T {
+        if c {
+            a
+        } else {
+            b
+        }
+    }
+    match (k, x, y) {
+        (Seg::S(k), Seg::S(x), Seg::S(y)) => {
+            for (((o, &c), &a), &b) in d.iter_mut().zip(k).zip(x).zip(y) {
+                *o = pick(c, a, b);
+            }
+        }
+        (Seg::S(k), Seg::S(x), Seg::C(b)) => {
+            for ((o, &c), &a) in d.iter_mut().zip(k).zip(x) {
+                *o = pick(c, a, b);
+            }
+        }
+        (Seg::S(k), Seg::C(a), Seg::S(y)) => {
+            for ((o, &c), &b) in d.iter_mut().zip(k).zip(y) {
+                *o = pick(c, a, b);
+            }
+        }
+        (Seg::S(k), Seg::C(a), Seg::C(b)) => {
+            for (o, &c) in d.iter_mut().zip(k) {
+                *o = pick(c, a, b);
+            }
+        }
+        (Seg::C(c), x, y) => match if c { x } else { y } {
+            Seg::S(v) => {
+                for (o, &a) in d.iter_mut().zip(v) {
+                    *o = a;
+                }
+            }
+            Seg::C(v) => d.fill(v),
+        },
     }
 }
 

@@ -276,6 +276,50 @@ fn softmax_and_layernorm_match_unfused() {
     }
 }
 
+/// `where` with each operand a block, a constant, or (in a row body) a
+/// value per row: every loop `ops::select` has, against the unfused
+/// kernel, bit for bit. The condition is random, as a dropout mask is.
+#[test]
+fn where_of_every_operand_shape_is_bit_identical() {
+    let elementwise = "
+        %x: f32[R,C] = input 0
+        %y: f32[R,C] = input 1
+        %z: f32[R,C] = full 0
+        %o: f32[R,C] = full 1.5
+        %c: bool[R,C] = gt %x, %y
+        %t: bool[R,C] = full true
+        %a: f32[R,C] = where %c, %x, %y
+        %b: f32[R,C] = where %c, %x, %z
+        %d: f32[R,C] = where %c, %o, %y
+        %e: f32[R,C] = where %c, %o, %z
+        %f: f32[R,C] = where %t, %a, %b
+        %g: f32[R,C] = add %d, %e
+        %h: f32[R,C] = add %f, %g
+        return %h
+    ";
+    let rows = "
+        %x: f32[R,C] = input 0
+        %m: f32[R,1] = max %x dims=[1] keepdim
+        %mb: f32[R,C] = expand %m
+        %n: f32[R,1] = min %x dims=[1] keepdim
+        %nb: f32[R,C] = expand %n
+        %z: f32[R,C] = full 0
+        %c: bool[R,C] = gt %x, %z
+        %a: f32[R,C] = where %c, %mb, %nb
+        %b: f32[R,C] = where %c, %x, %mb
+        %d: f32[R,C] = where %c, %nb, %z
+        %e: f32[R,C] = add %a, %b
+        %f: f32[R,C] = add %e, %d
+        %s: f32[R,1] = sum %f dims=[1] keepdim
+        return %s
+    ";
+    for (r, c) in [(37, 129), (300, 257), (1, 1)] {
+        check(&sized(elementwise, "f32", r, c), 0.0, &format!("where shapes [{r},{c}]"));
+        let body = sized(rows, "f32", r, c).replace("[R,1]", &format!("[{r},1]"));
+        check(&body, 0.0, &format!("where per row [{r},{c}]"));
+    }
+}
+
 /// An output of 32 MB or more is streamed out (non-temporal stores from
 /// each block's scratch): the same bits as the unfused graph.
 #[test]
