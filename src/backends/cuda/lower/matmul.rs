@@ -1,11 +1,14 @@
 //! Matrix products: cuBLAS (or cuBLASLt with an epilogue) for float
 //! dtypes, reading views of transposes as they are; the GEMV of
-//! `gemv.rs` for products of a few rows; a generated kernel for integers.
+//! `gemv.rs` for products of a few rows; a generated kernel for integers;
+//! and which epilogue (bias, relu, residual) cuBLASLt takes from a fused
+//! matmul body.
 
 use super::ops::{buffer_locs, operand};
 use super::{Lowering, Storage, Value};
 use crate::backends::cuda::codegen::ops;
 use crate::backends::cuda::program::{Epilogue, Gemm, Launch, Loc};
+use crate::ir::{BinaryOp, Graph, Node, NodeId, Op, UnaryOp};
 use crate::ir::{DType, Scalar, Shape};
 
 /// What cuBLASLt may apply to a GEMM's product (see `lt.rs`): its
@@ -136,4 +139,126 @@ fn gemm_operand(v: &Value) -> Option<(bool, usize, usize)> {
         };
     }
     Some((trans, ld, batch.map_or(0, |(_, s)| s)))
+}
+
+/// Which epilogue cuBLASLt can take from a fused matmul body.
+impl Lowering<'_> {
+    /// The cuBLASLt epilogue a matmul body is (see `lt.rs`): `mm + bias`,
+    /// `relu(mm + bias)` or `relu(mm)`, for an f32/f16/bf16 product and a
+    /// bias read densely along the columns, the same for every row (and
+    /// every batch: a `[1, seq, n]` product of a model's linear layer takes
+    /// it as a 2-d one does; a GEMM that stays batched runs without
+    /// cuBLASLt, `LtPlan::new`). The generated epilogue kernel is still
+    /// lowered right after the GEMM; the executor skips it when cuBLASLt
+    /// takes the epilogue.
+    ///
+    /// A residual `r + (mm [+ bias])` (no relu: cuBLASLt would apply it
+    /// after the residual) of the product's dtype, laid out densely as the
+    /// product is, is read as the GEMM's C with `beta = 1`.
+    pub(super) fn lt_epilogue(
+        &mut self,
+        g: &Graph,
+        mm: NodeId,
+        out: NodeId,
+        ops: &[Value],
+    ) -> Result<LtEpilogue, String> {
+        let node = g.node(mm);
+        if node.shape.rank() < 2 || !matches!(node.dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Ok(LtEpilogue::NONE);
+        }
+        let (relu, mut sum) = match &g.node(out).op {
+            Op::Unary(UnaryOp::Relu) => (true, g.operands(out)[0]),
+            _ => (false, out),
+        };
+        let mut residual = None;
+        if !relu && g.node(sum).op == Op::Binary(BinaryOp::Add) {
+            let terms = g.operands(sum);
+            for (this, other) in [(terms[0], terms[1]), (terms[1], terms[0])] {
+                let product_side = this == mm
+                    || (g.node(this).op == Op::Binary(BinaryOp::Add) && g.operands(this).contains(&mm));
+                if product_side && other != mm {
+                    if let Some(at) = self.dense_like(g, other, node, ops)? {
+                        residual = Some(at);
+                        sum = this;
+                        break;
+                    }
+                }
+            }
+        }
+        let epilogue = self.lt_bias(g, mm, sum, relu, ops)?;
+        if residual.is_some() && sum != mm && epilogue == Epilogue::None {
+            // `r + (mm + x)` with an `x` cuBLASLt cannot add: the kernel
+            // after the GEMM must run, so it adds `r` too.
+            return Ok(LtEpilogue::NONE);
+        }
+        Ok(LtEpilogue { epilogue, residual })
+    }
+
+    /// Where the body leaf `id` lies when it is dense with `product`'s
+    /// shape, dtype and row-major layout (a residual cuBLASLt can read as
+    /// C), or `None`.
+    fn dense_like(
+        &mut self,
+        g: &Graph,
+        id: NodeId,
+        product: &Node,
+        ops: &[Value],
+    ) -> Result<Option<Loc>, String> {
+        let leaf = g.node(id);
+        if leaf.shape != product.shape
+            || leaf.dtype != product.dtype
+            || !crate::ir::fused::is_leaf_or_leaf_view(g, id)
+        {
+            return Ok(None);
+        }
+        let v = self.leaf_value(g, id, ops)?;
+        let Storage::Mem(at) = v.storage else { return Ok(None) };
+        let dims = &product.shape.0;
+        let mut want = vec![1usize; dims.len()];
+        for d in (0..dims.len().saturating_sub(1)).rev() {
+            want[d] = want[d + 1] * dims[d + 1];
+        }
+        let dense = (0..dims.len()).all(|d| dims[d] == 1 || v.layout.strides[d] == want[d]);
+        Ok(dense.then(|| at.plus(v.layout.offset as u64 * product.dtype.size() as u64)))
+    }
+
+    /// The epilogue of `sum` (the product, or the product plus a bias),
+    /// under a relu or not.
+    fn lt_bias(
+        &mut self,
+        g: &Graph,
+        mm: NodeId,
+        sum: NodeId,
+        relu: bool,
+        ops: &[Value],
+    ) -> Result<Epilogue, String> {
+        let node = g.node(mm);
+        if sum == mm {
+            return Ok(if relu { Epilogue::Relu } else { Epilogue::None });
+        }
+        if g.node(sum).op != Op::Binary(BinaryOp::Add) {
+            return Ok(Epilogue::None);
+        }
+        let terms = g.operands(sum);
+        let bias = match (terms[0] == mm, terms[1] == mm) {
+            (true, false) => terms[1],
+            (false, true) => terms[0],
+            _ => return Ok(Epilogue::None),
+        };
+        if !crate::ir::fused::is_leaf_or_leaf_view(g, bias) {
+            return Ok(Epilogue::None);
+        }
+        let v = self.leaf_value(g, bias, ops)?;
+        let Storage::Mem(at) = v.storage else { return Ok(Epilogue::None) };
+        // Every dim but the last broadcast (or of size 1), the last dense.
+        let dims = &node.shape.0;
+        let r = dims.len();
+        let strides = &v.layout.strides;
+        let rows_alike = (0..r - 1).all(|d| dims[d] == 1 || strides[d] == 0);
+        if !(rows_alike && (dims[r - 1] == 1 || strides[r - 1] == 1)) {
+            return Ok(Epilogue::None);
+        }
+        let at = at.plus(v.layout.offset as u64 * node.dtype.size() as u64);
+        Ok(if relu { Epilogue::BiasRelu(at) } else { Epilogue::Bias(at) })
+    }
 }
