@@ -38,6 +38,8 @@ use std::time::Instant;
 
 #[path = "common/models.rs"]
 mod models;
+#[path = "../tests/support/splitmix.rs"]
+mod splitmix;
 
 /// One decoder's sizes.
 struct Shape {
@@ -80,16 +82,8 @@ const SHAPES: [Shape; 3] = [
 
 /// `n` token ids below `vocab` (splitmix64 from `seed`).
 fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<i64> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            ((z ^ (z >> 31)) % vocab as u64) as i64
-        })
-        .collect()
+    let mut rng = splitmix::Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    (0..n).map(|_| (rng.next() % vocab as u64) as i64).collect()
 }
 
 /// What one row measured.

@@ -9,6 +9,9 @@
 
 use kiln::prelude::*;
 
+#[path = "support/splitmix.rs"]
+mod splitmix;
+
 /// Tests here run one at a time: one of them measures the device's free
 /// memory, which any other test's context would disturb.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
@@ -32,16 +35,8 @@ fn gpu() -> Option<Context> {
 
 /// splitmix64 data in [-1, 1).
 fn data(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
+    let mut rng = splitmix::Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    (0..n).map(|_| (rng.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect()
 }
 
 #[track_caller]

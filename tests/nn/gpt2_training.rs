@@ -13,6 +13,8 @@ use kiln::nn::{self, Params};
 use kiln::optim::{AdamConfig, AdamW, Optimizer, TrainStep};
 use kiln::prelude::*;
 
+use crate::splitmix;
+
 const BATCH: usize = 3;
 const SEQ: usize = 8;
 const VOCAB: usize = 40;
@@ -143,16 +145,8 @@ fn gpt2_adamw_training_follows_pytorch_losses() -> Result<()> {
 
 /// splitmix64 token ids below `vocab` (as `benches/gpu_train_gpt.rs`).
 fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<i64> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            ((z ^ (z >> 31)) % vocab as u64) as i64
-        })
-        .collect()
+    let mut rng = splitmix::Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    (0..n).map(|_| (rng.next() % vocab as u64) as i64).collect()
 }
 
 /// 30 captured AdamW steps of a GPT-2 at the bench's smallest sizes

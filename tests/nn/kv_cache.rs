@@ -7,9 +7,7 @@
 use kiln::nn::KvCache;
 use kiln::prelude::*;
 
-#[path = "../support/splitmix.rs"]
-mod splitmix;
-use splitmix::Rng;
+use crate::splitmix::Rng;
 
 /// The contexts to check: those of the GPT-2 tests (the CPU, the emulator
 /// with its feature, the GPU when there is one).

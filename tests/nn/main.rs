@@ -16,6 +16,8 @@ mod kv_cache;
 mod losses;
 mod modules;
 mod optim;
+#[path = "../support/splitmix.rs"]
+mod splitmix;
 
 use kiln::prelude::*;
 
