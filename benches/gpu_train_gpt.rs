@@ -26,6 +26,7 @@
 //!
 //!     cargo bench --features cuda --bench gpu_train_gpt [-- SUBSTRING] [--steps N] [--precisions f32,bf16]
 //!     KILN_BENCH_OUT=kiln_train.jsonl cargo bench ...   # also JSON lines
+//!     cargo bench ... -- L12 --precisions bf16 --profile  # where a step's time goes
 //!
 //! Without a GPU it says so and exits 0 (`KILN_REQUIRE_CUDA=1`: 1).
 
@@ -98,8 +99,8 @@ struct Row {
 }
 
 /// Trains `shape` for `steps` timed steps in `precision` on a fresh context.
-fn train(shape: &Shape, precision: &str, steps: usize) -> Result<Row> {
-    let mut ctx = Context::cuda(0)?.with_seed(1).with_tf32(false);
+fn train(shape: &Shape, precision: &str, steps: usize, profile: bool) -> Result<Row> {
+    let mut ctx = Context::cuda(0)?.with_seed(1).with_tf32(false).with_profiling(profile);
     if precision == "bf16" {
         ctx = ctx.with_autocast(DType::BF16);
     }
@@ -120,6 +121,9 @@ fn train(shape: &Shape, precision: &str, steps: usize) -> Result<Row> {
         step.call(&[&ids, &targets])?.item::<f32>()?;
     }
     ctx.sync()?;
+    if profile {
+        print_profile(&ctx, || step.call(&[&ids, &targets])?.item::<f32>(), shape, precision)?;
+    }
     ctx.reset_peak_bytes();
     let before = ctx.stats();
     let (mut times, mut losses) = (Vec::with_capacity(steps), Vec::with_capacity(steps));
@@ -139,6 +143,40 @@ fn train(shape: &Shape, precision: &str, steps: usize) -> Result<Row> {
         loss_first: losses[0],
         loss_last: losses[steps - 1],
     })
+}
+
+/// Where a step's device time goes (`--profile`): every node timed by
+/// CUDA events over 3 steps launched eagerly (a profiled plan is not
+/// captured, so a short kernel's time includes its launch), by op and the
+/// slowest nodes one by one.
+fn print_profile(
+    ctx: &Context,
+    mut step: impl FnMut() -> Result<f32>,
+    shape: &Shape,
+    precision: &str,
+) -> Result<()> {
+    ctx.reset_profile();
+    for _ in 0..3 {
+        step()?;
+    }
+    let p = ctx.profile();
+    let runs = p.runs.len().max(1) as f64;
+    let total: f64 = p.by_op().iter().map(|r| r.total_ms).sum::<f64>() / runs;
+    println!("profile {} {precision}: {} runs, {total:.3} ms of nodes per run", shape.name(), p.runs.len());
+    for r in p.by_op().iter().take(24) {
+        println!(
+            "    {:<44} {:>7.1} per run {:>9.4} ms per run {:>5.1}%",
+            r.key,
+            r.calls as f64 / runs,
+            r.total_ms / runs,
+            100.0 * r.share
+        );
+    }
+    println!("  slowest nodes:");
+    for r in p.by_node().iter().take(30) {
+        println!("    {:<70} {:>4} calls {:>9.4} ms", r.key, r.calls, r.total_ms);
+    }
+    Ok(())
 }
 
 /// A JSON number, or `null` for a NaN or infinity (JSON has neither).
@@ -165,6 +203,7 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|k| args.get(k + 1)).cloned();
     let steps = value("--steps").and_then(|s| s.parse().ok()).unwrap_or(30usize).max(1);
+    let profile = args.iter().any(|a| a == "--profile");
     let precisions = value("--precisions").unwrap_or_else(|| "f32,bf16".into());
     let only = args
         .iter()
@@ -181,7 +220,7 @@ fn main() -> Result<()> {
             continue;
         }
         for precision in precisions.split(',') {
-            let r = train(shape, precision, steps)?;
+            let r = train(shape, precision, steps, profile)?;
             println!(
                 "{name:<26} {precision:<6} {:>10.3} {:>10.1} {:>10.1} {:>10.1} {:>8.2}  {:.4} -> {:.4}",
                 r.median_ms, r.first_ms, r.peak_mib, r.launches, r.copies, r.loss_first, r.loss_last
