@@ -290,7 +290,7 @@ pub(crate) fn int_matmul(name: &str, a: &Operand, b: &Operand, out: &Shape) -> K
 }
 
 /// Index positions one thread of [`index_add`] reads before it adds them.
-const INDEX_ADD_BATCH: usize = 8;
+const INDEX_ADD_BATCH: usize = 16;
 
 /// `torch.index_add`'s scatter, after `out` holds a copy of `x`: one
 /// thread per (outer, inner) column of `out`, walking the index in order
