@@ -27,6 +27,7 @@
 //!     cargo bench --features cuda --bench gpu_train_gpt [-- SUBSTRING] [--steps N] [--precisions f32,bf16]
 //!     KILN_BENCH_OUT=kiln_train.jsonl cargo bench ...   # also JSON lines
 //!     cargo bench ... -- L12 --precisions bf16 --profile  # where a step's time goes
+//!     cargo bench ... -- --gemms   # the LM head's GEMMs alone
 //!
 //! Without a GPU it says so and exits 0 (`KILN_REQUIRE_CUDA=1`: 1).
 
@@ -179,6 +180,44 @@ fn print_profile(
     Ok(())
 }
 
+/// The LM head's three GEMMs at GPT-2 small's training shapes (`--gemms`),
+/// bf16 as autocast runs them: the logits `x · wᵀ` widened to f32 (and
+/// kept bf16), the input's gradient `g · w` and the weight's `gᵀ · x`,
+/// with GPT-2's vocabulary (50257: rows of logits not 16-byte aligned)
+/// and nanoGPT's padded one (50304): the median device time of 20 eager
+/// runs (CUDA events).
+fn print_gemms() -> Result<()> {
+    let ctx = Context::cuda(0)?.with_seed(3).with_tf32(false).with_profiling(true);
+    let (rows, width) = (4096usize, 768usize);
+    for vocab in [50257usize, 50304] {
+        let x = ctx.randn([rows, width]).cast(DType::BF16);
+        let w = ctx.randn([vocab, width]).cast(DType::BF16);
+        let g = ctx.randn([rows, vocab]).cast(DType::BF16);
+        ctx.realize(&[&x, &w, &g])?;
+        let cases: [(&str, Box<dyn Fn() -> Tensor>); 4] = [
+            ("logits x·wT -> f32", Box::new(|| x.matmul(&w.t()).cast(DType::F32))),
+            ("logits x·wT bf16", Box::new(|| x.matmul(&w.t()))),
+            ("dx g·w", Box::new(|| g.matmul(&w))),
+            ("dw gT·x", Box::new(|| g.t().matmul(&x))),
+        ];
+        for (what, f) in &cases {
+            let mut times = Vec::new();
+            for rep in 0..23 {
+                ctx.reset_profile();
+                let y = f();
+                ctx.realize(&[&y])?;
+                if rep >= 3 {
+                    times.push(ctx.profile().node_ms());
+                }
+            }
+            let ms = models::median(times);
+            let tflops = 2.0 * (rows * width * vocab) as f64 / (ms * 1e-3) / 1e12;
+            println!("gemm V{vocab} {what:<20} {:8.1} us {tflops:6.1} TFLOP/s", ms * 1e3);
+        }
+    }
+    Ok(())
+}
+
 /// A JSON number, or `null` for a NaN or infinity (JSON has neither).
 fn json_number(v: f32) -> String {
     if v.is_finite() {
@@ -203,6 +242,9 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|k| args.get(k + 1)).cloned();
     let steps = value("--steps").and_then(|s| s.parse().ok()).unwrap_or(30usize).max(1);
+    if args.iter().any(|a| a == "--gemms") {
+        return print_gemms();
+    }
     let profile = args.iter().any(|a| a == "--profile");
     let precisions = value("--precisions").unwrap_or_else(|| "f32,bf16".into());
     let only = args

@@ -34,6 +34,11 @@ pub trait Real: Copy + PartialOrd + std::ops::Neg<Output = Self> + Send + Sync +
     fn from_f64(v: f64) -> Self;
 }
 
+/// `√(2/π)`, the tanh GELU's scale (`UnaryOp::GeluTanh`).
+pub(crate) const GELU_TANH_K: f64 = 0.797_884_560_802_865_4;
+/// The tanh GELU's cubic coefficient.
+pub(crate) const GELU_TANH_C: f64 = 0.044_715;
+
 macro_rules! real {
     ($t:ty, $exp:path, $tanh:path, $erf:path) => {
         impl Real for $t {
@@ -61,6 +66,10 @@ macro_rules! real {
                         }
                     }
                     UnaryOp::Gelu => 0.5 * x * (1.0 + $erf(x * std::f64::consts::FRAC_1_SQRT_2 as $t)),
+                    UnaryOp::GeluTanh => {
+                        let k = GELU_TANH_K as $t;
+                        0.5 * x * (1.0 + $tanh(k * (x + GELU_TANH_C as $t * x * x * x)))
+                    }
                     UnaryOp::Silu => x / (1.0 + $exp(-x)),
                 }
             }

@@ -30,6 +30,11 @@ pub enum UnaryOp {
     Relu,
     /// The exact (erf) form, PyTorch's default.
     Gelu,
+    /// The tanh approximation, `0.5 x (1 + tanh(√(2/π) (x + 0.044715
+    /// x³)))`: PyTorch's `gelu(approximate="tanh")`, GPT-2's `gelu_new`
+    /// (its own op, not the formula in elementwise ops, so cuBLASLt's GELU
+    /// epilogue, which computes it, can finish a GEMM with it).
+    GeluTanh,
     Silu,
 }
 
@@ -438,7 +443,7 @@ macro_rules! mnemonics {
 mnemonics!(UnaryOp {
     Neg => "neg", Abs => "abs", Exp => "exp", Log => "log", Sqrt => "sqrt", Rsqrt => "rsqrt",
     Recip => "recip", Sin => "sin", Cos => "cos", Tanh => "tanh", Sigmoid => "sigmoid",
-    Relu => "relu", Gelu => "gelu", Silu => "silu",
+    Relu => "relu", Gelu => "gelu", GeluTanh => "gelu_tanh", Silu => "silu",
 });
 mnemonics!(BinaryOp {
     Add => "add", Sub => "sub", Mul => "mul", Div => "div", Pow => "pow",

@@ -86,6 +86,19 @@ unary_methods! {
     relu => Relu;
     /// `x * Φ(x)` with the exact normal CDF (PyTorch's default `gelu`).
     gelu => Gelu;
+    /// The tanh approximation of GELU, `0.5 x (1 + tanh(√(2/π) (x +
+    /// 0.044715 x³)))`: PyTorch's `gelu(x, approximate="tanh")`, GPT-2's
+    /// `gelu_new`.
+    ///
+    /// ```
+    /// # use kiln::prelude::*;
+    /// let ctx = Context::cpu();
+    /// let y = ctx.tensor(&[-1.0f32, 0.0, 2.0], [3]).gelu_tanh();
+    /// let v = y.to_vec::<f32>()?;
+    /// assert!((v[0] + 0.158_808).abs() < 1e-5 && v[1] == 0.0 && (v[2] - 1.954_598).abs() < 1e-5);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    gelu_tanh => GeluTanh;
     /// `x * sigmoid(x)`.
     silu => Silu;
 }

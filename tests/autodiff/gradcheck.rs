@@ -55,6 +55,7 @@ static CASES: &[Case] = &[
     case("sigmoid", &[(M34, Any)], |_, x| x[0].sigmoid()),
     case("relu", &[(M34, Away)], |_, x| x[0].relu()),
     case("gelu", &[(M34, Any)], |_, x| x[0].gelu()),
+    case("gelu_tanh", &[(M34, Any)], |_, x| x[0].gelu_tanh()),
     case("silu", &[(M34, Any)], |_, x| x[0].silu()),
     // Binary elementwise, with broadcasting on either side and Rust scalars.
     case("add-broadcast-row", &[(M34, Any), (&[4], Any)], |_, x| &x[0] + &x[1]),

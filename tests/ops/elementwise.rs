@@ -15,6 +15,11 @@ fn unary_table() -> Vec<UnaryCase> {
     fn sigmoid(x: f64) -> f64 {
         1.0 / (1.0 + (-x).exp())
     }
+    /// PyTorch's `gelu(approximate="tanh")`.
+    fn gelu_tanh(x: f64) -> f64 {
+        let k = (2.0 / std::f64::consts::PI).sqrt();
+        0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
+    }
     vec![
         ("neg", |t| t.neg(), |x| -x, false),
         ("abs", |t| t.abs(), f64::abs, false),
@@ -29,6 +34,7 @@ fn unary_table() -> Vec<UnaryCase> {
         ("sigmoid", |t| t.sigmoid(), sigmoid, false),
         ("relu", |t| t.relu(), |x| if x < 0.0 { 0.0 } else { x }, false),
         ("gelu", |t| t.gelu(), |x| 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2)), false),
+        ("gelu_tanh", |t| t.gelu_tanh(), gelu_tanh, false),
         ("silu", |t| t.silu(), |x| x * sigmoid(x), false),
     ]
 }

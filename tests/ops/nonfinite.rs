@@ -126,6 +126,9 @@ const X: [f64; 6] = [NAN, INF, -INF, -1.0, 0.0, 2.0];
 /// `gelu(-1)` and `gelu(2)` (`x Φ(x)`).
 const GELU_M1: f64 = -0.158_655_253_931_457_07;
 const GELU_2: f64 = 1.954_499_736_103_641_6;
+/// `gelu_tanh(-1)` and `gelu_tanh(2)`.
+const GELU_TANH_M1: f64 = -0.158_808_009_391_723_24;
+const GELU_TANH_2: f64 = 1.954_597_694_087_775;
 const SIG_M1: f64 = 0.268_941_421_369_995_1;
 const SIG_2: f64 = 0.880_797_077_977_882_3;
 
@@ -144,6 +147,9 @@ fn unary_cases() -> Vec<Unary> {
         ("gelu", |x| x.gelu(), [NAN, INF, NAN, GELU_M1, 0.0, GELU_2]),
         // silu(-inf) = -inf · sigmoid(-inf) = -inf / (1 + inf): NaN.
         ("silu", |x| x.silu(), [NAN, INF, NAN, -SIG_M1, 0.0, 2.0 * SIG_2]),
+        // gelu_tanh(-inf) = -inf (1 + tanh(-inf)) / 2 = -inf · 0: NaN, as
+        // PyTorch's `gelu(approximate="tanh")` gives.
+        ("gelu_tanh", |x| x.gelu_tanh(), [NAN, INF, NAN, GELU_TANH_M1, 0.0, GELU_TANH_2]),
         ("sigmoid", |x| x.sigmoid(), [NAN, 1.0, 0.0, SIG_M1, 0.5, SIG_2]),
         ("tanh", |x| x.tanh(), [NAN, 1.0, -1.0, -(1.0f64.tanh()), 0.0, 2.0f64.tanh()]),
         ("exp", |x| x.exp(), [NAN, INF, 0.0, 1.0 / e, 1.0, e * e]),

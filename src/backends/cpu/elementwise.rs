@@ -226,7 +226,7 @@ macro_rules! const_match {
 macro_rules! all_unary {
     ($val:expr, $C:ident => $body:expr) => {
         const_match!(UnaryOp, $val, $C => $body;
-            Neg, Abs, Exp, Log, Sqrt, Rsqrt, Recip, Sin, Cos, Tanh, Sigmoid, Relu, Gelu, Silu)
+            Neg, Abs, Exp, Log, Sqrt, Rsqrt, Recip, Sin, Cos, Tanh, Sigmoid, Relu, Gelu, GeluTanh, Silu)
     };
 }
 

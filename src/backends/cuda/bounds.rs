@@ -10,7 +10,7 @@
 //! their regions, and the plan check before lowering (`backends/check.rs`)
 //! is what bounds the values they index.
 
-use super::program::{Epilogue, Launch, Loc, Output, Program, Region, Tensor4};
+use super::program::{Launch, Loc, Output, Program, Region, Tensor4};
 
 impl Program {
     /// Bytes of `region`, or `None` for a region the program does not have.
@@ -111,7 +111,7 @@ impl Program {
                 matrix(g.a, ra, ca, size, "A")?;
                 matrix(g.b, rb, cb, size, "B")?;
                 matrix(g.c, g.m, g.n, g.out_dtype.size() as u64, "C")?;
-                if let Epilogue::Bias(b) | Epilogue::BiasRelu(b) = g.epilogue {
+                if let Some(b) = g.epilogue.bias() {
                     self.inside(b, g.m as u64 * size, &format!("{at}: the GEMM's bias"))?;
                 }
             }

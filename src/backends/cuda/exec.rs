@@ -26,7 +26,7 @@ use super::dnn::{self, ConvPlan, PoolPlan};
 use super::graph::Graphs;
 use super::lt::LtPlan;
 use super::memory::DeviceAlloc;
-use super::program::{Epilogue, Launch, Loc, Program, Region};
+use super::program::{Launch, Loc, Program, Region};
 use super::{blas, CudaBuffer};
 use crate::backends::{Buffer, Executable, Launched, RngArgs};
 use crate::ir::Plan;
@@ -343,10 +343,7 @@ impl CudaExecutable {
             Launch::Gemm(g) if self.lts.contains_key(&key) => {
                 let plan = &self.lts[&key];
                 let h = &ls.blas[idx];
-                let bias = match g.epilogue {
-                    Epilogue::Bias(l) | Epilogue::BiasRelu(l) => b.ptr(l),
-                    _ => 0,
-                };
+                let bias = g.epilogue.bias().map_or(0, |l| b.ptr(l));
                 plan.run(
                     h.lt,
                     raw(stream),

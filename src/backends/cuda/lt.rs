@@ -2,19 +2,20 @@
 //! epilogue, so the product is written once, finished.
 //!
 //! Lowering marks a matmul whose fused body is `product + bias` (a bias
-//! vector over the output's columns), `relu(product + bias)` or
-//! `relu(product)` (f32, f16, bf16, no batch), and puts the generated
+//! vector over the output's columns), `act(product + bias)` or
+//! `act(product)` with `act` a relu or the tanh GELU (f32, f16, bf16, no
+//! batch), and puts the generated
 //! epilogue kernel right after the GEMM. When cuBLASLt's heuristic finds an
 //! algorithm for it, the executor runs the one cuBLASLt call and skips that
 //! kernel; otherwise it runs the plain GEMM and the kernel.
 //!
-//! Plain GEMMs (no epilogue, no batch, not widened) go through cuBLASLt
+//! Plain GEMMs (no epilogue, no batch; widened or not) go through cuBLASLt
 //! too, because its heuristic says how much workspace the algorithm takes:
 //! a stream's workspace grows to that, where classic cuBLAS, which cannot
 //! be asked, gets 32 MiB (`device.rs`). The matrices' alignment, known
-//! from their offsets, goes to the heuristic as well. GELU is not
-//! among these: cuBLASLt's GELU is the tanh approximation, and kiln's is the
-//! exact (erf) form. A residual `r + (product [+ bias])` is cuBLASLt's C
+//! from their offsets, goes to the heuristic as well. cuBLASLt's GELU is
+//! the tanh approximation (`gelu_tanh`, GPT-2's), not the exact (erf)
+//! form of `gelu`, which stays in the generated kernel. A residual `r + (product [+ bias])` is cuBLASLt's C
 //! matrix, read with `beta = 1` (`Gemm::residual`).
 
 use super::program::{Epilogue, Gemm};
@@ -70,10 +71,21 @@ impl LtPlan {
             Epilogue::Relu => (lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU, false),
             Epilogue::Bias(_) => (lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS, true),
             Epilogue::BiasRelu(_) => (lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS, true),
+            Epilogue::Gelu => (lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU, false),
+            Epilogue::BiasGelu(_) => (lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS, true),
         };
-        // A widened product (`out_dtype` f32) never carries an epilogue;
-        // lowering keeps the two apart.
-        if g.batch != 1 || g.out_dtype != g.dtype {
+        // A widened product (an f16/bf16 product stored as its f32
+        // accumulator, `Gemm::out_dtype`) is a C and D of f32: cuBLASLt
+        // has that combination. Classic cuBLAS, given an f32 output whose
+        // rows are not 16-byte aligned (a vocabulary of 50257 logits),
+        // ran GPT-2's bf16 LM head 5x slower. Lowering never gives a
+        // widened product an epilogue.
+        let out = match (g.dtype, g.out_dtype) {
+            (a, c) if a == c => data,
+            (DType::F16 | DType::BF16, DType::F32) if widened_on() => lt::cudaDataType::CUDA_R_32F,
+            _ => return Ok(None),
+        };
+        if g.batch != 1 {
             return Ok(None);
         }
         // cublasOperation_t as the attribute's int32: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
@@ -127,7 +139,7 @@ impl LtPlan {
                 "layout B",
             )?;
             check(
-                lt::cublasLtMatrixLayoutCreate(&mut plan.c, data, g.m as u64, g.n as u64, g.c.1 as i64),
+                lt::cublasLtMatrixLayoutCreate(&mut plan.c, out, g.m as u64, g.n as u64, g.c.1 as i64),
                 "layout C",
             )?;
             let mut pref = std::ptr::null_mut();
@@ -245,6 +257,12 @@ impl LtPlan {
             )
         }
     }
+}
+
+/// Whether widened products go through cuBLASLt (`KILN_CUDA_LT_WIDENED=0`
+/// sends them to classic cuBLAS, for measurements).
+fn widened_on() -> bool {
+    std::env::var("KILN_CUDA_LT_WIDENED").map_or(true, |v| v != "0")
 }
 
 /// The alignment (bytes, at most 256) of a matrix `offset` bytes into a

@@ -108,6 +108,20 @@ pub enum Epilogue {
     Bias(Loc),
     /// `relu(product + bias)`.
     BiasRelu(Loc),
+    /// `gelu_tanh(product)` (cuBLASLt's GELU is the tanh approximation).
+    Gelu,
+    /// `gelu_tanh(product + bias)`.
+    BiasGelu(Loc),
+}
+
+impl Epilogue {
+    /// Where the bias is read, if the epilogue adds one.
+    pub fn bias(&self) -> Option<Loc> {
+        match *self {
+            Epilogue::Bias(b) | Epilogue::BiasRelu(b) | Epilogue::BiasGelu(b) => Some(b),
+            Epilogue::None | Epilogue::Relu | Epilogue::Gelu => None,
+        }
+    }
 }
 
 /// A 4-d tensor for cuDNN: where it starts, its NCHW sizes and strides.
@@ -362,6 +376,8 @@ impl Launch {
                     Epilogue::Relu => write!(f, " epilogue=relu")?,
                     Epilogue::Bias(b) => write!(f, " epilogue=bias({b})")?,
                     Epilogue::BiasRelu(b) => write!(f, " epilogue=bias-relu({b})")?,
+                    Epilogue::Gelu => write!(f, " epilogue=gelu-tanh")?,
+                    Epilogue::BiasGelu(b) => write!(f, " epilogue=bias-gelu-tanh({b})")?,
                 }
                 if let Some(r) = &g.residual {
                     write!(f, " residual({r})")?;

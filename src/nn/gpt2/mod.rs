@@ -60,5 +60,5 @@ mod names;
 pub use config::{Activation, Gpt2Config};
 pub use decode::Generator;
 pub use generate::GenerateOptions;
-pub use model::{Attend, Gpt2, KeyValues, Positions};
+pub use model::{Attend, Gpt2, KeyValues, Positions, HEAD_ALIGN, PAD_HEAD_ROWS};
 pub use names::hf_name;

@@ -206,6 +206,7 @@ fn unary(b: &mut Builder, op: UnaryOp, x: NodeId, y: NodeId, g: NodeId) -> Built
             b.keep_where(pos, g)
         }
         UnaryOp::Gelu => gelu(b, x, y, g),
+        UnaryOp::GeluTanh => gelu_tanh(b, x, g),
         // silu = x s(x); silu' = s (1 + x (1 - s))
         UnaryOp::Silu => {
             let s = b.unary(UnaryOp::Sigmoid, x)?;
@@ -242,6 +243,31 @@ fn gelu(b: &mut Builder, x: NodeId, y: NodeId, g: NodeId) -> Built {
     let pdf = b.scale(e, 1.0 / (2.0 * std::f64::consts::PI).sqrt())?;
     let xpdf = b.mul(x, pdf)?;
     let d = b.add_(cdf, xpdf)?;
+    b.mul(g, d)
+}
+
+/// `gelu_tanh(x) = x (1 + t) / 2` with `t = tanh(k (x + c x³))`, so
+/// `gelu_tanh' = (1 + t) / 2 + x (1 - t²) k (1 + 3 c x²) / 2`, `t`
+/// recomputed from `x` (fusion puts it in the backward's kernel).
+fn gelu_tanh(b: &mut Builder, x: NodeId, g: NodeId) -> Built {
+    use crate::ir::eval::{GELU_TANH_C as C, GELU_TANH_K as K};
+    let x2 = b.mul(x, x)?;
+    let cx2 = b.scale(x2, C)?;
+    let one = b.full_like(x, 1.0)?;
+    let inner = b.add_(one, cx2)?;
+    let u = b.mul(x, inner)?;
+    let u = b.scale(u, K)?;
+    let t = b.unary(UnaryOp::Tanh, u)?;
+    let one_t = b.add_(one, t)?;
+    let half = b.scale(one_t, 0.5)?;
+    let t2 = b.mul(t, t)?;
+    let sech2 = b.sub(one, t2)?;
+    let cx2_3 = b.scale(x2, 3.0 * C)?;
+    let du = b.add_(one, cx2_3)?;
+    let du = b.scale(du, 0.5 * K)?;
+    let xs = b.mul(x, sech2)?;
+    let right = b.mul(xs, du)?;
+    let d = b.add_(half, right)?;
     b.mul(g, d)
 }
 

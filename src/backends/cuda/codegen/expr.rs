@@ -9,6 +9,7 @@
 
 use super::types::{cast, compute, settle};
 use crate::ir::{BinaryOp, CompareOp, DType, UnaryOp};
+use crate::ir::eval::{GELU_TANH_C, GELU_TANH_K};
 
 /// `op(x)` for a value of dtype `d`.
 pub(crate) fn unary(op: UnaryOp, d: DType, x: &str) -> String {
@@ -46,6 +47,14 @@ fn float_unary(op: UnaryOp, x: &str, func: &str, lit: &str) -> String {
         UnaryOp::Sigmoid => format!("({one} / ({one} + exp{func}(-{x})))"),
         UnaryOp::Relu => format!("({x} < 0.0{lit} ? 0.0{lit} : {x})"),
         UnaryOp::Gelu => format!("(0.5{lit} * {x} * ({one} + erf{func}({x} * {frac_1_sqrt_2})))"),
+        UnaryOp::GeluTanh => {
+            let (k, c) = if lit == "f" {
+                (format!("{}f", GELU_TANH_K as f32), format!("{}f", GELU_TANH_C as f32))
+            } else {
+                (format!("{GELU_TANH_K:?}"), format!("{GELU_TANH_C:?}"))
+            };
+            format!("(0.5{lit} * {x} * ({one} + tanh{func}({k} * ({x} + {c} * {x} * {x} * {x}))))")
+        }
         UnaryOp::Silu => format!("({x} / ({one} + exp{func}(-{x})))"),
     }
 }

@@ -144,7 +144,7 @@ fn gemm_operand(v: &Value) -> Option<(bool, usize, usize)> {
 /// Which epilogue cuBLASLt can take from a fused matmul body.
 impl Lowering<'_> {
     /// The cuBLASLt epilogue a matmul body is (see `lt.rs`): `mm + bias`,
-    /// `relu(mm + bias)` or `relu(mm)`, for an f32/f16/bf16 product and a
+    /// `act(mm + bias)` or `act(mm)` with `act` a relu or a tanh GELU, for an f32/f16/bf16 product and a
     /// bias read densely along the columns, the same for every row (and
     /// every batch: a `[1, seq, n]` product of a model's linear layer takes
     /// it as a 2-d one does; a GEMM that stays batched runs without
@@ -152,8 +152,8 @@ impl Lowering<'_> {
     /// lowered right after the GEMM; the executor skips it when cuBLASLt
     /// takes the epilogue.
     ///
-    /// A residual `r + (mm [+ bias])` (no relu: cuBLASLt would apply it
-    /// after the residual) of the product's dtype, laid out densely as the
+    /// A residual `r + (mm [+ bias])` (no activation: cuBLASLt would apply
+    /// it after the residual) of the product's dtype, laid out densely as the
     /// product is, is read as the GEMM's C with `beta = 1`.
     pub(super) fn lt_epilogue(
         &mut self,
@@ -166,12 +166,12 @@ impl Lowering<'_> {
         if node.shape.rank() < 2 || !matches!(node.dtype, DType::F32 | DType::F16 | DType::BF16) {
             return Ok(LtEpilogue::NONE);
         }
-        let (relu, mut sum) = match &g.node(out).op {
-            Op::Unary(UnaryOp::Relu) => (true, g.operands(out)[0]),
-            _ => (false, out),
+        let (act, mut sum) = match &g.node(out).op {
+            Op::Unary(op @ (UnaryOp::Relu | UnaryOp::GeluTanh)) => (Some(*op), g.operands(out)[0]),
+            _ => (None, out),
         };
         let mut residual = None;
-        if !relu && g.node(sum).op == Op::Binary(BinaryOp::Add) {
+        if act.is_none() && g.node(sum).op == Op::Binary(BinaryOp::Add) {
             let terms = g.operands(sum);
             for (this, other) in [(terms[0], terms[1]), (terms[1], terms[0])] {
                 let product_side = this == mm
@@ -185,7 +185,7 @@ impl Lowering<'_> {
                 }
             }
         }
-        let epilogue = self.lt_bias(g, mm, sum, relu, ops)?;
+        let epilogue = self.lt_bias(g, mm, sum, act, ops)?;
         if residual.is_some() && sum != mm && epilogue == Epilogue::None {
             // `r + (mm + x)` with an `x` cuBLASLt cannot add: the kernel
             // after the GEMM must run, so it adds `r` too.
@@ -223,18 +223,22 @@ impl Lowering<'_> {
     }
 
     /// The epilogue of `sum` (the product, or the product plus a bias),
-    /// under a relu or not.
+    /// under an activation (relu, tanh GELU) or none.
     fn lt_bias(
         &mut self,
         g: &Graph,
         mm: NodeId,
         sum: NodeId,
-        relu: bool,
+        act: Option<UnaryOp>,
         ops: &[Value],
     ) -> Result<Epilogue, String> {
         let node = g.node(mm);
         if sum == mm {
-            return Ok(if relu { Epilogue::Relu } else { Epilogue::None });
+            return Ok(match act {
+                Some(UnaryOp::Relu) => Epilogue::Relu,
+                Some(_) => Epilogue::Gelu,
+                None => Epilogue::None,
+            });
         }
         if g.node(sum).op != Op::Binary(BinaryOp::Add) {
             return Ok(Epilogue::None);
@@ -259,6 +263,10 @@ impl Lowering<'_> {
             return Ok(Epilogue::None);
         }
         let at = at.plus(v.layout.offset as u64 * node.dtype.size() as u64);
-        Ok(if relu { Epilogue::BiasRelu(at) } else { Epilogue::Bias(at) })
+        Ok(match act {
+            Some(UnaryOp::Relu) => Epilogue::BiasRelu(at),
+            Some(_) => Epilogue::BiasGelu(at),
+            None => Epilogue::Bias(at),
+        })
     }
 }
