@@ -7,6 +7,7 @@
 //! localhost (`gpu_procs.rs`: one per GPU, with `KILN_REQUIRE_GPUS=2`).
 
 mod collectives;
+mod scatter_gather;
 mod data_parallel;
 mod effects;
 mod errors;
