@@ -249,7 +249,8 @@ fn bucket_members(params: &[Variable], bucket_bytes: usize) -> Vec<Vec<usize>> {
     let mut bytes = 0;
     for i in (0..params.len()).rev() {
         let p = &params[i];
-        let fits = buckets.last().is_some_and(|b| params[b[0]].dtype() == p.dtype() && bytes < bucket_bytes.max(1));
+        let fits =
+            buckets.last().is_some_and(|b| params[b[0]].dtype() == p.dtype() && bytes < bucket_bytes.max(1));
         if !fits {
             buckets.push(Vec::new());
             bytes = 0;
@@ -300,8 +301,12 @@ mod tests {
     fn buckets_go_last_parameter_first_and_split_at_dtype_and_size() {
         let ctx = Context::cpu();
         let v = |name: &str, n: usize, d: DType| ctx.variable(name, ctx.zeros_dtype([n], d)).unwrap();
-        let params =
-            vec![v("a", 4, DType::F32), v("b", 4, DType::F32), v("c", 2, DType::F64), v("d", 100, DType::F32)];
+        let params = vec![
+            v("a", 4, DType::F32),
+            v("b", 4, DType::F32),
+            v("c", 2, DType::F64),
+            v("d", 100, DType::F32),
+        ];
         assert_eq!(bucket_members(&params, 20), vec![vec![3], vec![2], vec![1, 0]]);
         assert_eq!(bucket_members(&params, 1 << 20), vec![vec![3], vec![2], vec![1, 0]]);
         assert_eq!(bucket_members(&params, 1), vec![vec![3], vec![2], vec![1], vec![0]]);

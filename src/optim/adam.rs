@@ -121,7 +121,8 @@ impl Core {
     }
 
     fn state_bytes(&self) -> usize {
-        let moments: usize = self.exp_avg.iter().chain(&self.exp_avg_sq).map(|v| v.numel() * v.dtype().size()).sum();
+        let moments: usize =
+            self.exp_avg.iter().chain(&self.exp_avg_sq).map(|v| v.numel() * v.dtype().size()).sum();
         moments + DType::I64.size()
     }
 }
@@ -140,7 +141,12 @@ pub(crate) struct AdamRule {
 
 impl AdamRule {
     /// Checks the hyperparameters (errors name `op` and the caller).
-    pub(crate) fn new(c: AdamConfig, decoupled: bool, op: &'static str, location: Location) -> Result<AdamRule> {
+    pub(crate) fn new(
+        c: AdamConfig,
+        decoupled: bool,
+        op: &'static str,
+        location: Location,
+    ) -> Result<AdamRule> {
         check_lr(c.lr, op, location)?;
         let (b1, b2) = c.betas;
         check_arg((0.0..1.0).contains(&b1) && (0.0..1.0).contains(&b2), op, location, || {

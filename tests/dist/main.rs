@@ -9,8 +9,6 @@
 //! ZeRO-1's sharded optimizer (`gpu_zero.rs` on two GPUs).
 
 mod collectives;
-mod scatter_gather;
-mod zero;
 mod data_parallel;
 mod effects;
 mod errors;
@@ -19,8 +17,10 @@ mod gpu_procs;
 mod gpu_zero;
 mod joining;
 pub mod procs;
+mod scatter_gather;
 #[path = "../support/splitmix.rs"]
 mod splitmix;
+mod zero;
 
 use kiln::prelude::*;
 

@@ -45,11 +45,16 @@ fn reduce_scatter_gives_each_rank_its_chunk_of_the_sum_and_mean() {
                 let want = sum[r * chunk + j];
                 let tol = 1e-6 * (1.0 + want.abs());
                 assert!((s[j] as f64 - want).abs() <= tol, "seed {seed}, {n} ranks, rank {r} sum {j}");
-                assert!((m[j] as f64 - want / n as f64).abs() <= tol, "seed {seed}, {n} ranks, rank {r} mean {j}");
+                assert!(
+                    (m[j] as f64 - want / n as f64).abs() <= tol,
+                    "seed {seed}, {n} ranks, rank {r} mean {j}"
+                );
             }
         }
         // Rank r's chunk is the all-reduce's bits (one combine on the host).
-        let all = on_ranks(&ctxs, |r, ctx| ctx.tensor(&data[r], [rows, cols]).all_reduce_sum().to_vec::<f32>().unwrap());
+        let all = on_ranks(&ctxs, |r, ctx| {
+            ctx.tensor(&data[r], [rows, cols]).all_reduce_sum().to_vec::<f32>().unwrap()
+        });
         for (r, (s, _)) in got.iter().enumerate() {
             assert_eq!(s[..], all[r][r * chunk..(r + 1) * chunk], "seed {seed}, {n} ranks, rank {r}");
         }
@@ -114,7 +119,8 @@ fn a_dim_0_the_group_does_not_divide_is_an_error_naming_the_sizes() {
     let errs = on_ranks(&ctxs, |_, ctx| {
         let odd = ctx.zeros([4, 2]).reduce_scatter_sum().to_vec::<f32>().unwrap_err().to_string();
         let scalar = ctx.zeros([]).all_gather().to_vec::<f32>().unwrap_err().to_string();
-        let int_mean = ctx.zeros_dtype([3], DType::I64).reduce_scatter_mean().to_vec::<i64>().unwrap_err().to_string();
+        let int_mean =
+            ctx.zeros_dtype([3], DType::I64).reduce_scatter_mean().to_vec::<i64>().unwrap_err().to_string();
         (odd, scalar, int_mean)
     });
     let (odd, scalar, int_mean) = &errs[0];
@@ -124,7 +130,10 @@ fn a_dim_0_the_group_does_not_divide_is_an_error_naming_the_sizes() {
         "shape error in reduce_scatter_sum: reduce_scatter_sum splits dim 0 of [4,2] into 3 equal chunks (one per rank), but 4 is not a multiple of 3; pad it"
     );
     assert!(odd.contains("tests/dist/scatter_gather.rs:"), "{odd}");
-    assert_eq!(first(scalar), "shape error in all_gather: all_gather joins along dim 0, but the operand is a scalar");
+    assert_eq!(
+        first(scalar),
+        "shape error in all_gather: all_gather joins along dim 0, but the operand is a scalar"
+    );
     assert_eq!(
         first(int_mean),
         "dtype error in reduce_scatter_mean: reduce_scatter_mean needs a float dtype, got i64; use reduce_scatter_sum"

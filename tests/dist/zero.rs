@@ -104,7 +104,10 @@ fn each_ranks_optimizer_state_is_a_nth_of_data_parallels() {
         for (r, s) in sharded.iter().enumerate() {
             let s = s.unwrap() as f64;
             // Padding: at most n - 1 elements per bucket, two moments each.
-            assert!(s >= full / n as f64 - 8.0 && s <= full / n as f64 + 0.05 * full / n as f64, "{n} ranks, rank {r}: {s} of {full}");
+            assert!(
+                s >= full / n as f64 - 8.0 && s <= full / n as f64 + 0.05 * full / n as f64,
+                "{n} ranks, rank {r}: {s} of {full}"
+            );
         }
         assert!(sharded.iter().all(|s| *s == sharded[0]), "{sharded:?}: every rank holds as much");
     }

@@ -78,7 +78,8 @@ struct Api {
         *mut c_void,
     ) -> NcclResult,
     /// `ncclAllGather(send, recv, sendcount, dtype, comm, stream)`.
-    all_gather: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, RawComm, *mut c_void) -> NcclResult,
+    all_gather:
+        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, RawComm, *mut c_void) -> NcclResult,
     error_string: unsafe extern "C" fn(NcclResult) -> *const c_char,
     get_version: unsafe extern "C" fn(*mut c_int) -> NcclResult,
 }
@@ -282,7 +283,9 @@ impl Comm {
                     let per_rank = call.what.result_count(call.count);
                     (self.api.reduce_scatter)(s, d, per_rank, dtype, nccl_op(op)?, self.raw, stream)
                 }
-                Collective::AllGather { .. } => (self.api.all_gather)(s, d, call.count, dtype, self.raw, stream),
+                Collective::AllGather { .. } => {
+                    (self.api.all_gather)(s, d, call.count, dtype, self.raw, stream)
+                }
             }
         };
         check(self.api, call.what.mnemonic(), r)

@@ -358,7 +358,9 @@ impl Emulated {
                     ))
                 })?;
                 // SAFETY: as above; `mine` holds exactly `out * size` bytes.
-                unsafe { std::ptr::copy_nonoverlapping(mine.as_ptr(), resolve(c.dst) as *mut u8, mine.len()) };
+                unsafe {
+                    std::ptr::copy_nonoverlapping(mine.as_ptr(), resolve(c.dst) as *mut u8, mine.len())
+                };
                 Ok(())
             }
         }

@@ -349,9 +349,7 @@ pub(super) fn build_op(
                         u32::try_from(root).map_err(|_| format!("broadcast root {root} is too large"))?,
                     )
                 }
-                Collective::ReduceScatter { op, .. } => {
-                    Collective::ReduceScatter { op, ranks: ranks(a, m)? }
-                }
+                Collective::ReduceScatter { op, .. } => Collective::ReduceScatter { op, ranks: ranks(a, m)? },
                 Collective::AllGather { .. } => Collective::AllGather { ranks: ranks(a, m)? },
                 other => other,
             };
