@@ -9,6 +9,11 @@
 //! per rank does). Throughput is samples per second from the median of
 //! 30 wall-clock step times after 5 warm-ups (a step is timed to the read
 //! of every rank's loss). With `--bf16`, the same under bf16 autocast.
+//! Next to the `DataParallel` row, ZeRO-1 (`DataParallel::sharded` with a
+//! `ShardedOptimizer`, AdamW with the same settings, issue 37): its step
+//! time, the ratio to `DataParallel`'s, and each GPU's optimizer state
+//! (`optimizer_state_bytes`) against `DataParallel`'s (targets: at most
+//! 1.1x the step time, at most 1/N + 5% of the state).
 //! The last row is the same `DataParallel` step with one process per GPU
 //! (issue 37): the bench starts itself once per GPU with torchrun's
 //! environment, each process joins with `Group::from_env` and trains on
@@ -19,7 +24,7 @@
 //!
 //! Without two GPUs it says so and exits 0 (`KILN_REQUIRE_GPUS=2`: 1).
 
-use kiln::dist::DataParallel;
+use kiln::dist::{DataParallel, ShardedOptimizer};
 use kiln::nn::{self, Module, Sequential};
 use kiln::optim::{AdamConfig, AdamW, TrainStep};
 use kiln::prelude::*;
@@ -36,6 +41,44 @@ fn build(ctx: &Context) -> Result<(Sequential, AdamW)> {
     let model = mlp(ctx)?;
     let opt = AdamW::new(&model, AdamConfig { lr: 1e-3, ..AdamConfig::adamw() })?;
     Ok((model, opt))
+}
+
+fn build_sharded(ctx: &Context) -> Result<(Sequential, ShardedOptimizer)> {
+    let model = mlp(ctx)?;
+    let opt = ShardedOptimizer::adamw(&model, AdamConfig { lr: 1e-3, ..AdamConfig::adamw() })?;
+    Ok((model, opt))
+}
+
+fn loss(m: &Sequential, b: &[Tensor]) -> Result<Tensor> {
+    nn::cross_entropy(&m.forward(&b[0])?, &b[1])
+}
+
+/// A shard per rank, each on its rank's device.
+fn shards(ctxs: &[Context]) -> Vec<Vec<Tensor>> {
+    let gpus = ctxs.len();
+    ctxs.iter()
+        .enumerate()
+        .map(|(k, c)| {
+            let (x, y) = shard(c, GLOBAL / gpus, 10 + k as u64);
+            vec![x, y]
+        })
+        .collect()
+}
+
+/// The median step time of `dp` on `shards`, and its first rank's
+/// optimizer state in MiB.
+fn time_dp<O: kiln::optim::Optimizer + Send + 'static>(
+    dp: &mut DataParallel<O>,
+    shards: &[Vec<Tensor>],
+) -> Result<(f64, f64)> {
+    let t = time(|| {
+        for l in dp.step_shards(shards)? {
+            l.item::<f32>()?;
+        }
+        Ok(())
+    })?;
+    let state = dp.optimizer_state_bytes()?.first().copied().flatten().unwrap_or(0);
+    Ok((t, state as f64 / (1 << 20) as f64))
 }
 
 fn shard(ctx: &Context, rows: usize, seed: u64) -> (Tensor, Tensor) {
@@ -64,9 +107,7 @@ fn rank_process(bf16: bool) -> Result<()> {
     let ctx = Context::cuda(env.local_rank)?.with_tf32(false);
     let ctx = if bf16 { ctx.with_autocast(DType::BF16) } else { ctx };
     let group = kiln::dist::Group::join(&ctx, &env)?;
-    let mut dp = DataParallel::with_group(&group, build, |m: &Sequential, b: &[Tensor]| {
-        nn::cross_entropy(&m.forward(&b[0])?, &b[1])
-    })?;
+    let mut dp = DataParallel::with_group(&group, build, loss)?;
     let (x, y) = shard(&ctx, GLOBAL / env.world_size, 10 + env.rank as u64);
     let shards = vec![vec![x, y]];
     let tn = time(|| {
@@ -168,31 +209,32 @@ fn main() -> Result<()> {
     drop(step);
 
     // Every GPU, a shard each.
-    let ctxs: Vec<Context> =
-        (0..gpus).map(|k| Context::cuda(k).map(|c| autocast(c.with_tf32(false)))).collect::<Result<_>>()?;
-    let mut dp = DataParallel::new(&ctxs, build, |m: &Sequential, b: &[Tensor]| {
-        nn::cross_entropy(&m.forward(&b[0])?, &b[1])
-    })?;
-    let shards: Vec<Vec<Tensor>> = ctxs
-        .iter()
-        .enumerate()
-        .map(|(k, c)| {
-            let (x, y) = shard(c, GLOBAL / gpus, 10 + k as u64);
-            vec![x, y]
-        })
-        .collect();
-    let tn = time(|| {
-        for l in dp.step_shards(&shards)? {
-            l.item::<f32>()?;
-        }
-        Ok(())
-    })?;
+    let gpu_contexts = || -> Result<Vec<Context>> {
+        (0..gpus).map(|k| Context::cuda(k).map(|c| autocast(c.with_tf32(false)))).collect()
+    };
+    let ctxs = gpu_contexts()?;
+    let mut dp = DataParallel::new(&ctxs, build, loss)?;
+    let (tn, dp_state) = time_dp(&mut dp, &shards(&ctxs))?;
     println!(
-        "kiln {precision} {gpus} GPUs batch {GLOBAL}: {:.3} ms/step, {:.0} samples/s, {:.2}x one GPU",
+        "kiln {precision} {gpus} GPUs batch {GLOBAL}: {:.3} ms/step, {:.0} samples/s, {:.2}x one GPU, optimizer state {dp_state:.2} MiB/GPU",
         tn * 1e3,
         GLOBAL as f64 / tn,
         t1 / tn
     );
-    drop((dp, shards, ctxs, x, y, one));
+    drop((dp, ctxs));
+
+    // ZeRO-1 on every GPU, the same shards.
+    let ctxs = gpu_contexts()?;
+    let mut zero = DataParallel::sharded(&ctxs, build_sharded, loss)?;
+    let (tz, zero_state) = time_dp(&mut zero, &shards(&ctxs))?;
+    println!(
+        "kiln {precision} {gpus} GPUs batch {GLOBAL} ZeRO-1: {:.3} ms/step, {:.0} samples/s, {:.2}x DataParallel's step time, optimizer state {zero_state:.2} MiB/GPU ({:.3} of DataParallel's; 1/{gpus} = {:.3})",
+        tz * 1e3,
+        GLOBAL as f64 / tz,
+        tz / tn,
+        zero_state / dp_state,
+        1.0 / gpus as f64
+    );
+    drop((zero, ctxs, x, y, one));
     spawn_ranks(gpus, bf16, t1)
 }

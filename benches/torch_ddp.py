@@ -5,6 +5,11 @@ nn.Module with parameters wrapped in DistributedDataParallel (bucketed,
 overlapped all-reduce from autograd hooks). Also the one-GPU step at the
 whole batch. Median of 30 wall-clock steps after 5 warm-ups, each timed to
 the loss's .item(). `--bf16` runs under torch.autocast(bfloat16).
+The ZeRO row (issue 37, next to kiln's ZeRO-1 row) is the same DDP model
+stepped by torch.distributed.optim.ZeroRedundancyOptimizer wrapping AdamW
+(each rank owns whole parameters and broadcasts them after its step), as
+its documentation writes it; both rows also report rank 0's optimizer
+state (the bytes of the tensors in its optimizer's `state`).
 
     python3 benches/torch_ddp.py [--bf16]
 """
@@ -13,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 GLOBAL = 8192
 torch.backends.cuda.matmul.allow_tf32 = False
@@ -49,13 +55,23 @@ def make_step(model, opt, x, y, bf16):
     return step
 
 
-def rank_main(rank, world, bf16, out):
+def state_bytes(opt):
+    """Bytes of the tensors in the (local) optimizer's per-parameter state."""
+    local = opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt
+    return sum(t.numel() * t.element_size() for st in local.state.values()
+               for t in st.values() if torch.is_tensor(t))
+
+
+def rank_main(rank, world, bf16, out, zero):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
+    os.environ["MASTER_PORT"] = "29534" if zero else "29533"
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world)
     model = torch.nn.parallel.DistributedDataParallel(mlp().cuda(rank), device_ids=[rank])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if zero:
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     g = torch.Generator(device="cuda").manual_seed(10 + rank)
     x = torch.randn(GLOBAL // world, 784, device="cuda", generator=g)
     y = torch.randint(0, 10, (GLOBAL // world,), device="cuda", generator=g)
@@ -64,8 +80,10 @@ def rank_main(rank, world, bf16, out):
     t = timed(step)
     ts = [None] * world
     dist.all_gather_object(ts, t)
+    sizes = [None] * world
+    dist.all_gather_object(sizes, state_bytes(opt))
     if rank == 0:
-        out.put(max(ts))
+        out.put((max(ts), max(sizes)))
     dist.destroy_process_group()
 
 
@@ -84,9 +102,13 @@ def main():
         return
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
-    mp.spawn(rank_main, args=(world, bf16, q), nprocs=world, join=True)
-    tn = q.get()
-    print(f"torch {prec} DDP {world} GPUs batch {GLOBAL}: {tn * 1e3:.3f} ms/step, {GLOBAL / tn:.0f} samples/s, {t1 / tn:.2f}x one GPU")
+    mp.spawn(rank_main, args=(world, bf16, q, False), nprocs=world, join=True)
+    tn, dp_state = q.get()
+    mib = 1 << 20
+    print(f"torch {prec} DDP {world} GPUs batch {GLOBAL}: {tn * 1e3:.3f} ms/step, {GLOBAL / tn:.0f} samples/s, {t1 / tn:.2f}x one GPU, optimizer state {dp_state / mib:.2f} MiB/GPU (largest rank)")
+    mp.spawn(rank_main, args=(world, bf16, q, True), nprocs=world, join=True)
+    tz, zero_state = q.get()
+    print(f"torch {prec} DDP {world} GPUs batch {GLOBAL} ZeroRedundancyOptimizer: {tz * 1e3:.3f} ms/step, {GLOBAL / tz:.0f} samples/s, {tz / tn:.2f}x DDP's step time, optimizer state {zero_state / mib:.2f} MiB/GPU (largest rank; {zero_state / dp_state:.3f} of DDP's)")
 
 
 if __name__ == "__main__":

@@ -220,4 +220,10 @@ impl<O: Optimizer> Optimizer for GradScaler<O> {
     fn backward(&mut self, loss: &Tensor) -> Result<()> {
         (loss * &self.scale.detach().cast(loss.dtype())).backward().map(|_| ())
     }
+
+    /// The wrapped optimizer's (the scaler's own scale and counters are a
+    /// few scalars).
+    fn state_bytes(&self) -> Option<usize> {
+        self.inner.state_bytes()
+    }
 }

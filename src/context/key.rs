@@ -301,6 +301,14 @@ fn encode(graph: &Graph, id: NodeId, operands: &[NodeId], marks: &[(u32, u32)], 
             match what {
                 crate::ir::Collective::AllReduce(op) => put(w, *op as u64),
                 crate::ir::Collective::Broadcast(root) => put(w, 1000 + *root as u64),
+                crate::ir::Collective::ReduceScatter { op, ranks } => {
+                    put(w, 2000 + *op as u64);
+                    put(w, *ranks as u64);
+                }
+                crate::ir::Collective::AllGather { ranks } => {
+                    put(w, 3000);
+                    put(w, *ranks as u64);
+                }
             }
             // The order among the walk's collectives goes in after the
             // walk (`Walker::walk`): the seq itself differs every step.

@@ -2,6 +2,13 @@
 //! CPU transport, in one process or on a group's coordinator): the parts
 //! combined in rank order, so every rank gets the same bits wherever it
 //! runs.
+//!
+//! The result is what every rank shares: a reduce-scatter's is the whole
+//! reduced tensor (each rank copies out its chunk, at
+//! [`Collective::result_offset`]), an all-gather's the parts end to end.
+//! The reduce-scatter's chunks are therefore the all-reduce's bits, which
+//! is what lets a sharded optimizer match data parallelism exactly on the
+//! CPU.
 
 use crate::ir::{Collective, HostData, ReduceOp};
 use crate::{Error, Result};
@@ -18,7 +25,8 @@ pub(crate) fn combine(what: Collective, mut parts: Vec<HostData>) -> Result<Host
             }
             return Ok(parts.swap_remove(root));
         }
-        Collective::AllReduce(op) => op,
+        Collective::AllReduce(op) | Collective::ReduceScatter { op, .. } => op,
+        Collective::AllGather { .. } => return gather(parts),
     };
     // Floats accumulate in f64 and round once (for two ranks that is the
     // correctly rounded sum NCCL's ring computes); integers wrap.
@@ -51,6 +59,24 @@ pub(crate) fn combine(what: Collective, mut parts: Vec<HostData>) -> Result<Host
         HostData::I64(v) => fold!(I64, v, |x: i64| Acc::I(x), |a: Acc| a.i()),
         HostData::Bool(_) => return Err(Error::Runtime(format!("{} of bool", what.mnemonic()))),
     })
+}
+
+/// The parts end to end, in rank order.
+fn gather(parts: Vec<HostData>) -> Result<HostData> {
+    let mut parts = parts.into_iter();
+    let mut out = parts.next().ok_or_else(|| Error::Backend("dist: a collective of no ranks".into()))?;
+    macro_rules! append {
+        ($($variant:ident)*) => {
+            for p in parts {
+                match (&mut out, p) {
+                    $((HostData::$variant(acc), HostData::$variant(v)) => acc.extend(v),)*
+                    _ => return Err(Error::Backend("dist: ranks handed in different dtypes".into())),
+                }
+            }
+        };
+    }
+    append!(F16 BF16 F32 F64 U8 I32 I64 Bool);
+    Ok(out)
 }
 
 /// An accumulator: floats in f64, integers in wrapping i64.

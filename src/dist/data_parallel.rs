@@ -112,12 +112,72 @@ impl<O: Optimizer> Optimizer for AverageGradients<O> {
     fn backward(&mut self, loss: &Tensor) -> Result<()> {
         self.inner.backward(loss)
     }
+
+    fn state_bytes(&self) -> Option<usize> {
+        self.inner.state_bytes()
+    }
 }
 
 type LossFn = Box<dyn FnMut(&[Tensor]) -> Result<Tensor> + Send>;
 
+/// How a replica's gradients meet the other ranks'.
+enum Synced<O> {
+    /// All-reduced, then the user's optimizer steps
+    /// ([`DataParallel::new`]).
+    Averaged(AverageGradients<O>),
+    /// The optimizer exchanges them itself ([`DataParallel::sharded`]:
+    /// a [`super::ShardedOptimizer`] reduce-scatters them).
+    Own(O),
+}
+
+impl<O: Optimizer> Synced<O> {
+    fn get(&self) -> &dyn Optimizer {
+        match self {
+            Synced::Averaged(o) => o,
+            Synced::Own(o) => o,
+        }
+    }
+
+    fn get_mut(&mut self) -> &mut dyn Optimizer {
+        match self {
+            Synced::Averaged(o) => o,
+            Synced::Own(o) => o,
+        }
+    }
+}
+
+impl<O: Optimizer> Optimizer for Synced<O> {
+    #[track_caller]
+    fn step(&mut self) -> Result<()> {
+        match self {
+            Synced::Averaged(o) => o.step(),
+            Synced::Own(o) => o.step(),
+        }
+    }
+
+    fn zero_grad(&self) -> Result<()> {
+        self.get().zero_grad()
+    }
+
+    fn lr(&self) -> f64 {
+        self.get().lr()
+    }
+
+    fn set_lr(&mut self, lr: f64) -> Result<()> {
+        self.get_mut().set_lr(lr)
+    }
+
+    fn backward(&mut self, loss: &Tensor) -> Result<()> {
+        self.get_mut().backward(loss)
+    }
+
+    fn state_bytes(&self) -> Option<usize> {
+        self.get().state_bytes()
+    }
+}
+
 /// One rank's replica, owned by its rank thread.
-type Replica<O> = TrainStep<AverageGradients<O>, LossFn>;
+type Replica<O> = TrainStep<Synced<O>, LossFn>;
 
 /// A model trained on several devices at once: one replica per rank,
 /// built by the same constructor, started from rank 0's parameters, each
@@ -179,6 +239,17 @@ impl<O: Optimizer + Send + 'static> DataParallel<O> {
         B: Fn(&Context) -> Result<(M, O)>,
         L: Fn(&M, &[Tensor]) -> Result<Tensor> + Send + Sync + 'static,
     {
+        DataParallel::start(group, build, loss, true)
+    }
+
+    /// The replicas on `group`'s ranks of this process; their optimizers
+    /// wrapped in [`AverageGradients`] if `average`, else stepping alone.
+    fn start<M, B, L>(group: &Group, build: B, loss: L, average: bool) -> Result<DataParallel<O>>
+    where
+        M: crate::nn::Module + 'static,
+        B: Fn(&Context) -> Result<(M, O)>,
+        L: Fn(&M, &[Tensor]) -> Result<Tensor> + Send + Sync + 'static,
+    {
         let group = group.clone();
         let loss = Arc::new(loss);
         let mut replicas = Vec::new();
@@ -186,8 +257,13 @@ impl<O: Optimizer + Send + 'static> DataParallel<O> {
         let mut params = Vec::new();
         for ctx in group.contexts() {
             let (model, opt) = build(ctx)?;
-            let opt = AverageGradients::new(ctx, &model, opt, 4 << 20);
-            buckets.push(opt.bucket_bytes.clone());
+            let opt = if average {
+                let opt = AverageGradients::new(ctx, &model, opt, 4 << 20);
+                buckets.push(opt.bucket_bytes.clone());
+                Synced::Averaged(opt)
+            } else {
+                Synced::Own(opt)
+            };
             params.push(model.parameters());
             let loss = loss.clone();
             let f: LossFn = Box::new(move |batch: &[Tensor]| loss(&model, batch));
@@ -201,7 +277,9 @@ impl<O: Optimizer + Send + 'static> DataParallel<O> {
 
     /// Averages gradients in buckets of about `bytes` (at least one
     /// gradient each): smaller buckets start all-reducing sooner, larger
-    /// ones make fewer calls.
+    /// ones make fewer calls. A [`DataParallel::sharded`]'s buckets are
+    /// its optimizer's ([`super::ShardedOptimizer::new`]); this changes
+    /// nothing there.
     pub fn with_bucket_bytes(self, bytes: usize) -> DataParallel<O> {
         for b in &self.buckets {
             b.store(bytes.max(1), Ordering::Relaxed);
@@ -295,6 +373,17 @@ impl<O: Optimizer + Send + 'static> DataParallel<O> {
         k.and_then(|k| self.params.get(k)).map_or(&[], Vec::as_slice)
     }
 
+    /// Bytes of optimizer state of each of this process's ranks
+    /// ([`Optimizer::state_bytes`]; `None` where the optimizer does not
+    /// say): what a memory report compares between
+    /// [`DataParallel::new`] and [`DataParallel::sharded`].
+    pub fn optimizer_state_bytes(&self) -> Result<Vec<Option<usize>>> {
+        self.replicas.run(|_| {
+            let task: Task<Replica<O>, Option<usize>> = Box::new(move |r| Ok(r.optimizer().state_bytes()));
+            task
+        })
+    }
+
     /// Sets every replica's learning rate.
     pub fn set_lr(&mut self, lr: f64) -> Result<()> {
         self.replicas.run(|_| {
@@ -302,5 +391,35 @@ impl<O: Optimizer + Send + 'static> DataParallel<O> {
             task
         })?;
         Ok(())
+    }
+}
+
+impl DataParallel<super::ShardedOptimizer> {
+    /// ZeRO-1: [`DataParallel::new`] where each replica's optimizer is a
+    /// [`super::ShardedOptimizer`] built by `build` (on the rank's context,
+    /// already in the group): the gradients are reduce-scattered instead
+    /// of all-reduced, each rank updates its shard of the parameters with
+    /// its shard of the optimizer state, and the parameters are
+    /// all-gathered. Same steps, same results (see
+    /// [`super::ShardedOptimizer`]), `1/n` of the optimizer state per rank.
+    #[track_caller]
+    pub fn sharded<M, B, L>(contexts: &[Context], build: B, loss: L) -> Result<Self>
+    where
+        M: crate::nn::Module + 'static,
+        B: Fn(&Context) -> Result<(M, super::ShardedOptimizer)>,
+        L: Fn(&M, &[Tensor]) -> Result<Tensor> + Send + Sync + 'static,
+    {
+        DataParallel::start(&Group::new(contexts)?, build, loss, false)
+    }
+
+    /// [`DataParallel::sharded`] on a group already formed (across
+    /// processes: [`Group::from_env`]), as [`DataParallel::with_group`].
+    pub fn sharded_with_group<M, B, L>(group: &Group, build: B, loss: L) -> Result<Self>
+    where
+        M: crate::nn::Module + 'static,
+        B: Fn(&Context) -> Result<(M, super::ShardedOptimizer)>,
+        L: Fn(&M, &[Tensor]) -> Result<Tensor> + Send + Sync + 'static,
+    {
+        DataParallel::start(group, build, loss, false)
     }
 }

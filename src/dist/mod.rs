@@ -1,9 +1,12 @@
 //! Several devices: process groups, collectives as graph ops, and
-//! data-parallel training ([`DataParallel`]).
+//! data-parallel training ([`DataParallel`], and ZeRO-1's sharded
+//! optimizer state: [`DataParallel::sharded`], [`ShardedOptimizer`]).
 //!
 //! A [`Group`] makes contexts the ranks `0..n` of one process group. A
 //! collective ([`Tensor::all_reduce_sum`], [`Tensor::all_reduce_mean`],
-//! [`Tensor::broadcast_from`]) records an [`Op::Collective`] node like any
+//! [`Tensor::broadcast_from`], [`Tensor::reduce_scatter_sum`],
+//! [`Tensor::reduce_scatter_mean`], [`Tensor::all_gather`]) records an
+//! [`Op::Collective`] node like any
 //! other op, numbered in recording order (its `seq`). Passes see it as an
 //! effect: whatever a rank's constants make of the rest of its graph, no
 //! pass merges, drops, folds, fuses or reorders a collective, and the pass
@@ -93,10 +96,12 @@ mod link;
 mod ops;
 mod process;
 mod rank_threads;
+mod sharded;
 mod wire;
 
 pub use data_parallel::{AverageGradients, DataParallel};
 pub use process::ProcessEnv;
+pub use sharded::{ShardedOptimizer, ShardedRule};
 
 use crate::{Context, Error, Location, Result};
 use std::sync::Arc;

@@ -24,6 +24,77 @@ impl Tensor {
         self.collective(Collective::AllReduce(ReduceOp::Mean), Location::caller())
     }
 
+    /// The sum over every rank, split along dim 0 into one equal chunk
+    /// per rank: rank `r` gets rows `r·d/n .. (r+1)·d/n` of the all-reduce
+    /// sum, for dim 0 of size `d` in a group of `n` (NCCL's
+    /// `ncclReduceScatter`, `torch.distributed.reduce_scatter_tensor`). A
+    /// dim 0 that `n` does not divide (or a scalar) is an error naming the
+    /// sizes: pad first. Differentiable: the gradient is the all-gather of
+    /// the ranks' gradients. Half of an all-reduce's traffic, which is why
+    /// a sharded optimizer ([`crate::dist::ShardedOptimizer`]) uses it.
+    ///
+    /// ```
+    /// use kiln::prelude::*;
+    /// use kiln::dist::Group;
+    ///
+    /// let group = Group::new(&[Context::cpu(), Context::cpu()])?;
+    /// let chunks: Vec<Vec<f32>> = std::thread::scope(|s| {
+    ///     let handles: Vec<_> = group.contexts().iter().enumerate().map(|(r, ctx)| {
+    ///         // rank 0 holds [0, 1, 2, 3], rank 1 [10, 11, 12, 13]
+    ///         let x = ctx.arange(0.0f32, 4.0, 1.0) + 10.0 * r as f32;
+    ///         s.spawn(move || x.reduce_scatter_sum().to_vec::<f32>())
+    ///     }).collect();
+    ///     handles.into_iter().map(|h| h.join().unwrap()).collect::<Result<_>>()
+    /// })?;
+    /// assert_eq!(chunks, vec![vec![10.0, 12.0], vec![14.0, 16.0]]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn reduce_scatter_sum(&self) -> Tensor {
+        self.scatter(ReduceOp::Sum, Location::caller())
+    }
+
+    /// [`Tensor::reduce_scatter_sum`] divided by the group's size (float
+    /// dtypes): each rank's chunk of the average.
+    #[track_caller]
+    pub fn reduce_scatter_mean(&self) -> Tensor {
+        self.scatter(ReduceOp::Mean, Location::caller())
+    }
+
+    /// Every rank's tensor, concatenated along dim 0 in rank order, on
+    /// every rank (each rank passes the same shape;
+    /// `torch.distributed.all_gather_into_tensor`). A scalar is an error:
+    /// reshape it to `[1]`. Differentiable: the gradient is the
+    /// reduce-scatter sum of the ranks' gradients.
+    ///
+    /// ```
+    /// use kiln::prelude::*;
+    /// use kiln::dist::Group;
+    ///
+    /// let group = Group::new(&[Context::cpu(), Context::cpu()])?;
+    /// let all: Vec<Vec<f32>> = std::thread::scope(|s| {
+    ///     let handles: Vec<_> = group.contexts().iter().enumerate().map(|(r, ctx)| {
+    ///         s.spawn(move || ctx.full([2], r as f32).all_gather().to_vec::<f32>())
+    ///     }).collect();
+    ///     handles.into_iter().map(|h| h.join().unwrap()).collect::<Result<_>>()
+    /// })?;
+    /// assert_eq!(all, vec![vec![0.0, 0.0, 1.0, 1.0]; 2]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn all_gather(&self) -> Tensor {
+        let location = Location::caller();
+        let Ok((ctx, _)) = self.live() else { return self.clone() };
+        let ranks = ctx.world_size().unwrap_or(1) as u32;
+        self.collective(Collective::AllGather { ranks }, location)
+    }
+
+    fn scatter(&self, op: ReduceOp, location: Location) -> Tensor {
+        let Ok((ctx, _)) = self.live() else { return self.clone() };
+        let ranks = ctx.world_size().unwrap_or(1) as u32;
+        self.collective(Collective::ReduceScatter { op, ranks }, location)
+    }
+
     /// Rank `root`'s value of this tensor, on every rank (each rank passes
     /// a tensor of the same shape and dtype; only the root's is read).
     #[track_caller]

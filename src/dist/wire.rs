@@ -87,6 +87,8 @@ pub(crate) fn write_part(
         let (kind, arg) = match what {
             Collective::AllReduce(op) => (0u8, reduce_tag(op) as u64),
             Collective::Broadcast(root) => (1u8, root as u64),
+            Collective::ReduceScatter { op, ranks } => (2u8, (ranks as u64) << 8 | reduce_tag(op) as u64),
+            Collective::AllGather { ranks } => (3u8, ranks as u64),
         };
         b.push(kind);
         b.extend_from_slice(&arg.to_le_bytes());
@@ -162,6 +164,13 @@ pub(crate) fn read(r: &mut impl Read) -> std::io::Result<Option<Msg>> {
             let what = match kind {
                 0 => Collective::AllReduce(reduce_op(arg)?),
                 1 => Collective::Broadcast(u32::try_from(arg).map_err(|_| bad(format!("root {arg}")))?),
+                2 => Collective::ReduceScatter {
+                    op: reduce_op(arg & 0xff)?,
+                    ranks: u32::try_from(arg >> 8).map_err(|_| bad(format!("ranks {}", arg >> 8)))?,
+                },
+                3 => Collective::AllGather {
+                    ranks: u32::try_from(arg).map_err(|_| bad(format!("ranks {arg}")))?,
+                },
                 k => return Err(bad(format!("collective kind {k}"))),
             };
             let rank = c.u64()?;
@@ -338,6 +347,18 @@ mod tests {
             what: Collective::AllReduce(ReduceOp::Mean),
             shape: Shape::new([2, 2]),
             data: HostData::F32(vec![-0.0, nan, 1e-45, f32::INFINITY]),
+        });
+        round_trip(Msg::Part {
+            seq: 6,
+            what: Collective::ReduceScatter { op: ReduceOp::Mean, ranks: 3 },
+            shape: Shape::new([3]),
+            data: HostData::F32(vec![1.0, 2.0, 3.0]),
+        });
+        round_trip(Msg::Part {
+            seq: 7,
+            what: Collective::AllGather { ranks: 2 },
+            shape: Shape::new([1]),
+            data: HostData::I64(vec![-4]),
         });
         round_trip(Msg::Part {
             seq: u64::MAX,

@@ -385,6 +385,45 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
                 Collective::AllReduce(ReduceOp::Mean) if !d.is_float() => {
                     return Err(format!("all_reduce_mean needs a float dtype, got {d}; use all_reduce_sum"))
                 }
+                Collective::ReduceScatter { op: ReduceOp::Sum | ReduceOp::Mean, .. }
+                | Collective::AllGather { .. }
+                    if d == DType::Bool =>
+                {
+                    return Err(format!("{name} is not defined on bool; cast to a numeric dtype first"))
+                }
+                Collective::ReduceScatter { op: ReduceOp::Mean, .. } if !d.is_float() => {
+                    return Err(format!(
+                        "reduce_scatter_mean needs a float dtype, got {d}; use reduce_scatter_sum"
+                    ))
+                }
+                Collective::ReduceScatter { op: ReduceOp::Sum | ReduceOp::Mean, ranks } => {
+                    let rows = match s.0.first() {
+                        Some(&rows) => rows,
+                        None => return Err(format!("{name} splits dim 0, but the operand is a scalar")),
+                    };
+                    let n = *ranks as usize;
+                    if n == 0 || rows % n != 0 {
+                        return Err(format!(
+                            "{name} splits dim 0 of {s} into {n} equal chunks (one per rank), but {rows} is not a multiple of {n}; pad it"
+                        ));
+                    }
+                    let mut out = s.clone();
+                    out.0[0] = rows / n;
+                    return Ok(Some((out, d)));
+                }
+                Collective::ReduceScatter { op, .. } => {
+                    return Err(format!("reduce_scatter takes sum or mean, not {}", op.mnemonic()))
+                }
+                Collective::AllGather { ranks } => {
+                    let Some(&rows) = s.0.first() else {
+                        return Err(format!("{name} joins along dim 0, but the operand is a scalar"));
+                    };
+                    let mut out = s.clone();
+                    out.0[0] = rows
+                        .checked_mul(*ranks as usize)
+                        .ok_or_else(|| format!("{name} of {s}: the result is too large"))?;
+                    return Ok(Some((out, d)));
+                }
                 _ => {}
             }
             (s.clone(), d)

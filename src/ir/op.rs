@@ -134,6 +134,22 @@ pub enum Collective {
     AllReduce(ReduceOp),
     /// Every rank gets rank `root`'s operand.
     Broadcast(u32),
+    /// The elementwise sum (`Sum`) or mean (`Mean`) of all ranks' operands,
+    /// as [`Collective::AllReduce`], split along dim 0 into `ranks` equal
+    /// chunks: rank `r` gets the `r`-th. `ranks` is the group's size,
+    /// recorded in the op because the result's shape depends on it.
+    ReduceScatter {
+        /// `Sum` or `Mean`.
+        op: ReduceOp,
+        /// The group's size.
+        ranks: u32,
+    },
+    /// Every rank gets all ranks' operands (equal shapes) concatenated
+    /// along dim 0 in rank order; `ranks` is the group's size.
+    AllGather {
+        /// The group's size.
+        ranks: u32,
+    },
 }
 
 impl Collective {
@@ -145,6 +161,30 @@ impl Collective {
             Collective::AllReduce(ReduceOp::Min) => "all_reduce_min",
             Collective::AllReduce(_) => "all_reduce_sum",
             Collective::Broadcast(_) => "broadcast",
+            Collective::ReduceScatter { op: ReduceOp::Mean, .. } => "reduce_scatter_mean",
+            Collective::ReduceScatter { .. } => "reduce_scatter_sum",
+            Collective::AllGather { .. } => "all_gather",
+        }
+    }
+
+    /// Elements of the result of an operand of `count` elements: a
+    /// `ranks`-th for a reduce-scatter, `ranks` times as many for an
+    /// all-gather, as many otherwise.
+    pub fn result_count(self, count: usize) -> usize {
+        match self {
+            Collective::ReduceScatter { ranks, .. } => count / (ranks.max(1) as usize),
+            Collective::AllGather { ranks } => count.saturating_mul(ranks as usize),
+            _ => count,
+        }
+    }
+
+    /// Where rank `rank`'s result starts in the combined result every
+    /// rank shares (the whole reduced tensor for a reduce-scatter), in
+    /// elements, for a result of `count` elements.
+    pub fn result_offset(self, rank: usize, count: usize) -> usize {
+        match self {
+            Collective::ReduceScatter { .. } => rank * count,
+            _ => 0,
         }
     }
 }
@@ -309,7 +349,8 @@ pub enum Op {
     /// is the body's `input k`.
     Fused(Arc<FusedBody>),
     /// A collective across the ranks of the context's process group; the
-    /// result has the operand's shape and dtype. An effect ([`Op::is_effect`]):
+    /// result has the operand's dtype, and its shape (a reduce-scatter's
+    /// and an all-gather's dim 0 divided or multiplied by the group size). An effect ([`Op::is_effect`]):
     /// never merged, dropped, folded, fused or moved across another
     /// collective, since its value depends on other ranks and every rank
     /// must run the same ones in the same order.

@@ -39,6 +39,7 @@ mod sgd;
 mod step;
 
 pub use accumulate::Accumulate;
+pub(crate) use adam::AdamRule;
 pub use adam::{Adam, AdamConfig, AdamW};
 pub use sgd::{Sgd, SgdConfig};
 pub use step::TrainStep;
@@ -72,6 +73,14 @@ pub trait Optimizer {
     fn backward(&mut self, loss: &Tensor) -> Result<()> {
         loss.backward().map(|_| ())
     }
+
+    /// Bytes of optimizer state this optimizer holds on its device (Adam's
+    /// moments and step count, SGD's momentum buffers; a sharded
+    /// optimizer's, only its rank's shard), for reporting memory. `None`
+    /// where an optimizer does not say.
+    fn state_bytes(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A boxed optimizer is an optimizer, so a program can choose one at run
@@ -98,6 +107,10 @@ impl<O: Optimizer + ?Sized> Optimizer for Box<O> {
 
     fn backward(&mut self, loss: &Tensor) -> Result<()> {
         (**self).backward(loss)
+    }
+
+    fn state_bytes(&self) -> Option<usize> {
+        (**self).state_bytes()
     }
 }
 

@@ -10,7 +10,7 @@
 use super::{check_lr, Group, Optimizer};
 use crate::capture::HostScalar;
 use crate::nn::{check_arg, Params};
-use crate::{DType, Location, Result, Tensor, Variable};
+use crate::{Context, DType, Location, Result, Tensor, Variable};
 
 /// [`Sgd`]'s hyperparameters; the defaults are PyTorch's (`lr` 1e-3, no
 /// momentum, no weight decay).
@@ -71,7 +71,7 @@ impl Optimizer for Sgd {
         let c = self.config;
         let mut lrs: Vec<(DType, Tensor)> = Vec::new();
         for (i, p, grad) in self.group.with_grads() {
-            let lr = scalar_for(&mut lrs, &self.group, &self.lr, p.dtype());
+            let lr = scalar_for(&mut lrs, &self.group.ctx, &self.lr, p.dtype());
             let mut g = grad;
             if c.weight_decay != 0.0 {
                 g = g + &**p * c.weight_decay;
@@ -101,19 +101,24 @@ impl Optimizer for Sgd {
         self.lr.set(lr);
         Ok(())
     }
+
+    fn state_bytes(&self) -> Option<usize> {
+        let bufs = self.momentum.iter().flatten();
+        Some(bufs.map(|b| b.numel() * b.dtype().size()).sum())
+    }
 }
 
 /// A read of `value` in `dtype`, made once per step and dtype.
 pub(super) fn scalar_for(
     cache: &mut Vec<(DType, Tensor)>,
-    group: &Group,
+    ctx: &Context,
     value: &HostScalar,
     dtype: DType,
 ) -> Tensor {
     if let Some((_, t)) = cache.iter().find(|(d, _)| *d == dtype) {
         return t.clone();
     }
-    let t = value.tensor(&group.ctx, dtype);
+    let t = value.tensor(ctx, dtype);
     cache.push((dtype, t.clone()));
     t
 }

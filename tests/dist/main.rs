@@ -5,6 +5,8 @@
 //! `gpu.rs` runs NCCL on real devices (one GPU: a 1-rank group; two or
 //! more: the real thing). `procs.rs` runs ranks as processes on
 //! localhost (`gpu_procs.rs`: one per GPU, with `KILN_REQUIRE_GPUS=2`).
+//! `scatter_gather.rs` and `zero.rs` cover reduce-scatter, all-gather and
+//! ZeRO-1's sharded optimizer (`gpu_zero.rs` on two GPUs).
 
 mod collectives;
 mod data_parallel;
@@ -12,10 +14,13 @@ mod effects;
 mod errors;
 mod gpu;
 mod gpu_procs;
+mod gpu_zero;
 mod joining;
 pub mod procs;
+mod scatter_gather;
 #[path = "../support/splitmix.rs"]
 mod splitmix;
+mod zero;
 
 use kiln::prelude::*;
 

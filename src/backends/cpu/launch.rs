@@ -152,11 +152,24 @@ impl CpuExecutable {
                         what.mnemonic()
                     ))
                 })?;
-                let sent = x()?.to_host()?;
-                let got = member.host.exchange(member.rank, *what, shape, sent)?;
+                let operand = x()?;
+                let sent = operand.to_host()?;
+                let got = member.host.exchange(member.rank, *what, operand.shape(), sent)?;
                 write!(|out| {
                     let dst = out.get::<T>()?;
                     let src = super::storage::typed::<T>(&got)?;
+                    // A reduce-scatter's rank takes its chunk of the shared result.
+                    let at = what.result_offset(member.rank, dst.len());
+                    let src = src.get(at..at + dst.len()).ok_or_else(|| {
+                        Error::Backend(format!(
+                            "cpu: {} returned {} elements, rank {} needs {}..{}",
+                            what.mnemonic(),
+                            src.len(),
+                            member.rank,
+                            at,
+                            at + dst.len()
+                        ))
+                    })?;
                     dst.copy_from_slice(src);
                     Ok(())
                 })

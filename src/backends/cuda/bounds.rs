@@ -127,9 +127,10 @@ impl Program {
                 self.tensor4(&p.y, size, &format!("{at}: the pooling's output"))?;
             }
             Launch::Collective(c) => {
-                let bytes = c.count as u64 * c.dtype.size() as u64;
-                self.inside(c.src, bytes, &format!("{at}: the collective's operand"))?;
-                self.inside(c.dst, bytes, &format!("{at}: the collective's result"))?;
+                let size = c.dtype.size() as u64;
+                let result = c.what.result_count(c.count) as u64 * size;
+                self.inside(c.src, c.count as u64 * size, &format!("{at}: the collective's operand"))?;
+                self.inside(c.dst, result, &format!("{at}: the collective's result"))?;
             }
         }
         Ok(())

@@ -376,8 +376,11 @@ impl CudaExecutable {
             Launch::Collective(c) => {
                 let comm =
                     self.comm.as_ref().ok_or("a collective in a plan of a device in no process group")?;
-                // SAFETY: lowering sized both locations for `count`
-                // elements (checked by `bounds.rs`), in this run's memory.
+                // SAFETY: lowering sized the operand for `count` elements
+                // and the result for `what.result_count(count)` (checked by
+                // `bounds.rs`), in this run's memory; a collective's result
+                // never shares its operand's bytes (only fused elementwise
+                // nodes compute in place).
                 unsafe { comm.enqueue(c, b.ptr(c.src), b.ptr(c.dst), raw(stream) as *mut _) }?;
             }
         }

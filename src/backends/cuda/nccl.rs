@@ -5,7 +5,7 @@
 //! `libnccl.so.<CUDA major>` (and older CUDA majors), but NCCL's soname is
 //! `libnccl.so.2`, which is all the pip wheel (`nvidia-nccl-cu13`) and
 //! Debian's `libnccl2` install, and a library it cannot find is a panic.
-//! kiln needs the nine entry points of [`Api`]; it loads them here with
+//! kiln needs the eleven entry points of [`Api`]; it loads them here with
 //! `libloading` (already in the build through cudarc's `dynamic-loading`)
 //! from `KILN_NCCL_LIBRARY`, `libnccl.so.2` or `libnccl.so`, and a missing
 //! library is an error naming those.
@@ -41,7 +41,7 @@ struct UniqueId {
     internal: [c_char; 128],
 }
 
-/// The entry points kiln calls (nine).
+/// The entry points kiln calls (eleven).
 struct Api {
     _lib: libloading::Library,
     get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> NcclResult,
@@ -67,6 +67,19 @@ struct Api {
         RawComm,
         *mut c_void,
     ) -> NcclResult,
+    /// `ncclReduceScatter(send, recv, recvcount, dtype, op, comm, stream)`.
+    reduce_scatter: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        RawComm,
+        *mut c_void,
+    ) -> NcclResult,
+    /// `ncclAllGather(send, recv, sendcount, dtype, comm, stream)`.
+    all_gather:
+        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, RawComm, *mut c_void) -> NcclResult,
     error_string: unsafe extern "C" fn(NcclResult) -> *const c_char,
     get_version: unsafe extern "C" fn(*mut c_int) -> NcclResult,
 }
@@ -107,6 +120,8 @@ fn load() -> Result<Api, String> {
         comm_get_async_error: sym!(b"ncclCommGetAsyncError"),
         all_reduce: sym!(b"ncclAllReduce"),
         broadcast: sym!(b"ncclBroadcast"),
+        reduce_scatter: sym!(b"ncclReduceScatter"),
+        all_gather: sym!(b"ncclAllGather"),
         error_string: sym!(b"ncclGetErrorString"),
         get_version: sym!(b"ncclGetVersion"),
         _lib: lib,
@@ -238,8 +253,11 @@ impl Comm {
     /// pointers).
     ///
     /// # Safety
-    /// `src` and `dst` must hold `call.count` elements of `call.dtype` on
-    /// this communicator's device, valid until the stream reaches the call.
+    /// `src` must hold `call.count` elements of `call.dtype` and `dst`
+    /// `call.what.result_count(call.count)`, on this communicator's device,
+    /// valid until the stream reaches the call; a reduce-scatter's or an
+    /// all-gather's `dst` must not overlap `src` (NCCL's in-place forms
+    /// need a particular offset, which lowering never produces).
     pub(crate) unsafe fn enqueue(
         &self,
         call: &CollectiveCall,
@@ -258,6 +276,15 @@ impl Comm {
                 }
                 Collective::Broadcast(root) => {
                     (self.api.broadcast)(s, d, call.count, dtype, root as c_int, self.raw, stream)
+                }
+                // NCCL counts a reduce-scatter by its result (per rank) and an
+                // all-gather by its operand (per rank).
+                Collective::ReduceScatter { op, .. } => {
+                    let per_rank = call.what.result_count(call.count);
+                    (self.api.reduce_scatter)(s, d, per_rank, dtype, nccl_op(op)?, self.raw, stream)
+                }
+                Collective::AllGather { .. } => {
+                    (self.api.all_gather)(s, d, call.count, dtype, self.raw, stream)
                 }
             }
         };

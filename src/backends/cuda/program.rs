@@ -199,7 +199,10 @@ pub enum Launch {
 }
 
 /// One NCCL call of the rank's communicator: `count` dense elements from
-/// `src` combined across ranks into `dst` (which may be `src`).
+/// `src` combined across ranks into `dst` (which may be `src` for an
+/// all-reduce or broadcast; the result holds
+/// [`Collective::result_count`](crate::ir::Collective::result_count)
+/// elements).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CollectiveCall {
     /// What is computed.
@@ -405,8 +408,11 @@ impl Launch {
             ),
             Launch::Collective(c) => {
                 write!(f, "nccl {} {} count={} {} -> {}", c.what.mnemonic(), c.dtype, c.count, c.src, c.dst)?;
-                if let crate::ir::Collective::Broadcast(root) = c.what {
-                    write!(f, " root={root}")?;
+                match c.what {
+                    crate::ir::Collective::Broadcast(root) => write!(f, " root={root}")?,
+                    crate::ir::Collective::ReduceScatter { ranks, .. }
+                    | crate::ir::Collective::AllGather { ranks } => write!(f, " ranks={ranks}")?,
+                    crate::ir::Collective::AllReduce(_) => {}
                 }
                 Ok(())
             }

@@ -229,5 +229,11 @@ fn attrs(op: &Op, dtype: crate::ir::DType) -> String {
         },
         Op::Collective { what: Collective::Broadcast(root), seq } => format!(" root={root} seq={seq}"),
         Op::Collective { what: Collective::AllReduce(_), seq } => format!(" seq={seq}"),
+        Op::Collective {
+            what: Collective::ReduceScatter { ranks, .. } | Collective::AllGather { ranks },
+            seq,
+        } => {
+            format!(" ranks={ranks} seq={seq}")
+        }
     }
 }

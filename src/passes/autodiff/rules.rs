@@ -134,8 +134,26 @@ pub(super) fn vjp(
             let seq = b.g.next_effect_seq();
             one(b.op(Op::Collective { what: c, seq }, &[g]))
         }
+        // A reduce-scatter's rank r result is chunk r of the sum, so operand k's gradient is every rank's incoming
+        // gradient end to end (an all-gather), divided by the group's size
+        // for the mean; an all-gather's operand k is chunk k of every
+        // rank's result, so its gradient is chunk k of the sum of every
+        // rank's incoming gradient (a reduce-scatter sum).
+        Op::Collective { what: Collective::ReduceScatter { op: op @ (ReduceOp::Sum | ReduceOp::Mean), ranks }, .. } => {
+            let seq = b.g.next_effect_seq();
+            let gathered = b.op(Op::Collective { what: Collective::AllGather { ranks }, seq }, &[g])?;
+            match op {
+                ReduceOp::Mean => one(b.scale(gathered, 1.0 / ranks.max(1) as f64)),
+                _ => one(Ok(gathered)),
+            }
+        }
+        Op::Collective { what: Collective::AllGather { ranks }, .. } => {
+            let seq = b.g.next_effect_seq();
+            let what = Collective::ReduceScatter { op: ReduceOp::Sum, ranks };
+            one(b.op(Op::Collective { what, seq }, &[g]))
+        }
         Op::Collective { what: c, .. } => Err(format!(
-            "{} has no gradient rule; detach its operand (only all_reduce_sum and all_reduce_mean differentiate)",
+            "{} has no gradient rule; detach its operand (only all_reduce_sum/mean, reduce_scatter_sum/mean and all_gather differentiate)",
             c.mnemonic()
         )),
         Op::Fused(_) => {

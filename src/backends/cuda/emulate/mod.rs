@@ -335,16 +335,32 @@ impl Emulated {
                 let member = self.cpu.member().ok_or_else(|| {
                     Error::Backend("emulator: a collective in a plan of a device in no process group".into())
                 })?;
-                let n = c.count * c.dtype.size();
-                // SAFETY: lowering sized both locations for `count` elements
-                // of the dtype (checked by `bounds.rs`); they do not overlap
-                // the host result copied out of the exchange.
+                let size = c.dtype.size();
+                let n = c.count * size;
+                let out = c.what.result_count(c.count);
+                // SAFETY: lowering sized the operand for `count` elements of
+                // the dtype and the result for `result_count` (checked by
+                // `bounds.rs`); they do not overlap the host result copied
+                // out of the exchange.
                 let src = unsafe { std::slice::from_raw_parts(resolve(c.src) as *const u8, n) };
                 let sent = from_bytes(src, c.count, c.dtype);
                 let got = member.host.exchange(member.rank, c.what, &Shape::new([c.count]), sent)?;
                 let bytes = host_bytes(&got);
-                // SAFETY: as above; `bytes` holds exactly `n` bytes.
-                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), resolve(c.dst) as *mut u8, n) };
+                // A reduce-scatter's rank takes its chunk of the shared result.
+                let at = c.what.result_offset(member.rank, out) * size;
+                let mine = bytes.get(at..at + out * size).ok_or_else(|| {
+                    Error::Backend(format!(
+                        "emulator: {} returned {} bytes, rank {} needs {at}..{}",
+                        c.what.mnemonic(),
+                        bytes.len(),
+                        member.rank,
+                        at + out * size
+                    ))
+                })?;
+                // SAFETY: as above; `mine` holds exactly `out * size` bytes.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(mine.as_ptr(), resolve(c.dst) as *mut u8, mine.len())
+                };
                 Ok(())
             }
         }

@@ -159,6 +159,9 @@ const FIXED: &[(&str, Kind)] = &[
     ("all_reduce_max", Kind::Collective(Collective::AllReduce(ReduceOp::Max))),
     ("all_reduce_min", Kind::Collective(Collective::AllReduce(ReduceOp::Min))),
     ("broadcast", Kind::Collective(Collective::Broadcast(0))),
+    ("reduce_scatter_sum", Kind::Collective(Collective::ReduceScatter { op: ReduceOp::Sum, ranks: 0 })),
+    ("reduce_scatter_mean", Kind::Collective(Collective::ReduceScatter { op: ReduceOp::Mean, ranks: 0 })),
+    ("all_gather", Kind::Collective(Collective::AllGather { ranks: 0 })),
 ];
 
 /// Every mnemonic with its kind, in a fixed order.
@@ -232,6 +235,15 @@ pub(super) fn fused_op(body: Graph, a: &mut Attrs) -> Result<Op, String> {
         false => body,
     };
     Ok(Op::Fused(Arc::new(body)))
+}
+
+/// A reduce-scatter's or all-gather's `ranks=` (the group's size, at least 1).
+fn ranks(a: &mut Attrs, m: &str) -> Result<u32, String> {
+    let n = a.usize("ranks", m, &format!("{m} %x ranks=2 seq=0"))?;
+    match u32::try_from(n) {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("ranks must be from 1 to {}, found {n}", u32::MAX)),
+    }
 }
 
 /// The op a line describes. `next_seq` is the sequence number a
@@ -337,6 +349,8 @@ pub(super) fn build_op(
                         u32::try_from(root).map_err(|_| format!("broadcast root {root} is too large"))?,
                     )
                 }
+                Collective::ReduceScatter { op, .. } => Collective::ReduceScatter { op, ranks: ranks(a, m)? },
+                Collective::AllGather { .. } => Collective::AllGather { ranks: ranks(a, m)? },
                 other => other,
             };
             let seq = match a.has("seq") {
