@@ -9,7 +9,7 @@
 //! algorithm for it, the executor runs the one cuBLASLt call and skips that
 //! kernel; otherwise it runs the plain GEMM and the kernel.
 //!
-//! Plain GEMMs (no epilogue, no batch; widened or not) go through cuBLASLt
+//! Plain GEMMs (no epilogue, no batch, not widened) go through cuBLASLt
 //! too, because its heuristic says how much workspace the algorithm takes:
 //! a stream's workspace grows to that, where classic cuBLAS, which cannot
 //! be asked, gets 32 MiB (`device.rs`). The matrices' alignment, known
@@ -74,18 +74,11 @@ impl LtPlan {
             Epilogue::Gelu => (lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU, false),
             Epilogue::BiasGelu(_) => (lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS, true),
         };
-        // A widened product (an f16/bf16 product stored as its f32
-        // accumulator, `Gemm::out_dtype`) is a C and D of f32: cuBLASLt
-        // has that combination. Classic cuBLAS, given an f32 output whose
-        // rows are not 16-byte aligned (a vocabulary of 50257 logits),
-        // ran GPT-2's bf16 LM head 5x slower. Lowering never gives a
-        // widened product an epilogue.
-        let out = match (g.dtype, g.out_dtype) {
-            (a, c) if a == c => data,
-            (DType::F16 | DType::BF16, DType::F32) if widened_on() => lt::cudaDataType::CUDA_R_32F,
-            _ => return Ok(None),
-        };
-        if g.batch != 1 {
+        // A widened product (`out_dtype` f32) never carries an epilogue;
+        // lowering keeps the two apart. Through cuBLASLt (C and D of f32)
+        // it measured no faster than classic cuBLAS (GPT-2's bf16 LM head,
+        // 2026-11-27), so it stays there.
+        if g.batch != 1 || g.out_dtype != g.dtype {
             return Ok(None);
         }
         // cublasOperation_t as the attribute's int32: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
@@ -139,7 +132,7 @@ impl LtPlan {
                 "layout B",
             )?;
             check(
-                lt::cublasLtMatrixLayoutCreate(&mut plan.c, out, g.m as u64, g.n as u64, g.c.1 as i64),
+                lt::cublasLtMatrixLayoutCreate(&mut plan.c, data, g.m as u64, g.n as u64, g.c.1 as i64),
                 "layout C",
             )?;
             let mut pref = std::ptr::null_mut();
@@ -257,12 +250,6 @@ impl LtPlan {
             )
         }
     }
-}
-
-/// Whether widened products go through cuBLASLt (`KILN_CUDA_LT_WIDENED=0`
-/// sends them to classic cuBLAS, for measurements).
-fn widened_on() -> bool {
-    std::env::var("KILN_CUDA_LT_WIDENED").map_or(true, |v| v != "0")
 }
 
 /// The alignment (bytes, at most 256) of a matrix `offset` bytes into a
