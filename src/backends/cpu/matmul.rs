@@ -3,7 +3,9 @@
 //! `f32` goes through kiln's packed AVX2 kernel (`sgemm.rs`, parallel over
 //! tiles) where the CPU has AVX2+FMA; `f64` (and `f32` elsewhere) through
 //! `matrixmultiply` (single-threaded `sgemm` / `dgemm`, parallelised here
-//! with rayon over row blocks of A). Many small problems run one
+//! with rayon over row blocks of A). A batch times one weight (a linear
+//! layer over `[batch, seq]`) runs as one GEMM of all its rows
+//! ([`Problem::batch_as_rows`]). Many other small problems run one
 //! single-threaded GEMM per batch item across rayon. It takes
 //! arbitrary row and column strides, so transposed, sliced and stride-0
 //! (expanded) operands need no copy. `f16` and `bf16` are widened to
