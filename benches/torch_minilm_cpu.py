@@ -11,6 +11,10 @@ import torch
 
 import torch_transformer as tt
 
+# kiln's side runs rayon on this machine's 2 cores; pin PyTorch's intra-op
+# pool to the same count (its default follows the cores too, but a
+# container's cgroup can change what it sees).
+torch.set_num_threads(2)
 torch.manual_seed(1)
 model = tt.Encoder(6, 384, 12, 1536).eval().requires_grad_(False)
 ids = torch.randint(0, 30522, (8, 128))

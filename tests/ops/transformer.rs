@@ -317,9 +317,13 @@ fn attention_matches_f64_on_every_float_dtype() {
     each_backend(|| {
         let ctx = dev();
         let mut rng = Rng::new(2003);
-        // Lengths past one key tile and one query block of both kernels.
-        let (b, h, sq, sk, d, dv) = (2, 3, 37, 70, 8, 12);
-        for dtype in FLOATS {
+        // Lengths past one key tile and one query block of both kernels;
+        // the second shape has value rows of one full register chunk of
+        // the CPU kernel (32) and a part of another, and two full key
+        // blocks (64) and a part.
+        for ((b, h, sq, sk, d, dv), dtype) in
+            [(2, 3, 37, 70, 8, 12), (1, 2, 19, 130, 32, 40)].into_iter().flat_map(|s| FLOATS.map(|d| (s, d)))
+        {
             let q = rand_f(&mut rng, dtype, &[b, h, sq, d], 1.0);
             let k = rand_f(&mut rng, dtype, &[b, h, sk, d], 1.0);
             let v = rand_f(&mut rng, dtype, &[b, h, sk, dv], 1.0);

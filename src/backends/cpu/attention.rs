@@ -13,6 +13,14 @@
 //! has `l = 0` and gives zeros. f16, bf16 and f32 accumulate in f32, f64
 //! in f64, as the CUDA kernel does.
 //!
+//! Order of the arithmetic (it fixes the bits): a score is a running sum
+//! over the head dim in order (`s += q[c] k[j, c]`, vectorized across the
+//! keys of a block against the head's keys transposed), then `s * scale +
+//! mask`; `e^x` in f32 is kiln's [`crate::ir::fast_math::exp_f32`] (within
+//! 1 ulp, the fused kernels' exp), in f64 libm's. On AVX2+FMA CPUs the
+//! block runs in an AVX2 copy of the same code (no contraction into FMA,
+//! so the same bits).
+//!
 //! NaN and inf propagate as in PyTorch's formula: a NaN score makes the
 //! running maximum NaN (a plain `>` would skip it, and a row of NaN
 //! scores would look like a row with every key removed: zeros), so its
@@ -69,8 +77,11 @@ impl Acc for f32 {
     fn of(x: f64) -> f32 {
         x as f32
     }
+    /// kiln's own `exp` (within 1 ulp, branch-free, so a row of weights
+    /// vectorizes), the one the fused CPU kernels use; libm's `expf` was
+    /// a call per score.
     fn exp(self) -> f32 {
-        f32::exp(self)
+        crate::ir::fast_math::exp_f32(self)
     }
     fn wide(self) -> f64 {
         self as f64
@@ -194,87 +205,160 @@ fn run<T: Elem, A: Acc>(
     let out = out.get::<T>()?;
     let scale = A::of(scale);
     let (sq, sk, d, dv) = (n.sq, n.sk, n.d, n.dv);
+    #[cfg(target_arch = "x86_64")]
+    let wide = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
     out.par_chunks_mut((sq * dv).max(1)).enumerate().for_each(|(bh, head_out)| {
         let (b, h) = (bh / n.h.max(1), bh % n.h.max(1));
         let qh = &q[bh * sq * d..][..sq * d];
         let kh = &k[bh * sk * d..][..sk * d];
+        let kt: Vec<A> = (0..d * sk).map(|e| kh[(e % sk) * d + e / sk]).collect();
         let vh = &v[bh * sk * dv..][..sk * dv];
         head_out.par_chunks_mut(QB * dv.max(1)).enumerate().for_each(|(blk, rows_out)| {
-            let r0 = blk * QB;
-            let rows = rows_out.len() / dv.max(1);
-            let mut m = [A::NEG_INF; QB];
-            let mut l = [A::ZERO; QB];
-            let mut acc = vec![A::ZERO; rows * dv];
-            let mut s = [A::ZERO; KB];
-            // Causal: keys past the block's last row are never needed.
-            let end = if causal { sk.min(r0 + rows) } else { sk };
-            for j0 in (0..end).step_by(KB) {
-                let kn = KB.min(end - j0);
-                for r in 0..rows {
-                    let i = r0 + r;
-                    let qi = &qh[i * d..][..d];
-                    let mut best = m[r];
-                    for (c, sc) in s[..kn].iter_mut().enumerate() {
-                        let j = j0 + c;
-                        *sc = match read.at(b, h, i, j) {
-                            Some(add) if !(causal && j > i) => dot(qi, &kh[j * d..][..d]) * scale + add,
-                            _ => A::NEG_INF,
-                        };
-                        // NaN wins (once `best` is NaN, nothing replaces it).
-                        if *sc > best || sc.is_nan() && !best.is_nan() {
-                            best = *sc;
-                        }
-                    }
-                    if best == A::NEG_INF {
-                        continue; // every key so far removed: nothing to add
-                    }
-                    let correction = (m[r] - best).exp();
-                    m[r] = best;
-                    let row = &mut acc[r * dv..][..dv];
-                    if correction != A::of(1.0) {
-                        row.iter_mut().for_each(|a| *a = *a * correction);
-                    }
-                    let mut sum = A::ZERO;
-                    for (c, &sc) in s[..kn].iter().enumerate() {
-                        if sc == A::NEG_INF {
-                            continue; // removed: its value is not read
-                        }
-                        let p = (sc - best).exp();
-                        sum = sum + p;
-                        let vj = &vh[(j0 + c) * dv..][..dv];
-                        for (a, &x) in row.iter_mut().zip(vj) {
-                            *a = *a + p * x;
-                        }
-                    }
-                    l[r] = l[r] * correction + sum;
-                }
+            let at = Block { b, h, r0: blk * QB, qh, kt: &kt, vh, read: &read, scale, causal, sk, d, dv };
+            #[cfg(target_arch = "x86_64")]
+            if wide {
+                // SAFETY: `wide` is true only where the CPU has AVX2 and FMA.
+                return unsafe { block_avx2(&at, rows_out) };
             }
-            for r in 0..rows {
-                let inv = if l[r] == A::ZERO { A::ZERO } else { A::of(1.0) / l[r] };
-                for (o, &a) in rows_out[r * dv..][..dv].iter_mut().zip(&acc[r * dv..][..dv]) {
-                    *o = T::from_f64((a * inv).wide());
-                }
-            }
+            block(&at, rows_out);
         });
     });
     Ok(())
 }
 
-/// `Σ a_i b_i` with eight partial sums, so the loop vectorizes.
-#[inline]
-fn dot<A: Acc>(a: &[A], b: &[A]) -> A {
-    let mut lanes = [A::ZERO; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for t in 0..8 {
-            lanes[t] = lanes[t] + x[t] * y[t];
+/// What one block of query rows reads: its (batch, head), first row, the
+/// head's dense queries, keys and values, the mask and the sizes.
+struct Block<'a, A> {
+    b: usize,
+    h: usize,
+    r0: usize,
+    qh: &'a [A],
+    /// The head's keys transposed, `[d, sk]`.
+    kt: &'a [A],
+    vh: &'a [A],
+    read: &'a MaskRead<'a, A>,
+    scale: A,
+    causal: bool,
+    sk: usize,
+    d: usize,
+    dv: usize,
+}
+
+/// [`block`] compiled for AVX2 and FMA: the same operations in the same
+/// order (Rust does not contract `a * b + c` into a fused multiply-add, so
+/// the bits are the same), on 8-wide vectors where the SSE2 build of the
+/// crate used 4-wide ones. The attention of MiniLM's encoder at 8 x 128
+/// (heads of 32) was a fifth of its forward pass in `perf` (issue 38),
+/// most of it the dot products and the `acc += p v` rows.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn block_avx2<T: Elem, A: Acc>(at: &Block<'_, A>, rows_out: &mut [T]) {
+    block(at, rows_out)
+}
+
+/// Rows `r0..r0 + rows_out.len() / dv` of one head: the online softmax
+/// over key blocks (see the module doc), written to `rows_out`.
+///
+/// Shaped for vectors: a row's scores of a key block are `KB` running sums
+/// over the head dim (`s += q[c] * kᵀ[c, ..]`, so one product of `q` and a
+/// row of `kᵀ` fills `KB` lanes at once), and `acc += p v` runs over the
+/// value dims in register-sized chunks. A dot product per key (the earlier
+/// form) spent its time in horizontal adds and per-key branches.
+#[inline(always)]
+fn block<T: Elem, A: Acc>(at: &Block<'_, A>, rows_out: &mut [T]) {
+    let &Block { b, h, r0, qh, kt, vh, read, scale, causal, sk, d, dv } = at;
+    let rows = rows_out.len() / dv.max(1);
+    let mut m = [A::NEG_INF; QB];
+    let mut l = [A::ZERO; QB];
+    let mut acc = vec![A::ZERO; rows * dv];
+    // Causal: keys past the block's last row are never needed.
+    let end = if causal { sk.min(r0 + rows) } else { sk };
+    for j0 in (0..end).step_by(KB) {
+        let kn = KB.min(end - j0);
+        for r in 0..rows {
+            let i = r0 + r;
+            let qi = &qh[i * d..][..d];
+            let mut s = [A::ZERO; KB];
+            for (c, &qc) in qi.iter().enumerate() {
+                axpy(&mut s[..kn], qc, &kt[c * sk + j0..][..kn]);
+            }
+            let mut best = m[r];
+            for (c, sc) in s[..kn].iter_mut().enumerate() {
+                let j = j0 + c;
+                *sc = match read.at(b, h, i, j) {
+                    Some(add) if !(causal && j > i) => *sc * scale + add,
+                    _ => A::NEG_INF,
+                };
+                // NaN wins (once `best` is NaN, nothing replaces it).
+                if *sc > best || sc.is_nan() && !best.is_nan() {
+                    best = *sc;
+                }
+            }
+            if best == A::NEG_INF {
+                continue; // every key so far removed: nothing to add
+            }
+            let correction = (m[r] - best).exp();
+            m[r] = best;
+            let row = &mut acc[r * dv..][..dv];
+            if correction != A::of(1.0) {
+                row.iter_mut().for_each(|a| *a = *a * correction);
+            }
+            // The weights: a removed key's is e^-inf = 0, which adds
+            // nothing to the sum; its value is not read (below).
+            let mut p = [A::ZERO; KB];
+            for (w, &sc) in p[..kn].iter_mut().zip(&s[..kn]) {
+                *w = (sc - best).exp();
+            }
+            let sum = p[..kn].iter().fold(A::ZERO, |a, &w| a + w);
+            for (c0, part) in (0..dv).step_by(VC).zip(row.chunks_mut(VC)) {
+                // A chunk of the row in a local array, which stays in
+                // registers across the keys.
+                let mut tmp = [A::ZERO; VC];
+                tmp[..part.len()].copy_from_slice(part);
+                for (c, (&w, &sc)) in p[..kn].iter().zip(&s[..kn]).enumerate() {
+                    if sc != A::NEG_INF {
+                        axpy(&mut tmp[..part.len()], w, &vh[(j0 + c) * dv + c0..][..part.len()]);
+                    }
+                }
+                part.copy_from_slice(&tmp[..part.len()]);
+            }
+            l[r] = l[r] * correction + sum;
         }
     }
-    let mut sum =
-        ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
-    for (&x, &y) in ra.iter().zip(rb) {
-        sum = sum + x * y;
+    for r in 0..rows {
+        let inv = if l[r] == A::ZERO { A::ZERO } else { A::of(1.0) / l[r] };
+        for (o, &a) in rows_out[r * dv..][..dv].iter_mut().zip(&acc[r * dv..][..dv]) {
+            *o = T::from_f64((a * inv).wide());
+        }
     }
-    sum
+}
+
+/// Value dims per register chunk of `acc += p v` (four AVX vectors of f32).
+const VC: usize = 32;
+
+/// `y += a x`, elementwise; at the full lengths ([`KB`], [`VC`]) through
+/// fixed-size arrays, which the compiler unrolls into registers (a slice of
+/// a run-time length kept its sums on the stack, a load and a store per
+/// element and key).
+#[inline(always)]
+fn axpy<A: Acc>(y: &mut [A], a: A, x: &[A]) {
+    #[inline(always)]
+    fn fixed<A: Acc, const N: usize>(y: &mut [A; N], a: A, x: &[A; N]) {
+        for t in 0..N {
+            y[t] = y[t] + a * x[t];
+        }
+    }
+    let n = y.len().min(x.len());
+    if let (Ok(y), Ok(x)) = (<&mut [A; KB]>::try_from(&mut *y), <&[A; KB]>::try_from(&x[..n])) {
+        return fixed(y, a, x);
+    }
+    if let (Ok(y), Ok(x)) = (<&mut [A; VC]>::try_from(&mut *y), <&[A; VC]>::try_from(&x[..n])) {
+        return fixed(y, a, x);
+    }
+    for (v, &u) in y.iter_mut().zip(x) {
+        *v = *v + a * u;
+    }
 }

@@ -3,7 +3,9 @@
 //! `f32` goes through kiln's packed AVX2 kernel (`sgemm.rs`, parallel over
 //! tiles) where the CPU has AVX2+FMA; `f64` (and `f32` elsewhere) through
 //! `matrixmultiply` (single-threaded `sgemm` / `dgemm`, parallelised here
-//! with rayon over row blocks of A). Many small problems run one
+//! with rayon over row blocks of A). A batch times one weight (a linear
+//! layer over `[batch, seq]`) runs as one GEMM of all its rows
+//! ([`Problem::batch_as_rows`]). Many other small problems run one
 //! single-threaded GEMM per batch item across rayon. It takes
 //! arbitrary row and column strides, so transposed, sliced and stride-0
 //! (expanded) operands need no copy. `f16` and `bf16` are widened to
@@ -327,6 +329,29 @@ impl Problem {
             b_cs: b.strides[r - 1],
         })
     }
+
+    /// The row stride of A as one `(batch * m) x k` matrix, when the batch
+    /// can be multiplied as one problem: B is the same matrix for every
+    /// batch item (a weight expanded over `[batch, seq]`, as `x.matmul(
+    /// &w.t())` records it) and A's batch items follow each other at
+    /// `m` rows apart (one evenly strided run of rows). The output is dense
+    /// `[batch, m, n]`, which is the same memory as `[batch * m, n]`.
+    ///
+    /// Why: an encoder's projections are `[8, 128, 384] x [384, 384]`.
+    /// Eight GEMMs of 128 rows packed the weight eight times and each ran
+    /// as one row block (the column-split path); one GEMM of 1024 rows
+    /// packs it once and splits rows across the cores.
+    pub(crate) fn batch_as_rows(&self) -> Option<usize> {
+        let nb = self.a_base.len();
+        if nb < 2 || self.b_base.iter().any(|&o| o != self.b_base[0]) {
+            return None;
+        }
+        let step = self.a_base[1].checked_sub(self.a_base[0]).filter(|&s| s > 0)?;
+        let even = self.a_base.windows(2).all(|w| w[1].checked_sub(w[0]) == Some(step));
+        // One row: its stride is free, the batch step is the row stride.
+        let rows = if self.m == 1 { step } else { self.a_rs };
+        (even && rows.checked_mul(self.m) == Some(step)).then_some(rows)
+    }
 }
 
 fn check_fits<T>(v: &View<'_, T>) -> Result<()> {
@@ -358,6 +383,13 @@ fn gemm_float<T: GemmFloat>(a: View<'_, T>, b: View<'_, T>, out: &mut [T]) -> Re
     }
     // check_fits proved every offset of each layout, so every element of
     // every batch item's problem, is inside its storage (gemm_rows' contract).
+    if let Some(rows) = p.batch_as_rows() {
+        // One weight for every batch item: one GEMM of `nb * m` rows.
+        let a = Operand { data: a.data, base: p.a_base[0], rs: rows, cs: p.a_cs };
+        let b = Operand { data: b.data, base: p.b_base[0], rs: p.b_rs, cs: p.b_cs };
+        gemm_rows(nb * m, k, n, a, b, out, true);
+        return Ok(());
+    }
     let opa = |i: usize| Operand { data: a.data, base: p.a_base[i], rs: p.a_rs, cs: p.a_cs };
     let opb = |i: usize| Operand { data: b.data, base: p.b_base[i], rs: p.b_rs, cs: p.b_cs };
     if nb > 1 && m * n * k < GEMM_BATCH_PAR_WORK {

@@ -121,6 +121,72 @@ fn matmul_transposed_and_expanded_operands() {
     }
 }
 
+/// A batch times one weight (`[nb, m, k] x [k, n]` expanded over the
+/// batch, as `x.matmul(&w.t())` records a linear layer) runs as one GEMM
+/// of `nb * m` rows (`Problem::batch_as_rows`): weights row-major and
+/// transposed, A's rows a slice of wider rows, one row per item (m = 1),
+/// few rows in all (the GEMV path), more rows than one tile; f32 (the
+/// packed GEMM) and f64 (matrixmultiply), against an f64 reference.
+#[test]
+fn a_batch_times_one_weight_matches_the_reference() {
+    let shapes = [(8, 24, 65, 70), (5, 1, 33, 17), (2, 2, 19, 300), (3, 150, 40, 35)];
+    for d in [DType::F32, DType::F64] {
+        for (case, &(nb, m, k, n)) in shapes.iter().enumerate() {
+            for transposed in [false, true] {
+                let seed = 40 + 2 * case as u64 + transposed as u64;
+                // A is columns 1..k+1 of rows k + 3 wide.
+                let wide = k + 3;
+                let a = host(&vals(nb * m * wide, seed, -1.0, 1.0), d);
+                let w = host(&vals(k * n, seed + 100, -1.0, 1.0), d);
+                let (av, wv) = (a.to_f64_vec(), w.to_f64_vec());
+                let mut t = T::new();
+                let x = t.input(a, [nb, m, wide]);
+                let xs = t.op(Op::Slice { dim: 2, start: 1, step: 1, len: k }, &[x]);
+                let (y, bv) = if transposed {
+                    let y = t.input(w, [n, k]);
+                    (t.op(Op::Permute(vec![1, 0]), &[y]), transpose(&wv, n, k))
+                } else {
+                    (t.input(w, [k, n]), wv)
+                };
+                let ye = t.op(Op::Expand(Shape::new([nb, k, n])), &[y]);
+                let z = t.op(Op::MatMul, &[xs, ye]);
+                let a_dense: Vec<f64> = (0..nb * m * k).map(|e| av[(e / k) * wide + 1 + e % k]).collect();
+                let want = matmul_ref(&a_dense, &bv.repeat(nb), nb, m, k, n);
+                let what = format!("{d} {nb}x{m}x{k}x{n} transposed {transposed}");
+                assert_close(&t.run1(z), &want, tol(d) * (k as f64).sqrt() * 4.0, &what);
+            }
+        }
+    }
+}
+
+/// Which batched products `Problem::batch_as_rows` folds into one GEMM:
+/// only those whose B is one matrix and whose A's items follow each other
+/// `m` rows apart.
+#[test]
+fn batch_as_rows_folds_only_one_weight_over_evenly_spaced_items() {
+    use crate::backends::cpu::{layout::Layout, matmul::Problem};
+    let lay = |shape: [usize; 3], strides: [usize; 3], offset| Layout {
+        shape: Shape::new(shape),
+        strides: strides.to_vec(),
+        offset,
+    };
+    // A [6, 5] weight transposed and expanded over 4 items.
+    let w = lay([4, 5, 6], [0, 1, 5], 0);
+    let rows = |a: Layout, b: &Layout| Problem::new(&a, b).expect("problem").batch_as_rows();
+    assert_eq!(rows(lay([4, 3, 5], [15, 5, 1], 0), &w), Some(5), "dense");
+    assert_eq!(rows(lay([4, 3, 5], [24, 8, 1], 2), &w), Some(8), "a slice of wider rows");
+    assert_eq!(rows(lay([4, 1, 5], [7, 99, 1], 0), &w), Some(7), "one row per item");
+    assert_eq!(rows(lay([4, 3, 5], [5, 20, 1], 0), &w), None, "items interleaved (a permute)");
+    assert_eq!(rows(lay([4, 3, 5], [0, 5, 1], 0), &w), None, "A expanded");
+    assert_eq!(rows(lay([4, 3, 5], [16, 5, 1], 0), &w), None, "a gap between items");
+    assert_eq!(
+        rows(lay([4, 3, 5], [15, 5, 1], 0), &lay([4, 5, 6], [30, 1, 5], 0)),
+        None,
+        "a weight per item"
+    );
+    assert_eq!(rows(lay([1, 3, 5], [15, 5, 1], 0), &lay([1, 5, 6], [0, 1, 5], 0)), None, "one item");
+}
+
 struct ConvCase {
     x: [usize; 4],
     w: [usize; 4],
