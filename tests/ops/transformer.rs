@@ -112,8 +112,13 @@ fn index_add_of_a_long_index_sums_in_index_order() {
                         &tensor_i(&ctx, DType::I64, &idx),
                         &tensor_i(&ctx, dtype, &src),
                     );
-                    let want =
-                        index_add_ref(&x.map(|v| v as f64), 0, &idx.to_vec(), &src.map(|v| v as f64), DType::F64);
+                    let want = index_add_ref(
+                        &x.map(|v| v as f64),
+                        0,
+                        &idx.to_vec(),
+                        &src.map(|v| v as f64),
+                        DType::F64,
+                    );
                     check_i(&got, dtype, &want.map(|v| v as i64), &what);
                 }
             }

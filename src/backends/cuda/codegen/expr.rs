@@ -8,8 +8,8 @@
 //! the unfused kernels store.
 
 use super::types::{cast, compute, settle};
-use crate::ir::{BinaryOp, CompareOp, DType, UnaryOp};
 use crate::ir::eval::{GELU_TANH_C, GELU_TANH_K};
+use crate::ir::{BinaryOp, CompareOp, DType, UnaryOp};
 
 /// `op(x)` for a value of dtype `d`.
 pub(crate) fn unary(op: UnaryOp, d: DType, x: &str) -> String {

@@ -331,10 +331,13 @@ pub(crate) fn index_add(name: &str, idx: &Operand, src: &Operand, dim: usize, ou
     // The batch's rows (-1: past the end or a bad index) and source values.
     let _ = writeln!(s, "      kiln::i64 row[{batch}];\n      {acc} add[{batch}], sum[{batch}];");
     let _ = writeln!(s, "#pragma unroll\n      for (int u = 0; u < {batch}; ++u) {{");
-    let _ = writeln!(s, "        const I j = j0 + u;\n        row[u] = -1;\n        if (j >= {len}) continue;");
+    let _ =
+        writeln!(s, "        const I j = j0 + u;\n        row[u] = -1;\n        if (j >= {len}) continue;");
     let _ = writeln!(s, "        const kiln::i64 v = {};", index_value(idx, &idx.access, "j"));
     let _ = writeln!(s, "        if (v < 0 || v >= {size}LL) {{");
-    s.push_str("          if (i == 0) atomicMin(status, (unsigned long long)j);\n          continue;\n        }\n");
+    s.push_str(
+        "          if (i == 0) atomicMin(status, (unsigned long long)j);\n          continue;\n        }\n",
+    );
     let read = match src.source {
         Source::Const(c) => types::literal(dtype, c),
         Source::Buffer => types::load(
@@ -348,11 +351,22 @@ pub(crate) fn index_add(name: &str, idx: &Operand, src: &Operand, dim: usize, ou
     let old = types::load(dtype, &format!("out[{at}]"));
     let _ = writeln!(s, "#pragma unroll\n      for (int u = 0; u < {batch}; ++u) {{");
     let _ = writeln!(s, "        if (row[u] < 0) continue;\n        {acc} before = {old};");
-    let _ = writeln!(s, "#pragma unroll\n        for (int w = 0; w < u; ++w) if (row[w] == row[u]) before = sum[w];");
-    let add = if dtype.is_float() { "before + add[u]".to_string() } else { "kiln::iadd(before, add[u])".to_string() };
+    let _ = writeln!(
+        s,
+        "#pragma unroll\n        for (int w = 0; w < u; ++w) if (row[w] == row[u]) before = sum[w];"
+    );
+    let add = if dtype.is_float() {
+        "before + add[u]".to_string()
+    } else {
+        "kiln::iadd(before, add[u])".to_string()
+    };
     let _ = writeln!(s, "        sum[u] = {};\n      }}", types::settle(dtype, &add));
     let _ = writeln!(s, "#pragma unroll\n      for (int u = 0; u < {batch}; ++u) {{");
-    let _ = writeln!(s, "        if (row[u] >= 0) out[{at}] = {};\n      }}\n    }}", types::store(dtype, "sum[u]"));
+    let _ = writeln!(
+        s,
+        "        if (row[u] >= 0) out[{at}] = {};\n      }}\n    }}",
+        types::store(dtype, "sum[u]")
+    );
     let mut params = Vec::new();
     if idx.source == Source::Buffer {
         params.push(1);
