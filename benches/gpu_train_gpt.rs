@@ -180,6 +180,9 @@ fn print_profile(
     Ok(())
 }
 
+/// One of `print_gemms`' products, recorded afresh per run.
+type Product<'a> = Box<dyn Fn() -> Tensor + 'a>;
+
 /// The LM head's three GEMMs at GPT-2 small's training shapes (`--gemms`),
 /// bf16 as autocast runs them: the logits `x · wᵀ` widened to f32 (and
 /// kept bf16), the input's gradient `g · w` and the weight's `gᵀ · x`,
@@ -194,7 +197,7 @@ fn print_gemms() -> Result<()> {
         let w = ctx.randn([vocab, width]).cast(DType::BF16);
         let g = ctx.randn([rows, vocab]).cast(DType::BF16);
         ctx.realize(&[&x, &w, &g])?;
-        let cases: [(&str, Box<dyn Fn() -> Tensor>); 4] = [
+        let cases: [(&str, Product); 4] = [
             ("logits x·wT -> f32", Box::new(|| x.matmul(&w.t()).cast(DType::F32))),
             ("logits x·wT bf16", Box::new(|| x.matmul(&w.t()))),
             ("dx g·w", Box::new(|| g.matmul(&w))),
