@@ -186,13 +186,14 @@ type Product<'a> = Box<dyn Fn() -> Tensor + 'a>;
 /// The LM head's three GEMMs at GPT-2 small's training shapes (`--gemms`),
 /// bf16 as autocast runs them: the logits `x · wᵀ` widened to f32 (and
 /// kept bf16), the input's gradient `g · w` and the weight's `gᵀ · x`,
-/// with GPT-2's vocabulary (50257: rows of logits not 16-byte aligned)
-/// and nanoGPT's padded one (50304): the median device time of 20 eager
+/// with GPT-2's vocabulary (50257: rows of logits not 16-byte aligned),
+/// padded to a multiple of 8 (50264, what `Gpt2::lm_head` does) and
+/// nanoGPT's padded one (50304): the median device time of 20 eager
 /// runs (CUDA events).
 fn print_gemms() -> Result<()> {
     let ctx = Context::cuda(0)?.with_seed(3).with_tf32(false).with_profiling(true);
     let (rows, width) = (4096usize, 768usize);
-    for vocab in [50257usize, 50304] {
+    for vocab in [50257usize, 50264, 50304] {
         let x = ctx.randn([rows, width]).cast(DType::BF16);
         let w = ctx.randn([vocab, width]).cast(DType::BF16);
         let g = ctx.randn([rows, vocab]).cast(DType::BF16);

@@ -434,9 +434,10 @@ impl Gpt2 {
 /// The row count from which [`Gpt2::lm_head`] pads the vocabulary.
 pub const PAD_HEAD_ROWS: usize = 64;
 
-/// The multiple [`Gpt2::lm_head`] pads the vocabulary to (nanoGPT's
-/// 50304 for GPT-2).
-pub const HEAD_ALIGN: usize = 64;
+/// The multiple [`Gpt2::lm_head`] pads the vocabulary to: 8 elements
+/// make a bf16 or f16 row a multiple of 16 bytes, what cuBLAS's
+/// tensor-core kernels need (GPT-2's 50257 becomes 50264).
+pub const HEAD_ALIGN: usize = 8;
 
 /// Causal attention over the tokens themselves, nothing padded.
 fn plain_causal() -> Attend {
