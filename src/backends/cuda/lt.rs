@@ -1,13 +1,13 @@
-//! cuBLASLt: a GEMM with its bias and relu applied in the GEMM's own
-//! epilogue, so the product is written once, finished.
+//! cuBLASLt: a GEMM with its bias and activation applied in the GEMM's
+//! own epilogue, so the product is written once, finished.
 //!
 //! Lowering marks a matmul whose fused body is `product + bias` (a bias
 //! vector over the output's columns), `act(product + bias)` or
 //! `act(product)` with `act` a relu or the tanh GELU (f32, f16, bf16, no
-//! batch), and puts the generated
-//! epilogue kernel right after the GEMM. When cuBLASLt's heuristic finds an
-//! algorithm for it, the executor runs the one cuBLASLt call and skips that
-//! kernel; otherwise it runs the plain GEMM and the kernel.
+//! batch), and puts the generated epilogue kernel right after the GEMM.
+//! When cuBLASLt's heuristic finds an algorithm for it, the executor runs
+//! the one cuBLASLt call and skips that kernel; otherwise it runs the
+//! plain GEMM and the kernel.
 //!
 //! Plain GEMMs (no epilogue, no batch, not widened) go through cuBLASLt
 //! too, because its heuristic says how much workspace the algorithm takes:
@@ -15,8 +15,9 @@
 //! be asked, gets 32 MiB (`device.rs`). The matrices' alignment, known
 //! from their offsets, goes to the heuristic as well. cuBLASLt's GELU is
 //! the tanh approximation (`gelu_tanh`, GPT-2's), not the exact (erf)
-//! form of `gelu`, which stays in the generated kernel. A residual `r + (product [+ bias])` is cuBLASLt's C
-//! matrix, read with `beta = 1` (`Gemm::residual`).
+//! form of `gelu`, which stays in the generated kernel. A residual
+//! `r + (product [+ bias])` is cuBLASLt's C matrix, read with `beta = 1`
+//! (`Gemm::residual`).
 
 use super::program::{Epilogue, Gemm};
 use crate::ir::DType;

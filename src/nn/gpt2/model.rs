@@ -404,13 +404,14 @@ impl Gpt2 {
     /// the token embedding, tied), `[.., vocab]`.
     ///
     /// **A padded vocabulary for many rows.** GPT-2's 50257 logits make
-    /// rows that are not 16 bytes long, and cuBLAS then has no tensor-core
-    /// GEMM for the product or the two of its gradient: on an H100 in bf16,
-    /// 4096 rows took 3.37 ms for the logits and 2.36 and 2.13 for the
-    /// gradients, against 0.60, 0.40 and 0.41 with 50304 (PyTorch's cuBLAS
-    /// alike: 3.43 and 0.54 ms; `torch.compile` pads such products, its
-    /// `pad_mm`). So from [`PAD_HEAD_ROWS`] rows on (a training step, a
-    /// prefill's every position), the embedding gets zero rows up to a
+    /// rows that are not a multiple of 16 bytes, and cuBLAS then has no
+    /// tensor-core GEMM for the product or the two products of its
+    /// gradient: on an H100 in bf16, 4096 rows took 3.37 ms for the logits
+    /// and 2.36 and 2.13 for the gradients, against 0.45, 0.41 and 0.41
+    /// with 50264 (PyTorch's cuBLAS alike: 3.43 ms at 50257;
+    /// `torch.compile` pads such products, its `pad_mm`). So from
+    /// [`PAD_HEAD_ROWS`] rows on (a training step, the logits of every
+    /// position of a full forward), the embedding gets zero rows up to a
     /// multiple of [`HEAD_ALIGN`] for the product, and the logits are its
     /// first `vocab` columns: the same values, a view whose rows are
     /// aligned, and a gradient whose product reads aligned rows too. A

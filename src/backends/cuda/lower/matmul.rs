@@ -144,8 +144,9 @@ fn gemm_operand(v: &Value) -> Option<(bool, usize, usize)> {
 /// Which epilogue cuBLASLt can take from a fused matmul body.
 impl Lowering<'_> {
     /// The cuBLASLt epilogue a matmul body is (see `lt.rs`): `mm + bias`,
-    /// `act(mm + bias)` or `act(mm)` with `act` a relu or a tanh GELU, for an f32/f16/bf16 product and a
-    /// bias read densely along the columns, the same for every row (and
+    /// `act(mm + bias)` or `act(mm)` with `act` a relu or a tanh GELU,
+    /// for an f32/f16/bf16 product and a bias read densely along the
+    /// columns, the same for every row (and
     /// every batch: a `[1, seq, n]` product of a model's linear layer takes
     /// it as a 2-d one does; a GEMM that stays batched runs without
     /// cuBLASLt, `LtPlan::new`). The generated epilogue kernel is still
