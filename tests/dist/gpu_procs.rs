@@ -6,7 +6,7 @@
 //! them unless `KILN_REQUIRE_GPUS=2`.
 
 use super::gpu::gpus;
-use super::procs::{bits, child_of, kill_one, put, victim_or_survivor, Ranks};
+use super::procs::{bits, child_of, kill_one, put, unbits, victim_or_survivor, Ranks};
 use super::{on_ranks, values};
 use kiln::dist::{DataParallel, Group, ProcessEnv};
 use kiln::prelude::*;
@@ -90,10 +90,7 @@ fn nccl_data_parallel_across_two_processes_follows_in_process() {
     let ctxs = [Context::cuda(0).unwrap().with_seed(1), Context::cuda(1).unwrap().with_seed(2)];
     let mut dp = DataParallel::new(&ctxs, super::data_parallel_build, super::data_parallel_loss).unwrap();
     let want = train(&mut dp);
-    let got: Vec<Vec<f64>> = a
-        .lines()
-        .map(|l| l.split(' ').map(|h| f64::from_bits(u64::from_str_radix(h, 16).unwrap())).collect())
-        .collect();
+    let got = unbits(&a);
     assert_eq!(got.len(), want.len());
     let mut worst = 0f64;
     for (g, w) in got.iter().zip(&want) {

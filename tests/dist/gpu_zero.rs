@@ -11,7 +11,7 @@
 //! `gpu_procs.rs` allows DataParallel across processes too).
 
 use super::gpu::gpus;
-use super::procs::{bits, child_of, put, Ranks};
+use super::procs::{bits, child_of, put, unbits, Ranks};
 use super::zero::{build_replicated, build_sharded, params_of, train};
 use super::{data_parallel_loss as loss, on_ranks, values};
 use kiln::dist::{DataParallel, Group, ProcessEnv};
@@ -90,10 +90,7 @@ fn nccl_sharded_across_two_processes_follows_in_process() {
     let mut zero = DataParallel::sharded(&ctxs, build_sharded, loss).unwrap();
     train(&mut zero);
     let want = params_of(&zero, 0);
-    let got: Vec<Vec<f32>> = a
-        .lines()
-        .map(|l| l.split(' ').map(|h| f64::from_bits(u64::from_str_radix(h, 16).unwrap()) as f32).collect())
-        .collect();
+    let got: Vec<Vec<f32>> = unbits(&a).iter().map(|l| l.iter().map(|&v| v as f32).collect()).collect();
     // The same plans on the same devices: NCCL's sums are deterministic
     // for a fixed topology, so this is the same bits in practice; allow
     // rounding in case the processes' NCCL picks another algorithm.

@@ -165,6 +165,13 @@ pub fn bits<T: Copy + Into<f64>>(v: &[T]) -> String {
     v.iter().map(|&x| format!("{:016x}", x.into().to_bits())).collect::<Vec<_>>().join(" ") + "\n"
 }
 
+/// The values [`bits`] wrote, a line each.
+pub fn unbits(text: &str) -> Vec<Vec<f64>> {
+    text.lines()
+        .map(|l| l.split(' ').map(|h| f64::from_bits(u64::from_str_radix(h, 16).unwrap())).collect())
+        .collect()
+}
+
 /// Sums, means and a broadcast across the group, in f32, bf16 and f64.
 fn collectives(ctx: &Context, rank: usize) -> String {
     let x = ctx.tensor(&values(10 + rank as u64, 1000), [10, 100]);
