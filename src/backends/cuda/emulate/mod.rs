@@ -324,7 +324,17 @@ impl Emulated {
                     f(*kernel as i32, k.grid, k.block, ptrs.as_mut_ptr())
                 };
                 if rc != 0 {
-                    return Err(Error::Backend(format!("emulator: launching {} failed ({rc})", k.name)));
+                    let why = match rc {
+                        1 => "a block size outside 1..=1024",
+                        2 => "no memory for the block's fiber stacks",
+                        3 => "no such kernel in the library",
+                        4 => "threads of a block wait at a barrier some thread never reaches (a GPU would hang)",
+                        _ => "an unknown status",
+                    };
+                    return Err(Error::Backend(format!(
+                        "emulator: launching {} ({} blocks of {}) failed: {why} ({rc})",
+                        k.name, k.grid, k.block
+                    )));
                 }
                 Ok(())
             }
@@ -418,18 +428,32 @@ fn build(program: &Program) -> Result<Option<libloading::Library>> {
     if program.kernels.is_empty() {
         return Ok(None);
     }
-    let mut src = format!("{EMULATE_H}\n{KILN_CUH}\n");
-    for k in &program.kernels {
-        src.push_str(&k.source.replacen(INCLUDE, "", 1));
+    let kernels: Vec<(&str, String)> =
+        program.kernels.iter().map(|k| (k.name.as_str(), k.source.replacen(INCLUDE, "", 1))).collect();
+    compile(&source(KILN_CUH, &kernels)).map(Some)
+}
+
+/// The C++ of a library: the emulator's header, `prelude`, the kernels,
+/// and `kiln_emu_launch`, which runs kernel `k` (an index into `kernels`).
+fn source(prelude: &str, kernels: &[(&str, String)]) -> String {
+    let mut src = format!("{EMULATE_H}\n{prelude}\n");
+    for (_, body) in kernels {
+        src.push_str(body);
     }
-    for (i, k) in program.kernels.iter().enumerate() {
-        src.push_str(&format!("static void body{i}(void** a) {{ emu::invoke({}, a); }}\n", k.name));
+    for (i, (name, _)) in kernels.iter().enumerate() {
+        src.push_str(&format!("static void body{i}(void** a) {{ emu::invoke({name}, a); }}\n"));
     }
     src.push_str("extern \"C\" int kiln_emu_launch(int k, unsigned grid, unsigned block, void** args) {\n  switch (k) {\n");
-    for i in 0..program.kernels.len() {
+    for i in 0..kernels.len() {
         src.push_str(&format!("    case {i}: return emu::run(grid, block, body{i}, args);\n"));
     }
     src.push_str("  }\n  return 3;\n}\n");
+    src
+}
+
+/// Compiles `src` with g++ into a shared library named by its hash, once
+/// per source, and loads it.
+fn compile(src: &str) -> Result<libloading::Library> {
     let dir = std::env::var_os("KILN_EMU_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| std::env::temp_dir().join("kiln-emu"));
@@ -442,10 +466,10 @@ fn build(program: &Program) -> Result<Option<libloading::Library>> {
         static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let cpp = dir.join(format!("{hash:016x}.{}.{n}.cpp", std::process::id()));
-        std::fs::write(&cpp, &src)?;
+        std::fs::write(&cpp, src)?;
         let tmp = dir.join(format!("{hash:016x}.{}.{n}.so", std::process::id()));
         let out = std::process::Command::new("g++")
-            .args(["-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-w", "-o"])
+            .args(["-std=c++20", "-O1", "-fPIC", "-shared", "-w", "-o"])
             .arg(&tmp)
             .arg(&cpp)
             .output()
@@ -461,7 +485,8 @@ fn build(program: &Program) -> Result<Option<libloading::Library>> {
         std::fs::rename(&tmp, &so)?;
     }
     // SAFETY: a library this function built from kiln's own sources.
-    let lib =
-        unsafe { libloading::Library::new(&so) }.map_err(|e| Error::Backend(format!("emulator: {e}")))?;
-    Ok(Some(lib))
+    unsafe { libloading::Library::new(&so) }.map_err(|e| Error::Backend(format!("emulator: {e}")))
 }
+
+#[cfg(test)]
+mod tests;
