@@ -3,8 +3,9 @@
 //!
 //! It runs exactly what the CUDA backend would run: the plan is lowered to
 //! the same [`Program`] and the same generated kernels, compiled with g++
-//! against `kernels/emulate.h` (a block's threads are POSIX threads with
-//! real barriers and warp shuffles), and the library calls are carried out
+//! against `kernels/emulate.h` (a block's threads are fibers that meet at
+//! barriers and exchange through warp shuffles; a barrier some thread
+//! skips fails the launch), and the library calls are carried out
 //! by straightforward loops from their descriptors (`library.rs`), which
 //! also checks the transposes, leading dimensions and strides lowering
 //! chose. Memory regions start filled with `0xff` bytes (NaN), so an
