@@ -43,6 +43,7 @@ pass_test!(view_fold, "view-fold");
 pass_test!(constant_fold, "constant-fold");
 pass_test!(cse, "cse");
 pass_test!(simplify, "simplify");
+pass_test!(narrow, "narrow");
 pass_test!(dce, "dce");
 pass_test!(remat, "remat");
 pass_test!(fusion, "fusion");
@@ -337,13 +338,14 @@ fn pipeline_dumps_every_step() {
             "03-constant-fold.kir",
             "04-cse.kir",
             "05-simplify.kir",
-            "06-dce.kir",
-            "07-remat.kir",
-            "08-fusion.kir",
-            // 09 is `assign`, which applies only to graphs with assignments.
-            "10-schedule.kir",
-            "11-streams.kir",
-            "12-memory.kir"
+            // 06 is `narrow`, which applies only to graphs with slices.
+            "07-dce.kir",
+            "08-remat.kir",
+            "09-fusion.kir",
+            // 10 is `assign`, which applies only to graphs with assignments.
+            "11-schedule.kir",
+            "12-streams.kir",
+            "13-memory.kir"
         ]
     );
     let mut dumps = String::new();

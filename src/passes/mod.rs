@@ -23,6 +23,7 @@ mod dce;
 mod effects;
 mod fusion;
 mod memory;
+mod narrow;
 mod remat;
 mod run;
 mod schedule;
@@ -38,6 +39,7 @@ pub use cse::Cse;
 pub use dce::Dce;
 pub use fusion::Fusion;
 pub use memory::Memory;
+pub use narrow::Narrow;
 pub use remat::Remat;
 pub(crate) use run::fnv1a;
 pub use run::{optimize, optimize_traced, run_single, PassRecord};
@@ -285,6 +287,7 @@ pub static REGISTRY: &[PassInfo] = &[
     PassInfo { pass: &ConstantFold, description: "turn nodes of one known value into full constants" },
     PassInfo { pass: &Cse, description: "merge nodes that compute the same value" },
     PassInfo { pass: &Simplify, description: "rewrite by equality saturation and keep the cheapest form" },
+    PassInfo { pass: &Narrow, description: "compute only the rows that slices keep" },
     PassInfo { pass: &Dce, description: "remove nodes the outputs do not need" },
     PassInfo {
         pass: &Remat,
@@ -323,7 +326,10 @@ pub static PIPELINE: &[&dyn Pass] = &[
     &Cse,
     // Algebra on the deduplicated graph: rules to saturation, cheapest form.
     &Simplify,
-    // Drop what folding, bypassed views and merges left unused.
+    // Nodes read only in a window (a slice of step 1) computed on that
+    // window: GPT-2's prefill runs its last layer on the last row.
+    &Narrow,
+    // Drop what folding, bypassed views, merges and narrowing left unused.
     &Dce,
     // The backward pass recomputes cheap forward values it reads, so that
     // fusion can finish each forward chain in one kernel.

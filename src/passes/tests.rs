@@ -25,6 +25,7 @@ fn registry_names_are_unique_kebab_case() {
             "constant-fold",
             "cse",
             "simplify",
+            "narrow",
             "dce",
             "remat",
             "fusion",
