@@ -6,7 +6,10 @@
 mod check;
 pub mod cpu;
 pub mod cuda;
+pub(crate) mod layout;
 pub mod philox;
+
+pub use layout::Layout;
 
 use crate::ir::{DType, HostData, Plan, Shape};
 use crate::runtime::Completion;

@@ -5,9 +5,9 @@
 //! the dimension, its size and the node, never a panic.
 
 use super::elementwise::{contiguous, fill_chunks};
-use super::layout::Layout;
 use super::storage::{dispatch, Elem, Out};
 use super::CpuBuffer;
+use crate::backends::layout::Layout;
 use crate::ir::Element;
 use crate::ir::{DType, NodeId, Shape};
 use crate::{Error, Result};

@@ -14,9 +14,9 @@
 //! wrapping in the dtype).
 
 use super::elementwise::{map1, PAR_THRESHOLD};
-use super::layout::Layout;
 use super::storage::{Elem, Out, View};
 use super::CpuBuffer;
+use crate::backends::layout::Layout;
 use crate::ir::{DType, Shape};
 use crate::{Error, Result};
 use half::{bf16, f16};
@@ -314,7 +314,7 @@ impl Problem {
         let batch = Shape(a.shape.0[..r - 2].to_vec());
         let nb = batch.numel();
         let bases = |l: &Layout| {
-            let mut it = super::layout::Offsets::new(&batch.0, &l.strides[..r - 2], l.offset, 0);
+            let mut it = crate::backends::layout::Offsets::new(&batch.0, &l.strides[..r - 2], l.offset, 0);
             (0..nb).map(|_| it.next_offset()).collect::<Vec<_>>()
         };
         Ok(Problem {

@@ -25,7 +25,6 @@ mod hazards;
 mod index;
 mod lanes;
 mod launch;
-mod layout;
 mod matmul;
 mod pool;
 mod reduce;
@@ -36,7 +35,9 @@ mod storage;
 #[cfg(test)]
 mod tests;
 
-pub use layout::Layout;
+// Where CpuBuffer::layout has always named it; the layout itself is
+// shared with the CUDA lowering (`backends::layout`).
+pub use crate::backends::layout::Layout;
 pub(crate) use storage::Storage;
 
 use super::{Backend, Buffer, DeviceStats, Executable};

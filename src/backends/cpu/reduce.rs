@@ -10,9 +10,9 @@
 
 use super::elementwise::{CHUNK, PAR_THRESHOLD};
 use super::lanes::{self, extreme_iter as extreme};
-use super::layout::Offsets;
 use super::storage::{dispatch, Elem, Out, View};
 use super::CpuBuffer;
+use crate::backends::layout::Offsets;
 use crate::ir::{Element, ReduceOp};
 use crate::{Error, Result};
 use rayon::prelude::*;

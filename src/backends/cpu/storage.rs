@@ -7,7 +7,7 @@
 //! names a range of a plan's arena (counted once, with the arena).
 
 use super::arena::Arena;
-use super::layout::Layout;
+use crate::backends::layout::Layout;
 use crate::backends::{Contents, DeviceStats};
 use crate::ir::{DType, Element, HostData, Scalar};
 use crate::{Error, Result};

@@ -2,10 +2,10 @@
 //! chain that shapes them, composed at run time into one strided layout
 //! over the operand's actual buffer.
 
-use super::super::layout::Layout;
 use super::super::storage::{dispatch, from_scalar, HostSlice};
 use super::super::CpuBuffer;
 use super::ops;
+use crate::backends::layout::Layout;
 use crate::ir::{DType, Element, Graph, HostData, NodeId, Op, Scalar, Shape};
 use crate::{Error, Result};
 

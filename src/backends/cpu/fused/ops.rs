@@ -25,8 +25,8 @@
 
 use super::super::elementwise::{all_binary, all_unary, const_match};
 use super::super::lanes;
-use super::super::layout::{Layout, Offsets};
 use super::super::storage::{cast_elem, dispatch, Elem, HostSlice, Out};
+use crate::backends::layout::{Layout, Offsets};
 use crate::ir::eval::{self, Real};
 use crate::ir::{BinaryOp, CompareOp, DType, Element, HostData, ReduceOp, UnaryOp};
 use crate::{Error, Result};

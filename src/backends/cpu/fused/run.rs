@@ -2,13 +2,13 @@
 //! against this run's buffers, tasks over row blocks with leased scratch,
 //! and the per-block walk over the body's steps.
 
-use super::super::layout::Layout;
 use super::super::storage::{dispatch, Elem, HostSlice, Out};
 use super::super::{CpuBuffer, Storage};
 use super::leaf::{resolve, Data, Leaf, Source, Src};
 use super::ops::{self, Arg, Blk, Dst};
 use super::stream;
 use super::{Class, FusedKernel, Instr, Opnd, Scratch, Step};
+use crate::backends::layout::Layout;
 use crate::backends::DeviceStats;
 use crate::ir::{DType, Element, HostData};
 use crate::{Error, Result};

@@ -164,7 +164,8 @@ fn a_batch_times_one_weight_matches_the_reference() {
 /// `m` rows apart.
 #[test]
 fn batch_as_rows_folds_only_one_weight_over_evenly_spaced_items() {
-    use crate::backends::cpu::{layout::Layout, matmul::Problem};
+    use crate::backends::cpu::matmul::Problem;
+    use crate::backends::Layout;
     let lay = |shape: [usize; 3], strides: [usize; 3], offset| Layout {
         shape: Shape::new(shape),
         strides: strides.to_vec(),

@@ -104,7 +104,7 @@ impl<'a> Body<'a> {
                 Op::Full(v) => Some(Leaf {
                     operand: None,
                     constant: Some(*v),
-                    access: Access::strided(crate::backends::cpu::Layout {
+                    access: Access::strided(crate::backends::Layout {
                         shape: node.shape.clone(),
                         strides: vec![0; node.shape.rank()],
                         offset: 0,

@@ -16,7 +16,7 @@
 //! vanish, so a dense operand is read at `base + i` and a broadcast row
 //! vector at `i % n`.
 
-use crate::backends::cpu::Layout;
+use crate::backends::Layout;
 use crate::ir::{Op, Shape};
 
 /// How to find the element of a position in its storage (see the module docs).

@@ -6,7 +6,7 @@
 use super::body::{buffer_operands, index_type, Operand, Source};
 use super::index::Access;
 use super::{grid_for, types, Kernel, BLOCK};
-use crate::backends::cpu::Layout;
+use crate::backends::Layout;
 use crate::ir::{DType, Distribution, Scalar, Shape};
 use std::fmt::Write;
 

@@ -14,11 +14,11 @@
 
 use super::ops::{buffer_locs, operand};
 use super::{Lowering, Storage, Value};
-use crate::backends::cpu::Layout;
 use crate::backends::cuda::codegen::body::{Operand, Source};
 use crate::backends::cuda::codegen::gemv::{self, Spec};
 use crate::backends::cuda::codegen::index::Access;
 use crate::backends::cuda::program::{Launch, Loc};
+use crate::backends::Layout;
 use crate::ir::{DType, Graph, Shape};
 
 /// A matmul body's epilogue for [`Lowering::gemv`]: the body with the

@@ -31,7 +31,7 @@ mod ops;
 use super::codegen::index::Access;
 use super::codegen::Kernel;
 use super::program::{IndexCheck, Launch, Loc, Output, Program, Region, Step};
-use crate::backends::cpu::Layout;
+use crate::backends::Layout;
 use crate::ir::{DType, NodeId, Op, Placement, Plan, Scalar, Shape};
 use crate::{Error, Result};
 use std::collections::HashMap;

@@ -5,11 +5,11 @@
 use super::gemv::Epi;
 use super::matmul::LtEpilogue;
 use super::{bytes, Lowering, Storage, Value};
-use crate::backends::cpu::Layout;
 use crate::backends::cuda::codegen::body::{Operand, Source};
 use crate::backends::cuda::codegen::index::Access;
 use crate::backends::cuda::codegen::{argmax, elementwise, ops, reduction, Kernel};
 use crate::backends::cuda::program::{Conv, IndexCheck, Launch, Loc, Pool, Region, Tensor4};
+use crate::backends::Layout;
 use crate::ir::{DType, FusedBody, FusedKind, Graph, Node, NodeId, Op, Placement, ReduceOp, RegionId, Shape};
 
 impl Lowering<'_> {

@@ -1,5 +1,7 @@
 //! Strided layouts: how a logical shape maps onto storage elements, the
-//! zero-copy view transforms, and iteration over strided offsets.
+//! zero-copy view transforms, and iteration over strided offsets. Both
+//! backends use them: the CPU's buffers carry one, and the CUDA lowering
+//! describes the views its kernels read with the same type.
 //!
 //! Element `(i0, .., in)` of a layout lives at storage index
 //! `offset + sum(ik * strides[k])`. Strides are in elements and never
