@@ -253,22 +253,10 @@ fn merge(s: &mut String, spec: &Spec, ex: &str) {
     let w = dv + 2;
     super::last_to_arrive(s, "t", "counts[row]", split);
     let _ = writeln!(s, "  const A* p = ws + row * {};", split * w);
-    // The row's maximum over chunks, NaN winning; a chunk with no key has
-    // NEG_INF and weight 0.
-    s.push_str("  A top = NEG_INF;\n");
-    let _ = writeln!(
-        s,
-        "  for (int x = 0; x < {split}; ++x) {{\n    const A y = __ldcg(p + x * {w});\n    top = (y > top || (y != y && top == top)) ? y : top;\n  }}"
-    );
-    let _ = writeln!(s, "  for (int c = t; c < {dv}; c += {THREADS}) {{\n    A l = 0, o = 0;");
-    let _ = writeln!(s, "    for (int x = 0; x < {split}; ++x) {{");
-    let _ = writeln!(s, "      const A y = __ldcg(p + x * {w});\n      if (y == NEG_INF) continue;");
-    let _ = writeln!(s, "      const A f = {ex}(y - top);");
-    let _ = writeln!(
-        s,
-        "      l += f * __ldcg(p + x * {w} + 1);\n      o += f * __ldcg(p + x * {w} + 2 + c);\n    }}"
-    );
-    s.push_str("    const A inv = l == 0 ? (A)0 : (A)1 / l;\n");
+    // The row's maximum once; then each column's weighted sums.
+    let _ = writeln!(s, "  A top = NEG_INF;\n  for (int x = 0; x < {split}; ++x) {{\n    const A y = __ldcg(p + x * {w});\n    top = (y > top || (y != y && top == top)) ? y : top;\n  }}");
+    let _ = writeln!(s, "  for (int c = t; c < {dv}; c += {THREADS}) {{");
+    super::merge_partials(s, "    ", "A", (split, w), ex, false);
     let _ = writeln!(
         s,
         "    out[row * {dv} + c] = {};\n  }}",

@@ -282,20 +282,7 @@ fn merge(s: &mut String, spec: &Spec, split: usize) {
     let _ = writeln!(s, "    const int r = e / {dv}, c = e % {dv};\n    const I i = i0 + r;");
     let _ = writeln!(s, "    if (i >= {sq}) continue;");
     let _ = writeln!(s, "    const float* p = ws + (cb * {ROWS} + r) * {};", split * w);
-    s.push_str("    float top = NEG_INF;\n");
-    let _ = writeln!(
-        s,
-        "    for (int x = 0; x < {split}; ++x) {{\n      const float y = __ldcg(p + x * {w});\n      top = (y > top || (y != y && top == top)) ? y : top;\n    }}"
-    );
-    s.push_str("    float l = 0.f, o = 0.f;\n");
-    let _ = writeln!(s, "    for (int x = 0; x < {split}; ++x) {{");
-    let _ = writeln!(s, "      const float y = __ldcg(p + x * {w});\n      if (y == NEG_INF) continue;");
-    s.push_str("      const float f = expf(y - top);\n");
-    let _ = writeln!(
-        s,
-        "      l += f * __ldcg(p + x * {w} + 1);\n      o += f * __ldcg(p + x * {w} + 2 + c);\n    }}"
-    );
-    s.push_str("    const float inv = l == 0.f ? 0.f : 1.f / l;\n");
+    super::merge_partials(s, "    ", "float", (split, w), "expf", true);
     let _ = writeln!(s, "    out[(bh * {sq} + i) * {dv} + c] = o * inv;\n  }}");
     s.push_str("  if (t == 0) counts[cb] = 0u;\n");
 }

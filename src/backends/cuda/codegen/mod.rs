@@ -62,6 +62,41 @@ pub(crate) fn last_to_arrive(s: &mut String, thread: &str, counter: &str, arriva
     s.push_str(&format!("  if (ticket != {}u) return;\n  __threadfence();\n", arrivals - 1));
 }
 
+/// Code that merges `split` partial softmaxes of one attention row, laid
+/// out `[m, l, o_0 .. o_{w-3}]` (`w` values of type `ty` each) from pointer
+/// `p`: declares `top`, the row's maximum over the partials (NaN winning;
+/// a partial with no key has `m = NEG_INF` and weight 0), unless `top` is
+/// `None` (the caller declared it), then `l` and `o`, the weighted sums
+/// for column `c`, and `inv = 1 / l` (0 for a row with no key). `exp` is
+/// the exponential to weigh with; `indent` prefixes every line. The
+/// split-key kernels (`attention_simt`, `attention_decode`) share it.
+pub(crate) fn merge_partials(
+    s: &mut String,
+    indent: &str,
+    ty: &str,
+    (split, w): (usize, usize),
+    exp: &str,
+    top: bool,
+) {
+    use std::fmt::Write as _;
+    if top {
+        let _ = writeln!(s, "{indent}{ty} top = NEG_INF;");
+        let _ = writeln!(
+            s,
+            "{indent}for (int x = 0; x < {split}; ++x) {{\n{indent}  const {ty} y = __ldcg(p + x * {w});\n{indent}  top = (y > top || (y != y && top == top)) ? y : top;\n{indent}}}"
+        );
+    }
+    let _ = writeln!(s, "{indent}{ty} l = 0, o = 0;\n{indent}for (int x = 0; x < {split}; ++x) {{");
+    let _ =
+        writeln!(s, "{indent}  const {ty} y = __ldcg(p + x * {w});\n{indent}  if (y == NEG_INF) continue;");
+    let _ = writeln!(s, "{indent}  const {ty} f = {exp}(y - top);");
+    let _ = writeln!(
+        s,
+        "{indent}  l += f * __ldcg(p + x * {w} + 1);\n{indent}  o += f * __ldcg(p + x * {w} + 2 + c);\n{indent}}}"
+    );
+    let _ = writeln!(s, "{indent}const {ty} inv = l == 0 ? ({ty})0 : ({ty})1 / l;");
+}
+
 /// A generated kernel and how to launch it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Kernel {
