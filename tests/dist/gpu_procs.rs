@@ -79,14 +79,7 @@ fn nccl_data_parallel_across_two_processes_follows_in_process() {
     if gpus(2).is_none() {
         return;
     }
-    let mut ranks = Ranks::spawn(NAME, 2, &[], None);
-    for r in 0..2 {
-        ranks.wait_ok(r, Duration::from_secs(120));
-    }
-    let (a, b) = (ranks.result(0), ranks.result(1));
-    if a != b || a.is_empty() {
-        ranks.fail("the two processes' replicas differ");
-    }
+    let a = Ranks::two_agree(NAME, "the two processes' replicas differ");
     let ctxs = [Context::cuda(0).unwrap().with_seed(1), Context::cuda(1).unwrap().with_seed(2)];
     let mut dp = DataParallel::new(&ctxs, super::data_parallel_build, super::data_parallel_loss).unwrap();
     let want = train(&mut dp);

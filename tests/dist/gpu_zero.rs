@@ -16,7 +16,6 @@ use super::zero::{build_replicated, build_sharded, params_of, train};
 use super::{data_parallel_loss as loss, on_ranks, values};
 use kiln::dist::{DataParallel, Group, ProcessEnv};
 use kiln::prelude::*;
-use std::time::Duration;
 
 fn largest_difference(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     assert_eq!(a.len(), b.len());
@@ -78,14 +77,7 @@ fn nccl_sharded_across_two_processes_follows_in_process() {
     if gpus(2).is_none() {
         return;
     }
-    let mut ranks = Ranks::spawn(NAME, 2, &[], None);
-    for r in 0..2 {
-        ranks.wait_ok(r, Duration::from_secs(120));
-    }
-    let (a, b) = (ranks.result(0), ranks.result(1));
-    if a != b || a.is_empty() {
-        ranks.fail("the two processes' parameters differ");
-    }
+    let a = Ranks::two_agree(NAME, "the two processes' parameters differ");
     let ctxs = [Context::cuda(0).unwrap().with_seed(1), Context::cuda(1).unwrap().with_seed(2)];
     let mut zero = DataParallel::sharded(&ctxs, build_sharded, loss).unwrap();
     train(&mut zero);

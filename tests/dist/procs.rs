@@ -108,6 +108,21 @@ impl Ranks {
         }
     }
 
+    /// Spawns two ranks of test `test` (each runs the test's child branch),
+    /// waits for both and returns the result they both wrote; fails with
+    /// `why` and their logs when they wrote nothing or different things.
+    pub fn two_agree(test: &str, why: &str) -> String {
+        let mut ranks = Ranks::spawn(test, 2, &[], None);
+        for r in 0..2 {
+            ranks.wait_ok(r, Duration::from_secs(120));
+        }
+        let (a, b) = (ranks.result(0), ranks.result(1));
+        if a != b || a.is_empty() {
+            ranks.fail(why);
+        }
+        a
+    }
+
     /// Kills every child and panics with `why` and every log.
     pub fn fail(&mut self, why: &str) -> ! {
         for c in &mut self.children {
