@@ -17,7 +17,9 @@
 //!   narrowed node then drops the flag).
 //!
 //! A node read in different windows is read in their hull; in windows of
-//! different dimensions, or by any other op, whole. Then every node of
+//! different dimensions, or by any other op, whole; in a window of more
+//! than half a dimension, whole too (little to save, and an aligned size
+//! to lose: GPT-2's LM head pads 50257 columns to 50264 for cuBLAS). Then every node of
 //! those kinds read in a strict window is rebuilt on windows of its
 //! operands, and the slices that read it read the narrowed node. GPT-2's
 //! prefill wants the logits of its last position only: the last layer's
@@ -140,9 +142,14 @@ fn analyze(graph: &Graph, order: &[NodeId]) -> HashMap<NodeId, Read> {
                 }
             }
         }
-        // A window of everything is the whole node.
+        // A window of more than half a dimension is read whole: it saves
+        // less than half the work, and the narrowed node can cost more
+        // than it saves. GPT-2's LM head pads its 50257 columns to 50264
+        // so that half-precision rows are 16-byte aligned for cuBLAS's
+        // tensor-core kernels; narrowing the GEMM back to the 50257 its
+        // slice keeps made the logits and weight-gradient GEMMs 5x slower.
         let read = match read.unwrap_or(Read::Whole) {
-            Read::Window { dim, start: 0, len } if len == size(dim) => Read::Whole,
+            Read::Window { dim, len, .. } if 2 * len > size(dim) => Read::Whole,
             r => r,
         };
         reads.insert(id, read);
