@@ -28,7 +28,11 @@
 //! kernel for its weight gradient's matmul), so it reads the forward value
 //! as before. Copies per reader multiply along diamonds of cheap nodes,
 //! so once they reach twice the graph's node count, each further node gets
-//! one copy shared by its readers in `grad`.
+//! one copy shared by its readers in `grad`. A chain is recomputed only
+//! while it reads at most twice the bytes of the value it recomputes
+//! (`READ_LIMIT`): a node past that is kept, and its users' chains start
+//! from it, so the residual stream of a transformer is not recomputed
+//! from every earlier layer's output.
 //!
 //! *Does not.* Copy a reduction, a matmul, a gather, a random source or
 //! any op with an effect (those run once, as before), a view (free, and a
@@ -56,6 +60,7 @@
 use super::{Changed, Pass, PassCtx};
 use crate::ir::{Graph, Node, NodeId, Op, RegionId};
 use crate::Result;
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// Copies cheap forward values into the backward pass that reads them
 /// (see the module docs).
@@ -82,11 +87,12 @@ impl Pass for Remat {
         };
         let mut copies = 0usize;
         let order = graph.topo_order();
+        let allowed = recomputable(graph, &order, |r| in_grad(graph, r));
         // Copies per reader can multiply along diamonds of cheap nodes.
         let budget = 2 * order.len();
         for &id in order.iter().rev() {
             let node = graph.node(id).clone();
-            if !cheap(&node.op) || in_grad(graph, node.region) {
+            if !allowed.contains(&id) {
                 continue;
             }
             let users = graph.users(id);
@@ -135,6 +141,66 @@ impl Pass for Remat {
     }
 }
 
+/// How many bytes a recomputed chain may read, in multiples of the bytes
+/// of the value it recomputes.
+const READ_LIMIT: usize = 2;
+
+/// The cheap forward nodes whose recomputation reads at most
+/// [`READ_LIMIT`] times their own bytes: the values the chain starts from
+/// (the operands that are not themselves recomputed) counted once each,
+/// a view by the bytes it reads (a bias expanded over the rows is its own
+/// row). Visited operands first, so a node over the limit is kept, and
+/// the chains of its users start from it.
+///
+/// Without the limit a chain runs back through every residual add of a
+/// transformer: GPT-2 small's backward recomputed each layer's residual
+/// stream from the embedding and every earlier layer's projection (50
+/// operands, 630 MB read per kernel, 24 such kernels a step).
+fn recomputable(graph: &Graph, order: &[NodeId], in_grad: impl Fn(RegionId) -> bool) -> HashSet<NodeId> {
+    let mut leaves: HashMap<NodeId, BTreeSet<NodeId>> = HashMap::new();
+    let mut allowed = HashSet::new();
+    for &id in order {
+        let node = graph.node(id);
+        // A matmul's epilogue stays with the GEMM (see `run`): kept.
+        if !cheap(&node.op)
+            || in_grad(node.region)
+            || graph.operands(id).iter().any(|&o| graph.node(o).op == Op::MatMul)
+        {
+            continue;
+        }
+        let mut reads = BTreeSet::new();
+        for o in graph.operands(id) {
+            match leaves.get(&o) {
+                Some(inner) => reads.extend(inner.iter().copied()),
+                None => {
+                    reads.insert(o);
+                }
+            }
+        }
+        let read: usize = reads.iter().map(|&o| read_bytes(graph, o)).sum();
+        if read <= READ_LIMIT * bytes(graph, id) {
+            allowed.insert(id);
+            leaves.insert(id, reads);
+        }
+    }
+    allowed
+}
+
+/// The bytes reading `id` touches: a view reads at most its source.
+fn read_bytes(graph: &Graph, mut id: NodeId) -> usize {
+    let mut least = bytes(graph, id);
+    while matches!(graph.node(id).op, Op::Reshape(_) | Op::Permute(_) | Op::Expand(_) | Op::Slice { .. }) {
+        id = graph.operands(id)[0];
+        least = least.min(bytes(graph, id));
+    }
+    least
+}
+
+fn bytes(graph: &Graph, id: NodeId) -> usize {
+    let node = graph.node(id);
+    node.shape.numel() * node.dtype.size()
+}
+
 /// Elementwise work with no state, no randomness and no effect.
 fn cheap(op: &Op) -> bool {
     matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Cast(_))
@@ -173,5 +239,31 @@ mod tests {
         assert!(back_ops.iter().all(|&o| g.node(o).region == grad), "{back_ops:?}");
         assert_eq!(g.users(e), vec![f], "only the forward reads the original exp");
         assert_eq!(Remat.run(&mut g, &mut PassCtx::default()).unwrap(), Changed::No);
+    }
+
+    /// A residual stream x1 = x0 + a, x2 = x1 + b, x3 = x2 + c, each read
+    /// by the backward pass: x1's chain reads two values of its size (x0,
+    /// a) and is recomputed; x2's would read three (x0, a, b), so x2 is
+    /// kept and x3's copy starts from it (x2, c).
+    #[test]
+    fn a_chain_that_reads_more_than_twice_its_bytes_is_kept() {
+        let mut g = Graph::new();
+        let grad = g.region_path("grad");
+        let f32x4 = || Some((Shape::new([4]), DType::F32));
+        let input = |g: &mut Graph, k| g.add(Op::Input(k), &[], f32x4(), RegionId::ROOT).unwrap();
+        let (x0, a, b, c) = (input(&mut g, 0), input(&mut g, 1), input(&mut g, 2), input(&mut g, 3));
+        let add =
+            |g: &mut Graph, l, r, region| g.add(Op::Binary(BinaryOp::Add), &[l, r], None, region).unwrap();
+        let x1 = add(&mut g, x0, a, RegionId::ROOT);
+        let x2 = add(&mut g, x1, b, RegionId::ROOT);
+        let x3 = add(&mut g, x2, c, RegionId::ROOT);
+        let out = g.add(Op::Unary(UnaryOp::Neg), &[x3], None, RegionId::ROOT).unwrap();
+        let (g1, g2, g3) = (add(&mut g, x1, x1, grad), add(&mut g, x2, x2, grad), add(&mut g, x3, x3, grad));
+        g.set_outputs(vec![out, g1, g2, g3]);
+        assert_eq!(Remat.run(&mut g, &mut PassCtx::default()).unwrap(), Changed::Yes);
+        assert!(g.operands(g1).iter().all(|&o| o != x1 && g.operands(o) == vec![x0, a]), "x1 recomputed");
+        assert_eq!(g.operands(g2), vec![x2, x2], "x2 kept");
+        let copy = g.operands(g3)[0];
+        assert!(copy != x3 && g.operands(copy) == vec![x2, c], "x3 recomputed from the kept x2");
     }
 }
