@@ -110,7 +110,9 @@ impl Pass for Simplify {
                 .collect::<Option<Vec<_>>>()
                 .ok_or_else(|| Error::Verify(format!("simplify: an operand of {id} is not needed")))?;
             let op = OpKey::from(&node.op);
-            let types = operands.iter().map(|&o| (&graph.node(o).shape, graph.node(o).dtype));
+            let types = operands.iter().zip(&children).map(|(&o, &c)| {
+                (&graph.node(o).shape, graph.node(o).dtype, egraph[c].data.constant.is_some())
+            });
             before = before + own_cost(&op, &node.shape, node.dtype, types);
             let enode = ENode { op, shape: node.shape.clone(), dtype: node.dtype, children };
             class_of.insert(id, egraph.add(enode.clone()));

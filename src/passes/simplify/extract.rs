@@ -7,12 +7,16 @@ use egg::Id;
 use std::collections::{HashMap, HashSet};
 
 /// What a node costs, compared lexicographically: bytes moved first, then
-/// nodes, then divisions, then nodes that are not in the input graph (so a
-/// tie keeps what the user wrote).
+/// reductions, then nodes, then divisions, then nodes that are not in the
+/// input graph (so a tie keeps what the user wrote).
 #[derive(Clone, Copy, Debug, Default, PartialEq, PartialOrd)]
 pub struct Cost {
     /// Bytes read and written.
     pub bytes: f64,
+    /// Reductions: at equal bytes an elementwise form is cheaper, because
+    /// fusion puts it in its neighbours' kernel and a reduction ends one
+    /// (a sum over a dim of size 1 is then a reshape plus 0).
+    pub reductions: f64,
     /// Nodes.
     pub ops: f64,
     /// Divisions (slower than a multiply on every target).
@@ -26,6 +30,7 @@ impl std::ops::Add for Cost {
     fn add(self, o: Cost) -> Cost {
         Cost {
             bytes: self.bytes + o.bytes,
+            reductions: self.reductions + o.reductions,
             ops: self.ops + o.ops,
             divisions: self.divisions + o.divisions,
             new: self.new + o.new,
@@ -47,27 +52,30 @@ fn bytes(shape: &Shape, dtype: DType) -> f64 {
 
 /// The cost of one node on its own. Inputs, buffers, `full` constants and
 /// views move no bytes (a view is a new layout over the same bytes; a
-/// `full` is a value a kernel reads from a register). `arange` and random
-/// nodes write their output. Every other op reads each operand slot and
-/// writes its output.
+/// `full` is a value a kernel reads from a register, so reading a constant
+/// operand, a `full` or a view of one, moves none either). `arange` and
+/// random nodes write their output. Every other op reads each operand slot
+/// and writes its output. Operands come as (shape, dtype, constant).
 pub fn own_cost<'a>(
     op: &OpKey,
     shape: &Shape,
     dtype: DType,
-    operands: impl Iterator<Item = (&'a Shape, DType)>,
+    operands: impl Iterator<Item = (&'a Shape, DType, bool)>,
 ) -> Cost {
     let bytes = match op {
         OpKey::Input(_) | OpKey::Buffer(_) | OpKey::Full(_) => 0.0,
         OpKey::Reshape(_) | OpKey::Permute(_) | OpKey::Expand(_) | OpKey::Slice { .. } => 0.0,
         OpKey::Arange { .. } | OpKey::Random { .. } => bytes(shape, dtype),
-        _ => bytes(shape, dtype) + operands.map(|(s, d)| bytes(s, d)).sum::<f64>(),
+        _ => bytes(shape, dtype) + operands.filter(|o| !o.2).map(|(s, d, _)| bytes(s, d)).sum::<f64>(),
     };
     let divisions = if *op == OpKey::Binary(BinaryOp::Div) { 1.0 } else { 0.0 };
-    Cost { bytes, ops: 1.0, divisions, new: 0.0 }
+    let reductions = if matches!(op, OpKey::Reduce { .. }) { 1.0 } else { 0.0 };
+    Cost { bytes, reductions, ops: 1.0, divisions, new: 0.0 }
 }
 
 fn enode_cost(g: &SGraph, n: &ENode, originals: &HashMap<ENode, NodeId>) -> Cost {
-    let operands = n.children.iter().map(|&c| (&g[c].data.shape, g[c].data.dtype));
+    let operands =
+        n.children.iter().map(|&c| (&g[c].data.shape, g[c].data.dtype, g[c].data.constant.is_some()));
     let mut cost = own_cost(&n.op, &n.shape, n.dtype, operands);
     if !originals.contains_key(n) {
         cost.new = 1.0;

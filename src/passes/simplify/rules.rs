@@ -122,6 +122,17 @@ pub static RULES: &[Rule] = &[
     // copies of v sum to n*v wrapped); for floats the f64 accumulation of
     // n copies need not equal one rounded product, so only under fast math.
     Rule::new("sum-of-expand", Kind::Reduce(ReduceOp::Sum), sum_of_expand),
+    // sum(x, dims) → reshape(x) + 0 when every summed dim has size 1: the
+    // sum of one element is 0 + x (so -0.0 sums to +0.0, as PyTorch's
+    // does), exact in every dtype; integers drop the + 0. Autodiff's
+    // scatter of a `gather` sums such a dim over a whole logits tensor.
+    Rule::new("sum-of-one", Kind::Reduce(ReduceOp::Sum), reduce_of_one),
+    // mean(x, dims) → reshape(x) + 0 likewise: (0 + x) / 1. Exact.
+    Rule::new("mean-of-one", Kind::Reduce(ReduceOp::Mean), reduce_of_one),
+    // max(x, dims) and min(x, dims) → reshape(x) when every reduced dim
+    // has size 1: the one element, NaN and -0.0 included. Exact.
+    Rule::new("max-of-one", Kind::Reduce(ReduceOp::Max), reduce_of_one),
+    Rule::new("min-of-one", Kind::Reduce(ReduceOp::Min), reduce_of_one),
     // x / c → x * (1/c) for any finite non-zero c (1/c rounded to the
     // dtype): float-inexact, fast math only.
     Rule::fast_math_only("div-const", Kind::Binary(BinaryOp::Div), div_const),
@@ -393,6 +404,24 @@ fn sum_of_expand(env: Env, g: &SGraph, node: &ENode) -> Option<Term> {
     let spread = Term::op(g, Op::Expand(node.shape.clone()), vec![reshaped])?;
     let n = Term::full(Scalar::Int(count), node.shape.clone(), node.dtype);
     Term::op(g, Op::Binary(BinaryOp::Mul), vec![spread, n])
+}
+
+fn reduce_of_one(_: Env, g: &SGraph, node: &ENode) -> Option<Term> {
+    let OpKey::Reduce { op, dims, .. } = &node.op else { return None };
+    let x = single(node)?;
+    let d = data(g, x);
+    if d.dtype != node.dtype || dims.iter().any(|&i| d.shape.dims().get(i) != Some(&1)) {
+        return None;
+    }
+    let one = Term::op(g, Op::Reshape(node.shape.clone()), vec![Term::Class(x)])?;
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean if node.dtype.is_float() => {
+            let zero = Term::full(Scalar::Float(0.0), node.shape.clone(), node.dtype);
+            Term::op(g, Op::Binary(BinaryOp::Add), vec![one, zero])
+        }
+        ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min => Some(one),
+        _ => None,
+    }
 }
 
 /// The permutation that swaps the last two of `rank` dims.
