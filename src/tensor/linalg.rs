@@ -47,6 +47,22 @@ impl Tensor {
                 location,
             );
         }
+        if sa.rank() > 2 && sb.rank() == 2 {
+            // A stack of matrices times one matrix is one product of all
+            // their rows, as `torch.matmul` computes it: one GEMM with the
+            // batch in its rows instead of a batched GEMM over a broadcast
+            // right side, whose gradient would be a batch of per-matrix
+            // products summed afterwards (for a linear layer's weight, B
+            // times its size written and read again).
+            let rows: usize = sa.0[..sa.rank() - 1].iter().product();
+            let flat = a.reshape_at(Shape::new([rows, k]), location);
+            let out = Tensor::record(&[&flat, &b], Op::MatMul, None, location);
+            let mut dims = sa.0[..sa.rank() - 1].to_vec();
+            if rb != 1 {
+                dims.push(n);
+            }
+            return out.reshape_at(Shape(dims), location);
+        }
         let batch_a = Shape::new(&sa.0[..sa.rank() - 2]);
         let batch_b = Shape::new(&sb.0[..sb.rank() - 2]);
         let batch = match batch_a.broadcast(&batch_b) {
