@@ -4,7 +4,7 @@
 use crate::reference::*;
 use kiln::prelude::*;
 
-const DIM_SETS: [&[usize]; 7] = [&[], &[0], &[1], &[2], &[0, 2], &[1, 2], &[0, 1, 2]];
+const DIM_SETS: [&[usize]; 8] = [&[], &[0], &[1], &[2], &[0, 2], &[1, 2], &[0, 1, 2], &[0, 1]];
 
 fn reduced_count(shape: &[usize], dims: &[usize]) -> usize {
     dims.iter().map(|&d| shape[d]).product()
@@ -50,7 +50,9 @@ fn sum_max_min_on_every_numeric_dtype() {
         let ctx = dev();
         let mut rng = Rng::new(20);
         for dtype in NUMERIC {
-            for shape in [&[3usize, 4, 5][..], &[7, 1, 129]] {
+            // [40, 2, 33] over leading dims: more rows than a column
+            // kernel's block has warps (CUDA's `reduce_columns`).
+            for shape in [&[3usize, 4, 5][..], &[7, 1, 129], &[40, 2, 33]] {
                 let (t, h) = rand_tensor(&ctx, &mut rng, dtype, shape);
                 for (i, dims) in DIM_SETS.iter().enumerate() {
                     for keepdim in [false, true] {
@@ -252,6 +254,18 @@ fn nan_wins_in_max_min_and_argmax() {
             check_f(&t.min(&[1], false), dtype, &a.reduce(&[1], false, fmin), 0.0, "min with NaN");
             check_f(&t.max(&[0], false), dtype, &a.reduce(&[0], false, fmax), 0.0, "max with NaN over dim 0");
             check_i(&t.argmax(1, false), DType::I64, &a.reduce(&[1], false, argmax_f), "argmax with NaN");
+        }
+        // 70 rows of 40 columns: the column kernel's rows and warps.
+        let mut rng = Rng::new(21);
+        let mut v: Vec<f64> = (0..70 * 40).map(|_| rng.normal()).collect();
+        for (row, col) in [(0, 3), (69, 5), (33, 39), (34, 39), (5, 0)] {
+            v[row * 40 + col] = nan;
+        }
+        let a = Nd::new(v, &[70, 40]);
+        for dtype in FLOATS {
+            let t = tensor_f(&ctx, dtype, &a);
+            check_f(&t.max(&[0], false), dtype, &a.reduce(&[0], false, fmax), 0.0, "column max with NaN");
+            check_f(&t.min(&[0], true), dtype, &a.reduce(&[0], true, fmin), 0.0, "column min with NaN");
         }
     });
 }

@@ -27,6 +27,7 @@ pub(crate) mod attention_decode;
 pub(crate) mod attention_mma;
 pub(crate) mod attention_simt;
 pub(crate) mod body;
+pub(crate) mod columns;
 pub(crate) mod elementwise;
 mod expr;
 pub(crate) mod gemv;

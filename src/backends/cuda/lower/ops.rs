@@ -7,7 +7,7 @@ use super::matmul::LtEpilogue;
 use super::{bytes, Lowering, Storage, Value};
 use crate::backends::cuda::codegen::body::{Operand, Source};
 use crate::backends::cuda::codegen::index::Access;
-use crate::backends::cuda::codegen::{argmax, elementwise, ops, reduction, Kernel};
+use crate::backends::cuda::codegen::{argmax, columns, elementwise, ops, reduction, Kernel};
 use crate::backends::cuda::program::{Conv, IndexCheck, Launch, Loc, Pool, Region, Tensor4};
 use crate::backends::Layout;
 use crate::ir::{DType, FusedBody, FusedKind, Graph, Node, NodeId, Op, Placement, ReduceOp, RegionId, Shape};
@@ -34,6 +34,22 @@ impl Lowering<'_> {
                     return Ok(());
                 }
                 let kept: Vec<usize> = (0..rank).filter(|d| !dims.contains(d)).collect();
+                // Leading dims reduced, trailing kept: a column reduction.
+                let lead = dims.len();
+                if dims.iter().enumerate().all(|(i, &d)| i == d) && lead < rank {
+                    let rows: usize = x.layout.shape.0[..lead].iter().product();
+                    let cols: usize = x.layout.shape.0[lead..].iter().product();
+                    let xo = operand(x);
+                    if columns::fits(&xo, *op, rows, cols) {
+                        let k = self.add_kernel("reduce_columns", |n| {
+                            Ok(columns::generate(n, &xo, *op, rows, cols, node.dtype))
+                        })?;
+                        let mut args = vec![dst];
+                        args.extend(buffer_locs(&ops));
+                        self.launches.push(Launch::Kernel { kernel: k, args });
+                        return Ok(());
+                    }
+                }
                 let perm: Vec<usize> = kept.iter().chain(dims.iter()).copied().collect();
                 let domain = Shape(perm.iter().map(|&d| x.layout.shape.0[d]).collect());
                 let split = kept.len();
