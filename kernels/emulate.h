@@ -110,6 +110,20 @@ inline T __shfl_sync(unsigned, T v, int src) {
   return r;
 }
 
+// Bit l of the result is lane l's predicate (every lane of the warp
+// takes part, as in kiln's kernels).
+inline unsigned __ballot_sync(unsigned, int p) {
+  unsigned t = threadIdx.x, w = t / 32;
+  emu::exchange[t] = p ? 1 : 0;
+  emu::warp_barrier[w].wait();
+  unsigned r = 0;
+  for (unsigned l = 0; l < 32; ++l) r |= (emu::exchange[w * 32 + l] ? 1u : 0u) << l;
+  emu::warp_barrier[w].wait();
+  return r;
+}
+
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+
 namespace emu {
 inline unsigned gather_slots[1024][8];
 // Every lane of the calling thread's warp gets every lane's n <= 8 words

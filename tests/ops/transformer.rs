@@ -83,20 +83,22 @@ fn index_add_on_every_numeric_dtype() {
 }
 
 /// A long index into few rows, as an embedding's gradient is: rows
-/// repeat within and across the CUDA kernel's batches of positions, and
-/// the sums must still be the sequential walk's, bit for bit.
+/// repeat within and across the CUDA kernel's steps of 256 positions
+/// (and runs of one row, summed in a register), and the sums must still
+/// be the sequential walk's, bit for bit. 520 rows make the kernel's
+/// blocks own ranges of two rows; 260 columns take a thread two.
 #[test]
 fn index_add_of_a_long_index_sums_in_index_order() {
     each_backend(|| {
         let ctx = dev();
         let mut rng = Rng::new(2002);
         for dtype in [DType::F32, DType::BF16, DType::I32] {
-            for (rows, n) in [(3usize, 37usize), (40, 61)] {
+            for (rows, n, width) in [(3usize, 37usize, 5usize), (40, 61, 5), (3, 600, 5), (520, 300, 260)] {
                 let idx = rand_small_i(&mut rng, DType::I64, &[n], 0, rows as i64);
                 let what = format!("index_add of {n} positions into {rows} rows ({dtype})");
                 if dtype.is_float() {
-                    let x = rand_f(&mut rng, dtype, &[rows, 5], 2.0);
-                    let src = rand_f(&mut rng, dtype, &[n, 5], 2.0);
+                    let x = rand_f(&mut rng, dtype, &[rows, width], 2.0);
+                    let src = rand_f(&mut rng, dtype, &[n, width], 2.0);
                     let got = tensor_f(&ctx, dtype, &x).index_add(
                         0,
                         &tensor_i(&ctx, DType::I64, &idx),
@@ -105,8 +107,8 @@ fn index_add_of_a_long_index_sums_in_index_order() {
                     let want = index_add_ref(&x, 0, &idx.to_vec(), &src, dtype);
                     check_f(&got, dtype, &want, 0.0, &what);
                 } else {
-                    let x = rand_small_i(&mut rng, dtype, &[rows, 5], -50, 50);
-                    let src = rand_small_i(&mut rng, dtype, &[n, 5], -50, 50);
+                    let x = rand_small_i(&mut rng, dtype, &[rows, width], -50, 50);
+                    let src = rand_small_i(&mut rng, dtype, &[n, width], -50, 50);
                     let got = tensor_i(&ctx, dtype, &x).index_add(
                         0,
                         &tensor_i(&ctx, DType::I64, &idx),

@@ -32,6 +32,7 @@ pub(crate) mod elementwise;
 mod expr;
 pub(crate) mod gemv;
 pub(crate) mod index;
+pub(crate) mod index_add;
 pub(crate) mod ops;
 pub(crate) mod reduction;
 pub(crate) mod types;

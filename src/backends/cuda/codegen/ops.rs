@@ -103,10 +103,10 @@ pub(crate) fn random(name: &str, dtype: DType, numel: usize, dist: Distribution)
 /// An index kernel's bad-index report: `status[0]` is the smallest output
 /// position whose index was out of range (all ones when none was), and a
 /// second kernel copies that index into `status[1]`.
-const STATUS: &str = "unsigned long long* __restrict__ status";
+pub(crate) const STATUS: &str = "unsigned long long* __restrict__ status";
 
 /// The index operand's value at `pos` as a 64-bit integer.
-fn index_value(idx: &Operand, idx_access: &Access, pos: &str) -> String {
+pub(crate) fn index_value(idx: &Operand, idx_access: &Access, pos: &str) -> String {
     match idx.source {
         Source::Const(c) => types::literal(DType::I64, c),
         Source::Buffer => format!("(kiln::i64)in1[{}]", idx_access.offset_of(pos)),
@@ -287,94 +287,6 @@ pub(crate) fn int_matmul(name: &str, a: &Operand, b: &Operand, out: &Shape) -> K
     let _ = writeln!(src, "      acc = kiln::iadd(acc, kiln::imul({av}, {bv}));\n    }}");
     let _ = writeln!(src, "    out[i] = {};", types::store(dtype, &types::settle(dtype, "acc")));
     close(name, src, numel, vec![0, 1])
-}
-
-/// Index positions one thread of [`index_add`] reads before it adds them.
-const INDEX_ADD_BATCH: usize = 16;
-
-/// `torch.index_add`'s scatter, after `out` holds a copy of `x`: one
-/// thread per (outer, inner) column of `out`, walking the index in order
-/// and adding `src`'s row to the row it names. No two threads touch one
-/// element, so there are no atomics and the sums run in index order, the
-/// CPU kernel's order: every run, on every backend, gives the same bits.
-/// A bad index is skipped and reported through `status` (its position in
-/// the index).
-///
-/// An embedding's gradient has few columns (its width) and a long index
-/// (every token of the batch), so each thread's walk is long and every
-/// step of it a read-modify-write of memory. The walk goes
-/// [`INDEX_ADD_BATCH`] positions at a time: the batch's rows are read
-/// together (independent loads in flight at once), a row named twice in
-/// the batch takes its running sum from the earlier position instead of
-/// memory, and the sums are stored in index order, so the last store of a
-/// row is its final value. The additions are the sequential walk's, in
-/// its order: the same bits.
-pub(crate) fn index_add(name: &str, idx: &Operand, src: &Operand, dim: usize, out: &Shape) -> Kernel {
-    let dtype = src.dtype;
-    let (size, len) = (out.0[dim], idx.access.shape().0[0]);
-    let outer: usize = out.0[..dim].iter().product();
-    let inner: usize = out.0[dim + 1..].iter().product();
-    let columns = outer * inner;
-    let index = index_type(out.numel().max(src.access.shape().numel()), &[idx.clone(), src.clone()]);
-    let mut p = vec![format!("{}* __restrict__ out", types::storage(dtype))];
-    if idx.source == Source::Buffer {
-        p.push(format!("const {}* __restrict__ in1", types::storage(idx.dtype)));
-    }
-    if src.source == Source::Buffer {
-        p.push(format!("const {}* __restrict__ in2", types::storage(dtype)));
-    }
-    p.push(STATUS.into());
-    let (batch, acc) = (INDEX_ADD_BATCH, types::compute(dtype));
-    let mut s = open(name, &p.join(", "), index, columns);
-    let _ = writeln!(s, "    const I o = i / {inner}, c = i % {inner};", inner = inner.max(1));
-    let _ = writeln!(s, "    for (I j0 = 0; j0 < {len}; j0 += {batch}) {{");
-    // The batch's rows (-1: past the end or a bad index) and source values.
-    let _ = writeln!(s, "      kiln::i64 row[{batch}];\n      {acc} add[{batch}], sum[{batch}];");
-    let _ = writeln!(s, "#pragma unroll\n      for (int u = 0; u < {batch}; ++u) {{");
-    let _ =
-        writeln!(s, "        const I j = j0 + u;\n        row[u] = -1;\n        if (j >= {len}) continue;");
-    let _ = writeln!(s, "        const kiln::i64 v = {};", index_value(idx, &idx.access, "j"));
-    let _ = writeln!(s, "        if (v < 0 || v >= {size}LL) {{");
-    s.push_str(
-        "          if (i == 0) atomicMin(status, (unsigned long long)j);\n          continue;\n        }\n",
-    );
-    let read = match src.source {
-        Source::Const(c) => types::literal(dtype, c),
-        Source::Buffer => types::load(
-            dtype,
-            &format!("in2[{}]", src.access.offset_of(&format!("((o * {len} + j) * {inner} + c)"))),
-        ),
-    };
-    let _ = writeln!(s, "        row[u] = v;\n        add[u] = {read};\n      }}");
-    // The running sums: a row's earlier sum in this batch, else memory.
-    let at = format!("(o * {size} + (I)row[u]) * {inner} + c");
-    let old = types::load(dtype, &format!("out[{at}]"));
-    let _ = writeln!(s, "#pragma unroll\n      for (int u = 0; u < {batch}; ++u) {{");
-    let _ = writeln!(s, "        if (row[u] < 0) continue;\n        {acc} before = {old};");
-    let _ = writeln!(
-        s,
-        "#pragma unroll\n        for (int w = 0; w < u; ++w) if (row[w] == row[u]) before = sum[w];"
-    );
-    let add = if dtype.is_float() {
-        "before + add[u]".to_string()
-    } else {
-        "kiln::iadd(before, add[u])".to_string()
-    };
-    let _ = writeln!(s, "        sum[u] = {};\n      }}", types::settle(dtype, &add));
-    let _ = writeln!(s, "#pragma unroll\n      for (int u = 0; u < {batch}; ++u) {{");
-    let _ = writeln!(
-        s,
-        "        if (row[u] >= 0) out[{at}] = {};\n      }}\n    }}",
-        types::store(dtype, "sum[u]")
-    );
-    let mut params = Vec::new();
-    if idx.source == Source::Buffer {
-        params.push(1);
-    }
-    if src.source == Source::Buffer {
-        params.push(2);
-    }
-    close(name, s, columns, params)
 }
 
 /// `write_at`'s window: one thread per element of `value` (operand 1),

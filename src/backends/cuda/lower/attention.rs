@@ -9,7 +9,7 @@ use super::ops::{buffer_locs, operand};
 use super::{Lowering, Storage, Value};
 use crate::backends::cuda::codegen::attention::{flash, Spec, Strided};
 use crate::backends::cuda::codegen::ops;
-use crate::backends::cuda::codegen::{attention_decode, attention_simt};
+use crate::backends::cuda::codegen::{attention_decode, attention_simt, index_add};
 use crate::backends::cuda::program::{IndexCheck, Launch, Loc, Region};
 use crate::ir::{AttnMask, DType, NodeId, Shape};
 
@@ -30,7 +30,7 @@ impl Lowering<'_> {
         }
         let status_at = 8 * (1 + self.plan.random_streams as u64) + 16 * self.checks.len() as u64;
         let status = Loc::new(Region::Params, status_at);
-        let k = self.add_kernel("index_add", |n| Ok(ops::index_add(n, &idx, &src, dim, shape)))?;
+        let k = self.add_kernel("index_add", |n| Ok(index_add::generate(n, &idx, &src, dim, shape)))?;
         let mut args = vec![dst];
         args.extend(buffer_locs(&ops[1..]));
         args.push(status);
