@@ -125,6 +125,12 @@ static CASES: &[Case] = &[
     case("gather-dim0", &[(M34, Any)], |ctx, x| {
         x[0].gather(0, &ctx.tensor(&[2i32, 0, 1, 2, 0, 0, 1, 1], [2, 4]))
     }),
+    // One position per row (a cross-entropy's target): the one-hot rule
+    // in x's own shape.
+    case("gather-one-per-row", &[(M34, Any)], |ctx, x| x[0].gather(1, &ctx.tensor(&[2i64, 0, 3], [3, 1]))),
+    case("gather-one-per-column", &[(M34, Any)], |ctx, x| {
+        x[0].gather(0, &ctx.tensor(&[2i32, 0, 1, 2], [1, 4]))
+    }),
     case("index-select-repeats", &[(&[4, 3], Any)], |ctx, x| {
         x[0].index_select(0, &ctx.tensor(&[3i64, 1, 3], [3]))
     }),

@@ -92,6 +92,12 @@ pub static RULES: &[Rule] = &[
     // inner one does not change it. With C = A this removes exact round
     // trips (f32 → f64 → f32, i32 → i64 → i32). NOT f64 → f32 → f64.
     Rule::new("cast-exact-chain", Kind::Cast, cast_exact_chain),
+    // cast(cat(a, b, ..), T) → cat(cast(a, T), cast(b, T), ..): a cast is
+    // a function of each element, and a cat only moves elements. Exact.
+    // Narrowing casts then run before the cat, which moves fewer bytes,
+    // and fuse into the kernels that produce the pieces (the padded LM
+    // head's gradient: an f32 cat of [4096, 50264] then a bf16 cast).
+    Rule::new("cast-of-cat", Kind::Cast, cast_of_cat),
     // x / c → x * (1/c) when c = ±2^k and 1/c is representable in the
     // dtype (floats). Exact, subnormals included: x / 2^k and x * 2^-k are
     // the correctly rounded results of the same real number (f16/bf16
@@ -268,6 +274,19 @@ fn expand_identity(_: Env, g: &SGraph, node: &ENode) -> Option<Term> {
 fn cast_identity(_: Env, g: &SGraph, node: &ENode) -> Option<Term> {
     let x = single(node)?;
     (data(g, x).dtype == node.dtype).then_some(Term::Class(x))
+}
+
+fn cast_of_cat(_: Env, g: &SGraph, node: &ENode) -> Option<Term> {
+    let OpKey::Cast(to) = node.op else { return None };
+    let cat = find_child(g, single(node)?, |op| matches!(op, OpKey::Cat { .. }))?;
+    let OpKey::Cat { dim } = cat.op else { return None };
+    // A constant piece (the zeros of a padding) is the constant cast.
+    let piece = |c: Id| match constant(g, c) {
+        Some(v) => Some(Term::full(v, data(g, c).shape.clone(), to)),
+        None => Term::op(g, Op::Cast(to), vec![Term::Class(c)]),
+    };
+    let pieces = cat.children.iter().map(|&c| piece(c)).collect::<Option<Vec<_>>>()?;
+    Term::op(g, Op::Cat { dim }, pieces)
 }
 
 /// True when every value of `from` converts to `to` unchanged (NaN, the
