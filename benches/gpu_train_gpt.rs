@@ -173,8 +173,11 @@ fn print_profile(
             100.0 * r.share
         );
     }
+    // `KILN_PROFILE_NODES=N` lists more (node numbers are those of the
+    // plan's `KILN_DUMP` file `13-memory.kir`).
+    let nodes = std::env::var("KILN_PROFILE_NODES").ok().and_then(|n| n.parse().ok()).unwrap_or(30);
     println!("  slowest nodes:");
-    for r in p.by_node().iter().take(30) {
+    for r in p.by_node().iter().take(nodes) {
         println!("    {:<70} {:>4} calls {:>9.4} ms", r.key, r.calls, r.total_ms);
     }
     Ok(())
