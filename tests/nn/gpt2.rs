@@ -190,6 +190,37 @@ fn gpt2_logits_match_transformers_in_f32() -> Result<()> {
     Ok(())
 }
 
+/// A prefill reads the logits of its last position only: the `narrow`
+/// pass runs the last layer's attention on that one query row (its
+/// other layers, whose keys and values the later rows need, stay whole),
+/// and the row's logits are the full forward pass's last row. Linear
+/// layers fold the batch into the GEMM's rows (`matmul` of a stack by a
+/// matrix), which the narrowing reads through.
+#[test]
+fn a_prefill_runs_its_last_layer_on_the_last_row() -> Result<()> {
+    let ctx = Context::cpu();
+    let m = model(&ctx);
+    let prompt = reference::IDS[reference::FORWARD[0]];
+    let s = prompt.len();
+    let x = ctx.tensor(&ids(prompt), [1, s]);
+    let logits = m.forward(&x, None)?;
+    let last = logits.narrow(1, s - 1, 1);
+    let plan = ctx.explain(&[&last])?;
+    // Query rows of each attention node's output `[batch, heads, rows, dim]`.
+    let rows: Vec<usize> = plan
+        .lines()
+        .filter(|l| l.contains("= attention"))
+        .filter_map(|l| l.split('[').nth(1)?.split(']').next()?.split(',').nth(2)?.parse().ok())
+        .collect();
+    assert_eq!(rows.iter().filter(|&&r| r == 1).count(), 1, "one attention on one row:\n{plan}");
+    assert!(rows.len() > 1 && rows.iter().filter(|&&r| r == s).count() == rows.len() - 1, "{rows:?}\n{plan}");
+    // The same sums, maybe in another order (a GEMV for one row).
+    let whole = logits.to_vec::<f32>()?;
+    let (err, at) = worst(&last.to_vec::<f32>()?, &whole[(s - 1) * reference::VOCAB..]);
+    assert!(err <= 1e-5, "logit {at} of the narrowed row is off by {err:e}");
+    Ok(())
+}
+
 /// Greedy tokens identical to transformers' `generate` (64 steps, with
 /// the KV cache) for two prompts alone and for a left-padded batch of
 /// three; and, in one forward pass over each prompt and its 64-token
