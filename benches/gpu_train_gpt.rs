@@ -27,6 +27,7 @@
 //!     cargo bench --features cuda --bench gpu_train_gpt [-- SUBSTRING] [--steps N] [--precisions f32,bf16]
 //!     KILN_BENCH_OUT=kiln_train.jsonl cargo bench ...   # also JSON lines
 //!     cargo bench ... -- L12 --precisions bf16 --profile  # where a step's time goes
+//!     KILN_PROFILE_NODES=200 KILN_DUMP=dump cargo bench ... --profile  # the 200 slowest nodes, numbered as the plan's 13-memory.kir
 //!     cargo bench ... -- --gemms   # the LM head's GEMMs alone
 //!
 //! Without a GPU it says so and exits 0 (`KILN_REQUIRE_CUDA=1`: 1).
