@@ -46,6 +46,11 @@
 //! gather, index_select, cat, argmax, reductions over non-trailing dims,
 //! and `random`/`arange`/`buffer` sources (they are operands of bodies).
 //!
+//! A `reshape` of an elementwise node that nothing else reads moves to
+//! that node's operands first (`sink.rs`: `reshape(f(a, b)) =
+//! f(reshape(a), reshape(b))`, the same elements), so that the node joins
+//! its reader's group instead of ending its own there.
+//!
 //! *Stats.* The note says `kernels A -> B, bytes moved C -> D`. A kernel is
 //! every needed node that is neither a source nor a view (a fused node is
 //! one). Bytes moved sums over kernels the output's bytes plus the bytes of
@@ -72,6 +77,7 @@
 
 mod build;
 mod group;
+mod sink;
 
 use super::{Changed, Pass, PassCtx};
 use crate::ir::{Graph, Phase};
@@ -93,6 +99,7 @@ impl Pass for Fusion {
 
     fn run(&self, graph: &mut Graph, cx: &mut PassCtx) -> Result<Changed> {
         let before = build::cost(graph);
+        let sunk = sink::sink_reshapes(graph);
         let index = group::Index::new(graph);
         let grouping = {
             let _span = tracing::debug_span!("fusion-group", nodes = index.len()).entered();
@@ -104,7 +111,7 @@ impl Pass for Fusion {
         };
         if fused == 0 {
             cx.note(format!("kernels {0} -> {0}, no group fused", before.kernels));
-            return Ok(Changed::No);
+            return Ok(Changed::from(sunk > 0));
         }
         *graph = out;
         let after = build::cost(graph);
