@@ -59,6 +59,7 @@
 //! matrixmultiply on kiln's row blocks), so `(AB)^T` and `B^T A^T` agree
 //! bit for bit.
 
+mod apply;
 mod extract;
 mod lang;
 mod rules;
@@ -66,10 +67,11 @@ mod rules;
 use super::{Changed, Pass, PassCtx};
 use crate::ir::{Graph, NodeId};
 use crate::{Error, Result};
+use apply::Apply;
 use egg::{Rewrite, Runner, SimpleScheduler, StopReason};
 use extract::{extract, own_cost, rebuild, Cost};
 use lang::{ENode, OpKey, SGraph, Types};
-use rules::{Apply, Env, RULES};
+use rules::{Env, RULES};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
