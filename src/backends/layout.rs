@@ -90,37 +90,8 @@ impl Layout {
     /// if the strides allow it (PyTorch's `view` rule); `None` means the
     /// caller must copy.
     pub fn reshape(&self, target: &Shape) -> Option<Layout> {
-        if self.is_contiguous() || self.numel() == 0 {
-            let mut out = Layout::contiguous(target.clone());
-            out.offset = self.offset;
-            return Some(out);
-        }
-        let old = &self.shape.0;
-        let new = &target.0;
-        let mut strides = vec![0usize; new.len()];
-        let mut view_d = new.len() as isize - 1;
-        let mut chunk_base = *self.strides.last()?;
-        let mut tensor_numel = 1usize;
-        let mut view_numel = 1usize;
-        for td in (0..old.len()).rev() {
-            tensor_numel *= old[td];
-            if td == 0 || (old[td - 1] != 1 && self.strides[td - 1] != tensor_numel * chunk_base) {
-                while view_d >= 0 && (view_numel < tensor_numel || new[view_d as usize] == 1) {
-                    strides[view_d as usize] = view_numel * chunk_base;
-                    view_numel *= new[view_d as usize];
-                    view_d -= 1;
-                }
-                if view_numel != tensor_numel {
-                    return None;
-                }
-                if td > 0 {
-                    chunk_base = self.strides[td - 1];
-                    tensor_numel = 1;
-                    view_numel = 1;
-                }
-            }
-        }
-        (view_d == -1).then(|| Layout { shape: target.clone(), strides, offset: self.offset })
+        let strides = self.shape.reshape_strides(&self.strides, target)?;
+        Some(Layout { shape: target.clone(), strides, offset: self.offset })
     }
 
     /// Storage offsets of the elements in row-major order, starting at

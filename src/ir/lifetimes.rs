@@ -444,43 +444,9 @@ fn view_strides(op: &Op, shape: &Shape, strides: &[usize], to: &Shape) -> Option
             }
             Some(s)
         }
-        Op::Reshape(_) => reshape_strides(&shape.0, strides, &to.0),
+        Op::Reshape(_) => shape.reshape_strides(strides, to),
         _ => None,
     }
-}
-
-/// PyTorch's `view` rule (the CPU backend's `Layout::reshape`): the strides
-/// of `new` over the same elements, if one strided layout has them.
-fn reshape_strides(old: &[usize], strides: &[usize], new: &[usize]) -> Option<Vec<usize>> {
-    let numel: usize = old.iter().product();
-    let contiguous = Shape(old.to_vec()).contiguous_strides();
-    if numel == 0 || old.iter().zip(strides.iter().zip(&contiguous)).all(|(&d, (&s, &c))| d == 1 || s == c) {
-        return Some(Shape(new.to_vec()).contiguous_strides());
-    }
-    let mut out = vec![0usize; new.len()];
-    let mut view_d = new.len() as isize - 1;
-    let mut chunk_base = *strides.last()?;
-    let mut tensor_numel = 1usize;
-    let mut view_numel = 1usize;
-    for td in (0..old.len()).rev() {
-        tensor_numel *= old[td];
-        if td == 0 || (old[td - 1] != 1 && strides[td - 1] != tensor_numel * chunk_base) {
-            while view_d >= 0 && (view_numel < tensor_numel || new[view_d as usize] == 1) {
-                out[view_d as usize] = view_numel * chunk_base;
-                view_numel *= new[view_d as usize];
-                view_d -= 1;
-            }
-            if view_numel != tensor_numel {
-                return None;
-            }
-            if td > 0 {
-                chunk_base = strides[td - 1];
-                tensor_numel = 1;
-                view_numel = 1;
-            }
-        }
-    }
-    (view_d == -1).then_some(out)
 }
 
 /// The most bytes held at once by values with these inclusive step

@@ -67,6 +67,45 @@ impl Shape {
         strides
     }
 
+    /// PyTorch's `view` rule: the strides of `target` over the same elements
+    /// as this shape laid out with `strides`, if one strided layout has
+    /// them (`None`: a reshape must copy). The memory plan's lifetimes and
+    /// the backends' `Layout::reshape` both ask it.
+    pub(crate) fn reshape_strides(&self, strides: &[usize], target: &Shape) -> Option<Vec<usize>> {
+        let (old, new) = (&self.0[..], &target.0[..]);
+        let numel: usize = old.iter().product();
+        let contiguous = self.contiguous_strides();
+        if numel == 0
+            || old.iter().zip(strides.iter().zip(&contiguous)).all(|(&d, (&s, &c))| d == 1 || s == c)
+        {
+            return Some(target.contiguous_strides());
+        }
+        let mut out = vec![0usize; new.len()];
+        let mut view_d = new.len() as isize - 1;
+        let mut chunk_base = *strides.last()?;
+        let mut tensor_numel = 1usize;
+        let mut view_numel = 1usize;
+        for td in (0..old.len()).rev() {
+            tensor_numel *= old[td];
+            if td == 0 || (old[td - 1] != 1 && strides[td - 1] != tensor_numel * chunk_base) {
+                while view_d >= 0 && (view_numel < tensor_numel || new[view_d as usize] == 1) {
+                    out[view_d as usize] = view_numel * chunk_base;
+                    view_numel *= new[view_d as usize];
+                    view_d -= 1;
+                }
+                if view_numel != tensor_numel {
+                    return None;
+                }
+                if td > 0 {
+                    chunk_base = strides[td - 1];
+                    tensor_numel = 1;
+                    view_numel = 1;
+                }
+            }
+        }
+        (view_d == -1).then_some(out)
+    }
+
     /// The numpy broadcast of two shapes: dimensions are aligned on the
     /// right and each pair must be equal or contain a 1. The error names the
     /// first dimension (counted in the result) that disagrees.
