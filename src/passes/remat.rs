@@ -108,11 +108,6 @@ impl Pass for Remat {
                 continue;
             }
             let operands = graph.operands(id);
-            if operands.iter().any(|&o| graph.node(o).op == Op::MatMul) {
-                // A matmul's epilogue (its bias) stays with the GEMM: the
-                // value is kept, the chain after it recomputed.
-                continue;
-            }
             let path = graph.region_name(node.region);
             let region = graph.region_path(&format!("grad/{path}"));
             // A copy per reader, so that each fuses into its reader's
@@ -161,7 +156,8 @@ fn recomputable(graph: &Graph, order: &[NodeId], in_grad: impl Fn(RegionId) -> b
     let mut allowed = HashSet::new();
     for &id in order {
         let node = graph.node(id);
-        // A matmul's epilogue stays with the GEMM (see `run`): kept.
+        // A matmul's epilogue (its bias) stays with the GEMM: the value is
+        // kept, the chain after it recomputed.
         if !cheap(&node.op)
             || in_grad(node.region)
             || graph.operands(id).iter().any(|&o| graph.node(o).op == Op::MatMul)

@@ -18,7 +18,7 @@
 //! wrap, as in the row kernel; the order of additions is fixed by the
 //! shape alone, so a plan gives the same bits every run.
 
-use super::body::Operand;
+use super::body::{index_type, Operand, Source};
 use super::{grid_for, types, Kernel};
 use crate::ir::{DType, ReduceOp};
 use std::fmt::Write;
@@ -42,7 +42,7 @@ pub(crate) fn fits(x: &Operand, op: ReduceOp, rows: usize, cols: usize) -> bool 
     matches!(op, ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Max | ReduceOp::Min)
         && rows >= 2
         && cols >= COLUMNS
-        && x.source == super::body::Source::Buffer
+        && x.source == Source::Buffer
         && x.access.dense_base().is_some()
 }
 
@@ -76,8 +76,7 @@ pub(crate) fn generate(
         _ => "t".to_string(),
     };
     let base = x.access.dense_base().unwrap_or(0);
-    let index =
-        if (rows as u128) * (cols as u128) + base as u128 > i32::MAX as u128 { "long long" } else { "int" };
+    let index = index_type(rows * cols, std::slice::from_ref(x));
     let warps = warps_for(rows, cols);
     let mut s = format!(
         "extern \"C\" __global__ void {name}({}* __restrict__ out, const {}* __restrict__ in0) {{\n",

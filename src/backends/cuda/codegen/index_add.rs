@@ -22,7 +22,7 @@
 //! A bad index is skipped and reported through `status` (its position in
 //! the index) by the block that owns the first range.
 
-use super::body::{Operand, Source};
+use super::body::{index_type, Operand, Source};
 use super::ops::{index_value, STATUS};
 use super::{grid_for, types, Kernel};
 use crate::ir::Shape;
@@ -42,10 +42,7 @@ pub(crate) fn generate(name: &str, idx: &Operand, src: &Operand, dim: usize, out
     let inner: usize = out.0[dim + 1..].iter().product();
     let rows = size.div_ceil(TARGET_BLOCKS / outer.clamp(1, TARGET_BLOCKS)).max(1);
     let ranges = size.div_ceil(rows).max(1);
-    let big = out.numel().max(src.access.shape().numel()) as u128 * 2 > i32::MAX as u128
-        || src.access.extent() > i32::MAX as u128 / 2
-        || idx.access.extent() > i32::MAX as u128 / 2;
-    let index = if big { "long long" } else { "int" };
+    let index = index_type(out.numel().max(src.access.shape().numel()), &[idx.clone(), src.clone()]);
     let acc = types::compute(dtype);
     let mut p = vec![format!("{}* __restrict__ out", types::storage(dtype))];
     if idx.source == Source::Buffer {
