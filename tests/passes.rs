@@ -49,6 +49,7 @@ pass_test!(remat, "remat");
 pass_test!(fusion, "fusion");
 pass_test!(assign, "assign");
 pass_test!(schedule, "schedule");
+pass_test!(horizontal, "horizontal");
 pass_test!(streams, "streams");
 pass_test!(memory, "memory");
 pass_test!(autodiff, "autodiff");
@@ -344,8 +345,9 @@ fn pipeline_dumps_every_step() {
             "09-fusion.kir",
             // 10 is `assign`, which applies only to graphs with assignments.
             "11-schedule.kir",
-            "12-streams.kir",
-            "13-memory.kir"
+            "12-horizontal.kir",
+            "13-streams.kir",
+            "14-memory.kir"
         ]
     );
     let mut dumps = String::new();

@@ -8,6 +8,12 @@
 //! checker rejects; tests/plan_props.rs recomputes the overlap rule on its
 //! own, pair by pair, so a shared mistake here is still caught.
 //!
+//! Launch groups ([`super::LaunchGroup`]) may run their members in any
+//! order or all at once, so a member's value counts as written from the
+//! group's first step (`window_start`) and its reads count at the group's
+//! last step (`last_read`, the frontier), and a member writes over an
+//! operand only when no other member reads it.
+//!
 //! Everything is indexed by schedule step. Building the facts assumes the
 //! schedule and the stream plan were checked (every node scheduled once,
 //! operands first; streams below the count; events recorded before their
@@ -59,6 +65,9 @@ pub(crate) struct Facts {
     /// Per step and stream, the position of the last reader on that stream
     /// (readers of aliases and the node itself included; -1 for none).
     frontier: Vec<i64>,
+    /// First and last step of each step's launch group (the step itself
+    /// twice outside any group).
+    span: Vec<(u32, u32)>,
 }
 
 /// Bytes of a node's value.
@@ -178,16 +187,29 @@ impl Facts {
                 kind[root] = Kind::Output;
             }
         }
-        // Readers: direct users, then views hand theirs to what they view.
+        let mut span: Vec<(u32, u32)> = (0..n as u32).map(|t| (t, t)).collect();
+        for group in &graph.tables().groups {
+            let steps: Vec<u32> =
+                group.members.iter().filter_map(|m| step_of.get(m.index()).copied()).collect();
+            let (Some(&first), Some(&last)) = (steps.iter().min(), steps.iter().max()) else { continue };
+            for &t in &steps {
+                if let Some(s) = span.get_mut(t as usize) {
+                    *s = (first, last);
+                }
+            }
+        }
+        // Readers: direct users (a group member at its group's last
+        // step), then views hand theirs to what they view.
         let mut last_read: Vec<u32> = (0..n as u32).collect();
         let mut frontier = vec![-1i64; n * count];
         for t in 0..n {
             frontier[t * count + stream[t] as usize] = idx[t];
+            let at = (span[t].1 as usize).min(n - 1);
             for o in operand_steps(order[t]) {
                 let o = o as usize;
-                last_read[o] = last_read[o].max(t as u32);
-                let f = &mut frontier[o * count + stream[t] as usize];
-                *f = (*f).max(idx[t]);
+                last_read[o] = last_read[o].max(at as u32);
+                let f = &mut frontier[o * count + stream[at] as usize];
+                *f = (*f).max(idx[at]);
             }
         }
         for t in (0..n).rev() {
@@ -210,7 +232,23 @@ impl Facts {
             kind,
             last_read,
             frontier,
+            span,
         }
+    }
+
+    /// The first step during which the bytes of step `t`'s value may be
+    /// written: its own, or its launch group's first.
+    pub fn window_start(&self, t: usize) -> u32 {
+        self.span[t].0
+    }
+
+    /// Whether a member of step `y`'s launch group other than `y` reads
+    /// the bytes of step `x`'s storage root.
+    fn group_reads(&self, graph: &Graph, y: usize, x: usize) -> bool {
+        let (first, last) = self.span[y];
+        (first..=last).map(|z| z as usize).filter(|&z| z != y).any(|z| {
+            graph.operands(self.order[z]).iter().any(|&o| self.step(o).is_some_and(|o| self.root(o) == x))
+        })
     }
 
     /// The step of a scheduled node.
@@ -292,8 +330,11 @@ impl Facts {
         if self.kind[x] != Kind::Arena {
             return Some("the operand is not an arena value");
         }
-        if self.last_read[x] as usize != y {
+        if self.last_read[x] != self.span[y].1 {
             return Some("the operand is read after this node");
+        }
+        if self.group_reads(graph, y, x) {
+            return Some("another member of the launch group reads the operand");
         }
         let others_before = (0..self.streams).all(|s| {
             s == self.stream[y] as usize
@@ -362,8 +403,11 @@ impl Facts {
         if returned {
             return Some("a graph output returns the input's bytes");
         }
-        if self.last_read[xs] as usize != y {
+        if self.last_read[xs] != self.span[y].1 {
             return Some("the input is read after the write");
+        }
+        if self.group_reads(graph, y, xs) {
+            return Some("another member of the launch group reads the input");
         }
         let others_before = (0..self.streams).all(|s| {
             s == self.stream[y] as usize

@@ -59,6 +59,8 @@ pub use infer::{infer, mixed, window_out};
 pub use op::{
     AttnMask, BinaryOp, BufferId, Collective, CompareOp, Distribution, Op, PoolKind, ReduceOp, UnaryOp,
 };
-pub use plan::{Event, EventId, MemoryPlan, Placement, Plan, PlanTables, StreamId, StreamPlan, ValueMemory};
+pub use plan::{
+    Event, EventId, LaunchGroup, MemoryPlan, Placement, Plan, PlanTables, StreamId, StreamPlan, ValueMemory,
+};
 pub use shape::Shape;
 pub use verify::verify;

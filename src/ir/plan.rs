@@ -153,12 +153,37 @@ pub struct PlanTables {
     pub streams: Option<StreamPlan>,
     /// Where each value's bytes live.
     pub memory: Option<MemoryPlan>,
+    /// Launch groups: runs of consecutive scheduled nodes that a backend
+    /// runs as one launch (see [`LaunchGroup`]). Empty without any.
+    pub groups: Vec<LaunchGroup>,
+}
+
+/// Fused elementwise nodes that a backend runs as one launch (a CUDA
+/// multi-tensor kernel, one parallel loop on the CPU): the optimizer's
+/// update of every parameter, the scaler's checks. The `horizontal` pass
+/// makes them; [`crate::ir::verify`] holds them to this contract:
+///
+/// - the members are at least two consecutive steps of the schedule, in
+///   schedule order, on one stream, and each node is in one group at most;
+/// - every member is a `fused` node of kind elementwise;
+/// - no member reads another (they are independent).
+///
+/// Memory is planned as if every member ran at once, anywhere between the
+/// group's first and last step: each member's value is written from the
+/// first step, each member's operands are read until the last step, and
+/// a member computes in place of (or writes over) an operand only when
+/// no other member reads it (`lifetimes.rs`). So a backend may run the
+/// members in any order, or all together.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchGroup {
+    /// The members, in schedule order.
+    pub members: Vec<NodeId>,
 }
 
 impl PlanTables {
     /// True when no table is present.
     pub fn is_empty(&self) -> bool {
-        self.schedule.is_none() && self.streams.is_none() && self.memory.is_none()
+        self.schedule.is_none() && self.streams.is_none() && self.memory.is_none() && self.groups.is_empty()
     }
 
     /// The same tables with every node id renamed by `map` (entries of
@@ -198,6 +223,12 @@ impl PlanTables {
                     .collect(),
                 ..mem.clone()
             }),
+            groups: self
+                .groups
+                .iter()
+                .map(|g| LaunchGroup { members: g.members.iter().filter_map(m).collect() })
+                .filter(|g| g.members.len() >= 2)
+                .collect(),
         }
     }
 }

@@ -14,6 +14,10 @@
 //!   and scheduled after it; every operand edge between streams is ordered
 //!   by happens-before, except edges from values that exist before the run
 //!   (inputs, constants, views of them).
+//! - **groups**: a schedule exists; each launch group has two members or
+//!   more, at consecutive steps in schedule order, each a fused
+//!   elementwise node in no other group, none reading another, all on
+//!   one stream when there is a stream plan.
 //! - **memory**: a schedule exists; every scheduled node (and nothing
 //!   else) has an entry; its placement is the one its op calls for (input,
 //!   constant, alias of the view's storage root, output for the root of a
@@ -39,8 +43,10 @@ fn name(graph: &Graph, id: NodeId) -> String {
 pub(crate) fn check_tables(graph: &Graph) -> Result<(), String> {
     let tables = graph.tables();
     let Some(schedule) = &tables.schedule else {
-        if tables.streams.is_some() || tables.memory.is_some() {
-            return Err("stream and memory plans need a schedule (`plan schedule ...`)".into());
+        if tables.streams.is_some() || tables.memory.is_some() || !tables.groups.is_empty() {
+            return Err(
+                "stream and memory plans and launch groups need a schedule (`plan schedule ...`)".into()
+            );
         }
         return Ok(());
     };
@@ -48,6 +54,7 @@ pub(crate) fn check_tables(graph: &Graph) -> Result<(), String> {
     if let Some(streams) = &tables.streams {
         check_stream_tables(graph, schedule, streams)?;
     }
+    check_groups(graph, schedule, &tables.groups, tables.streams.as_ref())?;
     if tables.streams.is_none() && tables.memory.is_none() {
         return Ok(());
     }
@@ -85,6 +92,67 @@ fn check_schedule(graph: &Graph, schedule: &[NodeId]) -> Result<(), String> {
         let mut missing: Vec<NodeId> = needed.difference(&seen).copied().collect();
         missing.sort();
         return Err(format!("schedule: it leaves out {}", name(graph, missing[0])));
+    }
+    Ok(())
+}
+
+/// Launch groups are runs of consecutive independent fused elementwise
+/// steps on one stream (see [`super::LaunchGroup`]).
+fn check_groups(
+    graph: &Graph,
+    schedule: &[NodeId],
+    groups: &[super::LaunchGroup],
+    streams: Option<&StreamPlan>,
+) -> Result<(), String> {
+    let step: std::collections::HashMap<NodeId, usize> =
+        schedule.iter().enumerate().map(|(t, &id)| (id, t)).collect();
+    let mut grouped = HashSet::new();
+    for (g, group) in groups.iter().enumerate() {
+        if group.members.len() < 2 {
+            return Err(format!(
+                "groups: group {g} has {} member(s); a group has two or more",
+                group.members.len()
+            ));
+        }
+        let members: HashSet<NodeId> = group.members.iter().copied().collect();
+        let mut last: Option<usize> = None;
+        for &id in &group.members {
+            let t = *step
+                .get(&id)
+                .ok_or_else(|| format!("groups: group {g} holds {id}, which is not scheduled"))?;
+            if last.is_some_and(|l| t != l + 1) {
+                return Err(format!(
+                    "groups: group {g}: {} is at step {t}, not right after the member before it",
+                    name(graph, id)
+                ));
+            }
+            last = Some(t);
+            if !grouped.insert(id) {
+                return Err(format!("groups: {} is in two groups", name(graph, id)));
+            }
+            let elementwise = matches!(&graph.node(id).op, super::Op::Fused(b) if *b.kind() == super::FusedKind::Elementwise);
+            if !elementwise {
+                return Err(format!(
+                    "groups: group {g}: {} is not a fused elementwise node",
+                    name(graph, id)
+                ));
+            }
+            if let Some(o) = graph.operands(id).into_iter().find(|o| members.contains(o)) {
+                return Err(format!(
+                    "groups: group {g}: {} reads {}, a member of its own group",
+                    name(graph, id),
+                    name(graph, o)
+                ));
+            }
+            let stream = |n: NodeId| streams.and_then(|s| s.stream_of.get(&n)).map(|s| s.0);
+            if stream(id) != stream(group.members[0]) {
+                return Err(format!(
+                    "groups: group {g}: {} is on another stream than {}",
+                    name(graph, id),
+                    name(graph, group.members[0])
+                ));
+            }
+        }
     }
     Ok(())
 }
@@ -175,6 +243,8 @@ fn check_ordering(graph: &Graph, facts: &Facts) -> Result<(), String> {
 /// One arena value in the sweep.
 struct Item {
     step: usize,
+    /// The first step its bytes may be written ([`Facts::window_start`]).
+    start: usize,
     offset: u64,
     bytes: u64,
     end: u32,
@@ -248,6 +318,7 @@ fn check_memory(graph: &Graph, facts: &Facts, memory: &MemoryPlan) -> Result<(),
                 if *bytes > 0 {
                     items.push(Item {
                         step: t,
+                        start: facts.window_start(t) as usize,
                         offset: *offset,
                         bytes: *bytes,
                         end: facts.window_end(t),
@@ -319,7 +390,7 @@ fn sweep(graph: &Graph, facts: &Facts, items: &[Item]) -> Result<Vec<(u32, u32, 
     for (i, item) in items.iter().enumerate() {
         item_at.insert(item.step, i);
         while let Some(&Reverse((end, offset, j))) = expiry.peek() {
-            if end as usize >= item.step {
+            if end as usize >= item.start {
                 break;
             }
             expiry.pop();
@@ -360,7 +431,7 @@ fn sweep(graph: &Graph, facts: &Facts, items: &[Item]) -> Result<Vec<(u32, u32, 
                 }
             }
             group_of.push(groups.len());
-            groups.push((item.step as u32, window_end, item.bytes));
+            groups.push((item.start as u32, window_end, item.bytes));
         }
         active.insert(item.offset, (end_off, i, window_end));
         expiry.push(Reverse((window_end, item.offset, i)));

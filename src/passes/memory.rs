@@ -136,7 +136,7 @@ fn plan_memory(graph: &Graph, order: &[crate::ir::NodeId]) -> (MemoryPlan, (u64,
             }
             None => {
                 group_of[t] = items.len();
-                items.push(Item { start: t as u32, end, bytes });
+                items.push(Item { start: facts.window_start(t), end, bytes });
             }
         }
     }

@@ -22,6 +22,7 @@ mod cse;
 mod dce;
 mod effects;
 mod fusion;
+mod horizontal;
 mod memory;
 mod narrow;
 mod remat;
@@ -38,6 +39,7 @@ pub use constant_fold::ConstantFold;
 pub use cse::Cse;
 pub use dce::Dce;
 pub use fusion::Fusion;
+pub use horizontal::{Horizontal, SMALL as HORIZONTAL_SMALL};
 pub use memory::Memory;
 pub use narrow::Narrow;
 pub use remat::Remat;
@@ -302,6 +304,10 @@ pub static REGISTRY: &[PassInfo] = &[
         description: "turn assignments into their values; mark fused updates to write over the variable",
     },
     PassInfo { pass: &Schedule, description: "order the nodes to keep the peak of live bytes low" },
+    PassInfo {
+        pass: &Horizontal,
+        description: "run small independent elementwise nodes as one launch (multi-tensor optimizer updates)",
+    },
     PassInfo { pass: &Streams, description: "spread independent chains over streams with the fewest events" },
     PassInfo { pass: &Memory, description: "place values in one arena by liveness, in place where safe" },
     PassInfo {
@@ -341,6 +347,9 @@ pub static PIPELINE: &[&dyn Pass] = &[
     &Assign,
     // An order with a low peak of live bytes.
     &Schedule,
+    // Small independent elementwise nodes deferred into launch groups
+    // (the optimizer's multi-tensor updates).
+    &Horizontal,
     // Streams and events over that order.
     &Streams,
     // Arena offsets over the order's lifetimes (aware of streams).

@@ -30,7 +30,8 @@
 //!
 //! *Preserves.* Every node, edge and value: only the side table changes.
 //!
-//! *Invalidates.* The stream and memory tables (they are per schedule).
+//! *Invalidates.* The stream and memory tables and the launch groups
+//! (they are per schedule).
 //!
 //! *Assumes.* A verified graph. Runs in O((n + e) log n): a heap of ready
 //! nodes whose scores are updated lazily (a node's score only changes when
@@ -63,6 +64,7 @@ impl Pass for Schedule {
         tables.schedule = Some(order);
         tables.streams = None;
         tables.memory = None;
+        tables.groups.clear();
         Ok(changed.into())
     }
 

@@ -22,6 +22,9 @@
 //!    earlier events already order gets none. Edges from values that exist
 //!    before the run (inputs, constants, views of them) need no event.
 //!
+//! The members of a launch group ([`crate::ir::LaunchGroup`]) all take
+//! the stream of the first: a backend runs them as one launch.
+//!
 //! Collectives (`crate::dist`) go to a stream of their own, one past the
 //! compute streams, whatever the option: every rank must issue them in
 //! one order (a single stream, in schedule order, does), and the compute
@@ -35,7 +38,7 @@
 //! *Does not.* Move nodes in the schedule (a backend issues work in
 //! schedule order), balance by measured time, or change the graph.
 //!
-//! *Preserves.* The graph and the schedule.
+//! *Preserves.* The graph, the schedule and the launch groups.
 //!
 //! *Invalidates.* The memory table (lifetimes depend on streams).
 //!
@@ -151,7 +154,14 @@ fn plan_streams(graph: &Graph, order: &[NodeId], max_streams: u32) -> StreamPlan
             };
         }
     }
-    let stream: Vec<usize> = (0..n).map(|t| stream_of_chain[chain_of[t]] as usize).collect();
+    let mut stream: Vec<usize> = (0..n).map(|t| stream_of_chain[chain_of[t]] as usize).collect();
+    for group in &graph.tables().groups {
+        let steps: Vec<usize> = group.members.iter().filter_map(|m| step.get(m).copied()).collect();
+        if let Some(&first) = steps.first() {
+            let s = stream[first];
+            steps.iter().for_each(|&t| stream[t] = s);
+        }
+    }
     let count = stream.iter().max().map_or(1, |&s| s + 1);
 
     // 3. Events, with a vector clock per node.

@@ -107,7 +107,8 @@ fn mlp_step_fused_and_planned() -> Result<()> {
 /// sync with this code.
 #[test]
 fn the_step_pass_case_is_the_recorded_step() -> Result<()> {
-    let ctx = Context::cpu().with_seed(11).with_passes("-remat,-fusion,-schedule,-streams,-memory");
+    let ctx =
+        Context::cpu().with_seed(11).with_passes("-remat,-fusion,-schedule,-horizontal,-streams,-memory");
     let loss = recorded_step(&ctx)?;
     let canonical = ctx.explain(&[&loss])?;
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/passes/fusion/mlp-train-step.kir");

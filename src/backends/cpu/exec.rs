@@ -84,6 +84,13 @@ pub(super) enum SourceKind {
     Work,
 }
 
+/// The steps of each launch group (consecutive, on one stream) and the
+/// group of each step.
+pub(super) struct LaunchGroups {
+    pub steps: Vec<Vec<usize>>,
+    pub of: Vec<Option<usize>>,
+}
+
 /// The per-stream lists of steps when a plan uses more than one stream.
 pub(super) struct Streams {
     /// Steps whose values are ready before any stream starts (inputs,
@@ -114,6 +121,8 @@ pub(super) struct CpuExecutable {
     pub streams: Option<Streams>,
     /// The compiled kernel of every fused node.
     pub fused: HashMap<NodeId, FusedKernel>,
+    /// The plan's launch groups, which `run.rs` runs at once.
+    pub groups: LaunchGroups,
     /// The clock readings of a profiled plan (`CompileOptions::profile`).
     pub profile: Option<crate::profile::Recorder>,
     /// The process group the plan's collectives run in (the backend's,
@@ -184,7 +193,7 @@ impl CpuExecutable {
             }
             None => None,
         };
-        let (streams, order) = match &tables.streams {
+        let (streams, mut order) = match &tables.streams {
             Some(sp) if sp.count > 1 => {
                 let (streams, order) = stream_lists(&pos, &mut steps, sp)?;
                 (Some(streams), order)
@@ -192,6 +201,8 @@ impl CpuExecutable {
             Some(sp) if sp.count == 0 => return Err(bad("the stream plan has no streams".into())),
             _ => (None, RunOrder::sequential(steps.len())),
         };
+        let groups = launch_groups(&plan, &pos, &order)?;
+        order.group = groups.of.clone();
         if arena_bytes.is_some() {
             super::hazards::check(&plan.graph, &steps, &order)?;
         }
@@ -214,10 +225,40 @@ impl CpuExecutable {
             arena: Mutex::new(arena),
             streams,
             fused,
+            groups,
             profile: None,
             member: None,
         })
     }
+}
+
+/// The plan's launch groups as step positions, checked to be what
+/// `run.rs` can run at once: consecutive steps of one stream that do work
+/// (the verifier checked the rest when the plan was compiled).
+fn launch_groups(plan: &Plan, pos: &HashMap<NodeId, usize>, order: &RunOrder) -> Result<LaunchGroups> {
+    let mut group_of = vec![None; plan.order.len()];
+    let mut groups = Vec::new();
+    for (g, group) in plan.graph.tables().groups.iter().enumerate() {
+        let steps: Vec<usize> = group
+            .members
+            .iter()
+            .map(|m| {
+                pos.get(m).copied().ok_or_else(|| bad(format!("launch group member {m} is not in the plan")))
+            })
+            .collect::<Result<_>>()?;
+        let consecutive =
+            steps.windows(2).all(|w| w[1] == w[0] + 1 && order.stream[w[0]] == order.stream[w[1]]);
+        if !consecutive || steps.len() < 2 {
+            return Err(bad(format!("launch group {g} is not two or more consecutive steps of one stream")));
+        }
+        for &s in &steps {
+            if group_of[s].replace(g).is_some() {
+                return Err(bad(format!("{} is in two launch groups", plan.order[s])));
+            }
+        }
+        groups.push(steps);
+    }
+    Ok(LaunchGroups { steps: groups, of: group_of })
 }
 
 /// True when the executor can compute a node in the bytes of its operand
@@ -512,5 +553,6 @@ fn stream_lists(
     for list in &mut lists {
         list.retain(|&i| !ready[i]);
     }
-    Ok((Streams { prelude, lists, events: sp.events.len() }, RunOrder { stream, seq, clock }))
+    let group = vec![None; steps.len()];
+    Ok((Streams { prelude, lists, events: sp.events.len() }, RunOrder { stream, seq, clock, group }))
 }

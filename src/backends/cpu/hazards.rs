@@ -24,17 +24,26 @@ pub(super) struct RunOrder {
     /// `clock[i][s]`: how many steps of stream `s` happen before step `i`
     /// (step `i` included).
     pub clock: Vec<Vec<usize>>,
+    /// The launch group of each step: members of one group run at once
+    /// (`run.rs`), so none is before another.
+    pub group: Vec<Option<usize>>,
 }
 
 impl RunOrder {
     /// All steps in order on one stream.
     pub(super) fn sequential(n: usize) -> RunOrder {
-        RunOrder { stream: vec![0; n], seq: (0..n).collect(), clock: (0..n).map(|i| vec![i + 1]).collect() }
+        RunOrder {
+            stream: vec![0; n],
+            seq: (0..n).collect(),
+            clock: (0..n).map(|i| vec![i + 1]).collect(),
+            group: vec![None; n],
+        }
     }
 
     /// True when step `p` finishes before step `q` starts (or `p == q`).
     fn before(&self, p: usize, q: usize) -> bool {
-        p == q || self.clock[q][self.stream[p]] > self.seq[p]
+        let together = self.group[p].is_some() && self.group[p] == self.group[q];
+        p == q || (!together && self.clock[q][self.stream[p]] > self.seq[p])
     }
 }
 

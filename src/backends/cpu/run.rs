@@ -126,30 +126,54 @@ impl CpuExecutable {
     /// Runs step `i`: takes its operands, launches its kernel, stores its
     /// value and drops every value read for the last time.
     fn run_step(&self, i: usize, st: &RunState<'_>) -> Result<()> {
+        let args = self.take_operands(i, st)?;
+        let started = self.profile.as_ref().map(|_| std::time::Instant::now());
+        let out = self.compute(i, args, st)?;
+        self.store(i, out, st, started);
+        Ok(())
+    }
+
+    /// Runs the steps of a launch group at once (rayon tasks): they are
+    /// independent, and the memory plan kept their bytes apart as if they
+    /// all ran at the same time (see [`crate::ir::LaunchGroup`]).
+    fn run_group(&self, members: &[usize], st: &RunState<'_>) -> Result<()> {
+        use rayon::prelude::*;
+        let _span = tracing::trace_span!("group", members = members.len()).entered();
+        let args = members.iter().map(|&i| self.take_operands(i, st)).collect::<Result<Vec<_>>>()?;
+        let started = self.profile.as_ref().map(|_| std::time::Instant::now());
+        let outs: Vec<Result<CpuBuffer>> =
+            members.par_iter().zip(args).map(|(&i, args)| self.compute(i, args, st)).collect();
+        for (&i, out) in members.iter().zip(outs) {
+            self.store(i, out?, st, started);
+        }
+        Ok(())
+    }
+
+    /// The operand values of step `i`. A write over a donated input takes
+    /// the input's value out of the run (it is its last reader), so that
+    /// the run may hold the only reference to its storage; every other
+    /// operand is cloned.
+    fn take_operands(&self, i: usize, st: &RunState<'_>) -> Result<Vec<CpuBuffer>> {
         let step = &self.steps[i];
-        // A write over a donated input takes the input's value out of the
-        // run (it is its last reader), so that the run may hold the only
-        // reference to its storage; every other operand is cloned.
         let over = step.place == Place::OverInput;
-        let mut args: Vec<CpuBuffer> = {
-            let mut v = lock(&st.values);
-            let mut args = Vec::with_capacity(step.operands.len());
-            for (slot, &p) in step.operands.iter().enumerate() {
-                let value = if over && slot == 0 && v.left[p] == 1 {
-                    v.values[p].take()
-                } else {
-                    v.values[p].clone()
-                };
-                args.push(value.ok_or_else(|| {
-                    Error::Backend(format!("cpu: operand of {} was freed before use", step.id))
-                })?);
-            }
-            args
-        };
+        let mut v = lock(&st.values);
+        let mut args = Vec::with_capacity(step.operands.len());
+        for (slot, &p) in step.operands.iter().enumerate() {
+            let value =
+                if over && slot == 0 && v.left[p] == 1 { v.values[p].take() } else { v.values[p].clone() };
+            args.push(value.ok_or_else(|| {
+                Error::Backend(format!("cpu: operand of {} was freed before use", step.id))
+            })?);
+        }
+        Ok(args)
+    }
+
+    /// Launches step `i`'s kernel on its operands.
+    fn compute(&self, i: usize, mut args: Vec<CpuBuffer>, st: &RunState<'_>) -> Result<CpuBuffer> {
+        let step = &self.steps[i];
         let node = self.plan.graph.node(step.id);
         let _launch = tracing::trace_span!("launch", op = node.op.mnemonic(), node = %step.id).entered();
-        let started = self.profile.as_ref().map(|_| std::time::Instant::now());
-        let written = match over {
+        let written = match step.place == Place::OverInput {
             true if !args.is_empty() => {
                 let target = args.remove(0);
                 match self.write_over(step, target, &args)? {
@@ -171,6 +195,12 @@ impl CpuExecutable {
             // An output viewing arena bytes: the next run overwrites them.
             out = out.owned_copy(&self.stats)?;
         }
+        Ok(out)
+    }
+
+    /// Stores step `i`'s value and drops every value read for the last time.
+    fn store(&self, i: usize, out: CpuBuffer, st: &RunState<'_>, started: Option<std::time::Instant>) {
+        let step = &self.steps[i];
         self.stats.nodes_executed.fetch_add(1, Ordering::Relaxed);
         let mut v = lock(&st.values);
         v.values[i] = Some(out);
@@ -187,22 +217,37 @@ impl CpuExecutable {
         if let (Some(p), Some(started)) = (&self.profile, started) {
             p.record(step.id, started, std::time::Instant::now());
         }
-        Ok(())
     }
 
     /// Runs the steps at positions `list` in order, honouring events.
+    /// A launch group runs at once when the list reaches its first step
+    /// (its steps follow each other in the list: one stream, consecutive),
+    /// after the waits of all its steps.
     fn run_list(&self, list: &[usize], st: &RunState<'_>) -> Result<()> {
-        for &i in list {
+        let mut at = 0;
+        while at < list.len() {
             if st.failed() {
                 return Err(stopped());
             }
-            for &e in &self.steps[i].waits {
-                st.wait(e)?;
+            let run: &[usize] = match self.groups.of[list[at]].map(|g| &self.groups.steps[g]) {
+                Some(g) if list[at..].starts_with(g) => g,
+                _ => &list[at..=at],
+            };
+            for &i in run {
+                for &e in &self.steps[i].waits {
+                    st.wait(e)?;
+                }
             }
-            self.run_step(i, st)?;
-            for &e in &self.steps[i].records {
-                st.signal(e);
+            match run {
+                [i] => self.run_step(*i, st)?,
+                _ => self.run_group(run, st)?,
             }
+            for &i in run {
+                for &e in &self.steps[i].records {
+                    st.signal(e);
+                }
+            }
+            at += run.len();
         }
         Ok(())
     }

@@ -122,6 +122,11 @@ impl Annotations {
                 }
             }
         }
+        for (i, g) in t.groups.iter().enumerate() {
+            for id in &g.members {
+                let _ = write!(per_node.entry(*id).or_default(), " !group={i}");
+            }
+        }
         if let Some(memory) = &t.memory {
             for (id, v) in &memory.values {
                 let text = per_node.entry(*id).or_default();

@@ -178,11 +178,17 @@ impl<'a> Body<'a> {
 /// buffer operand, read-only. `restrict` is left out when the output is
 /// computed in place of an operand (then two parameters alias).
 pub(crate) fn params(out: DType, operands: &[Operand], in_place: bool) -> String {
+    params_named(out, operands, in_place, "")
+}
+
+/// [`params`] with every name prefixed by `prefix` (a multi-tensor
+/// kernel's member `i` is `m{i}_out, m{i}_in0, ...`).
+pub(crate) fn params_named(out: DType, operands: &[Operand], in_place: bool, prefix: &str) -> String {
     let r = if in_place { "" } else { " __restrict__" };
-    let mut p = vec![format!("{}*{r} out", types::storage(out))];
+    let mut p = vec![format!("{}*{r} {prefix}out", types::storage(out))];
     for (k, o) in operands.iter().enumerate() {
         if o.source == Source::Buffer {
-            p.push(format!("const {}*{r} in{k}", types::storage(o.dtype)));
+            p.push(format!("const {}*{r} {prefix}in{k}", types::storage(o.dtype)));
         }
     }
     p.join(", ")

@@ -22,6 +22,30 @@ pub(crate) fn generate(
     operands: &[Operand],
     in_place: bool,
 ) -> Result<Kernel, String> {
+    let (src, threads) = function(name, g, operands, in_place, Frame::Kernel)?;
+    Ok(Kernel::new(name, src, super::grid_for(threads, BLOCK as usize), BLOCK, buffer_operands(operands)))
+}
+
+/// What [`function`] writes: a kernel of its own, or a device function
+/// that a multi-tensor kernel calls for some of its blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Frame {
+    /// `extern "C" __global__ void name(out, in0, ...)` over the whole grid.
+    Kernel,
+    /// `static __device__ void name(out, in0, ..., blk, nblk)`: block
+    /// `blk` of `nblk` blocks (`super::multi`).
+    Member,
+}
+
+/// The source of [`generate`]'s loop in `frame`, and the threads it wants
+/// (one per element, or per four).
+pub(crate) fn function(
+    name: &str,
+    g: &Graph,
+    operands: &[Operand],
+    in_place: bool,
+    frame: Frame,
+) -> Result<(String, usize), String> {
     let body = Body::new(g, operands)?;
     let out_node = g.node(body.output);
     let (out_dtype, numel) = (out_node.dtype, out_node.shape.numel());
@@ -32,10 +56,22 @@ pub(crate) fn generate(
     let step = if vec { VEC } else { 1 };
 
     let mut src = String::new();
-    src.push_str(&format!(
-        "extern \"C\" __global__ void {name}({}) {{\n",
-        params(out_dtype, operands, in_place)
-    ));
+    let (block, grid) = match frame {
+        Frame::Kernel => {
+            src.push_str(&format!(
+                "extern \"C\" __global__ void {name}({}) {{\n",
+                params(out_dtype, operands, in_place)
+            ));
+            ("blockIdx.x", "gridDim.x")
+        }
+        Frame::Member => {
+            src.push_str(&format!(
+                "static __device__ __forceinline__ void {name}({}, const unsigned blk, const unsigned nblk) {{\n",
+                params(out_dtype, operands, in_place)
+            ));
+            ("blk", "nblk")
+        }
+    };
     src.push_str(&format!("  typedef {index} I;\n  const I n = {numel};\n"));
     // Broadcast leaves: one read per thread, before the loop.
     let mut hoisted: Vec<(NodeId, String)> = Vec::new();
@@ -52,7 +88,7 @@ pub(crate) fn generate(
         }
     }
     src.push_str(&format!(
-        "  for (I base = ((I)blockIdx.x * blockDim.x + threadIdx.x) * {step}; base < n; base += (I)gridDim.x * blockDim.x * {step}) {{\n"
+        "  for (I base = ((I){block} * blockDim.x + threadIdx.x) * {step}; base < n; base += (I){grid} * blockDim.x * {step}) {{\n"
     ));
     // Dense, aligned leaves: one vector load each.
     let mut vectors: Vec<(NodeId, String)> = Vec::new();
@@ -103,8 +139,7 @@ pub(crate) fn generate(
     } else {
         src.push_str(&format!("      out[i] = {result};\n    }}\n  }}\n}}\n"));
     }
-    let threads = numel.div_ceil(step);
-    Ok(Kernel::new(name, src, super::grid_for(threads, BLOCK as usize), BLOCK, buffer_operands(operands)))
+    Ok((src, numel.div_ceil(step)))
 }
 
 /// True when the output needs leaf `id` (bodies may hold dead leaves).

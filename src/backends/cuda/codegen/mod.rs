@@ -14,6 +14,8 @@
 //! - [`attention`]: the flash-style attention kernel (CUDA cores), and
 //!   [`attention_mma`]: its tensor-core form for f16/bf16, and
 //!   [`attention_decode`]: the split-key form for a few query rows.
+//! - [`multi`]: the members of a launch group in one kernel (multi-tensor
+//!   optimizer updates).
 //! - [`gemv`]: products of a few rows (a decode step's projections) at
 //!   memory bandwidth, with the matmul body's epilogue.
 //!
@@ -33,6 +35,7 @@ mod expr;
 pub(crate) mod gemv;
 pub(crate) mod index;
 pub(crate) mod index_add;
+pub(crate) mod multi;
 pub(crate) mod ops;
 pub(crate) mod reduction;
 pub(crate) mod types;

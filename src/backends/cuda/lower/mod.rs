@@ -25,6 +25,7 @@
 mod attention;
 mod collective;
 mod gemv;
+mod group;
 mod matmul;
 mod ops;
 
@@ -116,12 +117,29 @@ fn lower_checked(plan: &Plan, tf32: bool) -> Result<Program> {
     };
     let graph = &plan.graph;
     let tables = graph.tables();
+    // Launch group members, each with its group's last member.
+    let last_member: HashMap<NodeId, NodeId> = tables
+        .groups
+        .iter()
+        .flat_map(|g| g.members.iter().filter_map(move |&m| Some((m, *g.members.last()?))))
+        .collect();
+    let mut held = Vec::new();
     let mut steps: Vec<Step> = Vec::new();
     for &id in &plan.order {
         let node = graph.node(id);
         l.launches.clear();
-        l.lower_node(id)
-            .map_err(|e| Error::Backend(format!("cuda: lowering {id} ({}): {e}", node.op.mnemonic())))?;
+        let lowering =
+            |e: String| Error::Backend(format!("cuda: lowering {id} ({}): {e}", node.op.mnemonic()));
+        match last_member.get(&id) {
+            Some(&last) => {
+                held.extend(l.hold_member(id).map_err(lowering)?);
+                if last == id {
+                    l.launch_group(&held).map_err(lowering)?;
+                    held.clear();
+                }
+            }
+            None => l.lower_node(id).map_err(lowering)?,
+        }
         let stream = tables.streams.as_ref().and_then(|s| s.stream_of.get(&id)).map_or(0, |s| s.0);
         steps.push(Step {
             node: id,
@@ -133,7 +151,17 @@ fn lower_checked(plan: &Plan, tf32: bool) -> Result<Program> {
         });
         if !steps.last().is_some_and(|s| s.launches.is_empty()) {
             l.producer.insert(id, steps.len() - 1);
+            if last_member.get(&id) == Some(&id) {
+                for g in tables.groups.iter().filter(|g| g.members.last() == Some(&id)) {
+                    for &m in &g.members {
+                        l.producer.insert(m, steps.len() - 1);
+                    }
+                }
+            }
         }
+    }
+    if !held.is_empty() {
+        return Err(bad("a launch group's last member is not in the plan".into()));
     }
     let (streams, events) = match &tables.streams {
         Some(sp) => {
@@ -151,6 +179,16 @@ fn lower_checked(plan: &Plan, tf32: bool) -> Result<Program> {
                         return Err(bad(format!("{w} waits for event e{e}, recorded after {}", ev.after)));
                     }
                     steps[wp].waits.push(e as u32);
+                }
+            }
+            // A group member's events follow the launch that computes it.
+            for g in &tables.groups {
+                let Some(last) = g.members.last().and_then(|m| pos.get(m)).copied() else { continue };
+                for m in &g.members[..g.members.len() - 1] {
+                    if let Some(&at) = pos.get(m) {
+                        let moved = std::mem::take(&mut steps[at].records);
+                        steps[last].records.extend(moved);
+                    }
                 }
             }
             (sp.count.max(1), sp.events.len() as u32)

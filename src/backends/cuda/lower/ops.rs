@@ -144,11 +144,13 @@ impl Lowering<'_> {
         }
     }
 
-    /// True when the memory plan computes `id` in place of an operand.
-    fn in_place(&self, id: NodeId) -> bool {
+    /// True when the memory plan computes `id` in place of an operand,
+    /// or over an input it reads: its output pointer then aliases an
+    /// operand's, so the kernel's pointers must not be `__restrict__`.
+    pub(super) fn in_place(&self, id: NodeId) -> bool {
         matches!(
             self.plan.graph.tables().memory.as_ref().and_then(|m| m.values.get(&id)).map(|v| &v.placement),
-            Some(Placement::Arena { in_place_of: Some(_), .. })
+            Some(Placement::Arena { in_place_of: Some(_), .. } | Placement::OverInput(_))
         )
     }
 

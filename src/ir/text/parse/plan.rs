@@ -77,6 +77,7 @@ impl State {
             tables.schedule = Some(self.order.clone());
         }
         let mut streams = plan.streams.map(|count| StreamPlan { count, ..StreamPlan::default() });
+        let mut groups: BTreeMap<usize, Vec<NodeId>> = BTreeMap::new();
         let mut records: BTreeMap<u32, (NodeId, usize)> = BTreeMap::new();
         let mut waits: BTreeMap<u32, Vec<NodeId>> = BTreeMap::new();
         let mut memory = plan.memory.map(|(arena_bytes, lower_bound, naive_bytes)| MemoryPlan {
@@ -97,6 +98,14 @@ impl State {
                         let s = streams.as_mut().ok_or_else(|| needs("streams=N"))?;
                         let k: u32 = value.parse().map_err(|_| err(format!("!stream={value}: not a stream number")))?;
                         s.stream_of.insert(id, StreamId(k));
+                    }
+                    "group" => {
+                        if !plan.schedule {
+                            return Err(needs("schedule"));
+                        }
+                        let k: usize =
+                            value.parse().map_err(|_| err(format!("!group={value}: not a group number")))?;
+                        groups.entry(k).or_default().push(id);
                     }
                     "record" | "wait" => {
                         streams.as_ref().ok_or_else(|| needs("streams=N"))?;
@@ -154,7 +163,7 @@ impl State {
                     }
                     _ => {
                         return Err(err(format!(
-                            "unknown annotation !{key} (known: stream, record, wait, arena, in-place, alias, input, output, over, const, live)"
+                            "unknown annotation !{key} (known: stream, record, wait, group, arena, in-place, alias, input, output, over, const, live)"
                         )))
                     }
                 }
@@ -190,6 +199,15 @@ impl State {
                 s.events.push(Event { after, waiters: waits.remove(&k).unwrap_or_default() });
             }
         }
+        for (k, (&g, _)) in groups.iter().enumerate() {
+            if g != k {
+                return Err(parse_err(
+                    plan.line,
+                    format!("launch group {k} has no member (groups are 0, 1, ...)"),
+                ));
+            }
+        }
+        tables.groups = groups.into_values().map(|members| crate::ir::LaunchGroup { members }).collect();
         tables.streams = streams;
         tables.memory = memory;
         *self.graph.tables_mut() = tables;
