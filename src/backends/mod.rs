@@ -145,6 +145,9 @@ pub struct DeviceStats {
     /// Kernels and library calls launched (CUDA; a replayed graph counts
     /// the launches it holds).
     pub launches: AtomicU64,
+    /// Nodes run inside launch groups (a multi-tensor kernel on CUDA, one
+    /// parallel loop on the CPU; see [`crate::ir::LaunchGroup`]).
+    pub grouped_nodes: AtomicU64,
 }
 
 impl DeviceStats {

@@ -154,6 +154,11 @@ pub struct Stats {
     /// the CPU, whose steps [`Stats::nodes_executed`] counts. Per training
     /// step, it says how much a step launches (issue 35's kernel counts).
     pub launches: u64,
+    /// Nodes that ran inside launch groups, all runs together: the
+    /// optimizer updates, loss scaler checks and other small elementwise
+    /// work the `horizontal` pass batched into one multi-tensor launch
+    /// (CUDA) or one parallel loop (CPU).
+    pub grouped_nodes: u64,
     /// Per region of the recording graph (scopes, their `grad/` regions):
     /// nodes recorded there now, and the variables the region's workspace
     /// holds. Sorted by path; the root region's path is empty.
@@ -385,6 +390,7 @@ impl Context {
             graph_replays: device.graph_replays.load(Relaxed),
             graph_input_copies: device.graph_input_copies.load(Relaxed),
             launches: device.launches.load(Relaxed),
+            grouped_nodes: device.grouped_nodes.load(Relaxed),
             regions: state.region_stats(),
             recompiles: state.observe.recompiles.clone(),
         }

@@ -15,6 +15,7 @@ mod gpt2_training_reference;
 mod kv_cache;
 mod losses;
 mod modules;
+mod multi_tensor;
 mod optim;
 #[path = "../support/splitmix.rs"]
 mod splitmix;

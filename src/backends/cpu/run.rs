@@ -139,6 +139,7 @@ impl CpuExecutable {
     fn run_group(&self, members: &[usize], st: &RunState<'_>) -> Result<()> {
         use rayon::prelude::*;
         let _span = tracing::trace_span!("group", members = members.len()).entered();
+        self.stats.grouped_nodes.fetch_add(members.len() as u64, Ordering::Relaxed);
         let args = members.iter().map(|&i| self.take_operands(i, st)).collect::<Result<Vec<_>>>()?;
         let started = self.profile.as_ref().map(|_| std::time::Instant::now());
         let outs: Vec<Result<CpuBuffer>> =

@@ -536,6 +536,7 @@ impl CudaExecutable {
         drop(graphs);
         self.dev.stats.nodes_executed.fetch_add(self.program.steps.len() as u64, Ordering::Relaxed);
         self.dev.stats.launches.fetch_add(self.launches, Ordering::Relaxed);
+        self.dev.stats.grouped_nodes.fetch_add(self.program.grouped, Ordering::Relaxed);
         let outputs = self.outputs(&ins, &outs, &over, &done)?;
         Ok(Launched { outputs, done })
     }

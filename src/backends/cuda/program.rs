@@ -320,6 +320,8 @@ pub struct Program {
     pub donated: Vec<u32>,
     /// Index checks.
     pub checks: Vec<IndexCheck>,
+    /// Plan nodes launched in multi-tensor kernels (launch group members).
+    pub grouped: u64,
 }
 
 impl fmt::Display for Loc {

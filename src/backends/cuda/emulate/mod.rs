@@ -250,6 +250,7 @@ impl Emulated {
             self.launch(l, &resolve)?;
         }
         self.cpu.stats().launches.fetch_add(p.launch_count(), std::sync::atomic::Ordering::Relaxed);
+        self.cpu.stats().grouped_nodes.fetch_add(p.grouped, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: the region holds counter_bytes bytes (at least 1 allocated).
         let left = unsafe { std::slice::from_raw_parts(counters.ptr as *const u8, p.counter_bytes as usize) };
         if let Some(at) = left.iter().position(|&b| b != 0) {

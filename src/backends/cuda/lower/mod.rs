@@ -257,6 +257,7 @@ fn lower_checked(plan: &Plan, tf32: bool) -> Result<Program> {
         random_streams,
         checks: l.checks,
         donated: plan.donated.clone(),
+        grouped: tables.groups.iter().map(|g| g.members.len() as u64).sum(),
     })
 }
 
