@@ -8,32 +8,103 @@ use std::collections::{HashMap, HashSet};
 
 /// What a node costs, compared lexicographically: bytes moved first, then
 /// reductions, then nodes, then divisions, then nodes that are not in the
-/// input graph (so a tie keeps what the user wrote).
-#[derive(Clone, Copy, Debug, Default, PartialEq, PartialOrd)]
+/// input graph (so a tie keeps what the user wrote). A graph's cost counts
+/// each node once and fits these integers; [`extract`]'s tree costs do not
+/// (see [`TreeCost`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Cost {
     /// Bytes read and written.
-    pub bytes: f64,
+    pub bytes: u128,
     /// Reductions: at equal bytes an elementwise form is cheaper, because
     /// fusion puts it in its neighbours' kernel and a reduction ends one
     /// (a sum over a dim of size 1 is then a reshape plus 0).
-    pub reductions: f64,
+    pub reductions: u128,
     /// Nodes.
-    pub ops: f64,
+    pub ops: u128,
     /// Divisions (slower than a multiply on every target).
-    pub divisions: f64,
+    pub divisions: u128,
     /// Nodes the input graph did not have.
-    pub new: f64,
+    pub new: u128,
 }
 
 impl std::ops::Add for Cost {
     type Output = Cost;
     fn add(self, o: Cost) -> Cost {
         Cost {
-            bytes: self.bytes + o.bytes,
-            reductions: self.reductions + o.reductions,
-            ops: self.ops + o.ops,
-            divisions: self.divisions + o.divisions,
-            new: self.new + o.new,
+            bytes: self.bytes.saturating_add(o.bytes),
+            reductions: self.reductions.saturating_add(o.reductions),
+            ops: self.ops.saturating_add(o.ops),
+            divisions: self.divisions.saturating_add(o.divisions),
+            new: self.new.saturating_add(o.new),
+        }
+    }
+}
+
+/// A non-negative integer of any size (little-endian limbs, no zero limb
+/// on top): a tree cost's only operations are addition and comparison.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Wide(Vec<u64>);
+
+impl Wide {
+    fn of(x: u128) -> Wide {
+        let mut w = Wide(vec![x as u64, (x >> 64) as u64]);
+        w.trim();
+        w
+    }
+
+    fn trim(&mut self) {
+        while self.0.last() == Some(&0) {
+            self.0.pop();
+        }
+    }
+
+    fn add(&mut self, o: &Wide) {
+        if self.0.len() < o.0.len() {
+            self.0.resize(o.0.len(), 0);
+        }
+        let mut carry = 0u64;
+        for (i, limb) in self.0.iter_mut().enumerate() {
+            let (a, c1) = limb.overflowing_add(o.0.get(i).copied().unwrap_or(0));
+            let (b, c2) = a.overflowing_add(carry);
+            *limb = b;
+            carry = u64::from(c1) + u64::from(c2);
+        }
+        if carry > 0 {
+            self.0.push(carry);
+        }
+        self.trim();
+    }
+}
+
+impl Ord for Wide {
+    fn cmp(&self, o: &Wide) -> std::cmp::Ordering {
+        self.0.len().cmp(&o.0.len()).then_with(|| self.0.iter().rev().cmp(o.0.iter().rev()))
+    }
+}
+
+impl PartialOrd for Wide {
+    fn partial_cmp(&self, o: &Wide) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+/// A [`Cost`] summed over a tree: a node's own cost plus its operands'
+/// tree costs. It counts a value once per path to it, which grows
+/// exponentially with the sharing of a deep graph: GPT-2 small's training
+/// step passes 2^128 bytes. Exact integers of any size keep the few
+/// megabytes two choices differ by (floats lost them, and saturating
+/// integers tied everything: simplify kept every large graph as it was).
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+struct TreeCost([Wide; 5]);
+
+impl TreeCost {
+    fn of(c: Cost) -> TreeCost {
+        TreeCost([c.bytes, c.reductions, c.ops, c.divisions, c.new].map(Wide::of))
+    }
+
+    fn add(&mut self, o: &TreeCost) {
+        for (a, b) in self.0.iter_mut().zip(&o.0) {
+            a.add(b);
         }
     }
 }
@@ -42,12 +113,12 @@ impl Cost {
     /// The cost without the tie-break on new nodes: what decides whether
     /// the extracted graph is an improvement.
     pub fn work(self) -> Cost {
-        Cost { new: 0.0, ..self }
+        Cost { new: 0, ..self }
     }
 }
 
-fn bytes(shape: &Shape, dtype: DType) -> f64 {
-    shape.numel() as f64 * dtype.size() as f64
+fn bytes(shape: &Shape, dtype: DType) -> u128 {
+    shape.numel() as u128 * dtype.size() as u128
 }
 
 /// The cost of one node on its own. Inputs, buffers, `full` constants and
@@ -63,14 +134,14 @@ pub fn own_cost<'a>(
     operands: impl Iterator<Item = (&'a Shape, DType, bool)>,
 ) -> Cost {
     let bytes = match op {
-        OpKey::Input(_) | OpKey::Buffer(_) | OpKey::Full(_) => 0.0,
-        OpKey::Reshape(_) | OpKey::Permute(_) | OpKey::Expand(_) | OpKey::Slice { .. } => 0.0,
+        OpKey::Input(_) | OpKey::Buffer(_) | OpKey::Full(_) => 0,
+        OpKey::Reshape(_) | OpKey::Permute(_) | OpKey::Expand(_) | OpKey::Slice { .. } => 0,
         OpKey::Arange { .. } | OpKey::Random { .. } => bytes(shape, dtype),
-        _ => bytes(shape, dtype) + operands.filter(|o| !o.2).map(|(s, d, _)| bytes(s, d)).sum::<f64>(),
+        _ => bytes(shape, dtype) + operands.filter(|o| !o.2).map(|(s, d, _)| bytes(s, d)).sum::<u128>(),
     };
-    let divisions = if *op == OpKey::Binary(BinaryOp::Div) { 1.0 } else { 0.0 };
-    let reductions = if matches!(op, OpKey::Reduce { .. }) { 1.0 } else { 0.0 };
-    Cost { bytes, reductions, ops: 1.0, divisions, new: 0.0 }
+    let divisions = u128::from(*op == OpKey::Binary(BinaryOp::Div));
+    let reductions = u128::from(matches!(op, OpKey::Reduce { .. }));
+    Cost { bytes, reductions, ops: 1, divisions, new: 0 }
 }
 
 fn enode_cost(g: &SGraph, n: &ENode, originals: &HashMap<ENode, NodeId>) -> Cost {
@@ -78,7 +149,7 @@ fn enode_cost(g: &SGraph, n: &ENode, originals: &HashMap<ENode, NodeId>) -> Cost
         n.children.iter().map(|&c| (&g[c].data.shape, g[c].data.dtype, g[c].data.constant.is_some()));
     let mut cost = own_cost(&n.op, &n.shape, n.dtype, operands);
     if !originals.contains_key(n) {
-        cost.new = 1.0;
+        cost.new = 1;
     }
     cost
 }
@@ -120,7 +191,7 @@ fn post_order(g: &SGraph, roots: &[Id]) -> Vec<Id> {
 
 /// Sweeps are repeated until no class finds a cheaper node; in practice
 /// two or three (the order is topological but for cycles). The bound only
-/// guards against float edge cases; every recorded choice is valid.
+/// guards against a pathological e-graph; every recorded choice is valid.
 const MAX_SWEEPS: usize = 64;
 
 /// The chosen node of every e-class the roots need, and the cost of that
@@ -142,7 +213,7 @@ pub struct Extraction {
 /// once) cost against the input's before keeping it.
 pub fn extract(g: &SGraph, roots: &[Id], originals: &HashMap<ENode, NodeId>) -> Extraction {
     let order = post_order(g, roots);
-    let mut best: HashMap<Id, (Cost, usize)> = HashMap::with_capacity(order.len());
+    let mut best: HashMap<Id, (TreeCost, usize)> = HashMap::with_capacity(order.len());
     for _ in 0..MAX_SWEEPS {
         let mut changed = false;
         for &c in &order {
@@ -150,14 +221,18 @@ pub fn extract(g: &SGraph, roots: &[Id], originals: &HashMap<ENode, NodeId>) -> 
                 let mut children: Vec<Id> = n.children.iter().map(|&k| g.find(k)).collect();
                 children.sort_unstable();
                 children.dedup();
-                let Some(below) = children
-                    .iter()
-                    .try_fold(Cost::default(), |acc, k| best.get(k).map(|&(cost, _)| acc + cost))
-                else {
+                let mut cost = TreeCost::of(enode_cost(g, n, originals));
+                let complete = children.iter().all(|k| match best.get(k) {
+                    Some((below, _)) => {
+                        cost.add(below);
+                        true
+                    }
+                    None => false,
+                });
+                if !complete {
                     continue;
-                };
-                let cost = enode_cost(g, n, originals) + below;
-                if best.get(&c).is_none_or(|&(b, _)| cost < b) {
+                }
+                if best.get(&c).is_none_or(|(b, _)| cost < *b) {
                     best.insert(c, (cost, i));
                     changed = true;
                 }
@@ -176,7 +251,7 @@ pub fn extract(g: &SGraph, roots: &[Id], originals: &HashMap<ENode, NodeId>) -> 
         }
         // Every root class holds an input node, so it has a cost; so does
         // every child of a costed node.
-        let Some(&(_, i)) = best.get(&c) else { continue };
+        let Some(&i) = best.get(&c).map(|(_, i)| i) else { continue };
         let n = &g[c].nodes[i];
         cost = cost + enode_cost(g, n, originals);
         stack.extend(n.children.iter().map(|&k| g.find(k)));
@@ -266,4 +341,28 @@ pub fn rebuild(
         roots[..outputs].iter().map(|&r| built.get(&g.find(r)).copied()).collect::<Option<Vec<_>>>()?;
     graph.set_outputs(outputs);
     Some(added)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wide_integers_add_with_carry_and_compare_by_value() {
+        let mut a = Wide::of(u128::MAX);
+        a.add(&Wide::of(1));
+        assert_eq!(a, Wide(vec![0, 0, 1]), "2^128");
+        assert!(a > Wide::of(u128::MAX));
+        let mut b = a.clone();
+        b.add(&Wide::of(5));
+        assert!(b > a && a < b);
+        assert_eq!(Wide::of(0), Wide::default());
+        assert!(Wide::of(3) < Wide::of(1 << 70));
+        // Costs compare field by field: bytes decide before nodes.
+        let small = TreeCost::of(Cost { bytes: 10, ops: 9, ..Cost::default() });
+        let mut large = TreeCost::of(Cost { bytes: 11, ..Cost::default() });
+        assert!(small < large);
+        large.add(&small);
+        assert_eq!(large, TreeCost::of(Cost { bytes: 21, ops: 9, ..Cost::default() }));
+    }
 }
