@@ -32,8 +32,10 @@ pub(crate) fn generate(
 pub(crate) enum Frame {
     /// `extern "C" __global__ void name(out, in0, ...)` over the whole grid.
     Kernel,
-    /// `static __device__ void name(out, in0, ..., blk, nblk)`: block
-    /// `blk` of `nblk` blocks (`super::multi`).
+    /// `static __device__ void name(out, in0, ..., count, blk, nblk)`:
+    /// `count` elements, block `blk` of `nblk` blocks (`super::multi`).
+    /// The element count is an argument, so members that differ only in
+    /// size share one function.
     Member,
 }
 
@@ -66,13 +68,17 @@ pub(crate) fn function(
         }
         Frame::Member => {
             src.push_str(&format!(
-                "static __device__ __forceinline__ void {name}({}, const unsigned blk, const unsigned nblk) {{\n",
+                "static __device__ __forceinline__ void {name}({}, const long long count, const unsigned blk, const unsigned nblk) {{\n",
                 params(out_dtype, operands, in_place)
             ));
             ("blk", "nblk")
         }
     };
-    src.push_str(&format!("  typedef {index} I;\n  const I n = {numel};\n"));
+    let n = match frame {
+        Frame::Kernel => numel.to_string(),
+        Frame::Member => "(I)count".to_string(),
+    };
+    src.push_str(&format!("  typedef {index} I;\n  const I n = {n};\n"));
     // Broadcast leaves: one read per thread, before the loop.
     let mut hoisted: Vec<(NodeId, String)> = Vec::new();
     for &id in &body.order {

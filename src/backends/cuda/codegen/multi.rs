@@ -4,7 +4,11 @@
 //!
 //! Each member is its elementwise loop as a device function
 //! ([`elementwise::Frame::Member`]) over a range of the grid's blocks: as
-//! many as its own kernel would have had. The kernel takes every member's
+//! many as its own kernel would have had. Its element count is an
+//! argument, so members that differ only in size (every parameter's
+//! second-moment update) call one function: NVRTC compiles a few
+//! functions, not one per member (a group of 57 members each with its own
+//! function added 1.6 s to a cold start). The kernel takes every member's
 //! pointers in member order (`m0_out, m0_in0, ..., m1_out, ...`) and each
 //! block finds its member by a binary search over the block ranges, baked
 //! into the source like every size. A member computes exactly what its
@@ -56,22 +60,34 @@ pub(crate) fn chunks(pointers: &[usize]) -> Vec<std::ops::Range<usize>> {
 
 /// The kernel running `members` (see the module docs).
 pub(crate) fn generate(name: &str, members: &[Member<'_>]) -> Result<Kernel, String> {
+    const FUNCTION: &str = "KILN_MEMBER_FUNCTION";
     let mut src = String::new();
+    let mut functions: Vec<String> = Vec::new();
     let mut params = Vec::new();
     let mut calls = Vec::new();
     let mut starts = Vec::new();
     let mut grid = 0u64;
     for (i, m) in members.iter().enumerate() {
-        let f = format!("{name}_m{i}");
-        let (text, threads) = elementwise::function(&f, m.g, &m.operands, m.in_place, Frame::Member)?;
-        src.push_str(&text);
+        let (text, threads) = elementwise::function(FUNCTION, m.g, &m.operands, m.in_place, Frame::Member)?;
+        let j = match functions.iter().position(|f| *f == text) {
+            Some(j) => j,
+            None => {
+                src.push_str(&text.replace(FUNCTION, &format!("{name}_f{}", functions.len())));
+                functions.push(text);
+                functions.len() - 1
+            }
+        };
         let out = m.g.node(*m.g.outputs().first().ok_or("a body has one output")?).dtype;
         params.push(params_named(out, &m.operands, m.in_place, &format!("m{i}_")));
         let mut args = vec![format!("m{i}_out")];
         args.extend(buffer_operands(&m.operands).iter().map(|k| format!("m{i}_in{k}")));
+        args.push(format!(
+            "{}ll",
+            m.g.node(*m.g.outputs().first().ok_or("a body has one output")?).shape.numel()
+        ));
         let blocks = grid_for(threads, BLOCK as usize) as u64;
         starts.push(grid);
-        calls.push((f, args.join(", "), blocks));
+        calls.push((format!("{name}_f{j}"), args.join(", "), blocks));
         grid += blocks;
     }
     let grid = u32::try_from(grid).map_err(|_| format!("{grid} blocks do not fit one grid"))?;
