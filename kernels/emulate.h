@@ -76,6 +76,7 @@ inline Barrier warp_barrier[32];
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define KILN_NOINLINE __attribute__((noinline))
 #define __shared__ static
 #define __restrict__ __restrict
 #define __align__(n) alignas(n)

@@ -13,6 +13,14 @@
 // vectorized loads, and warp/block reductions.
 #pragma once
 
+// A function compiled once and called, never inlined: the members of a
+// multi-tensor kernel (codegen/multi.rs), so that a kernel of many members
+// compiles a few functions, not a copy of one at every call site. The
+// emulator (emulate.h) defines it first, for g++.
+#ifndef KILN_NOINLINE
+#define KILN_NOINLINE __noinline__
+#endif
+
 namespace kiln {
 
 typedef long long i64;

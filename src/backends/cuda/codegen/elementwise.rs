@@ -68,7 +68,7 @@ pub(crate) fn function(
         }
         Frame::Member => {
             src.push_str(&format!(
-                "static __device__ __forceinline__ void {name}({}, const long long count, const unsigned blk, const unsigned nblk) {{\n",
+                "static __device__ KILN_NOINLINE void {name}({}, const long long count, const unsigned blk, const unsigned nblk) {{\n",
                 params(out_dtype, operands, in_place)
             ));
             ("blk", "nblk")

@@ -6,9 +6,10 @@
 //! ([`elementwise::Frame::Member`]) over a range of the grid's blocks: as
 //! many as its own kernel would have had. Its element count is an
 //! argument, so members that differ only in size (every parameter's
-//! second-moment update) call one function: NVRTC compiles a few
-//! functions, not one per member (a group of 57 members each with its own
-//! function added 1.6 s to a cold start). The kernel takes every member's
+//! second-moment update) call one function, which is never inlined
+//! (`KILN_NOINLINE`): NVRTC compiles a few functions, not a copy per
+//! member (a group of 57 members, each with its loop inlined, added 1.8 s
+//! or more to a cold start). The kernel takes every member's
 //! pointers in member order (`m0_out, m0_in0, ..., m1_out, ...`) and each
 //! block finds its member by a binary search over the block ranges, baked
 //! into the source like every size. A member computes exactly what its
