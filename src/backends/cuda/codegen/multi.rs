@@ -78,14 +78,11 @@ pub(crate) fn generate(name: &str, members: &[Member<'_>]) -> Result<Kernel, Str
                 functions.len() - 1
             }
         };
-        let out = m.g.node(*m.g.outputs().first().ok_or("a body has one output")?).dtype;
-        params.push(params_named(out, &m.operands, m.in_place, &format!("m{i}_")));
+        let out = m.g.node(*m.g.outputs().first().ok_or("a body has one output")?);
+        params.push(params_named(out.dtype, &m.operands, m.in_place, &format!("m{i}_")));
         let mut args = vec![format!("m{i}_out")];
         args.extend(buffer_operands(&m.operands).iter().map(|k| format!("m{i}_in{k}")));
-        args.push(format!(
-            "{}ll",
-            m.g.node(*m.g.outputs().first().ok_or("a body has one output")?).shape.numel()
-        ));
+        args.push(format!("{}ll", out.shape.numel()));
         let blocks = grid_for(threads, BLOCK as usize) as u64;
         starts.push(grid);
         calls.push((format!("{name}_f{j}"), args.join(", "), blocks));
