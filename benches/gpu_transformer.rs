@@ -4,6 +4,9 @@
 //! - attention alone, `[32, 12, 512, 64]`: f16 and bf16 with and without a
 //!   causal mask (against SDPA's flash backend), f32 (against its
 //!   efficient and math backends);
+//! - attention's forward and backward together, the same shapes, f16 and
+//!   bf16 (against SDPA's flash forward and backward, eager): the three
+//!   gradients of `out` seeded with a fixed `g`;
 //! - the MiniLM encoder (6 layers, 384 wide, 12 heads) at batch 64 × 128
 //!   tokens, f32 and bf16, random weights of the real shapes;
 //! - a BERT-base-sized encoder (12 layers, 768, 12 heads) at 32 × 128, bf16.
@@ -62,6 +65,39 @@ fn attention(dtype: DType, causal: bool) -> Workload {
     }
 }
 
+/// Forward and backward: `dq, dk, dv` of `attention(q, k, v)` seeded with
+/// `g` (`Tensor::backward_with`, as PyTorch's `out.backward(g)`).
+fn attention_train(dtype: DType, causal: bool) -> Workload {
+    // The forward's 4 b h s² d and the backward's 2.5 times that
+    // (FlashAttention's count), halved by a causal mask.
+    let flops = 3.5 * 4.0 * (B * H * S * S * HD) as f64 / if causal { 2.0 } else { 1.0 };
+    Workload {
+        name: format!("attention fwd+bwd [32,12,512,64] {dtype}{}", if causal { " causal" } else { "" }),
+        flops,
+        make: Box::new(move |ctx| {
+            let shape = [B, H, S, HD];
+            let q = ctx.variable("q", ctx.randn_dtype(shape, dtype))?;
+            let k = ctx.variable("k", ctx.randn_dtype(shape, dtype))?;
+            let v = ctx.variable("v", ctx.randn_dtype(shape, dtype))?;
+            let g = ctx.randn_dtype(shape, dtype);
+            ctx.realize(&[&*q, &*k, &*v, &g])?;
+            let ctx = ctx.clone();
+            Ok(Box::new(move || {
+                ctx.zero_grad();
+                let out = q.scaled_dot_product_attention(&k, &v, None, causal, None);
+                let grads = out.backward_with(&g)?;
+                let missing = || Error::Backend("attention's backward gave no gradient".into());
+                let got: Vec<Tensor> = [&q, &k, &v]
+                    .iter()
+                    .map(|x| grads.get(x).cloned().ok_or_else(missing))
+                    .collect::<Result<_>>()?;
+                ctx.realize(&got.iter().collect::<Vec<_>>())?;
+                Ok(got[0].clone())
+            }))
+        }),
+    }
+}
+
 fn encoder(label: &str, config: BertConfig, batch: usize, seq: usize, dtype: DType) -> Workload {
     let (w, l, f) = (config.hidden_size, config.num_hidden_layers, config.intermediate_size);
     let tokens = (batch * seq) as f64;
@@ -88,6 +124,11 @@ fn workloads() -> Vec<Workload> {
     for dtype in [DType::F16, DType::BF16, DType::F32] {
         for causal in [false, true] {
             out.push(attention(dtype, causal));
+        }
+    }
+    for dtype in [DType::F16, DType::BF16] {
+        for causal in [false, true] {
+            out.push(attention_train(dtype, causal));
         }
     }
     out.push(encoder("MiniLM-L6", BertConfig::minilm_l6(), 64, 128, DType::F32));

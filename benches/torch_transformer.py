@@ -4,6 +4,10 @@ kiln's side; `gpu_session.sh transformer` runs both in one device call).
 - attention [32, 12, 512, 64]: F.scaled_dot_product_attention pinned to
   one backend: FLASH_ATTENTION for f16/bf16, EFFICIENT_ATTENTION and MATH
   for f32 (flash takes no f32), with and without is_causal;
+- attention forward and backward [32, 12, 512, 64], f16 and bf16: SDPA's
+  flash forward, then `out.backward(g)` (the flash backward), eager only
+  (compiling adds nothing to two library kernels); gradients set to None
+  before each call, as an optimizer's zero_grad does;
 - a BERT encoder as an nn.Module (the same post-norm layers as kiln's
   nn::bert, attention through F.scaled_dot_product_attention with a bool
   key-padding mask), random weights: MiniLM-L6 at 64x128 (f32, bf16) and
@@ -13,7 +17,7 @@ Each as eager, torch.compile and torch.compile(mode="reduce-overhead"):
 first-call wall time, 5 warm-up calls, median of 50 calls timed with CUDA
 events. TF32 off. Inference: no gradients.
 
-    python3 benches/torch_transformer.py [kiln.jsonl] [--markdown table.md]
+    python3 benches/torch_transformer.py [kiln.jsonl] [--markdown table.md] [--only substring]
 """
 import json
 import statistics
@@ -39,6 +43,21 @@ class Attention(torch.nn.Module):
     def forward(self, q, k, v):
         with sdpa_kernel(self.backend):
             return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+
+
+class AttentionTrain:
+    """Forward and backward of flash attention with the seed `g`; the
+    gradients land in q.grad, k.grad, v.grad."""
+
+    def __init__(self, causal):
+        self.causal = causal
+
+    def __call__(self, q, k, v, g):
+        for x in (q, k, v):
+            x.grad = None
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        out.backward(g)
 
 
 class Layer(torch.nn.Module):
@@ -87,6 +106,13 @@ def workloads():
                 ("efficient", SDPBackend.EFFICIENT_ATTENTION), ("math", SDPBackend.MATH)]
             for label, backend in backends:
                 out.append((name, label, flops, Attention(causal, backend), qkv))
+    for dtype in (torch.float16, torch.bfloat16):
+        qkv = [torch.randn(B, H, S, HD, device=dev, dtype=dtype, generator=g).requires_grad_() for _ in range(3)]
+        seed = torch.randn(B, H, S, HD, device=dev, dtype=dtype, generator=g)
+        for causal in (False, True):
+            name = f"attention fwd+bwd [32,12,512,64] {NAMES[dtype]}{' causal' if causal else ''}"
+            flops = 3.5 * 4 * B * H * S * S * HD / (2 if causal else 1)
+            out.append((name, "flash", flops, AttentionTrain(causal), qkv + [seed]))
     for label, (layers, w, heads, ff), batch, dtype in [
         ("MiniLM-L6", (6, 384, 12, 1536), 64, torch.float32),
         ("MiniLM-L6", (6, 384, 12, 1536), 64, torch.bfloat16),
@@ -105,7 +131,8 @@ def workloads():
 def measure(fn, args):
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    with torch.inference_mode():
+    grad = isinstance(fn, AttentionTrain)
+    with torch.enable_grad() if grad else torch.inference_mode():
         t0 = time.perf_counter()
         fn(*args)
         torch.cuda.synchronize()
@@ -130,13 +157,23 @@ def main():
         i = args.index("--markdown")
         md = args[i + 1]
         del args[i:i + 2]
+    only = None
+    if "--only" in args:
+        i = args.index("--only")
+        only = args[i + 1]
+        del args[i:i + 2]
     rows = []
     if args:
         rows += [json.loads(l) for l in open(args[0]) if l.strip()]
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     for name, backend, flops, module, inputs in workloads():
-        for mode, f in [("eager", module), ("torch.compile", torch.compile(module)),
-                        ("torch.compile reduce-overhead", torch.compile(module, mode="reduce-overhead"))]:
+        if only and only not in name:
+            continue
+        modes = [("eager", module)]
+        if not isinstance(module, AttentionTrain):
+            modes += [("torch.compile", torch.compile(module)),
+                      ("torch.compile reduce-overhead", torch.compile(module, mode="reduce-overhead"))]
+        for mode, f in modes:
             impl = f"torch {mode} ({backend})"
             try:
                 first, ms, peak = measure(f, inputs)

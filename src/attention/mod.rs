@@ -18,8 +18,10 @@
 //! Both accumulate in f32 for f16, bf16 and f32 (f64 in f64), use the
 //! online softmax (running maximum, rescaled running sum), and give zeros
 //! for a query row whose keys are all removed. The gradient
-//! (`passes/autodiff/attention.rs`) recomputes the probabilities from the
-//! saved inputs.
+//! (`passes/autodiff/attention.rs`) is three more nodes that never store
+//! the scores either: each query row's log-sum-exp, then `dq` and `dk, dv`
+//! (FlashAttention-2's backward; on CUDA tensor-core kernels for f16 and
+//! bf16, `backends/cuda/codegen/attention_grad.rs`).
 //!
 //! ```
 //! use kiln::prelude::*;

@@ -292,10 +292,16 @@ fn encode(graph: &Graph, id: NodeId, operands: &[NodeId], marks: &[(u32, u32)], 
         | Op::IndexAdd { dim }
         | Op::WriteAt { dim }
         | Op::Cat { dim } => put(w, *dim as u64),
-        Op::Attention { scale, causal, mask } => {
+        Op::Attention { scale, causal, mask } | Op::AttentionStats { scale, causal, mask } => {
             put(w, scale.to_bits());
             put(w, *causal as u64);
             put(w, *mask as u64);
+        }
+        Op::AttentionGrad { scale, causal, mask, wrt } => {
+            put(w, scale.to_bits());
+            put(w, *causal as u64);
+            put(w, *mask as u64);
+            put(w, *wrt as u64);
         }
         Op::Collective { what, seq } => {
             match what {
@@ -357,6 +363,8 @@ fn op_tag(op: &Op) -> u64 {
         Op::Collective { .. } => 25,
         Op::WriteAt { .. } => 26,
         Op::Assign => 27,
+        Op::AttentionStats { .. } => 28,
+        Op::AttentionGrad { .. } => 29,
     }
 }
 

@@ -57,7 +57,8 @@ pub use fused::{FusedBody, FusedKind};
 pub use graph::{Graph, Node, NodeId, NodeSet, Phase, Region, RegionAutocast, RegionId};
 pub use infer::{infer, mixed, window_out};
 pub use op::{
-    AttnMask, BinaryOp, BufferId, Collective, CompareOp, Distribution, Op, PoolKind, ReduceOp, UnaryOp,
+    AttnMask, AttnWrt, BinaryOp, BufferId, Collective, CompareOp, Distribution, Op, PoolKind, ReduceOp,
+    UnaryOp,
 };
 pub use plan::{
     Event, EventId, LaunchGroup, MemoryPlan, Placement, Plan, PlanTables, StreamId, StreamPlan, ValueMemory,

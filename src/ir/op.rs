@@ -122,6 +122,27 @@ impl AttnMask {
     }
 }
 
+/// Which gradient an [`Op::AttentionGrad`] node computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AttnWrt {
+    /// The queries' gradient, `[b, h, sq, d]`.
+    Query,
+    /// The keys' and values' gradients side by side, `[b, h, sk, d + dv]`
+    /// (the keys' in columns `0..d`): one kernel computes both, since
+    /// both need the same probabilities.
+    KeyValue,
+}
+
+impl AttnWrt {
+    /// The text IR's word for it (`wrt=q`).
+    pub fn name(self) -> &'static str {
+        match self {
+            AttnWrt::Query => "q",
+            AttnWrt::KeyValue => "kv",
+        }
+    }
+}
+
 /// A collective: the same op on every rank of a process group (see
 /// `crate::dist`), each rank contributing its operand. Every rank's plan
 /// issues its collectives in the same order; the k-th collective of one
@@ -318,6 +339,39 @@ pub enum Op {
         /// What the fourth operand is, if any.
         mask: AttnMask,
     },
+    /// The two per-row numbers the attention backward needs, as
+    /// `[b, h, sq, 2]` in the type attention accumulates in (f64 for f64
+    /// queries, f32 for the others): the log-sum-exp `lse = ln Σ_j e^(scale q·k_j +
+    /// mask)` over the keys row `i` keeps (`+inf` for a row that keeps
+    /// none, so that its probabilities `e^(s - lse)` are 0), and `delta =
+    /// Σ_c o[c] g[c]`, the row's output dotted with its gradient.
+    /// Operands q, k, o (the attention's output), g (its gradient) and the
+    /// mask as in [`Op::Attention`]. Autodiff records it for the
+    /// attention's gradient; see `passes/autodiff/attention.rs`.
+    AttentionStats {
+        /// As the forward's.
+        scale: f64,
+        /// As the forward's.
+        causal: bool,
+        /// As the forward's.
+        mask: AttnMask,
+    },
+    /// A gradient of [`Op::Attention`] without the `[sq, sk]` matrices:
+    /// operands q, k, v, g (the output's gradient), the
+    /// [`Op::AttentionStats`] of the same attention, and the mask as in
+    /// [`Op::Attention`]. With `P = e^(scale q kᵀ + mask - lse)`, `dP = g
+    /// vᵀ` and `dS = P ⊙ (dP - delta)`: `dq = scale dS k`, `dk = scale dSᵀ
+    /// q`, `dv = Pᵀ g`, in the dtype of q (see [`AttnWrt`] for the shape).
+    AttentionGrad {
+        /// As the forward's.
+        scale: f64,
+        /// As the forward's.
+        causal: bool,
+        /// As the forward's.
+        mask: AttnMask,
+        /// Which gradient.
+        wrt: AttnWrt,
+    },
     /// `x` with `value` written over the window that starts at a runtime
     /// offset along `dim` (XLA's `dynamic_update_slice` on one dim):
     /// operands x, value (x's shape except along `dim`, where it is no
@@ -395,6 +449,8 @@ impl Op {
             Op::WriteAt { .. } => "write_at",
             Op::Assign => "assign",
             Op::Attention { .. } => "attention",
+            Op::AttentionStats { .. } => "attention_stats",
+            Op::AttentionGrad { .. } => "attention_grad",
             Op::Cat { .. } => "cat",
             Op::Fused(_) => "fused",
             Op::Collective { what, .. } => what.mnemonic(),
@@ -462,6 +518,10 @@ impl Op {
             Op::Where | Op::IndexAdd { .. } | Op::WriteAt { .. } => 3,
             Op::Attention { mask: AttnMask::None, .. } => 3,
             Op::Attention { .. } => 4,
+            Op::AttentionStats { mask: AttnMask::None, .. } => 4,
+            Op::AttentionStats { .. } => 5,
+            Op::AttentionGrad { mask: AttnMask::None, .. } => 5,
+            Op::AttentionGrad { .. } => 6,
             Op::Fused(body) => body.inputs(),
             Op::Cat { .. } => return None,
         })

@@ -332,9 +332,11 @@ fn rewrite(graph: &Graph, lows: &[Option<DType>]) -> Result<(Graph, Counts)> {
         let converted: Vec<NodeId> = operands
             .iter()
             .zip(&new)
-            .map(|(o, &n)| {
+            .enumerate()
+            .map(|(slot, (o, &n))| {
                 let recorded = graph.node(*o).dtype;
-                let want = if recorded == DType::F32 { target } else { recorded };
+                let keeps = policy::operand_keeps_type(&node.op, slot);
+                let want = if recorded == DType::F32 && !keeps { target } else { recorded };
                 b.convert(n, want)
             })
             .collect();

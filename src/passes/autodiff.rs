@@ -37,6 +37,7 @@
 //! with broadcast batch dims (an `expand`).
 
 mod attention;
+pub(crate) use attention::expand as expand_attention_grad;
 mod build;
 mod rules;
 mod window;

@@ -15,6 +15,7 @@
 //! ranks only would pair different rounds across ranks.
 
 mod assign;
+mod attention_grad;
 mod autocast;
 mod autodiff;
 mod constant_fold;
@@ -33,6 +34,7 @@ mod streams;
 mod view_fold;
 
 pub use assign::Assign;
+pub use attention_grad::{AttentionGrad, MAX_FUSED_HEAD_DIM};
 pub use autocast::{policy_text, Autocast, OpKey, PolicyEntry, Precision, POLICY};
 pub use autodiff::{grad_region, gradients, Autodiff, GradRequest};
 pub use constant_fold::ConstantFold;
@@ -285,6 +287,10 @@ pub static REGISTRY: &[PassInfo] = &[
         description:
             "run products in bf16/f16 and keep accumulations in f32, by a policy table (with_autocast)",
     },
+    PassInfo {
+        pass: &AttentionGrad,
+        description: "keep attention gradients fused where a kernel takes them (f16/bf16), else expand them",
+    },
     PassInfo { pass: &ViewFold, description: "compose chains of views and drop identity views" },
     PassInfo { pass: &ConstantFold, description: "turn nodes of one known value into full constants" },
     PassInfo { pass: &Cse, description: "merge nodes that compute the same value" },
@@ -324,6 +330,9 @@ pub static PIPELINE: &[&dyn Pass] = &[
     // Mixed precision first (only under `with_autocast`): the casts it adds
     // are then folded, merged and fused like any other node.
     &Autocast,
+    // Attention gradients fused or expanded, once autocast fixed their
+    // type; expanded ones are then folded, merged and fused like the rest.
+    &AttentionGrad,
     // Views first, so folding and CSE see one view per chain.
     &ViewFold,
     // Fold constants (views of a Full included) before comparing nodes.

@@ -21,6 +21,7 @@ fn registry_names_are_unique_kebab_case() {
         names,
         [
             "autocast",
+            "attention-grad",
             "view-fold",
             "constant-fold",
             "cse",

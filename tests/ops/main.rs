@@ -4,6 +4,7 @@
 
 mod reference;
 
+mod attention_grad;
 mod attention_nonfinite;
 mod cache;
 mod creation;

@@ -47,7 +47,7 @@ const QB: usize = 16;
 const KB: usize = 64;
 
 /// The accumulator type: f32 for f16/bf16/f32, f64 for f64.
-trait Acc:
+pub(super) trait Acc:
     Copy
     + Send
     + Sync
@@ -104,7 +104,7 @@ impl Acc for f64 {
 
 /// The mask, read through its strides: `[b, h, i, j]` is
 /// `data[offset + b s0 + h s1 + i s2 + j s3]`.
-struct MaskRead<'a, A> {
+pub(super) struct MaskRead<'a, A> {
     kind: AttnMask,
     keep: &'a [bool],
     add: Vec<A>,
@@ -112,13 +112,30 @@ struct MaskRead<'a, A> {
     offset: usize,
 }
 
-impl<A: Acc> MaskRead<'_, A> {
+impl<'a, A: Acc> MaskRead<'a, A> {
+    /// The reader of `mask` (`kind`; `None` reads as keeping every key).
+    pub(super) fn new(mask: Option<&'a CpuBuffer>, kind: AttnMask) -> Result<MaskRead<'a, A>> {
+        let mut read = MaskRead { kind, keep: &[], add: Vec::new(), strides: [0; 4], offset: 0 };
+        if let Some(m) = mask.filter(|_| kind != AttnMask::None) {
+            let l = m.layout();
+            read.strides = [l.strides[0], l.strides[1], l.strides[2], l.strides[3]];
+            read.offset = l.offset;
+            match kind {
+                AttnMask::Keep => read.keep = m.view::<bool>()?.data,
+                _ => {
+                    read.add = dispatch!(m.dtype(), M => m.view::<M>()?.data.iter().map(|e| A::of(Elem::to_f64(*e))).collect())
+                }
+            }
+        }
+        Ok(read)
+    }
+
     /// The mask's term for `(b, h, i, j)`: `Some` of 0 or the additive
     /// value, or `None` for a removed key (whose score is `-inf`, not its
     /// product plus `-inf`: a NaN product of a removed key stays out, as
     /// PyTorch's `masked_fill` leaves it out).
     #[inline]
-    fn at(&self, b: usize, h: usize, i: usize, j: usize) -> Option<A> {
+    pub(super) fn at(&self, b: usize, h: usize, i: usize, j: usize) -> Option<A> {
         let s = &self.strides;
         let o = self.offset + b * s[0] + h * s[1] + i * s[2] + j * s[3];
         match self.kind {
@@ -163,17 +180,17 @@ pub(crate) fn attention(
 }
 
 /// The sizes: batch, heads, query and key lengths, head dims.
-struct Dims {
-    b: usize,
-    h: usize,
-    sq: usize,
-    sk: usize,
-    d: usize,
-    dv: usize,
+pub(super) struct Dims {
+    pub(super) b: usize,
+    pub(super) h: usize,
+    pub(super) sq: usize,
+    pub(super) sk: usize,
+    pub(super) d: usize,
+    pub(super) dv: usize,
 }
 
 /// The operand as dense accumulator-type values.
-fn dense<T: Elem, A: Acc>(x: &CpuBuffer) -> Result<Vec<A>> {
+pub(super) fn dense<T: Elem, A: Acc>(x: &CpuBuffer) -> Result<Vec<A>> {
     Ok(contiguous(x.view::<T>()?)?.into_iter().map(|e| A::of(Elem::to_f64(e))).collect())
 }
 
@@ -190,18 +207,7 @@ fn run<T: Elem, A: Acc>(
     out: Out<'_>,
 ) -> Result<()> {
     let (q, k, v) = (dense::<T, A>(q)?, dense::<T, A>(k)?, dense::<T, A>(v)?);
-    let mut read = MaskRead { kind, keep: &[], add: Vec::new(), strides: [0; 4], offset: 0 };
-    if let Some(m) = mask.filter(|_| kind != AttnMask::None) {
-        let l = m.layout();
-        read.strides = [l.strides[0], l.strides[1], l.strides[2], l.strides[3]];
-        read.offset = l.offset;
-        match kind {
-            AttnMask::Keep => read.keep = m.view::<bool>()?.data,
-            _ => {
-                read.add = dispatch!(m.dtype(), M => m.view::<M>()?.data.iter().map(|e| A::of(Elem::to_f64(*e))).collect())
-            }
-        }
-    }
+    let read = MaskRead::new(mask, kind)?;
     let out = out.get::<T>()?;
     let scale = A::of(scale);
     let (sq, sk, d, dv) = (n.sq, n.sk, n.d, n.dv);

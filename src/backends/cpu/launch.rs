@@ -4,7 +4,7 @@
 use super::arena::Arena;
 use super::exec::{CpuExecutable, Place, Step};
 use super::storage::{dispatch, Elem, Out, Storage};
-use super::{attention, conv, elementwise, index, pool, reduce, source, CpuBuffer, Layout};
+use super::{attention, attention_grad, conv, elementwise, index, pool, reduce, source, CpuBuffer, Layout};
 use crate::backends::RngArgs;
 use crate::ir::{Element, Op, Shape};
 use crate::{Error, Result};
@@ -144,6 +144,14 @@ impl CpuExecutable {
                 let v =
                     args.get(2).ok_or_else(|| Error::Backend("cpu: attention lacks its values".into()))?;
                 write!(|out| attention::attention(x()?, k, v, args.get(3), *mask, *scale, *causal, out))
+            }
+            Op::AttentionStats { scale, causal, mask } => {
+                let [q, k, o, g] = operands::<4>(args, "attention_stats")?;
+                write!(|out| attention_grad::stats(q, k, o, g, args.get(4), *mask, *scale, *causal, out))
+            }
+            Op::AttentionGrad { scale, causal, mask, wrt } => {
+                let ops = operands::<5>(args, "attention_grad")?;
+                write!(|out| attention_grad::grad(ops, args.get(5), *mask, *scale, *causal, *wrt, out))
             }
             Op::Collective { what, .. } => {
                 let member = self.member.as_ref().ok_or_else(|| {
@@ -293,4 +301,10 @@ impl CpuExecutable {
             ready: None,
         })
     }
+}
+
+/// The first `N` operands of a step, or an error naming `op`.
+fn operands<'a, const N: usize>(args: &'a [CpuBuffer], op: &str) -> Result<[&'a CpuBuffer; N]> {
+    let first: Vec<&CpuBuffer> = args.iter().take(N).collect();
+    first.try_into().map_err(|_| Error::Backend(format!("cpu: {op} takes {N} operands, got {}", args.len())))
 }

@@ -17,6 +17,7 @@
 
 mod arena;
 mod attention;
+mod attention_grad;
 mod conv;
 mod elementwise;
 mod exec;

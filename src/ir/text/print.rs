@@ -225,9 +225,15 @@ fn attrs(op: &Op, dtype: crate::ir::DType) -> String {
         | Op::Cat { dim } => {
             format!(" dim={dim}")
         }
-        Op::Attention { scale, causal, mask } => {
+        Op::Attention { scale, causal, mask } | Op::AttentionStats { scale, causal, mask } => {
             format!(" scale={scale:?} mask={}{}", mask.name(), if *causal { " causal" } else { "" })
         }
+        Op::AttentionGrad { scale, causal, mask, wrt } => format!(
+            " wrt={} scale={scale:?} mask={}{}",
+            wrt.name(),
+            mask.name(),
+            if *causal { " causal" } else { "" }
+        ),
         Op::Fused(body) => match body.over() {
             Some(k) => format!(" kind={} over={k}", body.kind().name()),
             None => format!(" kind={}", body.kind().name()),

@@ -113,7 +113,12 @@ pub(super) fn vjp(
             if wanted[1] { Some(write_window(b, dim, xs[0], xs[1], xs[2], g)?) } else { None },
             None,
         ]),
-        Op::Attention { scale, causal, mask } => super::attention::vjp(b, g, xs, wanted, scale, causal, mask),
+        Op::Attention { scale, causal, mask } => super::attention::vjp(b, y, g, xs, wanted, scale, causal, mask),
+        // Autodiff records these for an attention's gradient; a second
+        // derivative through them is not written.
+        Op::AttentionStats { .. } | Op::AttentionGrad { .. } => {
+            Err(format!("{} has no gradient (a second derivative of attention)", op.mnemonic()))
+        }
         Op::Conv2d { stride, padding, dilation, groups } => {
             let conv = window::Conv { stride, padding, dilation, groups };
             Ok(vec![

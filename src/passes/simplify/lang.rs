@@ -11,8 +11,8 @@
 //! an e-class.
 
 use crate::ir::{
-    infer, AttnMask, BinaryOp, BufferId, Collective, CompareOp, DType, Distribution, Op, PoolKind, ReduceOp,
-    Scalar, Shape, UnaryOp,
+    infer, AttnMask, AttnWrt, BinaryOp, BufferId, Collective, CompareOp, DType, Distribution, Op, PoolKind,
+    ReduceOp, Scalar, Shape, UnaryOp,
 };
 use egg::{Analysis, DidMerge, EGraph, Id, Language};
 
@@ -109,6 +109,17 @@ pub enum OpKey {
         causal: bool,
         mask: AttnMask,
     },
+    AttentionStats {
+        scale: u64,
+        causal: bool,
+        mask: AttnMask,
+    },
+    AttentionGrad {
+        scale: u64,
+        causal: bool,
+        mask: AttnMask,
+        wrt: AttnWrt,
+    },
     Cat {
         dim: usize,
     },
@@ -183,6 +194,12 @@ impl From<&Op> for OpKey {
             Op::Attention { scale, causal, mask } => {
                 OpKey::Attention { scale: scale.to_bits(), causal: *causal, mask: *mask }
             }
+            Op::AttentionStats { scale, causal, mask } => {
+                OpKey::AttentionStats { scale: scale.to_bits(), causal: *causal, mask: *mask }
+            }
+            Op::AttentionGrad { scale, causal, mask, wrt } => {
+                OpKey::AttentionGrad { scale: scale.to_bits(), causal: *causal, mask: *mask, wrt: *wrt }
+            }
             Op::Cat { dim } => OpKey::Cat { dim: *dim },
             Op::Fused(body) => OpKey::Fused(FusedKey(body.clone(), body.to_string())),
             Op::Collective { what, seq } => OpKey::Collective(*what, *seq),
@@ -228,6 +245,12 @@ impl OpKey {
             OpKey::Assign => Op::Assign,
             OpKey::Attention { scale, causal, mask } => {
                 Op::Attention { scale: f64::from_bits(*scale), causal: *causal, mask: *mask }
+            }
+            OpKey::AttentionStats { scale, causal, mask } => {
+                Op::AttentionStats { scale: f64::from_bits(*scale), causal: *causal, mask: *mask }
+            }
+            OpKey::AttentionGrad { scale, causal, mask, wrt } => {
+                Op::AttentionGrad { scale: f64::from_bits(*scale), causal: *causal, mask: *mask, wrt: *wrt }
             }
             OpKey::Cat { dim } => Op::Cat { dim: *dim },
             OpKey::Collective(what, seq) => Op::Collective { what: *what, seq: *seq },

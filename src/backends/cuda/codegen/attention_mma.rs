@@ -239,7 +239,7 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec) -> Kernel {
 /// `dst(row, col)`; `contiguous` says `dst` holds 8 consecutive columns
 /// in one 16-byte slot (row-major tiles), so vector loads store whole.
 #[allow(clippy::too_many_arguments)]
-fn tile_load(
+pub(super) fn tile_load(
     s: &mut String,
     x: &str,
     strided: &Strided,

@@ -26,6 +26,7 @@
 pub(crate) mod argmax;
 pub(crate) mod attention;
 pub(crate) mod attention_decode;
+pub(crate) mod attention_grad;
 pub(crate) mod attention_mma;
 pub(crate) mod attention_simt;
 pub(crate) mod body;

@@ -8,10 +8,11 @@
 use super::ops::{buffer_locs, operand};
 use super::{Lowering, Storage, Value};
 use crate::backends::cuda::codegen::attention::{flash, Spec, Strided};
+use crate::backends::cuda::codegen::attention_grad::{self, GradSpec};
 use crate::backends::cuda::codegen::ops;
 use crate::backends::cuda::codegen::{attention_decode, attention_simt, index_add};
 use crate::backends::cuda::program::{IndexCheck, Launch, Loc, Region};
-use crate::ir::{AttnMask, DType, NodeId, Shape};
+use crate::ir::{AttnMask, AttnWrt, DType, NodeId, Shape};
 
 impl Lowering<'_> {
     /// `out = x`, then `out[.., index[j], ..] += src[.., j, ..]` in index order.
@@ -138,6 +139,73 @@ impl Lowering<'_> {
             args.push(self.new_scratch(attention_simt::workspace_bytes(&spec)));
             args.push(self.new_counters(attention_simt::counters(&spec)));
         }
+        args.extend(buffer_locs(&vals));
+        self.launches.push(Launch::Kernel { kernel, args });
+        Ok(())
+    }
+
+    /// `attention_stats` (`wrt` `None`) or `attention_grad`: one launch of
+    /// the tensor-core backward kernel for this shape
+    /// (`codegen/attention_grad.rs`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attention_backward(
+        &mut self,
+        ops: &[Value],
+        scale: f64,
+        causal: bool,
+        mask: AttnMask,
+        wrt: Option<AttnWrt>,
+        dst: Loc,
+    ) -> Result<(), String> {
+        let mut vals = Vec::with_capacity(ops.len());
+        for v in ops {
+            vals.push(match v.storage {
+                Storage::Mem(_) => v.clone(),
+                Storage::Const(_) => self.materialize(v)?,
+            });
+        }
+        let strided = |v: &Value| {
+            let s = &v.layout.strides;
+            Strided { offset: v.layout.offset, strides: [s[0], s[1], s[2], s[3]] }
+        };
+        // Operands: q, k, v (o for the stats), g, [stats], [mask].
+        let mask_at = if wrt.is_some() { 5 } else { 4 };
+        let (q, k, v) = (&vals[0].layout.shape.0, &vals[1].layout.shape.0, &vals[2].layout.shape.0);
+        let spec = GradSpec {
+            dtype: vals[0].dtype,
+            batch: q[0],
+            heads: q[1],
+            sq: q[2],
+            sk: k[2],
+            d: q[3],
+            dv: v[3],
+            scale,
+            causal,
+            mask,
+            mask_dtype: vals.get(mask_at).map_or(DType::Bool, |m| m.dtype),
+            q: strided(&vals[0]),
+            k: strided(&vals[1]),
+            v: strided(&vals[2]),
+            g: strided(&vals[3]),
+            m: vals.get(mask_at).map(strided),
+        };
+        if !attention_grad::applies(&spec) {
+            return Err(format!(
+                "the CUDA attention backward runs f16 and bf16 heads of 16 to {} (multiples of 16), got {} heads of {} and {}; the attention-grad pass expands the others",
+                crate::passes::MAX_FUSED_HEAD_DIM,
+                spec.dtype,
+                spec.d,
+                spec.dv
+            ));
+        }
+        if wrt.is_some() && !(vals[4].layout.is_contiguous() && vals[4].layout.offset == 0) {
+            return Err("attention_grad reads its stats contiguous".into());
+        }
+        let kernel = match wrt {
+            None => self.add_kernel("attention_stats", |n| Ok(attention_grad::stats(n, &spec)))?,
+            Some(wrt) => self.add_kernel("attention_grad", |n| Ok(attention_grad::grad(n, &spec, wrt)))?,
+        };
+        let mut args = vec![dst];
         args.extend(buffer_locs(&vals));
         self.launches.push(Launch::Kernel { kernel, args });
         Ok(())

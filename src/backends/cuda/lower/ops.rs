@@ -114,6 +114,12 @@ impl Lowering<'_> {
             Op::Attention { scale, causal, mask } => {
                 self.attention(&ops, *scale, *causal, *mask, &node.shape, dst)
             }
+            Op::AttentionStats { scale, causal, mask } => {
+                self.attention_backward(&ops, *scale, *causal, *mask, None, dst)
+            }
+            Op::AttentionGrad { scale, causal, mask, wrt } => {
+                self.attention_backward(&ops, *scale, *causal, *mask, Some(*wrt), dst)
+            }
             Op::Cat { dim } => {
                 let parts: Vec<Operand> = ops.iter().map(operand).collect();
                 let k = self.add_kernel("cat", |n| Ok(ops::cat(n, &parts, *dim, &node.shape)))?;

@@ -4,8 +4,8 @@
 
 use super::clip;
 use crate::ir::{
-    AttnMask, BinaryOp, BufferId, Collective, CompareOp, DType, Distribution, FusedBody, Graph, Op, PoolKind,
-    ReduceOp, Scalar, Shape, UnaryOp,
+    AttnMask, AttnWrt, BinaryOp, BufferId, Collective, CompareOp, DType, Distribution, FusedBody, Graph, Op,
+    PoolKind, ReduceOp, Scalar, Shape, UnaryOp,
 };
 use std::sync::Arc;
 
@@ -124,6 +124,8 @@ pub(super) enum Kind {
     WriteAt,
     Assign,
     Attention,
+    AttentionStats,
+    AttentionGrad,
     Cat,
     Fused,
     Collective(Collective),
@@ -152,6 +154,8 @@ const FIXED: &[(&str, Kind)] = &[
     ("write_at", Kind::WriteAt),
     ("assign", Kind::Assign),
     ("attention", Kind::Attention),
+    ("attention_stats", Kind::AttentionStats),
+    ("attention_grad", Kind::AttentionGrad),
     ("cat", Kind::Cat),
     ("fused", Kind::Fused),
     ("all_reduce_sum", Kind::Collective(Collective::AllReduce(ReduceOp::Sum))),
@@ -327,8 +331,22 @@ pub(super) fn build_op(
         Kind::IndexSelect => Op::IndexSelect { dim: a.usize("dim", m, "index_select %x, %i dim=0")? },
         Kind::IndexAdd => Op::IndexAdd { dim: a.usize("dim", m, "index_add %x, %i, %s dim=0")? },
         Kind::WriteAt => Op::WriteAt { dim: a.usize("dim", m, "write_at %x, %v, %offset dim=2")? },
-        Kind::Attention => {
-            let ex = "attention %q, %k, %v scale=0.125 mask=none causal";
+        Kind::Attention | Kind::AttentionStats | Kind::AttentionGrad => {
+            let ex = match kind {
+                Kind::AttentionStats => "attention_stats %q, %k, %o, %g scale=0.125 mask=none causal",
+                Kind::AttentionGrad => {
+                    "attention_grad %q, %k, %v, %g, %stats wrt=q scale=0.125 mask=none causal"
+                }
+                _ => "attention %q, %k, %v scale=0.125 mask=none causal",
+            };
+            let wrt = match kind {
+                Kind::AttentionGrad => Some(match a.word("wrt", m, ex)? {
+                    "q" => AttnWrt::Query,
+                    "kv" => AttnWrt::KeyValue,
+                    other => return Err(format!("wrt must be q or kv, found '{}'", clip(other))),
+                }),
+                _ => None,
+            };
             let w = a.word("scale", m, ex)?;
             let scale: f64 = w.parse().map_err(|_| format!("scale must be a number, found '{}'", clip(w)))?;
             let mask = match a.word("mask", m, ex)? {
@@ -337,7 +355,12 @@ pub(super) fn build_op(
                 "bool" => AttnMask::Keep,
                 other => return Err(format!("mask must be none, additive or bool, found '{}'", clip(other))),
             };
-            Op::Attention { scale, causal: a.flag("causal"), mask }
+            let causal = a.flag("causal");
+            match (kind, wrt) {
+                (Kind::AttentionStats, _) => Op::AttentionStats { scale, causal, mask },
+                (_, Some(wrt)) => Op::AttentionGrad { scale, causal, mask, wrt },
+                _ => Op::Attention { scale, causal, mask },
+            }
         }
         Kind::Assign => Op::Assign,
         Kind::Cat => Op::Cat { dim: a.usize("dim", m, "cat %a, %b dim=0")? },

@@ -1,0 +1,230 @@
+//! The attention backward on the CPU: [`Op::AttentionStats`] and
+//! [`Op::AttentionGrad`](crate::ir::Op::AttentionGrad) (see their docs),
+//! a row or a key at a time, so no `[sq, sk]` matrix is stored.
+//!
+//! - Stats: per query row, the scores of the keys it keeps, their maximum
+//!   `m` and `lse = m + ln Σ e^(s - m)` (`+inf` for a row that keeps no
+//!   key), and `delta = o · g`.
+//! - `wrt=q`: per query row, `dq = scale Σ_j p_j (g · v_j - delta) k_j`
+//!   with `p_j = e^(s_j - lse)`.
+//! - `wrt=kv`: per key, `dk = scale Σ_i p_ij (g_i · v - delta_i) q_i` and
+//!   `dv = Σ_i p_ij g_i` over the query rows that keep it.
+//!
+//! Removed keys are skipped (the forward kernels never read them either).
+//! f16, bf16 and f32 accumulate in f32, f64 in f64, as the forward does;
+//! NaN and inf flow through the arithmetic (a NaN score makes its row's
+//! `lse` NaN, so every probability of the row is NaN).
+//!
+//! [`Op::AttentionStats`]: crate::ir::Op::AttentionStats
+
+use super::attention::{dense, Acc, Dims, MaskRead};
+use super::storage::{Elem, Out};
+use super::CpuBuffer;
+use crate::ir::{AttnMask, AttnWrt, DType};
+use crate::{Error, Result};
+use rayon::prelude::*;
+
+/// What both kernels read: the attention's settings and operands as
+/// dense accumulator-type values.
+struct Operands<A> {
+    n: Dims,
+    q: Vec<A>,
+    k: Vec<A>,
+    scale: A,
+    causal: bool,
+}
+
+impl<A: Acc> Operands<A> {
+    /// Row `i`'s score of key `j` in head `(b, h)` (`bh` its index), or
+    /// `None` for a removed key.
+    #[inline]
+    fn score(&self, read: &MaskRead<'_, A>, bh: usize, i: usize, j: usize) -> Option<A> {
+        let n = &self.n;
+        if self.causal && j > i {
+            return None;
+        }
+        let add = read.at(bh / n.h.max(1), bh % n.h.max(1), i, j)?;
+        let qi = &self.q[(bh * n.sq + i) * n.d..][..n.d];
+        let kj = &self.k[(bh * n.sk + j) * n.d..][..n.d];
+        Some(dot(qi, kj) * self.scale + add)
+    }
+}
+
+/// `Σ a_c b_c` in order.
+#[inline]
+fn dot<A: Acc>(a: &[A], b: &[A]) -> A {
+    a.iter().zip(b).fold(A::ZERO, |s, (&x, &y)| s + x * y)
+}
+
+/// The sizes of queries `q`, keys `k` and the `[.., dv]` operand `v`.
+fn dims(q: &CpuBuffer, k: &CpuBuffer, v: &CpuBuffer) -> Result<Dims> {
+    let (qs, ks, vs) = (&q.shape().0, &k.shape().0, &v.shape().0);
+    if qs.len() != 4 || ks.len() != 4 || vs.len() != 4 {
+        return Err(Error::Backend("cpu: attention operands must have rank 4".into()));
+    }
+    Ok(Dims { b: qs[0], h: qs[1], sq: qs[2], sk: ks[2], d: qs[3], dv: vs[3] })
+}
+
+/// The mask reader of `mask` (`kind`), as [`MaskRead`] wants it.
+fn mask_read<'a, A: Acc>(mask: Option<&'a CpuBuffer>, kind: AttnMask) -> Result<MaskRead<'a, A>> {
+    if kind != AttnMask::None && mask.is_none() {
+        return Err(Error::Backend("cpu: attention lacks its mask operand".into()));
+    }
+    MaskRead::new(mask, kind)
+}
+
+/// `attention_stats q, k, o, g [, mask]` into `out` (f32 `[b, h, sq, 2]`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn stats(
+    q: &CpuBuffer,
+    k: &CpuBuffer,
+    o: &CpuBuffer,
+    g: &CpuBuffer,
+    mask: Option<&CpuBuffer>,
+    kind: AttnMask,
+    scale: f64,
+    causal: bool,
+    out: Out<'_>,
+) -> Result<()> {
+    let mut n = dims(q, k, o)?;
+    n.dv = o.shape().0[3];
+    match q.dtype() {
+        DType::F64 => stats_run::<f64, f64>([q, k, o, g], mask, kind, scale, causal, n, out),
+        DType::F32 => stats_run::<f32, f32>([q, k, o, g], mask, kind, scale, causal, n, out),
+        DType::F16 => stats_run::<half::f16, f32>([q, k, o, g], mask, kind, scale, causal, n, out),
+        DType::BF16 => stats_run::<half::bf16, f32>([q, k, o, g], mask, kind, scale, causal, n, out),
+        d => Err(Error::Backend(format!("cpu: attention_stats is not defined on {d}"))),
+    }
+}
+
+fn stats_run<T: Elem, A: Acc + Elem>(
+    [q, k, o, g]: [&CpuBuffer; 4],
+    mask: Option<&CpuBuffer>,
+    kind: AttnMask,
+    scale: f64,
+    causal: bool,
+    n: Dims,
+    out: Out<'_>,
+) -> Result<()> {
+    let read = mask_read::<A>(mask, kind)?;
+    let (o, g) = (dense::<T, A>(o)?, dense::<T, A>(g)?);
+    let ops = Operands { q: dense::<T, A>(q)?, k: dense::<T, A>(k)?, scale: A::of(scale), causal, n };
+    let out = out.get::<A>()?;
+    let (sq, sk, dv) = (ops.n.sq, ops.n.sk, ops.n.dv);
+    if out.len() != ops.n.b * ops.n.h * sq * 2 {
+        return Err(Error::Backend("cpu: attention_stats output of the wrong size".into()));
+    }
+    out.par_chunks_mut(2).enumerate().for_each(|(row, pair)| {
+        let (bh, i) = (row / sq.max(1), row % sq.max(1));
+        let scores: Vec<A> = (0..sk).filter_map(|j| ops.score(&read, bh, i, j)).collect();
+        // NaN wins the maximum, as in the forward kernel.
+        let m =
+            scores.iter().fold(A::NEG_INF, |m, &s| if s > m || s.is_nan() && !m.is_nan() { s } else { m });
+        let lse = if m == A::NEG_INF {
+            f64::INFINITY
+        } else {
+            let sum = scores.iter().fold(A::ZERO, |l, &s| l + (s - m).exp());
+            m.wide() + sum.wide().ln()
+        };
+        let at = row * dv;
+        pair[0] = A::of(lse);
+        pair[1] = dot(&o[at..at + dv], &g[at..at + dv]);
+    });
+    Ok(())
+}
+
+/// `attention_grad q, k, v, g, stats [, mask] wrt=...` into `out`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn grad(
+    operands: [&CpuBuffer; 5],
+    mask: Option<&CpuBuffer>,
+    kind: AttnMask,
+    scale: f64,
+    causal: bool,
+    wrt: AttnWrt,
+    out: Out<'_>,
+) -> Result<()> {
+    let [q, k, v, _, _] = operands;
+    let n = dims(q, k, v)?;
+    match q.dtype() {
+        DType::F64 => grad_run::<f64, f64>(operands, mask, kind, scale, causal, wrt, n, out),
+        DType::F32 => grad_run::<f32, f32>(operands, mask, kind, scale, causal, wrt, n, out),
+        DType::F16 => grad_run::<half::f16, f32>(operands, mask, kind, scale, causal, wrt, n, out),
+        DType::BF16 => grad_run::<half::bf16, f32>(operands, mask, kind, scale, causal, wrt, n, out),
+        d => Err(Error::Backend(format!("cpu: attention_grad is not defined on {d}"))),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn grad_run<T: Elem, A: Acc + Elem>(
+    [q, k, v, g, st]: [&CpuBuffer; 5],
+    mask: Option<&CpuBuffer>,
+    kind: AttnMask,
+    scale: f64,
+    causal: bool,
+    wrt: AttnWrt,
+    n: Dims,
+    out: Out<'_>,
+) -> Result<()> {
+    let read = mask_read::<A>(mask, kind)?;
+    let (v, g) = (dense::<T, A>(v)?, dense::<T, A>(g)?);
+    let st = dense::<A, A>(st)?;
+    let ops = Operands { q: dense::<T, A>(q)?, k: dense::<T, A>(k)?, scale: A::of(scale), causal, n };
+    let (sq, sk, d, dv) = (ops.n.sq, ops.n.sk, ops.n.d, ops.n.dv);
+    let out = out.get::<T>()?;
+    // `p` and `p (dP - delta)` of row `i` and key `j`, or `None` for a
+    // removed key.
+    let weights = |bh: usize, i: usize, j: usize| {
+        let s = ops.score(&read, bh, i, j)?;
+        let (lse, delta) = (st[(bh * sq + i) * 2], st[(bh * sq + i) * 2 + 1]);
+        let p = (s - lse).exp();
+        let dp = dot(&g[(bh * sq + i) * dv..][..dv], &v[(bh * sk + j) * dv..][..dv]);
+        Some((p, p * (dp - delta)))
+    };
+    match wrt {
+        AttnWrt::Query => {
+            if out.len() != ops.n.b * ops.n.h * sq * d {
+                return Err(Error::Backend("cpu: attention_grad output of the wrong size".into()));
+            }
+            out.par_chunks_mut(d.max(1)).enumerate().for_each(|(row, dq)| {
+                let (bh, i) = (row / sq.max(1), row % sq.max(1));
+                let mut acc = vec![A::ZERO; d];
+                for j in 0..sk {
+                    let Some((_, ds)) = weights(bh, i, j) else { continue };
+                    for (a, &kc) in acc.iter_mut().zip(&ops.k[(bh * sk + j) * d..][..d]) {
+                        *a = *a + ds * kc;
+                    }
+                }
+                for (o, a) in dq.iter_mut().zip(acc) {
+                    *o = T::from_f64((a * ops.scale).wide());
+                }
+            });
+        }
+        AttnWrt::KeyValue => {
+            let w = d + dv;
+            if out.len() != ops.n.b * ops.n.h * sk * w {
+                return Err(Error::Backend("cpu: attention_grad output of the wrong size".into()));
+            }
+            out.par_chunks_mut(w.max(1)).enumerate().for_each(|(key, dkv)| {
+                let (bh, j) = (key / sk.max(1), key % sk.max(1));
+                let (mut dk, mut dvs) = (vec![A::ZERO; d], vec![A::ZERO; dv]);
+                for i in 0..sq {
+                    let Some((p, ds)) = weights(bh, i, j) else { continue };
+                    for (a, &qc) in dk.iter_mut().zip(&ops.q[(bh * sq + i) * d..][..d]) {
+                        *a = *a + ds * qc;
+                    }
+                    for (a, &gc) in dvs.iter_mut().zip(&g[(bh * sq + i) * dv..][..dv]) {
+                        *a = *a + p * gc;
+                    }
+                }
+                for (o, a) in dkv[..d].iter_mut().zip(dk) {
+                    *o = T::from_f64((a * ops.scale).wide());
+                }
+                for (o, a) in dkv[d..].iter_mut().zip(dvs) {
+                    *o = T::from_f64(a.wide());
+                }
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,471 @@
+//! The tensor-core attention backward: [`Op::AttentionStats`] and
+//! [`Op::AttentionGrad`] for f16 and bf16 heads whose dims are multiples
+//! of 16 up to 128 (the shapes the `attention-grad` pass keeps fused).
+//! FlashAttention-2's backward, as three kernels that never hold more
+//! than a 64 × 64 tile of the `[sq, sk]` scores, each warp-wide product
+//! a `kiln::mma_16816` (see `attention_mma.rs` for the fragment layout):
+//!
+//! - **stats**: a block of 4 warps owns 64 query rows (16 a warp), walks
+//!   the keys in tiles of 64 and keeps each row's running maximum and sum
+//!   (the forward's online softmax without `p v`); it writes each row's
+//!   log-sum-exp and `delta = o · g`.
+//! - **dq** (`wrt=q`): the same blocks; per key tile, `S = q kᵀ`, `P =
+//!   2^(S scale log2 e - lse log2 e)`, `dP = g vᵀ` and `dS = P (dP -
+//!   delta)` stay in registers, and `dq += dS k` (`dS` rounded to the
+//!   input type, as the forward rounds `P` for `p v`).
+//! - **dkv** (`wrt=kv`): a block owns 64 keys (16 a warp, held as `mma`
+//!   fragments with their values) and walks the query tiles that can see
+//!   them; per tile it computes the transposed `Sᵀ = k qᵀ` and `dPᵀ = v gᵀ`,
+//!   then `dv += Pᵀ g` and `dk += dSᵀ q`. No atomics: `dq` and `dk, dv` are
+//!   separate kernels, so the results do not depend on scheduling.
+//!
+//! Tiles sit in shared memory row-major with rows padded by 8 elements.
+//! The operands an `mma` reads along their rows (`k` for `S`, `v` for
+//! `dP`, `q` and `g` for the transposed products) are 32-bit loads; the
+//! ones it reads down a column (`k` for `dq`, `g` and `q` for `dv` and
+//! `dk`) are assembled from two 16-bit loads. Removed keys (past the end,
+//! causal, masked) and query rows past the end get `P = 0`; a query row
+//! with no key left has `lse = +inf`, so every `P` of it is 0 and so are
+//! its gradients, as the forward writes zeros there. NaN flows through
+//! the arithmetic (a NaN score makes its row's `lse` NaN).
+//!
+//! [`Op::AttentionStats`]: crate::ir::Op::AttentionStats
+//! [`Op::AttentionGrad`]: crate::ir::Op::AttentionGrad
+
+use super::attention::Strided;
+use super::attention_mma::tile_load;
+use super::{types, Kernel};
+use crate::ir::{AttnMask, AttnWrt, DType};
+use std::fmt::Write;
+
+/// Rows (queries or keys) a block owns: 16 per warp.
+const ROWS: usize = 64;
+/// Rows of the other side per tile.
+const TILE: usize = 64;
+/// Threads of a block.
+const THREADS: usize = 128;
+/// Padding of a shared-memory row, in elements.
+const PAD: usize = 8;
+
+/// What the three kernels are generated for.
+#[derive(Clone, Debug)]
+pub(crate) struct GradSpec {
+    pub dtype: DType,
+    pub batch: usize,
+    pub heads: usize,
+    pub sq: usize,
+    pub sk: usize,
+    pub d: usize,
+    pub dv: usize,
+    pub scale: f64,
+    pub causal: bool,
+    pub mask: AttnMask,
+    pub mask_dtype: DType,
+    pub q: Strided,
+    pub k: Strided,
+    /// The values (`wrt`) or the forward's output (stats).
+    pub v: Strided,
+    /// The output's gradient.
+    pub g: Strided,
+    pub m: Option<Strided>,
+}
+
+/// Whether the kernels take `spec`: the rule of the `attention-grad` pass.
+pub(crate) fn applies(spec: &GradSpec) -> bool {
+    let fits = |n: usize| n % 16 == 0 && (16..=crate::passes::MAX_FUSED_HEAD_DIM).contains(&n);
+    matches!(spec.dtype, DType::F16 | DType::BF16) && fits(spec.d) && fits(spec.dv)
+}
+
+impl GradSpec {
+    /// The kernel's opening: `out`, then `q, k, v|o, g`, the stats (for
+    /// `wrt`) and the mask.
+    fn head(&self, name: &str, out: &str, stats: bool) -> String {
+        let st = types::storage(self.dtype);
+        let mut p = vec![format!("{out}* __restrict__ out")];
+        for x in ["q", "k", "v", "dout"] {
+            p.push(format!("const {st}* __restrict__ {x}"));
+        }
+        if stats {
+            p.push("const float* __restrict__ stats".into());
+        }
+        if self.mask != AttnMask::None {
+            p.push(format!("const {}* __restrict__ mask", types::storage(self.mask_dtype)));
+        }
+        let mut s = format!("extern \"C\" __global__ void {name}({}) {{\n", p.join(", "));
+        s.push_str("  typedef long long I;\n  typedef kiln::u32 U;\n");
+        s.push_str("  const float NEG_INF = __int_as_float(0xff800000);\n");
+        s.push_str("  const float POS_INF = __int_as_float(0x7f800000);\n");
+        s.push_str("  const int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, c = lane % 4;\n");
+        s
+    }
+
+    /// The parameters the kernel reads (all but `out`).
+    fn reads(&self, stats: bool) -> Vec<usize> {
+        let n = 4 + stats as usize + (self.mask != AttnMask::None) as usize;
+        (0..n).collect()
+    }
+
+    /// Code that sets `x` (declared by the caller) to the score of query
+    /// `i` and key `j` from the raw product `raw`, in log2 units, or
+    /// `NEG_INF` for a removed pair. `i`, `j` are ints in scope.
+    fn score(&self, raw: &str, x: &str) -> String {
+        let log2e = std::f64::consts::LOG2_E;
+        let scale = format!("{:?}f", (self.scale * log2e) as f32);
+        let mut removed = format!("j >= {} || i >= {}", self.sk, self.sq);
+        if self.causal {
+            removed.push_str(" || j > i");
+        }
+        let mut s = String::new();
+        let mut value = format!("{raw} * {scale}");
+        if let Some(mk) = &self.m {
+            let at = format!("mask[{}]", mk.at("b", "h", "i", "j"));
+            match self.mask {
+                AttnMask::Keep => {
+                    let _ = write!(removed, " || !{at}");
+                }
+                AttnMask::Additive => {
+                    let add = types::load(self.mask_dtype, &at);
+                    let _ = write!(value, " + (float){add} * {:?}f", log2e as f32);
+                }
+                AttnMask::None => {}
+            }
+        }
+        // The mask is read only for pairs inside both lengths (`?:`
+        // evaluates one side).
+        let _ = write!(s, "{x} = ({removed}) ? NEG_INF : {value};");
+        s
+    }
+}
+
+/// (At the loop body's indent.) `count` products `acc[n] = a · b(n)` for `n < count`, `a` the A
+/// fragment array `af[kk]` and `b(n)` the B fragment read at `b_at`
+/// (row-major, along the row: two 32-bit loads), over `kk < ks`.
+fn mma_rows(s: &mut String, acc: &str, af: &str, count: usize, ks: usize, b_at: &str, tag: &str) {
+    let ind = "    ";
+    let _ = writeln!(s, "{ind}#pragma unroll\n{ind}for (int n = 0; n < {count}; ++n) {{");
+    let _ = writeln!(s, "{ind}  {acc}[n][0] = {acc}[n][1] = {acc}[n][2] = {acc}[n][3] = 0.f;");
+    let _ = writeln!(s, "{ind}  #pragma unroll\n{ind}  for (int kk = 0; kk < {ks}; ++kk) {{");
+    let _ = writeln!(s, "{ind}    const unsigned short* br = &{b_at};");
+    let _ = writeln!(s, "{ind}    const U bf[2] = {{*(const U*)br, *(const U*)(br + 8)}};");
+    let _ = writeln!(s, "{ind}    kiln::mma_16816({acc}[n], {af}[kk], bf, {tag});\n{ind}  }}\n{ind}}}");
+}
+
+/// `acc[n] += A · B` for `n < count`, with A the 16 × 64 tile held in the
+/// accumulator array `src` (rounded to the input type) and B read down
+/// the columns of the row-major shared tile `tile` (row stride `stride`):
+/// B[k][n] = `tile[k * stride + n]`.
+fn mma_columns(s: &mut String, acc: &str, src: &str, count: usize, tile: &str, stride: usize, tag: &str) {
+    let ind = "    ";
+    let _ = writeln!(s, "{ind}#pragma unroll\n{ind}for (int kk = 0; kk < {}; ++kk) {{", TILE / 16);
+    let _ = writeln!(
+        s,
+        "{ind}  const U pa[4] = {{kiln::pack2({src}[2 * kk][0], {src}[2 * kk][1], {tag}), \
+         kiln::pack2({src}[2 * kk][2], {src}[2 * kk][3], {tag}),\n{ind}    \
+         kiln::pack2({src}[2 * kk + 1][0], {src}[2 * kk + 1][1], {tag}), \
+         kiln::pack2({src}[2 * kk + 1][2], {src}[2 * kk + 1][3], {tag})}};"
+    );
+    let _ = writeln!(s, "{ind}  #pragma unroll\n{ind}  for (int n = 0; n < {count}; ++n) {{");
+    let _ =
+        writeln!(s, "{ind}    const unsigned short* bc = &{tile}[(kk * 16 + 2 * c) * {stride} + n * 8 + g];");
+    let _ = writeln!(
+        s,
+        "{ind}    const U bf[2] = {{(U)bc[0] | ((U)bc[{stride}] << 16), (U)bc[{}] | ((U)bc[{}] << 16)}};",
+        8 * stride,
+        9 * stride
+    );
+    let _ = writeln!(s, "{ind}    kiln::mma_16816({acc}[n], pa, bf, {tag});\n{ind}  }}\n{ind}}}");
+}
+
+/// Loads the A fragments `name[n / 16][4]` of this warp's 16 rows of the
+/// shared tile `tile` (stride `stride`, `n` columns).
+fn fragments(s: &mut String, name: &str, tile: &str, stride: usize, n: usize) {
+    let _ = writeln!(s, "  U {name}[{}][4];", n / 16);
+    let _ = writeln!(s, "  #pragma unroll\n  for (int kk = 0; kk < {}; ++kk) {{", n / 16);
+    for (x, row, col) in [(0, "r0", "0"), (1, "r0 + 8", "0"), (2, "r0", "8"), (3, "r0 + 8", "8")] {
+        let _ = writeln!(
+            s,
+            "    {name}[kk][{x}] = *(const U*)&{tile}[({row}) * {stride} + kk * 16 + {col} + 2 * c];"
+        );
+    }
+    s.push_str("  }\n");
+}
+
+/// The opening every kernel shares: the block's (batch, head), its first
+/// row `r_start` and this thread's two rows `ia`, `ib`.
+fn block_rows(s: &mut String, spec: &GradSpec, len: usize) -> usize {
+    let blocks = len.div_ceil(ROWS).max(1);
+    let _ = writeln!(s, "  const I rb = (I)blockIdx.x % {blocks}, bh = (I)blockIdx.x / {blocks};");
+    let _ = writeln!(s, "  const I b = bh / {heads}, h = bh % {heads};", heads = spec.heads.max(1));
+    let _ = writeln!(s, "  const I r_start = rb * {ROWS};");
+    s.push_str("  const int r0 = w * 16 + g;\n  const int ia = (int)r_start + r0, ib = ia + 8;\n");
+    (spec.batch * spec.heads * blocks).max(1)
+}
+
+/// The stats kernel: f32 `[b, h, sq, 2]` of (lse, delta).
+pub(crate) fn stats(name: &str, spec: &GradSpec) -> Kernel {
+    let GradSpec { dtype, sq, sk, d, dv, .. } = *spec;
+    let tag = format!("{}()", types::storage(dtype));
+    let kst = d + PAD;
+    let mut s = spec.head(name, "float", false);
+    let _ = writeln!(s, "  __align__(16) __shared__ unsigned short ks[{}];", TILE * kst);
+    let grid = block_rows(&mut s, spec, sq);
+    tile_load(&mut s, "q", &spec.q, d, "r_start", sq, |r, c| format!("ks[{r} * {kst} + {c}]"), true);
+    s.push_str("  __syncthreads();\n");
+    fragments(&mut s, "qf", "ks", kst, d);
+    s.push_str("  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};\n");
+    key_end(&mut s, spec);
+    let _ = writeln!(s, "  for (I j0 = 0; j0 < kend; j0 += {TILE}) {{");
+    s.push_str("    __syncthreads();\n");
+    indent(&mut s, "  ", |s| {
+        tile_load(s, "k", &spec.k, d, "j0", sk, |r, c| format!("ks[{r} * {kst} + {c}]"), true)
+    });
+    s.push_str("    __syncthreads();\n");
+    let _ = writeln!(s, "    float sc[{}][4];", TILE / 8);
+    mma_rows(
+        &mut s,
+        "sc",
+        "qf",
+        TILE / 8,
+        d / 16,
+        &format!("ks[(n * 8 + g) * {kst} + kk * 16 + 2 * c]"),
+        &tag,
+    );
+    s.push_str("    float mx[2] = {NEG_INF, NEG_INF};\n");
+    scores_walk(
+        &mut s,
+        spec,
+        "ia",
+        "ib",
+        "(int)j0 + n * 8 + 2 * c + (e & 1)",
+        "mx[e / 2] = sc[n][e] > mx[e / 2] ? sc[n][e] : mx[e / 2];",
+    );
+    s.push_str("    #pragma unroll\n    for (int r = 0; r < 2; ++r) {\n");
+    s.push_str("      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));\n");
+    s.push_str("      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));\n");
+    s.push_str("      const float mn = m[r] > mx[r] ? m[r] : mx[r];\n");
+    s.push_str("      if (mn != NEG_INF) { l[r] *= exp2f(m[r] - mn); m[r] = mn; }\n    }\n");
+    let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n)", TILE / 8);
+    s.push_str("      #pragma unroll\n      for (int e = 0; e < 4; ++e)\n");
+    s.push_str("        if (m[e / 2] != NEG_INF) l[e / 2] += exp2f(sc[n][e] - m[e / 2]);\n  }\n");
+    // lse (natural log) and delta = o · g per row; a row's 4 lanes split
+    // its columns.
+    s.push_str("  #pragma unroll\n  for (int r = 0; r < 2; ++r) {\n");
+    s.push_str("    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);\n");
+    s.push_str("    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);\n");
+    s.push_str("    const int i = r == 0 ? ia : ib;\n    float dl = 0.f;\n");
+    let (o_at, g_at) = (spec.v.at("b", "h", "i", "col"), spec.g.at("b", "h", "i", "col"));
+    let _ = writeln!(
+        s,
+        "    if (i < {sq})\n      for (int col = c; col < {dv}; col += 4) dl += {} * {};",
+        types::load(dtype, &format!("v[{o_at}]")),
+        types::load(dtype, &format!("dout[{g_at}]"))
+    );
+    s.push_str("    dl += __shfl_xor_sync(0xffffffffu, dl, 1);\n");
+    s.push_str("    dl += __shfl_xor_sync(0xffffffffu, dl, 2);\n");
+    let _ = writeln!(s, "    if (i < {sq} && c == 0) {{");
+    let _ = writeln!(
+        s,
+        "      out[(bh * {sq} + i) * 2] = m[r] == NEG_INF ? POS_INF : (m[r] + log2f(l[r])) * {:?}f;",
+        std::f64::consts::LN_2 as f32
+    );
+    let _ = writeln!(s, "      out[(bh * {sq} + i) * 2 + 1] = dl;\n    }}\n  }}\n}}");
+    Kernel::new(name, s, grid as u32, THREADS as u32, spec.reads(false))
+}
+
+/// `kend`: the keys a block of query rows starting at `r_start` can see.
+fn key_end(s: &mut String, spec: &GradSpec) {
+    let sk = spec.sk;
+    let end = if spec.causal {
+        format!("r_start + {ROWS} < {sk} ? r_start + {ROWS} : (I){sk}")
+    } else {
+        format!("(I){sk}")
+    };
+    let _ = writeln!(s, "  const I kend = {end};");
+}
+
+/// Walks the tile `sc[n][e]` of raw products of this thread's query rows
+/// (`ia`, `ib`) and keys `j` (an expression of `n`, `e`), turning each
+/// into its log2 score (or `-inf`), then runs `then`.
+fn scores_walk(s: &mut String, spec: &GradSpec, ia: &str, ib: &str, j: &str, then: &str) {
+    let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n) {{", TILE / 8);
+    s.push_str("      #pragma unroll\n      for (int e = 0; e < 4; ++e) {\n");
+    let _ = writeln!(s, "        const int i = e < 2 ? {ia} : {ib}, j = {j};");
+    let _ = writeln!(s, "        {}", spec.score("sc[n][e]", "sc[n][e]"));
+    let _ = writeln!(s, "        {then}\n      }}\n    }}");
+}
+
+/// Indents what `f` writes by `ind`.
+fn indent(s: &mut String, ind: &str, f: impl FnOnce(&mut String)) {
+    let mut part = String::new();
+    f(&mut part);
+    for line in part.lines() {
+        let _ = writeln!(s, "{ind}{line}");
+    }
+}
+
+/// The `wrt=q` or `wrt=kv` kernel.
+pub(crate) fn grad(name: &str, spec: &GradSpec, wrt: AttnWrt) -> Kernel {
+    match wrt {
+        AttnWrt::Query => grad_q(name, spec),
+        AttnWrt::KeyValue => grad_kv(name, spec),
+    }
+}
+
+/// Loads `lse · log2 e` and delta of query row `i` into `lse`, `dl` (a
+/// row past the end: `+inf` and 0, so its probabilities are 0).
+fn row_stats(i: &str, sq: usize) -> String {
+    format!("{i} < {sq} ? stats[(bh * {sq} + {i}) * 2] * {:?}f : POS_INF", std::f64::consts::LOG2_E as f32)
+}
+
+fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
+    let GradSpec { dtype, sq, sk, d, dv, .. } = *spec;
+    let tag = format!("{}()", types::storage(dtype));
+    let (kst, vst) = (d + PAD, dv + PAD);
+    let mut s = spec.head(name, types::storage(dtype), true);
+    let _ = writeln!(s, "  __align__(16) __shared__ unsigned short ks[{}];", TILE * kst);
+    let _ = writeln!(s, "  __align__(16) __shared__ unsigned short vs[{}];", TILE * vst);
+    let grid = block_rows(&mut s, spec, sq);
+    tile_load(&mut s, "q", &spec.q, d, "r_start", sq, |r, c| format!("ks[{r} * {kst} + {c}]"), true);
+    tile_load(&mut s, "dout", &spec.g, dv, "r_start", sq, |r, c| format!("vs[{r} * {vst} + {c}]"), true);
+    s.push_str("  __syncthreads();\n");
+    fragments(&mut s, "qf", "ks", kst, d);
+    fragments(&mut s, "gf", "vs", vst, dv);
+    let _ = writeln!(s, "  const float lse[2] = {{{}, {}}};", row_stats("ia", sq), row_stats("ib", sq));
+    let _ = writeln!(
+        s,
+        "  const float dl[2] = {{ia < {sq} ? stats[(bh * {sq} + ia) * 2 + 1] : 0.f, ib < {sq} ? stats[(bh * {sq} + ib) * 2 + 1] : 0.f}};"
+    );
+    let _ = writeln!(s, "  float acc[{}][4];", d / 8);
+    let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;", d / 8);
+    key_end(&mut s, spec);
+    let _ = writeln!(s, "  for (I j0 = 0; j0 < kend; j0 += {TILE}) {{");
+    s.push_str("    __syncthreads();\n");
+    indent(&mut s, "  ", |s| {
+        tile_load(s, "k", &spec.k, d, "j0", sk, |r, c| format!("ks[{r} * {kst} + {c}]"), true);
+        tile_load(s, "v", &spec.v, dv, "j0", sk, |r, c| format!("vs[{r} * {vst} + {c}]"), true);
+    });
+    s.push_str("    __syncthreads();\n");
+    let _ = writeln!(s, "    float sc[{}][4], dp[{}][4];", TILE / 8, TILE / 8);
+    mma_rows(
+        &mut s,
+        "sc",
+        "qf",
+        TILE / 8,
+        d / 16,
+        &format!("ks[(n * 8 + g) * {kst} + kk * 16 + 2 * c]"),
+        &tag,
+    );
+    mma_rows(
+        &mut s,
+        "dp",
+        "gf",
+        TILE / 8,
+        dv / 16,
+        &format!("vs[(n * 8 + g) * {vst} + kk * 16 + 2 * c]"),
+        &tag,
+    );
+    scores_walk(
+        &mut s,
+        spec,
+        "ia",
+        "ib",
+        "(int)j0 + n * 8 + 2 * c + (e & 1)",
+        "const float p = sc[n][e] == NEG_INF ? 0.f : exp2f(sc[n][e] - lse[e / 2]);\n        sc[n][e] = p * (dp[n][e] - dl[e / 2]);",
+    );
+    mma_columns(&mut s, "acc", "sc", d / 8, "ks", kst, &tag);
+    s.push_str("  }\n");
+    let scale = format!("{:?}f", spec.scale as f32);
+    let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) {{", d / 8);
+    s.push_str("    #pragma unroll\n    for (int r = 0; r < 2; ++r) {\n");
+    let _ = writeln!(s, "      const int i = r == 0 ? ia : ib;\n      if (i >= {sq}) continue;");
+    let _ = writeln!(
+        s,
+        "      *(U*)&out[(bh * {sq} + i) * {d} + n * 8 + 2 * c] = kiln::pack2(acc[n][2 * r] * {scale}, acc[n][2 * r + 1] * {scale}, {tag});"
+    );
+    s.push_str("    }\n  }\n}\n");
+    Kernel::new(name, s, grid as u32, THREADS as u32, spec.reads(true))
+}
+
+fn grad_kv(name: &str, spec: &GradSpec) -> Kernel {
+    let GradSpec { dtype, sq, sk, d, dv, .. } = *spec;
+    let tag = format!("{}()", types::storage(dtype));
+    let (qst, gst) = (d + PAD, dv + PAD);
+    let mut s = spec.head(name, types::storage(dtype), true);
+    let _ = writeln!(s, "  __align__(16) __shared__ unsigned short qs[{}];", TILE * qst);
+    let _ = writeln!(s, "  __align__(16) __shared__ unsigned short gs[{}];", TILE * gst);
+    let _ = writeln!(s, "  __shared__ float slse[{TILE}], sdl[{TILE}];");
+    let grid = block_rows(&mut s, spec, sk);
+    // This block's keys and values, staged through the tiles once.
+    tile_load(&mut s, "k", &spec.k, d, "r_start", sk, |r, c| format!("qs[{r} * {qst} + {c}]"), true);
+    tile_load(&mut s, "v", &spec.v, dv, "r_start", sk, |r, c| format!("gs[{r} * {gst} + {c}]"), true);
+    s.push_str("  __syncthreads();\n");
+    fragments(&mut s, "kf", "qs", qst, d);
+    fragments(&mut s, "vf", "gs", gst, dv);
+    let _ = writeln!(s, "  float dk[{}][4], dvv[{}][4];", d / 8, dv / 8);
+    let _ = writeln!(
+        s,
+        "  #pragma unroll\n  for (int n = 0; n < {}; ++n) dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.f;",
+        d / 8
+    );
+    let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) dvv[n][0] = dvv[n][1] = dvv[n][2] = dvv[n][3] = 0.f;", dv / 8);
+    // Causal: query i sees key j <= i, so the rows before the block's
+    // first key see none of its keys.
+    let start = if spec.causal { "r_start / 64 * 64" } else { "0" };
+    let _ = writeln!(s, "  for (I i0 = {start}; i0 < {sq}; i0 += {TILE}) {{");
+    s.push_str("    __syncthreads();\n");
+    indent(&mut s, "  ", |s| {
+        tile_load(s, "q", &spec.q, d, "i0", sq, |r, c| format!("qs[{r} * {qst} + {c}]"), true);
+        tile_load(s, "dout", &spec.g, dv, "i0", sq, |r, c| format!("gs[{r} * {gst} + {c}]"), true);
+    });
+    let _ = writeln!(s, "    for (int e = t; e < {TILE}; e += {THREADS}) {{");
+    let _ = writeln!(s, "      const I i = i0 + e;\n      slse[e] = {};", row_stats("i", sq));
+    let _ = writeln!(s, "      sdl[e] = i < {sq} ? stats[(bh * {sq} + i) * 2 + 1] : 0.f;\n    }}");
+    s.push_str("    __syncthreads();\n");
+    // Sᵀ and dPᵀ: rows are this warp's keys, columns the tile's queries.
+    let _ = writeln!(s, "    float sc[{}][4], dp[{}][4];", TILE / 8, TILE / 8);
+    mma_rows(
+        &mut s,
+        "sc",
+        "kf",
+        TILE / 8,
+        d / 16,
+        &format!("qs[(n * 8 + g) * {qst} + kk * 16 + 2 * c]"),
+        &tag,
+    );
+    mma_rows(
+        &mut s,
+        "dp",
+        "vf",
+        TILE / 8,
+        dv / 16,
+        &format!("gs[(n * 8 + g) * {gst} + kk * 16 + 2 * c]"),
+        &tag,
+    );
+    // Element (n, e): key ia/ib (e < 2 / e >= 2), query i0 + 8n + 2c + (e & 1).
+    let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n) {{", TILE / 8);
+    s.push_str("      #pragma unroll\n      for (int e = 0; e < 4; ++e) {\n");
+    s.push_str("        const int q_at = n * 8 + 2 * c + (e & 1);\n");
+    s.push_str("        const int i = (int)i0 + q_at, j = e < 2 ? ia : ib;\n");
+    let _ = writeln!(s, "        {}", spec.score("sc[n][e]", "sc[n][e]"));
+    s.push_str("        const float p = sc[n][e] == NEG_INF ? 0.f : exp2f(sc[n][e] - slse[q_at]);\n");
+    s.push_str("        sc[n][e] = p;\n        dp[n][e] = p * (dp[n][e] - sdl[q_at]);\n      }\n    }\n");
+    mma_columns(&mut s, "dvv", "sc", dv / 8, "gs", gst, &tag);
+    mma_columns(&mut s, "dk", "dp", d / 8, "qs", qst, &tag);
+    s.push_str("  }\n");
+    let scale = format!("{:?}f", spec.scale as f32);
+    let w = d + dv;
+    s.push_str("  #pragma unroll\n  for (int r = 0; r < 2; ++r) {\n");
+    let _ = writeln!(s, "    const int j = r == 0 ? ia : ib;\n    if (j >= {sk}) continue;");
+    let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n)", d / 8);
+    let _ = writeln!(
+        s,
+        "      *(U*)&out[(bh * {sk} + j) * {w} + n * 8 + 2 * c] = kiln::pack2(dk[n][2 * r] * {scale}, dk[n][2 * r + 1] * {scale}, {tag});"
+    );
+    let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n)", dv / 8);
+    let _ = writeln!(
+        s,
+        "      *(U*)&out[(bh * {sk} + j) * {w} + {d} + n * 8 + 2 * c] = kiln::pack2(dvv[n][2 * r], dvv[n][2 * r + 1], {tag});"
+    );
+    s.push_str("  }\n}\n");
+    Kernel::new(name, s, grid as u32, THREADS as u32, spec.reads(true))
+}

@@ -1,0 +1,186 @@
+//! The attention backward against f64 (issues 35 and 36): autodiff records
+//! `attention_stats` and `attention_grad`; f16 and bf16 heads of 16 to
+//! 128 run them fused (the CPU kernel and the tensor-core kernels of
+//! `codegen/attention_grad.rs`), f32 and f64 expand them into matmuls and
+//! a softmax. Every case checks dq, dk and dv against gradients computed
+//! here in f64 from the same rounded inputs, on every backend.
+
+use crate::reference::*;
+use kiln::prelude::*;
+
+/// The masks of a case: a `[b, 1, 1, sk]` key padding (1 keeps) and an
+/// additive `[b, h, sq, sk]` one.
+struct Masks<'a> {
+    keep: Option<&'a Nd<i64>>,
+    add: Option<&'a Nd<f64>>,
+    causal: bool,
+}
+
+/// `(dq, dk, dv)` of `sum(attention(q, k, v) ⊙ g)` in f64: with `P` the
+/// probabilities, `dP = g vᵀ`, `dS = P ⊙ (dP - rowsum(P ⊙ dP))`, `dq =
+/// scale dS k`, `dk = scale dSᵀ q`, `dv = Pᵀ g`.
+fn grads_ref(q: &Nd<f64>, k: &Nd<f64>, v: &Nd<f64>, g: &Nd<f64>, m: &Masks, scale: f64) -> [Nd<f64>; 3] {
+    let (b, h, sq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+    let (sk, dv) = (k.shape[2], v.shape[3]);
+    let (mut dq, mut dk, mut dvv) =
+        (vec![0.0; b * h * sq * d], vec![0.0; b * h * sk * d], vec![0.0; b * h * sk * dv]);
+    for bi in 0..b {
+        for hi in 0..h {
+            let bh = bi * h + hi;
+            for i in 0..sq {
+                let kept: Vec<(usize, f64)> = (0..sk)
+                    .filter(|&j| !(m.causal && j > i || m.keep.is_some_and(|x| x.get(&[bi, 0, 0, j]) == 0)))
+                    .map(|j| {
+                        let dot: f64 = (0..d).map(|e| q.get(&[bi, hi, i, e]) * k.get(&[bi, hi, j, e])).sum();
+                        (j, dot * scale + m.add.map_or(0.0, |a| a.get(&[bi, hi, i, j])))
+                    })
+                    .collect();
+                if kept.is_empty() {
+                    continue;
+                }
+                let mx = kept.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
+                let l: f64 = kept.iter().map(|x| (x.1 - mx).exp()).sum();
+                let p: Vec<f64> = kept.iter().map(|x| (x.1 - mx).exp() / l).collect();
+                let dp: Vec<f64> = kept
+                    .iter()
+                    .map(|&(j, _)| (0..dv).map(|c| g.get(&[bi, hi, i, c]) * v.get(&[bi, hi, j, c])).sum())
+                    .collect();
+                let delta: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                for (t, &(j, _)) in kept.iter().enumerate() {
+                    let ds = p[t] * (dp[t] - delta);
+                    for e in 0..d {
+                        dq[(bh * sq + i) * d + e] += scale * ds * k.get(&[bi, hi, j, e]);
+                        dk[(bh * sk + j) * d + e] += scale * ds * q.get(&[bi, hi, i, e]);
+                    }
+                    for c in 0..dv {
+                        dvv[(bh * sk + j) * dv + c] += p[t] * g.get(&[bi, hi, i, c]);
+                    }
+                }
+            }
+        }
+    }
+    [Nd::new(dq, &[b, h, sq, d]), Nd::new(dk, &[b, h, sk, d]), Nd::new(dvv, &[b, h, sk, dv])]
+}
+
+/// The largest magnitude of `x` (at least a small floor).
+fn largest(x: &Nd<f64>) -> f64 {
+    x.to_vec().iter().fold(1e-6f64, |m, v| m.max(v.abs()))
+}
+
+/// kiln's `(dq, dk, dv)` of `sum(attention(q, k, v) ⊙ g)`, q, k and v
+/// variables of `dtype` (given as `[b, s, h, d]` and permuted to heads
+/// when `permuted`, the layout of a projection's heads), in a context of
+/// their own (`ctx`: gradients accumulate in a context's variables).
+fn grads_kiln(
+    ctx: Context,
+    dtype: DType,
+    [q, k, v, g]: [&Nd<f64>; 4],
+    m: &Masks,
+    permuted: bool,
+) -> Vec<Tensor> {
+    let ctx = &ctx;
+    let mask = match (m.keep, m.add) {
+        (Some(keep), _) => Some(tensor_i(ctx, DType::Bool, keep)),
+        (_, Some(add)) => Some(tensor_f(ctx, dtype, add)),
+        _ => None,
+    };
+    let (mask, causal) = (mask.as_ref(), m.causal);
+    let vars: Vec<Variable> = [("q", q), ("k", k), ("v", v)]
+        .iter()
+        .map(|(n, x)| ctx.variable(n, tensor_f(ctx, dtype, x)).expect("a variable"))
+        .collect();
+    let view = |t: Tensor| if permuted { t.permute(&[0, 2, 1, 3]) } else { t };
+    let (tq, tk, tv) = (view(vars[0].tensor()), view(vars[1].tensor()), view(vars[2].tensor()));
+    let out = tq.scaled_dot_product_attention(&tk, &tv, mask, causal, None);
+    let loss = (&out * &tensor_f(ctx, dtype, g)).sum_all();
+    let grads = loss.backward().expect("backward");
+    vars.iter().map(|x| view(grads.get(x).expect("a gradient").clone())).collect()
+}
+
+#[test]
+fn attention_gradients_match_f64() {
+    each_backend(|| {
+        let mut rng = Rng::new(3035);
+        // Past one block of 64 rows and one tile of 64 keys on both sides,
+        // query and key lengths that differ; a value head narrower than
+        // the query head; then GPT's heads of 64, causal.
+        for (b, h, sq, sk, d, dv) in [(2, 2, 70, 75, 32, 16), (1, 2, 130, 130, 64, 64)] {
+            for dtype in [DType::F16, DType::BF16, DType::F32] {
+                let q = rand_f(&mut rng, dtype, &[b, h, sq, d], 1.0);
+                let k = rand_f(&mut rng, dtype, &[b, h, sk, d], 1.0);
+                let v = rand_f(&mut rng, dtype, &[b, h, sk, dv], 1.0);
+                let g = rand_f(&mut rng, dtype, &[b, h, sq, dv], 1.0);
+                let scale = 1.0 / (d as f64).sqrt();
+                // The second batch row keeps no key: its gradients are 0.
+                let keep = Nd::from_fn(&[b, 1, 1, sk], |i| (i[0] == 0 && i[3] % 5 != 2) as i64);
+                let add = rand_f(&mut rng, dtype, &[b, h, sq, sk], 1.0);
+                let cases = [
+                    ("plain", Masks { keep: None, add: None, causal: false }),
+                    ("causal", Masks { keep: None, add: None, causal: true }),
+                    ("key padding, causal", Masks { keep: Some(&keep), add: None, causal: true }),
+                    ("additive", Masks { keep: None, add: Some(&add), causal: false }),
+                ];
+                for (name, m) in cases {
+                    let want = grads_ref(&q, &k, &v, &g, &m, scale);
+                    let got = grads_kiln(dev(), dtype, [&q, &k, &v, &g], &m, false);
+                    for ((x, got), want) in ["dq", "dk", "dv"].iter().zip(&got).zip(&want) {
+                        // Errors relative to the gradient's largest entry:
+                        // the kernels round P and dS to the input type
+                        // before their products, as FlashAttention does.
+                        let what = format!("attention {name} {x} [{b},{h},{sq},{sk},{d},{dv}] on {dtype}");
+                        check_f(got, dtype, want, 2.0 * largest(want), &what);
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Heads permuted out of a `[b, s, h, d]` projection, as GPT's are: the
+/// kernels read strided operands, and the gradients come back through
+/// the permutation.
+#[test]
+fn attention_gradients_of_permuted_heads_match_f64() {
+    each_backend(|| {
+        let mut rng = Rng::new(3036);
+        let (b, s, h, d) = (2, 67, 3, 32);
+        for dtype in [DType::BF16, DType::F16] {
+            let [q, k, v, g] = [0; 4].map(|_| rand_f(&mut rng, dtype, &[b, s, h, d], 1.0));
+            let heads = |x: &Nd<f64>| x.permute(&[0, 2, 1, 3]);
+            let m = Masks { keep: None, add: None, causal: true };
+            let want = grads_ref(&heads(&q), &heads(&k), &heads(&v), &heads(&g), &m, 1.0 / (d as f64).sqrt());
+            let got = grads_kiln(dev(), dtype, [&q, &k, &v, &heads(&g)], &m, true);
+            for ((x, got), want) in ["dq", "dk", "dv"].iter().zip(&got).zip(&want) {
+                check_f(got, dtype, want, 2.0 * largest(want), &format!("permuted heads {x} on {dtype}"));
+            }
+        }
+    });
+}
+
+/// The tensor-core backward kernels on the CPU emulator in every CI run
+/// (the tests above cover them there with `KILN_TEST_EMULATE=1`, and on a
+/// GPU): bf16 heads of 32 with values of 16, two query blocks and two key
+/// tiles, causal with a key-padding mask and with an additive mask.
+#[cfg(feature = "cuda-emulator")]
+#[test]
+fn attention_backward_kernels_run_on_the_emulator() {
+    let mut rng = Rng::new(3037);
+    let dtype = DType::BF16;
+    let (b, h, sq, sk, d, dv) = (1, 2, 70, 75, 32, 16);
+    let q = rand_f(&mut rng, dtype, &[b, h, sq, d], 1.0);
+    let k = rand_f(&mut rng, dtype, &[b, h, sk, d], 1.0);
+    let v = rand_f(&mut rng, dtype, &[b, h, sk, dv], 1.0);
+    let g = rand_f(&mut rng, dtype, &[b, h, sq, dv], 1.0);
+    let keep = Nd::from_fn(&[b, 1, 1, sk], |i| (i[3] % 4 != 3) as i64);
+    let add = rand_f(&mut rng, dtype, &[b, h, sq, sk], 1.0);
+    for (name, m) in [
+        ("key padding, causal", Masks { keep: Some(&keep), add: None, causal: true }),
+        ("additive", Masks { keep: None, add: Some(&add), causal: false }),
+    ] {
+        let want = grads_ref(&q, &k, &v, &g, &m, 1.0 / (d as f64).sqrt());
+        let got = grads_kiln(Context::cuda_emulated(), dtype, [&q, &k, &v, &g], &m, false);
+        for ((x, got), want) in ["dq", "dk", "dv"].iter().zip(&got).zip(&want) {
+            check_f(got, dtype, want, 2.0 * largest(want), &format!("emulated attention {name} {x}"));
+        }
+    }
+}
