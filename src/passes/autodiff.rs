@@ -96,15 +96,19 @@ pub fn gradients(graph: &mut Graph, request: &GradRequest) -> Result<Vec<Option<
             needs.insert(id);
         }
     }
-    let mut adjoint: HashMap<NodeId, NodeId> = HashMap::new();
+    // Each node's gradient contributions, summed when the sweep reaches it
+    // (every reader comes first) or, for a leaf, at the end.
+    let mut adjoint: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
     if needs.contains(&request.out) {
-        adjoint.insert(request.out, request.seed);
+        adjoint.insert(request.out, vec![request.seed]);
     }
     for &id in order.iter().rev() {
-        let Some(&g) = adjoint.get(&id) else { continue };
+        let Some(parts) = adjoint.get(&id) else { continue };
         if leaves.contains(&id) || !needs.contains(&id) {
             continue;
         }
+        let g = sum_parts(graph, id, parts.clone())?;
+        adjoint.insert(id, vec![g]);
         let operands = graph.operands(id);
         let wanted: Vec<bool> = operands.iter().map(|o| needs.contains(o)).collect();
         let home = graph.node(id).region;
@@ -118,20 +122,38 @@ pub fn gradients(graph: &mut Graph, request: &GradRequest) -> Result<Vec<Option<
         })?;
         for ((&operand, part), &want) in operands.iter().zip(parts).zip(&wanted) {
             let Some(part) = part.filter(|_| want) else { continue };
-            let total = match adjoint.get(&operand) {
-                Some(&sum) => {
-                    let home = graph.node(operand).region;
-                    let region = grad_region(graph, home);
-                    Builder { g: graph, region }
-                        .add_(sum, part)
-                        .map_err(|m| Error::Verify(format!("autodiff: summing gradients failed: {m}")))?
-                }
-                None => part,
-            };
-            adjoint.insert(operand, total);
+            adjoint.entry(operand).or_default().push(part);
         }
     }
-    Ok(request.leaves.iter().map(|l| adjoint.get(l).copied()).collect())
+    request
+        .leaves
+        .iter()
+        .map(|l| adjoint.get(l).map(|parts| sum_parts(graph, *l, parts.clone())).transpose())
+        .collect()
+}
+
+/// The sum of `id`'s gradient contributions, in the order they came, in
+/// `id`'s gradient region. A zero-padded `cat` joins an earlier one
+/// whose values it does not overlap ([`Builder::add_grads`]): the slices
+/// that tile a tensor give it one `cat`, not padded copies added.
+fn sum_parts(graph: &mut Graph, id: NodeId, parts: Vec<NodeId>) -> Result<NodeId> {
+    let home = graph.node(id).region;
+    let region = grad_region(graph, home);
+    let mut b = Builder { g: graph, region };
+    let fail = |m: String| Error::Verify(format!("autodiff: summing gradients failed: {m}"));
+    let mut terms: Vec<NodeId> = Vec::with_capacity(parts.len());
+    for part in parts {
+        match terms.iter().position(|&t| b.joins(t, part)) {
+            Some(at) => terms[at] = b.add_grads(terms[at], part).map_err(fail)?,
+            None => terms.push(part),
+        }
+    }
+    let mut total =
+        *terms.first().ok_or_else(|| Error::Verify(format!("autodiff: {id} has no gradient part")))?;
+    for &t in &terms[1..] {
+        total = b.add_(total, t).map_err(fail)?;
+    }
+    Ok(total)
 }
 
 /// The pass form of [`gradients`], for `.kir` cases: differentiates output

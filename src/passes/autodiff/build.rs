@@ -280,3 +280,116 @@ impl Builder<'_> {
         self.add(Op::IndexSelect { dim }, &[x, index])
     }
 }
+
+/// A `cat` as its pieces along its dim: (length, `None` for a `+0` fill
+/// or `Some` value), empty pieces left out.
+type Pieces = Vec<(usize, Option<NodeId>)>;
+
+impl Builder<'_> {
+    /// `a + b` for two gradients of one value. Where both are zero-padded
+    /// `cat`s along one dim whose values sit in disjoint windows (the
+    /// gradients of slices that tile a tensor: GPT's q, k and v cut from
+    /// one projection) the sum is one `cat` of the values, with zeros
+    /// only where neither has one: no padded copies and no add.
+    pub(super) fn add_grads(&mut self, a: NodeId, b: NodeId) -> Built {
+        match self.join_pads(a, b) {
+            Some(pieces) => self.cat_pieces(a, pieces),
+            None => self.add_(a, b),
+        }
+    }
+
+    /// Whether `a + b` is one `cat` ([`Builder::add_grads`] joins them).
+    pub(super) fn joins(&self, a: NodeId, b: NodeId) -> bool {
+        self.join_pads(a, b).is_some()
+    }
+
+    /// The pieces of `x` if it is a `cat`, with its dim.
+    fn pieces(&self, x: NodeId) -> Option<(usize, Pieces)> {
+        let Op::Cat { dim } = self.g.node(x).op else { return None };
+        let pieces = self
+            .g
+            .operands(x)
+            .into_iter()
+            .map(|p| {
+                let n = self.g.node(p);
+                let zero = matches!(n.op, Op::Full(Scalar::Float(v)) if v == 0.0 && v.is_sign_positive());
+                (n.shape.0[dim], if zero { None } else { Some(p) })
+            })
+            .filter(|(len, _)| *len > 0)
+            .collect();
+        Some((dim, pieces))
+    }
+
+    /// The pieces of `a + b` when both are padded `cat`s along one dim
+    /// whose values never overlap (each value whole, the other side zero
+    /// across it); `None` otherwise.
+    fn join_pads(&self, a: NodeId, b: NodeId) -> Option<(usize, Pieces)> {
+        let ((da, pa), (db, pb)) = (self.pieces(a)?, self.pieces(b)?);
+        if da != db || self.shape(a) != self.shape(b) || self.dtype(a) != self.dtype(b) {
+            return None;
+        }
+        // Each side as a run of (start, len, value) over the dim.
+        let runs = |p: &Pieces| {
+            let mut at = 0;
+            p.iter()
+                .map(|&(len, v)| {
+                    at += len;
+                    (at - len, len, v)
+                })
+                .collect::<Vec<_>>()
+        };
+        let (ra, rb) = (runs(&pa), runs(&pb));
+        let zero_over = |r: &[(usize, usize, Option<NodeId>)], s: usize, e: usize| {
+            r.iter().filter(|(rs, rl, _)| *rs < e && rs + rl > s).all(|(_, _, v)| v.is_none())
+        };
+        let mut values: Vec<(usize, usize, NodeId)> = Vec::new();
+        for (mine, other) in [(&ra, &rb), (&rb, &ra)] {
+            for &(s, len, v) in mine {
+                if let Some(v) = v {
+                    if !zero_over(other, s, s + len) {
+                        return None;
+                    }
+                    values.push((s, len, v));
+                }
+            }
+        }
+        values.sort_unstable_by_key(|&(s, _, _)| s);
+        let total = self.shape(a).0[da];
+        let mut out = Pieces::new();
+        let mut at = 0;
+        for (s, len, v) in values {
+            if s > at {
+                out.push((s - at, None));
+            }
+            out.push((len, Some(v)));
+            at = s + len;
+        }
+        if total > at {
+            out.push((total - at, None));
+        }
+        Some((da, out))
+    }
+
+    /// A `cat` along `dim` of `pieces` (zeros built at their lengths), of
+    /// `like`'s shape and dtype; a single value is itself.
+    fn cat_pieces(&mut self, like: NodeId, (dim, pieces): (usize, Pieces)) -> Built {
+        if let [(_, Some(v))] = pieces[..] {
+            return Ok(v);
+        }
+        let dtype = self.dtype(like);
+        let mut nodes = Vec::with_capacity(pieces.len());
+        for (len, v) in pieces {
+            nodes.push(match v {
+                Some(v) => v,
+                None => {
+                    let shape = self.resized(like, dim, len);
+                    self.full(0.0, &shape, dtype)?
+                }
+            });
+        }
+        if nodes.len() == 1 {
+            return Ok(nodes[0]);
+        }
+        self.cat(&nodes, dim)
+    }
+}
