@@ -51,8 +51,9 @@ fn sum_max_min_on_every_numeric_dtype() {
         let mut rng = Rng::new(20);
         for dtype in NUMERIC {
             // [40, 2, 33] over leading dims: more rows than a column
-            // kernel's block has warps (CUDA's `reduce_columns`).
-            for shape in [&[3usize, 4, 5][..], &[7, 1, 129], &[40, 2, 33]] {
+            // kernel's block has warps (CUDA's `reduce_columns`); [300, 2,
+            // 33]: rows the column kernel splits into chunks over blocks.
+            for shape in [&[3usize, 4, 5][..], &[7, 1, 129], &[40, 2, 33], &[300, 2, 33]] {
                 let (t, h) = rand_tensor(&ctx, &mut rng, dtype, shape);
                 for (i, dims) in DIM_SETS.iter().enumerate() {
                     for keepdim in [false, true] {
@@ -255,19 +256,49 @@ fn nan_wins_in_max_min_and_argmax() {
             check_f(&t.max(&[0], false), dtype, &a.reduce(&[0], false, fmax), 0.0, "max with NaN over dim 0");
             check_i(&t.argmax(1, false), DType::I64, &a.reduce(&[1], false, argmax_f), "argmax with NaN");
         }
-        // 70 rows of 40 columns: the column kernel's rows and warps.
-        let mut rng = Rng::new(21);
-        let mut v: Vec<f64> = (0..70 * 40).map(|_| rng.normal()).collect();
-        for (row, col) in [(0, 3), (69, 5), (33, 39), (34, 39), (5, 0)] {
-            v[row * 40 + col] = nan;
-        }
-        let a = Nd::new(v, &[70, 40]);
-        for dtype in FLOATS {
-            let t = tensor_f(&ctx, dtype, &a);
-            check_f(&t.max(&[0], false), dtype, &a.reduce(&[0], false, fmax), 0.0, "column max with NaN");
-            check_f(&t.min(&[0], true), dtype, &a.reduce(&[0], true, fmin), 0.0, "column min with NaN");
+        // 70 rows of 40 columns: the column kernel's rows and warps; 300
+        // rows: its row chunks, with NaN in the first and the last.
+        for rows in [70, 300] {
+            let mut rng = Rng::new(21);
+            let mut v: Vec<f64> = (0..rows * 40).map(|_| rng.normal()).collect();
+            for (row, col) in [(0, 3), (rows - 1, 5), (33, 39), (34, 39), (5, 0)] {
+                v[row * 40 + col] = nan;
+            }
+            let a = Nd::new(v, &[rows, 40]);
+            for dtype in FLOATS {
+                let t = tensor_f(&ctx, dtype, &a);
+                check_f(&t.max(&[0], false), dtype, &a.reduce(&[0], false, fmax), 0.0, "column max with NaN");
+                check_f(&t.min(&[0], true), dtype, &a.reduce(&[0], true, fmin), 0.0, "column min with NaN");
+            }
         }
     });
+}
+
+/// The column kernel with its rows split into chunks (a workspace and
+/// arrival counters, the last block combining) on the CPU emulator in
+/// every CI run, against the CPU: sums of f32 and i32, a mean, a max, bit
+/// for bit (each accumulates in double or i64 and rounds once).
+#[cfg(feature = "cuda-emulator")]
+#[test]
+fn split_column_reductions_run_on_the_emulator() -> kiln::Result<()> {
+    let run = |ctx: &Context| -> kiln::Result<Vec<Vec<f64>>> {
+        let mut rng = Rng::new(22);
+        let x = tensor_f(ctx, DType::F32, &rand_f(&mut rng, DType::F32, &[600, 2, 40], 1.0));
+        let i = ctx.tensor(&(0..600 * 40).map(|k| (k % 13) as i32 - 6).collect::<Vec<_>>(), [600, 40]);
+        let outs = [
+            x.sum(&[0, 1], false),
+            x.mean(&[0], false),
+            x.max(&[0], false),
+            i.sum(&[0], false).cast(DType::F32),
+        ];
+        ctx.realize(&outs.iter().collect::<Vec<_>>())?;
+        outs.iter().map(|o| Ok(o.to_vec::<f32>()?.into_iter().map(f64::from).collect())).collect()
+    };
+    let (cpu, emu) = (run(&Context::cpu())?, run(&Context::cuda_emulated())?);
+    for (k, (c, e)) in cpu.iter().zip(&emu).enumerate() {
+        assert_eq!(c, e, "output {k}: the emulated column kernel differs from the CPU");
+    }
+    Ok(())
 }
 
 #[test]
