@@ -284,7 +284,7 @@ fn split_column_reductions_run_on_the_emulator() -> kiln::Result<()> {
     let run = |ctx: &Context| -> kiln::Result<Vec<Vec<f64>>> {
         let mut rng = Rng::new(22);
         let x = tensor_f(ctx, DType::F32, &rand_f(&mut rng, DType::F32, &[600, 2, 40], 1.0));
-        let i = ctx.tensor(&(0..600 * 40).map(|k| (k % 13) as i32 - 6).collect::<Vec<_>>(), [600, 40]);
+        let i = ctx.tensor(&(0..600 * 40).map(|k: i32| k % 13 - 6).collect::<Vec<_>>(), [600, 40]);
         let outs = [
             x.sum(&[0, 1], false),
             x.mean(&[0], false),
