@@ -29,7 +29,10 @@
 //!
 //! *When not to fuse (the rule).* Compute is never duplicated: every
 //! compute node lands in exactly one group, so an `exp`, a reduction or a
-//! matmul runs once. Hence a value read by consumers outside its group
+//! matmul runs once. One exception: a widening cast (bf16 or f16 to f32)
+//! that only elementwise groups and row reductions read is recomputed in
+//! each of their bodies from the narrow value, which costs each reader
+//! fewer bytes than reading a wide copy and writes no copy at all. Hence a value read by consumers outside its group
 //! (or returned) is materialized: it is its group's root (the one output)
 //! and the consumers read it. Only leaves and leaf views (cheap, no work)
 //! are copied into several bodies. A view of a computed value ends the

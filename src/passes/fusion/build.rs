@@ -27,7 +27,7 @@ pub(super) fn build(
     for group in &grouping.groups {
         let mut members = group.members.clone();
         members.sort_unstable();
-        match body(graph, ix, &members, group.root) {
+        match body(graph, ix, &grouping.dup, &members, group.root) {
             Ok(b) => built.push(Some(b)),
             Err(message) => {
                 cx.note(format!("group at {} left unfused: {message}", ix.order[group.root]));
@@ -77,8 +77,14 @@ pub(super) fn build(
 /// The body of one group: members in topological order, reading leaves
 /// (a `full`, views over anything outside) built inside and every other
 /// outside value as the next `input k`.
-fn body(graph: &Graph, ix: &Index, members: &[usize], root: usize) -> std::result::Result<Built, String> {
-    let mut b = BodyBuilder { graph, ix, body: Graph::new(), inner: HashMap::new(), inputs: Vec::new() };
+fn body(
+    graph: &Graph,
+    ix: &Index,
+    dup: &[bool],
+    members: &[usize],
+    root: usize,
+) -> std::result::Result<Built, String> {
+    let mut b = BodyBuilder { graph, ix, dup, body: Graph::new(), inner: HashMap::new(), inputs: Vec::new() };
     for &m in members {
         let operands: Vec<NodeId> = ix.operands[m].iter().map(|&o| b.value(o)).collect();
         let id = b.add(m, &operands);
@@ -93,6 +99,8 @@ fn body(graph: &Graph, ix: &Index, members: &[usize], root: usize) -> std::resul
 struct BodyBuilder<'a, 'g> {
     graph: &'a Graph,
     ix: &'a Index<'g>,
+    /// Widening casts every reader recomputes (rebuilt like views).
+    dup: &'a [bool],
     body: Graph,
     /// Body node of each outer position already in the body.
     inner: HashMap<usize, NodeId>,
@@ -108,8 +116,8 @@ impl BodyBuilder<'_, '_> {
     }
 
     /// The body value for outer position `o` (not a member, or already
-    /// built): a `full` copied in, a view chain rebuilt over its base, or
-    /// an input slot. Iterative, so a long view chain cannot overflow.
+    /// built): a `full` copied in, a chain of views and duplicated
+    /// widening casts rebuilt over its base, or an input slot. Iterative, so a long view chain cannot overflow.
     fn value(&mut self, o: usize) -> NodeId {
         let mut chain = Vec::new();
         let mut cur = o;
@@ -118,6 +126,10 @@ impl BodyBuilder<'_, '_> {
                 break id;
             }
             match self.ix.class[cur] {
+                _ if self.dup[cur] => {
+                    chain.push(cur);
+                    cur = self.ix.operands[cur][0];
+                }
                 Class::View => {
                     chain.push(cur);
                     cur = self.ix.operands[cur][0];

@@ -3,7 +3,7 @@
 //! Everything is indexed by position in [`Graph::topo_order`], so the walk
 //! and every tie-break follow the graph's structure, never a hash order.
 
-use crate::ir::{Graph, NodeId, Op, ReduceOp, Shape};
+use crate::ir::{DType, Graph, NodeId, Op, ReduceOp, Shape};
 use std::collections::{HashMap, HashSet};
 
 /// What a node is to fusion.
@@ -188,6 +188,9 @@ pub(super) struct Grouping {
     pub groups: Vec<Group>,
     /// The group of each position.
     pub group_of: Vec<Option<usize>>,
+    /// Positions of widening casts that every reader's body recomputes
+    /// from the narrow value (see [`Walk::duplicate`]): in no group.
+    pub dup: Vec<bool>,
 }
 
 /// Groups the needed nodes. A group that took a row expand but no
@@ -218,12 +221,12 @@ pub(super) fn plan(ix: &Index) -> Grouping {
 }
 
 fn walk(ix: &Index, barrier: &[bool]) -> Grouping {
-    let mut w = Walk { ix, groups: Vec::new(), group_of: vec![None; ix.len()] };
+    let mut w = Walk { ix, groups: Vec::new(), group_of: vec![None; ix.len()], dup: vec![false; ix.len()] };
     for i in (0..ix.len()).rev() {
         match &ix.class[i] {
             Class::Elementwise => {
                 let joined = w.try_join(i, |w, g| w.join_elementwise(g, i));
-                if !joined {
+                if !joined && !w.duplicate(i) {
                     w.start(i, ix.shape(i).clone(), None, ix.up[i].clone());
                 }
             }
@@ -243,16 +246,55 @@ fn walk(ix: &Index, barrier: &[bool]) -> Grouping {
             _ => {}
         }
     }
-    Grouping { groups: w.groups, group_of: w.group_of }
+    Grouping { groups: w.groups, group_of: w.group_of, dup: w.dup }
 }
 
 struct Walk<'a, 'g> {
     ix: &'a Index<'g>,
     groups: Vec<Group>,
     group_of: Vec<Option<usize>>,
+    dup: Vec<bool>,
 }
 
 impl Walk<'_, '_> {
+    /// Marks `i` to be recomputed in each reader's body when it is a
+    /// widening cast (f16 or bf16 to f32 or f64, f32 to f64), not an
+    /// output, and every reader is an elementwise op or a row reduction
+    /// in a group that can take it: reading the narrow value and
+    /// converting it costs each reader fewer bytes than reading the wide
+    /// copy, and the copy is never written (a bf16 LM head's logits,
+    /// widened for the loss's two row reductions and its gradient, were an
+    /// f32 `[4096, 50257]` of their own).
+    fn duplicate(&mut self, i: usize) -> bool {
+        let graph = self.ix.graph;
+        let Op::Cast(to) = graph.node(self.ix.order[i]).op else { return false };
+        let from = graph.node(self.ix.order[self.ix.operands[i][0]]).dtype;
+        let widens = matches!(
+            (from, to),
+            (DType::F16 | DType::BF16, DType::F32 | DType::F64) | (DType::F32, DType::F64)
+        );
+        if !widens || self.ix.output[i] || self.ix.users[i].is_empty() {
+            return false;
+        }
+        let mut next = Vec::new();
+        for &u in &self.ix.users[i] {
+            let Some(g) = self.group_of[u] else { return false };
+            let reads = matches!(self.ix.class[u], Class::Elementwise | Class::Reduce { .. });
+            if !reads || self.groups[g].state.sealed {
+                return false;
+            }
+            match self.join_elementwise(&self.groups[g], i) {
+                Some(state) => next.push((g, state)),
+                None => return false,
+            }
+        }
+        for (g, state) in next {
+            self.groups[g].state = state;
+        }
+        self.dup[i] = true;
+        true
+    }
+
     /// The one group every user of `i` is in, if `i` is not an output.
     fn sole_group(&self, i: usize) -> Option<usize> {
         if self.ix.output[i] {
