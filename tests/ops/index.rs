@@ -175,6 +175,25 @@ fn cat_and_stack_on_every_dtype() {
                 _ => unreachable!(),
             };
             check(&got, dtype, &want, 0.0, "cat of views");
+            // Heads permuted out of [b, h, s, d] and joined along a new
+            // dim of size 1 (GPT's qkv gradient): four elements at a time
+            // on CUDA, read through the permutation.
+            let heads: Vec<_> = (0..3).map(|_| rand_tensor(&ctx, &mut rng, dtype, &[2, 3, 5, 8])).collect();
+            let views: Vec<Tensor> =
+                heads.iter().map(|(t, _)| t.permute(&[0, 2, 1, 3]).reshape([2, 5, 1, 3, 8])).collect();
+            let got = Tensor::cat(&views.iter().collect::<Vec<_>>(), 2);
+            let want = match (&heads[0].1, &heads[1].1, &heads[2].1) {
+                (Host::F(a), Host::F(b), Host::F(c)) => {
+                    let v = |x: &Nd<f64>| x.permute(&[0, 2, 1, 3]).reshape(&[2, 5, 1, 3, 8]);
+                    Host::F(cat_ref(&[&v(a), &v(b), &v(c)], 2))
+                }
+                (Host::I(a), Host::I(b), Host::I(c)) => {
+                    let v = |x: &Nd<i64>| x.permute(&[0, 2, 1, 3]).reshape(&[2, 5, 1, 3, 8]);
+                    Host::I(cat_ref(&[&v(a), &v(b), &v(c)], 2))
+                }
+                _ => unreachable!(),
+            };
+            check(&got, dtype, &want, 0.0, "cat of permuted heads");
             // stack along a new first, middle and last dim.
             let (tp, p) = rand_tensor(&ctx, &mut rng, dtype, &[3, 5]);
             let (tq, q) = rand_tensor(&ctx, &mut rng, dtype, &[3, 5]);
@@ -211,4 +230,22 @@ fn gather_and_index_select_reject_out_of_range_indices_when_read() {
         let idx = ctx.tensor(&[2i32, 0], [2]);
         assert_eq!(x.index_select(1, &idx).to_vec::<f32>().unwrap(), vec![2.0, 0.0, 6.0, 4.0, 10.0, 8.0]);
     });
+}
+
+/// The vectorized `cat` (four elements a thread, through permuted views)
+/// on the CPU emulator in every CI run, bit for bit against the CPU.
+#[cfg(feature = "cuda-emulator")]
+#[test]
+fn vectorized_cat_runs_on_the_emulator() -> kiln::Result<()> {
+    let run = |ctx: &Context| -> kiln::Result<Vec<f32>> {
+        let mut rng = Rng::new(43);
+        let heads: Vec<Tensor> = (0..3)
+            .map(|_| tensor_f(ctx, DType::BF16, &rand_f(&mut rng, DType::BF16, &[2, 3, 5, 8], 1.0)))
+            .collect();
+        let views: Vec<Tensor> =
+            heads.iter().map(|t| t.permute(&[0, 2, 1, 3]).reshape([2, 5, 1, 3, 8])).collect();
+        Tensor::cat(&views.iter().collect::<Vec<_>>(), 2).cast(DType::F32).to_vec::<f32>()
+    };
+    assert_eq!(run(&Context::cpu())?, run(&Context::cuda_emulated())?);
+    Ok(())
 }

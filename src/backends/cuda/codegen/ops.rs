@@ -220,6 +220,9 @@ pub(crate) fn index_access(gather: bool, idx: &Operand, dim: usize, out: &Shape)
 /// Concatenation along `dim`: each output position reads the operand its
 /// coordinate along `dim` falls in.
 pub(crate) fn cat(name: &str, parts: &[Operand], dim: usize, out: &Shape) -> Kernel {
+    if let Some(kernel) = cat4(name, parts, dim, out) {
+        return kernel;
+    }
     let numel = out.numel();
     let dtype = parts.first().map_or(DType::F32, |p| p.dtype);
     let inner: usize = out.0[dim + 1..].iter().product();
@@ -256,6 +259,70 @@ pub(crate) fn cat(name: &str, parts: &[Operand], dim: usize, out: &Shape) -> Ker
         start += size;
     }
     close(name, src, numel, buffer_operands(parts))
+}
+
+/// `cat` four elements at a time (one 8- or 16-byte load and store, one
+/// index computation for the four), when the joined dim is not the last,
+/// the last dim is a multiple of 4 and every part reads its storage
+/// through one strided layout whose last dim is contiguous and whose
+/// offset and other strides are multiples of 4 (so every run of four is
+/// aligned). GPT-2's qkv gradient joins `dq`, `dk`, `dv` read through
+/// permuted views: element by element, each with its own index
+/// arithmetic, it took 33 µs for 19 MB on an H100.
+fn cat4(name: &str, parts: &[Operand], dim: usize, out: &Shape) -> Option<Kernel> {
+    let rank = out.rank();
+    let last = *out.0.last()?;
+    if dim + 1 >= rank || last % 4 != 0 || parts.is_empty() {
+        return None;
+    }
+    let aligned = |o: &Operand| {
+        o.source == Source::Buffer
+            && o.access.single().is_some_and(|l| {
+                l.strides.last() == Some(&1)
+                    && l.offset % 4 == 0
+                    && l.strides[..rank - 1].iter().zip(&l.shape.0).all(|(&st, &d)| st % 4 == 0 || d == 1)
+            })
+    };
+    if !parts.iter().all(aligned) {
+        return None;
+    }
+    let numel = out.numel();
+    let dtype = parts[0].dtype;
+    let st = types::storage(dtype);
+    let inner: usize = out.0[dim + 1..].iter().product();
+    let total = out.0[dim];
+    let index = index_type(numel, parts);
+    let mut p = vec![format!("{st}* __restrict__ out")];
+    for (k, o) in parts.iter().enumerate() {
+        p.push(format!("const {}* __restrict__ in{k}", types::storage(o.dtype)));
+    }
+    let quads = numel / 4;
+    let mut src = open(name, &p.join(", "), index, quads);
+    src.push_str("    const I e = i * 4;\n");
+    let _ = writeln!(
+        src,
+        "    const I outer = e / {}, c = (e / {inner}) % {}, in = e % {inner};",
+        (total * inner).max(1),
+        total.max(1)
+    );
+    let mut start = 0usize;
+    for (k, o) in parts.iter().enumerate() {
+        let size = o.access.shape().0[dim];
+        let pos = format!("(outer * {} + (c - {start}) * {inner} + in)", size * inner);
+        let guard = match (k, k + 1 == parts.len()) {
+            (0, true) => String::new(),
+            (0, false) => format!("if (c < {}) ", start + size),
+            (_, true) => "else ".to_string(),
+            (_, false) => format!("else if (c < {}) ", start + size),
+        };
+        let _ = writeln!(
+            src,
+            "    {guard}kiln::store4(out + e, kiln::load4(in{k} + {}));",
+            o.access.offset_of(&pos)
+        );
+        start += size;
+    }
+    Some(close(name, src, quads, buffer_operands(parts)))
 }
 
 /// `[.., m, k] x [.., k, n]` for integer dtypes: one thread per output
