@@ -381,6 +381,28 @@ __device__ __forceinline__ void mma_16816_shuffled(float* d, const u32* a, const
   }
 }
 
+// ldsm_x2_trans: two 8x8 tiles of 16-bit elements read down their columns,
+// as mma_16816's B operand: lane l (l < 16) passes the address of row l of
+// the two tiles stacked (rows 0-7 the first, 8-15 the second; lanes 16-31
+// pass any valid address), and lane 4 g + c gets r[m] = tile m's
+// (row 2c, column g) in the low half and (row 2c + 1, column g) in the high
+// half. On sm_75 and later one `ldmatrix.trans` (rows 16-byte aligned);
+// elsewhere, and in the CPU emulator, the same from the rows' addresses.
+__device__ __forceinline__ void ldsm_x2_trans(u32* r, const unsigned short* row) {
+#if !defined(KILN_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+  const unsigned at = (unsigned)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(at));
+#else
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const unsigned long long mine = (unsigned long long)row;
+  for (int m = 0; m < 2; ++m) {
+    const unsigned short* p0 = (const unsigned short*)__shfl_sync(0xffffffffu, mine, 8 * m + 2 * c);
+    const unsigned short* p1 = (const unsigned short*)__shfl_sync(0xffffffffu, mine, 8 * m + 2 * c + 1);
+    r[m] = (u32)p0[g] | ((u32)p1[g] << 16);
+  }
+#endif
+}
+
 __device__ __forceinline__ void mma_16816(float* d, const u32* a, const u32* b, f16) {
 #if !defined(KILN_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile(

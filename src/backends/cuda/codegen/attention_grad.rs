@@ -19,15 +19,17 @@
 //!   then `dv += Pᵀ g` and `dk += dSᵀ q`. No atomics: `dq` and `dk, dv` are
 //!   separate kernels, so the results do not depend on scheduling.
 //!
-//! Tiles sit in shared memory row-major with rows padded by 8 elements.
-//! The operands an `mma` reads along their rows (`k` for `S`, `v` for
-//! `dP`, `q` and `g` for the transposed products) are 32-bit loads; the
-//! ones it reads down a column (`k` for `dq`, `g` and `q` for `dv` and
-//! `dk`) are assembled from two 16-bit loads. Removed keys (past the end,
-//! causal, masked) and query rows past the end get `P = 0`; a query row
-//! with no key left has `lse = +inf`, so every `P` of it is 0 and so are
-//! its gradients, as the forward writes zeros there. NaN flows through
-//! the arithmetic (a NaN score makes its row's `lse` NaN).
+//! Tiles sit in shared memory row-major with rows padded by 8 elements
+//! (rows stay 16-byte aligned). The operands an `mma` reads along their
+//! rows (`k` for `S`, `v` for `dP`, `q` and `g` for the transposed
+//! products) are 32-bit loads; the ones it reads down a column (`k` for
+//! `dq`, `g` and `q` for `dv` and `dk`) are one `ldmatrix.trans` a
+//! fragment (`kiln::ldsm_x2_trans`), where four 16-bit loads took it.
+//! Removed keys (past the end, causal, masked) and query rows past the
+//! end get `P = 0`; a query row with no key left has `lse = +inf`, so
+//! every `P` of it is 0 and so are its gradients, as the forward writes
+//! zeros there. NaN flows through the arithmetic (a NaN score makes its
+//! row's `lse` NaN).
 //!
 //! [`Op::AttentionStats`]: crate::ir::Op::AttentionStats
 //! [`Op::AttentionGrad`]: crate::ir::Op::AttentionGrad
@@ -165,14 +167,9 @@ fn mma_columns(s: &mut String, acc: &str, src: &str, count: usize, tile: &str, s
          kiln::pack2({src}[2 * kk + 1][2], {src}[2 * kk + 1][3], {tag})}};"
     );
     let _ = writeln!(s, "{ind}  #pragma unroll\n{ind}  for (int n = 0; n < {count}; ++n) {{");
+    let _ = writeln!(s, "{ind}    U bf[2];");
     let _ =
-        writeln!(s, "{ind}    const unsigned short* bc = &{tile}[(kk * 16 + 2 * c) * {stride} + n * 8 + g];");
-    let _ = writeln!(
-        s,
-        "{ind}    const U bf[2] = {{(U)bc[0] | ((U)bc[{stride}] << 16), (U)bc[{}] | ((U)bc[{}] << 16)}};",
-        8 * stride,
-        9 * stride
-    );
+        writeln!(s, "{ind}    kiln::ldsm_x2_trans(bf, &{tile}[(kk * 16 + (lane & 15)) * {stride} + n * 8]);");
     let _ = writeln!(s, "{ind}    kiln::mma_16816({acc}[n], pa, bf, {tag});\n{ind}  }}\n{ind}}}");
 }
 
