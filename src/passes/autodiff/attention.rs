@@ -1,13 +1,27 @@
-//! The gradient of [`Op::Attention`](crate::ir::Op::Attention). The forward node never stores the attention
-//! probabilities `P`, so the rule recomputes them (`softmax(scale q kᵀ +
-//! mask)`, removed keys as `-inf`, a row with no key left as zeros, as
-//! the kernels define it) and then applies the usual identities:
+//! The gradient of [`Op::Attention`](crate::ir::Op::Attention). The
+//! forward node never stores the attention probabilities `P`
+//! (`softmax(scale q kᵀ + mask)`, removed keys as `-inf`, a row with no
+//! key left as zeros, as the kernels define it), so the gradient
+//! recomputes them and applies the usual identities:
 //!
 //! ```text
 //! dv = Pᵀ g            dP = g vᵀ
-//! dS = P ⊙ (dP - rowsum(dP ⊙ P))
+//! dS = P ⊙ (dP - delta),  delta = rowsum(dP ⊙ P) = rowsum(g ⊙ o)
 //! dq = dS (scale · k)  dk = dSᵀ (scale · q)  dmask = dS (additive masks)
 //! ```
+//!
+//! Autodiff records it as three nodes that never hold the `[sq, sk]`
+//! matrices: [`Op::AttentionStats`] (each query row's log-sum-exp `lse`
+//! and `delta` from the forward's output `o`), then [`Op::AttentionGrad`]
+//! for `dq` and for `dk` and `dv` side by side (one kernel computes both:
+//! they share `P = e^(s - lse)`). The `attention-grad` pass keeps them
+//! where a fused kernel runs them (f16 and bf16 heads the tensor-core
+//! kernels take) and replaces the rest by their definition with the IR's
+//! own ops ([`expand`]; fused into a few kernels by the fusion pass, f32
+//! products then run on cuBLAS, which beats a CUDA-core fused kernel). An
+//! additive mask whose gradient is wanted takes the materialized form
+//! (`P` as a softmax, `delta = rowsum(dP ⊙ P)`) directly: its gradient is
+//! `dS` itself, a `[sq, sk]` matrix.
 //!
 //! The scale is applied to the operands of each product, never to its
 //! result: the products run in the low type under autocast (f16 or an
@@ -15,20 +29,8 @@
 //! inf in f16, although `scale · q kᵀ` (8192) is not. So the scores are
 //! `(√scale · q)(√scale · k)ᵀ`, as PyTorch's math path computes them, and
 //! the gradients take `scale · k` and `scale · q` (the scale is at most 1
-//! for the default `1/√d`, so no operand grows). The forward kernels
-//! accumulate in f32 and never had the problem.
-//!
-//! Autodiff records this gradient as three nodes that never hold the
-//! `[sq, sk]` matrices: [`Op::AttentionStats`] (each query row's
-//! log-sum-exp and `rowsum(g ⊙ o)`), then [`Op::AttentionGrad`] for `dq`
-//! and for `dk` and `dv` side by side (one kernel computes both: they share
-//! `P`). The `attention-grad` pass keeps them where a fused kernel runs
-//! them (f16 and bf16 heads the tensor-core kernels take) and expands the
-//! rest with [`expand`] into the formulation above, with the IR's own ops
-//! (fused into a few kernels by the fusion pass; f32 products then run on
-//! cuBLAS, which beats a CUDA-core fused kernel). An additive mask whose
-//! gradient is wanted takes the expanded form directly: its gradient is
-//! `dS` itself, a `[sq, sk]` matrix.
+//! for the default `1/√d`, so no operand grows). The kernels accumulate
+//! in f32 and never had the problem.
 
 use super::build::{Builder, Built};
 use crate::ir::{AttnMask, AttnWrt, BinaryOp, CompareOp, DType, Graph, NodeId, Op, ReduceOp, Shape, UnaryOp};
