@@ -36,6 +36,20 @@
 //! ```
 
 use crate::ir::{AttnMask, DType, Op, Shape};
+
+/// The largest head dim the fused attention-gradient kernels take.
+pub const MAX_FUSED_GRAD_HEAD_DIM: usize = 128;
+
+/// Whether an attention's gradient runs fused (the `attention_stats` and
+/// `attention_grad` nodes kept, on CUDA as tensor-core kernels) for
+/// queries of `dtype` and head dims `d` (queries, keys) and `dv`
+/// (values): f16 or bf16, both multiples of 16 from 16 to
+/// [`MAX_FUSED_GRAD_HEAD_DIM`]. The `attention-grad` pass expands every
+/// other one; the CUDA backend refuses them.
+pub fn fused_grad_takes(dtype: DType, d: usize, dv: usize) -> bool {
+    let fits = |n: usize| n % 16 == 0 && (16..=MAX_FUSED_GRAD_HEAD_DIM).contains(&n);
+    matches!(dtype, DType::F16 | DType::BF16) && fits(d) && fits(dv)
+}
 use crate::{Error, Location, Tensor};
 
 impl Tensor {

@@ -30,11 +30,8 @@
 
 use super::autodiff::expand_attention_grad;
 use super::{Changed, Pass, PassCtx};
-use crate::ir::{DType, Graph, NodeId, Op};
+use crate::ir::{Graph, NodeId, Op};
 use crate::{Error, Result};
-
-/// The largest head dim the fused kernels take.
-pub const MAX_FUSED_HEAD_DIM: usize = 128;
 
 /// Keeps or expands attention gradients (see the module docs).
 #[derive(Clone, Copy, Debug, Default)]
@@ -86,6 +83,5 @@ impl Pass for AttentionGrad {
 fn fused_kernel_takes(graph: &Graph, id: NodeId) -> bool {
     let ops = graph.operands(id);
     let (q, v) = (graph.node(ops[0]), graph.node(ops[2]));
-    let fits = |n: usize| n % 16 == 0 && (16..=MAX_FUSED_HEAD_DIM).contains(&n);
-    matches!(q.dtype, DType::F16 | DType::BF16) && fits(q.shape.0[3]) && fits(v.shape.0[3])
+    crate::attention::fused_grad_takes(q.dtype, q.shape.0[3], v.shape.0[3])
 }

@@ -134,7 +134,7 @@ pub fn gradients(graph: &mut Graph, request: &GradRequest) -> Result<Vec<Option<
 
 /// The sum of `id`'s gradient contributions, in the order they came, in
 /// `id`'s gradient region. A zero-padded `cat` joins an earlier one
-/// whose values it does not overlap ([`Builder::add_grads`]): the slices
+/// whose values it does not overlap ([`Builder::join_pads`]): the slices
 /// that tile a tensor give it one `cat`, not padded copies added.
 fn sum_parts(graph: &mut Graph, id: NodeId, parts: Vec<NodeId>) -> Result<NodeId> {
     let home = graph.node(id).region;
@@ -143,8 +143,9 @@ fn sum_parts(graph: &mut Graph, id: NodeId, parts: Vec<NodeId>) -> Result<NodeId
     let fail = |m: String| Error::Verify(format!("autodiff: summing gradients failed: {m}"));
     let mut terms: Vec<NodeId> = Vec::with_capacity(parts.len());
     for part in parts {
-        match terms.iter().position(|&t| b.joins(t, part)) {
-            Some(at) => terms[at] = b.add_grads(terms[at], part).map_err(fail)?,
+        let joined = terms.iter().enumerate().find_map(|(at, &t)| Some((at, b.join_pads(t, part)?)));
+        match joined {
+            Some((at, pieces)) => terms[at] = b.cat_pieces(terms[at], pieces).map_err(fail)?,
             None => terms.push(part),
         }
     }

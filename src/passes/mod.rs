@@ -34,7 +34,7 @@ mod streams;
 mod view_fold;
 
 pub use assign::Assign;
-pub use attention_grad::{AttentionGrad, MAX_FUSED_HEAD_DIM};
+pub use attention_grad::AttentionGrad;
 pub use autocast::{policy_text, Autocast, OpKey, PolicyEntry, Precision, POLICY};
 pub use autodiff::{grad_region, gradients, Autodiff, GradRequest};
 pub use constant_fold::ConstantFold;

@@ -159,11 +159,7 @@ pub(crate) fn attention(
     causal: bool,
     out: Out<'_>,
 ) -> Result<()> {
-    let (qs, ks, vs) = (&q.shape().0, &k.shape().0, &v.shape().0);
-    if qs.len() != 4 || ks.len() != 4 || vs.len() != 4 {
-        return Err(Error::Backend("cpu: attention operands must have rank 4".into()));
-    }
-    let dims = Dims { b: qs[0], h: qs[1], sq: qs[2], sk: ks[2], d: qs[3], dv: vs[3] };
+    let dims = Dims::of(q, k, v)?;
     if out.len() != dims.b * dims.h * dims.sq * dims.dv {
         return Err(Error::Backend("cpu: attention output of the wrong size".into()));
     }
@@ -187,6 +183,18 @@ pub(super) struct Dims {
     pub(super) sk: usize,
     pub(super) d: usize,
     pub(super) dv: usize,
+}
+
+impl Dims {
+    /// The sizes of queries `q`, keys `k` and the `[.., dv]` operand `v`
+    /// (the values, or the forward's output).
+    pub(super) fn of(q: &CpuBuffer, k: &CpuBuffer, v: &CpuBuffer) -> Result<Dims> {
+        let (qs, ks, vs) = (&q.shape().0, &k.shape().0, &v.shape().0);
+        if qs.len() != 4 || ks.len() != 4 || vs.len() != 4 {
+            return Err(Error::Backend("cpu: attention operands must have rank 4".into()));
+        }
+        Ok(Dims { b: qs[0], h: qs[1], sq: qs[2], sk: ks[2], d: qs[3], dv: vs[3] })
+    }
 }
 
 /// The operand as dense accumulator-type values.

@@ -56,15 +56,6 @@ fn dot<A: Acc>(a: &[A], b: &[A]) -> A {
     a.iter().zip(b).fold(A::ZERO, |s, (&x, &y)| s + x * y)
 }
 
-/// The sizes of queries `q`, keys `k` and the `[.., dv]` operand `v`.
-fn dims(q: &CpuBuffer, k: &CpuBuffer, v: &CpuBuffer) -> Result<Dims> {
-    let (qs, ks, vs) = (&q.shape().0, &k.shape().0, &v.shape().0);
-    if qs.len() != 4 || ks.len() != 4 || vs.len() != 4 {
-        return Err(Error::Backend("cpu: attention operands must have rank 4".into()));
-    }
-    Ok(Dims { b: qs[0], h: qs[1], sq: qs[2], sk: ks[2], d: qs[3], dv: vs[3] })
-}
-
 /// The mask reader of `mask` (`kind`), as [`MaskRead`] wants it.
 fn mask_read<'a, A: Acc>(mask: Option<&'a CpuBuffer>, kind: AttnMask) -> Result<MaskRead<'a, A>> {
     if kind != AttnMask::None && mask.is_none() {
@@ -86,8 +77,7 @@ pub(crate) fn stats(
     causal: bool,
     out: Out<'_>,
 ) -> Result<()> {
-    let mut n = dims(q, k, o)?;
-    n.dv = o.shape().0[3];
+    let n = Dims::of(q, k, o)?;
     match q.dtype() {
         DType::F64 => stats_run::<f64, f64>([q, k, o, g], mask, kind, scale, causal, n, out),
         DType::F32 => stats_run::<f32, f32>([q, k, o, g], mask, kind, scale, causal, n, out),
@@ -145,7 +135,7 @@ pub(crate) fn grad(
     out: Out<'_>,
 ) -> Result<()> {
     let [q, k, v, _, _] = operands;
-    let n = dims(q, k, v)?;
+    let n = Dims::of(q, k, v)?;
     match q.dtype() {
         DType::F64 => grad_run::<f64, f64>(operands, mask, kind, scale, causal, wrt, n, out),
         DType::F32 => grad_run::<f32, f32>(operands, mask, kind, scale, causal, wrt, n, out),

@@ -193,17 +193,9 @@ fn expand_stats(
 ) -> Built {
     let (q, k, o, g) = (ops[0], ops[1], ops[2], ops[3]);
     let s = wide_scores(b, q, k, ops.get(4).copied(), scale, causal, mask)?;
-    let (shape, acc) = (b.shape(s), b.dtype(s));
-    let mx = b.reduce(ReduceOp::Max, s, &[3], true)?;
+    let acc = b.dtype(s);
+    let Rows { mx, empty, l, .. } = shifted_exp(b, s)?;
     let row_shape = b.shape(mx);
-    let row_inf = b.full(f64::NEG_INFINITY, &row_shape, acc)?;
-    let empty = b.compare(CompareOp::Eq, mx, row_inf)?;
-    let zero = b.full(0.0, &row_shape, acc)?;
-    let mx = b.select(empty, zero, mx)?;
-    let wide_mx = b.expand(mx, &shape)?;
-    let shifted = b.sub(s, wide_mx)?;
-    let e = b.unary(UnaryOp::Exp, shifted)?;
-    let l = b.reduce(ReduceOp::Sum, e, &[3], true)?;
     let log = b.unary(UnaryOp::Log, l)?;
     let lse = b.add_(log, mx)?;
     let inf = b.full(f64::INFINITY, &row_shape, acc)?;
@@ -324,24 +316,45 @@ fn probabilities(
     let kt = b.transpose_last(k)?;
     let s = b.matmul(q, kt)?;
     let s = masked(b, s, m, causal, mask)?;
-    let shape = b.shape(s);
-    let dtype = b.dtype(s);
-    let mx = b.reduce(ReduceOp::Max, s, &[3], true)?;
-    let row_shape = b.shape(mx);
-    let row_inf = b.full(f64::NEG_INFINITY, &row_shape, dtype)?;
-    let empty = b.compare(CompareOp::Eq, mx, row_inf)?;
-    let zero = b.full(0.0, &row_shape, dtype)?;
-    let mx = b.select(empty, zero, mx)?;
-    let mx = b.expand(mx, &shape)?;
-    let shifted = b.sub(s, mx)?;
-    let e = b.unary(UnaryOp::Exp, shifted)?;
-    let l = b.reduce(ReduceOp::Sum, e, &[3], true)?;
+    let (shape, dtype) = (b.shape(s), b.dtype(s));
+    let Rows { e, l, .. } = shifted_exp(b, s)?;
+    let row_shape = b.shape(l);
     let zero = b.full(0.0, &row_shape, dtype)?;
     let none = b.compare(CompareOp::Eq, l, zero)?;
     let one = b.full(1.0, &row_shape, dtype)?;
     let l = b.select(none, one, l)?;
     let l = b.expand(l, &shape)?;
     b.binary(BinaryOp::Div, e, l)
+}
+
+/// What [`shifted_exp`] gives, per row of the keys.
+struct Rows {
+    /// The row maximum, 0 for a row with no key left.
+    mx: NodeId,
+    /// Whether the row has no key left (its maximum is `-inf`).
+    empty: NodeId,
+    /// `e^(s - mx)` over the whole `[.., sq, sk]`.
+    e: NodeId,
+    /// The row sums of `e` (0 for an empty row).
+    l: NodeId,
+}
+
+/// The softmax's shared start over the keys of scores `s`: the row
+/// maximum (0 where every key is removed, so that `s - mx` is `-inf`, not
+/// NaN), `e = e^(s - mx)` and its row sums.
+fn shifted_exp(b: &mut Builder, s: NodeId) -> Built<Rows> {
+    let (shape, dtype) = (b.shape(s), b.dtype(s));
+    let mx = b.reduce(ReduceOp::Max, s, &[3], true)?;
+    let row_shape = b.shape(mx);
+    let row_inf = b.full(f64::NEG_INFINITY, &row_shape, dtype)?;
+    let empty = b.compare(CompareOp::Eq, mx, row_inf)?;
+    let zero = b.full(0.0, &row_shape, dtype)?;
+    let mx = b.select(empty, zero, mx)?;
+    let wide_mx = b.expand(mx, &shape)?;
+    let shifted = b.sub(s, wide_mx)?;
+    let e = b.unary(UnaryOp::Exp, shifted)?;
+    let l = b.reduce(ReduceOp::Sum, e, &[3], true)?;
+    Ok(Rows { mx, empty, e, l })
 }
 
 /// The scores `s` with the mask applied: added, or `-inf` where a bool

@@ -286,23 +286,6 @@ impl Builder<'_> {
 type Pieces = Vec<(usize, Option<NodeId>)>;
 
 impl Builder<'_> {
-    /// `a + b` for two gradients of one value. Where both are zero-padded
-    /// `cat`s along one dim whose values sit in disjoint windows (the
-    /// gradients of slices that tile a tensor: GPT's q, k and v cut from
-    /// one projection) the sum is one `cat` of the values, with zeros
-    /// only where neither has one: no padded copies and no add.
-    pub(super) fn add_grads(&mut self, a: NodeId, b: NodeId) -> Built {
-        match self.join_pads(a, b) {
-            Some(pieces) => self.cat_pieces(a, pieces),
-            None => self.add_(a, b),
-        }
-    }
-
-    /// Whether `a + b` is one `cat` ([`Builder::add_grads`] joins them).
-    pub(super) fn joins(&self, a: NodeId, b: NodeId) -> bool {
-        self.join_pads(a, b).is_some()
-    }
-
     /// The pieces of `x` if it is a `cat`, with its dim.
     fn pieces(&self, x: NodeId) -> Option<(usize, Pieces)> {
         let Op::Cat { dim } = self.g.node(x).op else { return None };
@@ -320,10 +303,13 @@ impl Builder<'_> {
         Some((dim, pieces))
     }
 
-    /// The pieces of `a + b` when both are padded `cat`s along one dim
-    /// whose values never overlap (each value whole, the other side zero
-    /// across it); `None` otherwise.
-    fn join_pads(&self, a: NodeId, b: NodeId) -> Option<(usize, Pieces)> {
+    /// The pieces of `a + b` when both are zero-padded `cat`s along one
+    /// dim whose values never overlap (each value whole, the other side
+    /// zero across it); `None` otherwise. The gradients of slices that
+    /// tile a tensor (GPT's q, k and v cut from one projection) sum to one
+    /// `cat` of their windows this way ([`Builder::cat_pieces`]): no
+    /// padded copies and no add.
+    pub(super) fn join_pads(&self, a: NodeId, b: NodeId) -> Option<(usize, Pieces)> {
         let ((da, pa), (db, pb)) = (self.pieces(a)?, self.pieces(b)?);
         if da != db || self.shape(a) != self.shape(b) || self.dtype(a) != self.dtype(b) {
             return None;
@@ -372,7 +358,7 @@ impl Builder<'_> {
 
     /// A `cat` along `dim` of `pieces` (zeros built at their lengths), of
     /// `like`'s shape and dtype; a single value is itself.
-    fn cat_pieces(&mut self, like: NodeId, (dim, pieces): (usize, Pieces)) -> Built {
+    pub(super) fn cat_pieces(&mut self, like: NodeId, (dim, pieces): (usize, Pieces)) -> Built {
         if let [(_, Some(v))] = pieces[..] {
             return Ok(v);
         }

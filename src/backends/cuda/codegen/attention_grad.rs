@@ -34,10 +34,10 @@
 //! [`Op::AttentionStats`]: crate::ir::Op::AttentionStats
 //! [`Op::AttentionGrad`]: crate::ir::Op::AttentionGrad
 
-use super::attention::Strided;
+use super::attention::{Spec, Strided};
 use super::attention_mma::tile_load;
 use super::{types, Kernel};
-use crate::ir::{AttnMask, AttnWrt, DType};
+use crate::ir::{AttnMask, AttnWrt};
 use std::fmt::Write;
 
 /// Rows (queries or keys) a block owns: 16 per warp.
@@ -49,40 +49,26 @@ const THREADS: usize = 128;
 /// Padding of a shared-memory row, in elements.
 const PAD: usize = 8;
 
-/// What the three kernels are generated for.
+/// What the three kernels are generated for: the attention's own [`Spec`]
+/// (whose `v` is the forward's output `o` for the stats kernel) and the
+/// output's gradient.
 #[derive(Clone, Debug)]
 pub(crate) struct GradSpec {
-    pub dtype: DType,
-    pub batch: usize,
-    pub heads: usize,
-    pub sq: usize,
-    pub sk: usize,
-    pub d: usize,
-    pub dv: usize,
-    pub scale: f64,
-    pub causal: bool,
-    pub mask: AttnMask,
-    pub mask_dtype: DType,
-    pub q: Strided,
-    pub k: Strided,
-    /// The values (`wrt`) or the forward's output (stats).
-    pub v: Strided,
+    pub attn: Spec,
     /// The output's gradient.
     pub g: Strided,
-    pub m: Option<Strided>,
 }
 
 /// Whether the kernels take `spec`: the rule of the `attention-grad` pass.
 pub(crate) fn applies(spec: &GradSpec) -> bool {
-    let fits = |n: usize| n % 16 == 0 && (16..=crate::passes::MAX_FUSED_HEAD_DIM).contains(&n);
-    matches!(spec.dtype, DType::F16 | DType::BF16) && fits(spec.d) && fits(spec.dv)
+    crate::attention::fused_grad_takes(spec.attn.dtype, spec.attn.d, spec.attn.dv)
 }
 
 impl GradSpec {
     /// The kernel's opening: `out`, then `q, k, v|o, g`, the stats (for
     /// `wrt`) and the mask.
     fn head(&self, name: &str, out: &str, stats: bool) -> String {
-        let st = types::storage(self.dtype);
+        let st = types::storage(self.attn.dtype);
         let mut p = vec![format!("{out}* __restrict__ out")];
         for x in ["q", "k", "v", "dout"] {
             p.push(format!("const {st}* __restrict__ {x}"));
@@ -90,8 +76,8 @@ impl GradSpec {
         if stats {
             p.push("const float* __restrict__ stats".into());
         }
-        if self.mask != AttnMask::None {
-            p.push(format!("const {}* __restrict__ mask", types::storage(self.mask_dtype)));
+        if self.attn.mask != AttnMask::None {
+            p.push(format!("const {}* __restrict__ mask", types::storage(self.attn.mask_dtype)));
         }
         let mut s = format!("extern \"C\" __global__ void {name}({}) {{\n", p.join(", "));
         s.push_str("  typedef long long I;\n  typedef kiln::u32 U;\n");
@@ -103,7 +89,7 @@ impl GradSpec {
 
     /// The parameters the kernel reads (all but `out`).
     fn reads(&self, stats: bool) -> Vec<usize> {
-        let n = 4 + stats as usize + (self.mask != AttnMask::None) as usize;
+        let n = 4 + stats as usize + (self.attn.mask != AttnMask::None) as usize;
         (0..n).collect()
     }
 
@@ -112,21 +98,21 @@ impl GradSpec {
     /// `NEG_INF` for a removed pair. `i`, `j` are ints in scope.
     fn score(&self, raw: &str, x: &str) -> String {
         let log2e = std::f64::consts::LOG2_E;
-        let scale = format!("{:?}f", (self.scale * log2e) as f32);
-        let mut removed = format!("j >= {} || i >= {}", self.sk, self.sq);
-        if self.causal {
+        let scale = format!("{:?}f", (self.attn.scale * log2e) as f32);
+        let mut removed = format!("j >= {} || i >= {}", self.attn.sk, self.attn.sq);
+        if self.attn.causal {
             removed.push_str(" || j > i");
         }
         let mut s = String::new();
         let mut value = format!("{raw} * {scale}");
-        if let Some(mk) = &self.m {
+        if let Some(mk) = &self.attn.m {
             let at = format!("mask[{}]", mk.at("b", "h", "i", "j"));
-            match self.mask {
+            match self.attn.mask {
                 AttnMask::Keep => {
                     let _ = write!(removed, " || !{at}");
                 }
                 AttnMask::Additive => {
-                    let add = types::load(self.mask_dtype, &at);
+                    let add = types::load(self.attn.mask_dtype, &at);
                     let _ = write!(value, " + (float){add} * {:?}f", log2e as f32);
                 }
                 AttnMask::None => {}
@@ -192,21 +178,21 @@ fn fragments(s: &mut String, name: &str, tile: &str, stride: usize, n: usize) {
 fn block_rows(s: &mut String, spec: &GradSpec, len: usize) -> usize {
     let blocks = len.div_ceil(ROWS).max(1);
     let _ = writeln!(s, "  const I rb = (I)blockIdx.x % {blocks}, bh = (I)blockIdx.x / {blocks};");
-    let _ = writeln!(s, "  const I b = bh / {heads}, h = bh % {heads};", heads = spec.heads.max(1));
+    let _ = writeln!(s, "  const I b = bh / {heads}, h = bh % {heads};", heads = spec.attn.heads.max(1));
     let _ = writeln!(s, "  const I r_start = rb * {ROWS};");
     s.push_str("  const int r0 = w * 16 + g;\n  const int ia = (int)r_start + r0, ib = ia + 8;\n");
-    (spec.batch * spec.heads * blocks).max(1)
+    (spec.attn.batch * spec.attn.heads * blocks).max(1)
 }
 
 /// The stats kernel: f32 `[b, h, sq, 2]` of (lse, delta).
 pub(crate) fn stats(name: &str, spec: &GradSpec) -> Kernel {
-    let GradSpec { dtype, sq, sk, d, dv, .. } = *spec;
+    let Spec { dtype, sq, sk, d, dv, .. } = spec.attn;
     let tag = format!("{}()", types::storage(dtype));
     let kst = d + PAD;
     let mut s = spec.head(name, "float", false);
     let _ = writeln!(s, "  __align__(16) __shared__ unsigned short ks[{}];", TILE * kst);
     let grid = block_rows(&mut s, spec, sq);
-    tile_load(&mut s, "q", &spec.q, d, "r_start", sq, |r, c| format!("ks[{r} * {kst} + {c}]"), true);
+    tile_load(&mut s, "q", &spec.attn.q, d, "r_start", sq, |r, c| format!("ks[{r} * {kst} + {c}]"), true);
     s.push_str("  __syncthreads();\n");
     fragments(&mut s, "qf", "ks", kst, d);
     s.push_str("  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};\n");
@@ -214,7 +200,7 @@ pub(crate) fn stats(name: &str, spec: &GradSpec) -> Kernel {
     let _ = writeln!(s, "  for (I j0 = 0; j0 < kend; j0 += {TILE}) {{");
     s.push_str("    __syncthreads();\n");
     indent(&mut s, "  ", |s| {
-        tile_load(s, "k", &spec.k, d, "j0", sk, |r, c| format!("ks[{r} * {kst} + {c}]"), true)
+        tile_load(s, "k", &spec.attn.k, d, "j0", sk, |r, c| format!("ks[{r} * {kst} + {c}]"), true)
     });
     s.push_str("    __syncthreads();\n");
     let _ = writeln!(s, "    float sc[{}][4];", TILE / 8);
@@ -250,7 +236,7 @@ pub(crate) fn stats(name: &str, spec: &GradSpec) -> Kernel {
     s.push_str("    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);\n");
     s.push_str("    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);\n");
     s.push_str("    const int i = r == 0 ? ia : ib;\n    float dl = 0.f;\n");
-    let (o_at, g_at) = (spec.v.at("b", "h", "i", "col"), spec.g.at("b", "h", "i", "col"));
+    let (o_at, g_at) = (spec.attn.v.at("b", "h", "i", "col"), spec.g.at("b", "h", "i", "col"));
     let _ = writeln!(
         s,
         "    if (i < {sq})\n      for (int col = c; col < {dv}; col += 4) dl += {} * {};",
@@ -271,8 +257,8 @@ pub(crate) fn stats(name: &str, spec: &GradSpec) -> Kernel {
 
 /// `kend`: the keys a block of query rows starting at `r_start` can see.
 fn key_end(s: &mut String, spec: &GradSpec) {
-    let sk = spec.sk;
-    let end = if spec.causal {
+    let sk = spec.attn.sk;
+    let end = if spec.attn.causal {
         format!("r_start + {ROWS} < {sk} ? r_start + {ROWS} : (I){sk}")
     } else {
         format!("(I){sk}")
@@ -315,14 +301,14 @@ fn row_stats(i: &str, sq: usize) -> String {
 }
 
 fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
-    let GradSpec { dtype, sq, sk, d, dv, .. } = *spec;
+    let Spec { dtype, sq, sk, d, dv, .. } = spec.attn;
     let tag = format!("{}()", types::storage(dtype));
     let (kst, vst) = (d + PAD, dv + PAD);
     let mut s = spec.head(name, types::storage(dtype), true);
     let _ = writeln!(s, "  __align__(16) __shared__ unsigned short ks[{}];", TILE * kst);
     let _ = writeln!(s, "  __align__(16) __shared__ unsigned short vs[{}];", TILE * vst);
     let grid = block_rows(&mut s, spec, sq);
-    tile_load(&mut s, "q", &spec.q, d, "r_start", sq, |r, c| format!("ks[{r} * {kst} + {c}]"), true);
+    tile_load(&mut s, "q", &spec.attn.q, d, "r_start", sq, |r, c| format!("ks[{r} * {kst} + {c}]"), true);
     tile_load(&mut s, "dout", &spec.g, dv, "r_start", sq, |r, c| format!("vs[{r} * {vst} + {c}]"), true);
     s.push_str("  __syncthreads();\n");
     fragments(&mut s, "qf", "ks", kst, d);
@@ -338,8 +324,8 @@ fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
     let _ = writeln!(s, "  for (I j0 = 0; j0 < kend; j0 += {TILE}) {{");
     s.push_str("    __syncthreads();\n");
     indent(&mut s, "  ", |s| {
-        tile_load(s, "k", &spec.k, d, "j0", sk, |r, c| format!("ks[{r} * {kst} + {c}]"), true);
-        tile_load(s, "v", &spec.v, dv, "j0", sk, |r, c| format!("vs[{r} * {vst} + {c}]"), true);
+        tile_load(s, "k", &spec.attn.k, d, "j0", sk, |r, c| format!("ks[{r} * {kst} + {c}]"), true);
+        tile_load(s, "v", &spec.attn.v, dv, "j0", sk, |r, c| format!("vs[{r} * {vst} + {c}]"), true);
     });
     s.push_str("    __syncthreads();\n");
     let _ = writeln!(s, "    float sc[{}][4], dp[{}][4];", TILE / 8, TILE / 8);
@@ -371,7 +357,7 @@ fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
     );
     mma_columns(&mut s, "acc", "sc", d / 8, "ks", kst, &tag);
     s.push_str("  }\n");
-    let scale = format!("{:?}f", spec.scale as f32);
+    let scale = format!("{:?}f", spec.attn.scale as f32);
     let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) {{", d / 8);
     s.push_str("    #pragma unroll\n    for (int r = 0; r < 2; ++r) {\n");
     let _ = writeln!(s, "      const int i = r == 0 ? ia : ib;\n      if (i >= {sq}) continue;");
@@ -384,7 +370,7 @@ fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
 }
 
 fn grad_kv(name: &str, spec: &GradSpec) -> Kernel {
-    let GradSpec { dtype, sq, sk, d, dv, .. } = *spec;
+    let Spec { dtype, sq, sk, d, dv, .. } = spec.attn;
     let tag = format!("{}()", types::storage(dtype));
     let (qst, gst) = (d + PAD, dv + PAD);
     let mut s = spec.head(name, types::storage(dtype), true);
@@ -393,8 +379,8 @@ fn grad_kv(name: &str, spec: &GradSpec) -> Kernel {
     let _ = writeln!(s, "  __shared__ float slse[{TILE}], sdl[{TILE}];");
     let grid = block_rows(&mut s, spec, sk);
     // This block's keys and values, staged through the tiles once.
-    tile_load(&mut s, "k", &spec.k, d, "r_start", sk, |r, c| format!("qs[{r} * {qst} + {c}]"), true);
-    tile_load(&mut s, "v", &spec.v, dv, "r_start", sk, |r, c| format!("gs[{r} * {gst} + {c}]"), true);
+    tile_load(&mut s, "k", &spec.attn.k, d, "r_start", sk, |r, c| format!("qs[{r} * {qst} + {c}]"), true);
+    tile_load(&mut s, "v", &spec.attn.v, dv, "r_start", sk, |r, c| format!("gs[{r} * {gst} + {c}]"), true);
     s.push_str("  __syncthreads();\n");
     fragments(&mut s, "kf", "qs", qst, d);
     fragments(&mut s, "vf", "gs", gst, dv);
@@ -407,11 +393,11 @@ fn grad_kv(name: &str, spec: &GradSpec) -> Kernel {
     let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) dvv[n][0] = dvv[n][1] = dvv[n][2] = dvv[n][3] = 0.f;", dv / 8);
     // Causal: query i sees key j <= i, so the rows before the block's
     // first key see none of its keys.
-    let start = if spec.causal { "r_start / 64 * 64" } else { "0" };
+    let start = if spec.attn.causal { "r_start / 64 * 64" } else { "0" };
     let _ = writeln!(s, "  for (I i0 = {start}; i0 < {sq}; i0 += {TILE}) {{");
     s.push_str("    __syncthreads();\n");
     indent(&mut s, "  ", |s| {
-        tile_load(s, "q", &spec.q, d, "i0", sq, |r, c| format!("qs[{r} * {qst} + {c}]"), true);
+        tile_load(s, "q", &spec.attn.q, d, "i0", sq, |r, c| format!("qs[{r} * {qst} + {c}]"), true);
         tile_load(s, "dout", &spec.g, dv, "i0", sq, |r, c| format!("gs[{r} * {gst} + {c}]"), true);
     });
     let _ = writeln!(s, "    for (int e = t; e < {TILE}; e += {THREADS}) {{");
@@ -449,7 +435,7 @@ fn grad_kv(name: &str, spec: &GradSpec) -> Kernel {
     mma_columns(&mut s, "dvv", "sc", dv / 8, "gs", gst, &tag);
     mma_columns(&mut s, "dk", "dp", d / 8, "qs", qst, &tag);
     s.push_str("  }\n");
-    let scale = format!("{:?}f", spec.scale as f32);
+    let scale = format!("{:?}f", spec.attn.scale as f32);
     let w = d + dv;
     s.push_str("  #pragma unroll\n  for (int r = 0; r < 2; ++r) {\n");
     let _ = writeln!(s, "    const int j = r == 0 ? ia : ib;\n    if (j >= {sk}) continue;");

@@ -249,16 +249,23 @@ pub(crate) fn cat(name: &str, parts: &[Operand], dim: usize, out: &Shape) -> Ker
             Source::Const(c) => types::store(dtype, &types::literal(dtype, c)),
             Source::Buffer => format!("in{k}[{}]", o.access.offset_of(&pos)),
         };
-        let guard = match (k, k + 1 == parts.len()) {
-            (0, true) => String::new(),
-            (0, false) => format!("if (c < {}) ", start + size),
-            (_, true) => "else ".to_string(),
-            (_, false) => format!("else if (c < {}) ", start + size),
-        };
+        let guard = piece_guard(k, parts.len(), start + size);
         let _ = writeln!(src, "    {guard}out[i] = {v};");
         start += size;
     }
     close(name, src, numel, buffer_operands(parts))
+}
+
+/// The branch of a `cat` kernel that takes part `k` of `parts` (whose
+/// positions end before `end` along the joined dim): `if`, `else if` or
+/// `else`, none for a single part.
+fn piece_guard(k: usize, parts: usize, end: usize) -> String {
+    match (k, k + 1 == parts) {
+        (0, true) => String::new(),
+        (0, false) => format!("if (c < {end}) "),
+        (_, true) => "else ".to_string(),
+        (_, false) => format!("else if (c < {end}) "),
+    }
 }
 
 /// `cat` four elements at a time (one 8- or 16-byte load and store, one
@@ -309,12 +316,7 @@ fn cat4(name: &str, parts: &[Operand], dim: usize, out: &Shape) -> Option<Kernel
     for (k, o) in parts.iter().enumerate() {
         let size = o.access.shape().0[dim];
         let pos = format!("(outer * {} + (c - {start}) * {inner} + in)", size * inner);
-        let guard = match (k, k + 1 == parts.len()) {
-            (0, true) => String::new(),
-            (0, false) => format!("if (c < {}) ", start + size),
-            (_, true) => "else ".to_string(),
-            (_, false) => format!("else if (c < {}) ", start + size),
-        };
+        let guard = piece_guard(k, parts.len(), start + size);
         let _ = writeln!(
             src,
             "    {guard}kiln::store4(out + e, kiln::load4(in{k} + {}));",

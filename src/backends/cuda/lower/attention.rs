@@ -89,37 +89,9 @@ impl Lowering<'_> {
         shape: &Shape,
         dst: Loc,
     ) -> Result<(), String> {
-        // The kernel reads memory through strides; a constant operand (a
-        // `full`, which has no memory) is written out first.
-        let mut vals = Vec::with_capacity(ops.len());
-        for v in ops {
-            vals.push(match v.storage {
-                Storage::Mem(_) => v.clone(),
-                Storage::Const(_) => self.materialize(v)?,
-            });
-        }
-        let strided = |v: &Value| {
-            let s = &v.layout.strides;
-            Strided { offset: v.layout.offset, strides: [s[0], s[1], s[2], s[3]] }
-        };
-        let (q, k) = (&vals[0].layout.shape.0, &vals[1].layout.shape.0);
-        let spec = Spec {
-            dtype: vals[0].dtype,
-            batch: q[0],
-            heads: q[1],
-            sq: q[2],
-            sk: k[2],
-            d: q[3],
-            dv: shape.0[3],
-            scale,
-            causal,
-            mask,
-            mask_dtype: vals.get(3).map_or(DType::Bool, |m| m.dtype),
-            q: strided(&vals[0]),
-            k: strided(&vals[1]),
-            v: strided(&vals[2]),
-            m: vals.get(3).map(strided),
-        };
+        let vals = self.in_memory(ops)?;
+        let spec = spec_of(&vals, 3, (scale, causal, mask));
+        debug_assert_eq!(spec.dv, shape.0[3]);
         if attention_decode::applies(&spec) && !super::gemv::off("KILN_CUDA_DECODE_ATTENTION") {
             // A few query rows: keys split over blocks (`attention_decode.rs`).
             let kernel = self.add_kernel("attention_decode", |n| Ok(attention_decode::partial(n, &spec)))?;
@@ -157,45 +129,18 @@ impl Lowering<'_> {
         wrt: Option<AttnWrt>,
         dst: Loc,
     ) -> Result<(), String> {
-        let mut vals = Vec::with_capacity(ops.len());
-        for v in ops {
-            vals.push(match v.storage {
-                Storage::Mem(_) => v.clone(),
-                Storage::Const(_) => self.materialize(v)?,
-            });
-        }
-        let strided = |v: &Value| {
-            let s = &v.layout.strides;
-            Strided { offset: v.layout.offset, strides: [s[0], s[1], s[2], s[3]] }
-        };
+        let vals = self.in_memory(ops)?;
         // Operands: q, k, v (o for the stats), g, [stats], [mask].
         let mask_at = if wrt.is_some() { 5 } else { 4 };
-        let (q, k, v) = (&vals[0].layout.shape.0, &vals[1].layout.shape.0, &vals[2].layout.shape.0);
-        let spec = GradSpec {
-            dtype: vals[0].dtype,
-            batch: q[0],
-            heads: q[1],
-            sq: q[2],
-            sk: k[2],
-            d: q[3],
-            dv: v[3],
-            scale,
-            causal,
-            mask,
-            mask_dtype: vals.get(mask_at).map_or(DType::Bool, |m| m.dtype),
-            q: strided(&vals[0]),
-            k: strided(&vals[1]),
-            v: strided(&vals[2]),
-            g: strided(&vals[3]),
-            m: vals.get(mask_at).map(strided),
-        };
+        let attn = spec_of(&vals, mask_at, (scale, causal, mask));
+        let spec = GradSpec { attn, g: strided(&vals[3]) };
         if !attention_grad::applies(&spec) {
             return Err(format!(
                 "the CUDA attention backward runs f16 and bf16 heads of 16 to {} (multiples of 16), got {} heads of {} and {}; the attention-grad pass expands the others",
-                crate::passes::MAX_FUSED_HEAD_DIM,
-                spec.dtype,
-                spec.d,
-                spec.dv
+                crate::attention::MAX_FUSED_GRAD_HEAD_DIM,
+                spec.attn.dtype,
+                spec.attn.d,
+                spec.attn.dv
             ));
         }
         if wrt.is_some() && !(vals[4].layout.is_contiguous() && vals[4].layout.offset == 0) {
@@ -210,4 +155,47 @@ impl Lowering<'_> {
         self.launches.push(Launch::Kernel { kernel, args });
         Ok(())
     }
+
+    /// `ops` with every constant operand (a `full`, which has no memory)
+    /// written out: the attention kernels read memory through strides.
+    fn in_memory(&mut self, ops: &[Value]) -> Result<Vec<Value>, String> {
+        let mut vals = Vec::with_capacity(ops.len());
+        for v in ops {
+            vals.push(match v.storage {
+                Storage::Mem(_) => v.clone(),
+                Storage::Const(_) => self.materialize(v)?,
+            });
+        }
+        Ok(vals)
+    }
+}
+
+/// The [`Spec`] of an attention over `vals` (q, k, then the values or the
+/// forward's output, whose last dim is `dv`), with its mask operand at
+/// `mask_at` if there is one.
+fn spec_of(vals: &[Value], mask_at: usize, (scale, causal, mask): (f64, bool, AttnMask)) -> Spec {
+    let (q, k, v) = (&vals[0].layout.shape.0, &vals[1].layout.shape.0, &vals[2].layout.shape.0);
+    Spec {
+        dtype: vals[0].dtype,
+        batch: q[0],
+        heads: q[1],
+        sq: q[2],
+        sk: k[2],
+        d: q[3],
+        dv: v[3],
+        scale,
+        causal,
+        mask,
+        mask_dtype: vals.get(mask_at).map_or(DType::Bool, |m| m.dtype),
+        q: strided(&vals[0]),
+        k: strided(&vals[1]),
+        v: strided(&vals[2]),
+        m: vals.get(mask_at).map(strided),
+    }
+}
+
+/// A rank-4 operand's offset and strides, as the attention kernels index it.
+fn strided(v: &Value) -> Strided {
+    let s = &v.layout.strides;
+    Strided { offset: v.layout.offset, strides: [s[0], s[1], s[2], s[3]] }
 }
