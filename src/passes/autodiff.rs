@@ -103,12 +103,11 @@ pub fn gradients(graph: &mut Graph, request: &GradRequest) -> Result<Vec<Option<
         adjoint.insert(request.out, vec![request.seed]);
     }
     for &id in order.iter().rev() {
-        let Some(parts) = adjoint.get(&id) else { continue };
         if leaves.contains(&id) || !needs.contains(&id) {
             continue;
         }
-        let g = sum_parts(graph, id, parts.clone())?;
-        adjoint.insert(id, vec![g]);
+        let Some(parts) = adjoint.remove(&id) else { continue };
+        let g = sum_parts(graph, id, parts)?;
         let operands = graph.operands(id);
         let wanted: Vec<bool> = operands.iter().map(|o| needs.contains(o)).collect();
         let home = graph.node(id).region;
