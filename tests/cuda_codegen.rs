@@ -1,6 +1,6 @@
 //! The CUDA backend's generated code, without a GPU: every fusion pass
 //! case, every case in `tests/cuda/` (and, fused, `tests/cuda/fused/`), and the quickstart graph are planned
-//! (fusion, schedule, horizontal, streams, memory) and lowered to a CUDA program whose
+//! (fusion, assign, multi-output, schedule, horizontal, streams, memory) and lowered to a CUDA program whose
 //! text (launches, then each kernel's source) is an insta snapshot in
 //! `snapshots/`. A change that claims no codegen change shows an empty diff.
 
@@ -22,9 +22,9 @@ fn settings() -> insta::Settings {
 fn plan(graph: Graph, options: PassOptions, fuse: bool) -> Graph {
     let mut g = graph;
     let passes: &[&str] = if fuse {
-        &["fusion", "assign", "schedule", "horizontal", "streams", "memory"]
+        &["fusion", "assign", "multi-output", "schedule", "horizontal", "streams", "memory"]
     } else {
-        &["assign", "schedule", "horizontal", "streams", "memory"]
+        &["assign", "multi-output", "schedule", "horizontal", "streams", "memory"]
     };
     for pass in passes {
         g = run_single(pass, g, options).unwrap_or_else(|e| panic!("{pass}: {e}"));

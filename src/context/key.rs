@@ -256,6 +256,7 @@ fn encode(graph: &Graph, id: NodeId, operands: &[NodeId], marks: &[(u32, u32)], 
             put(w, *dist as u64);
         }
         Op::Full(v) => scalar_words(w, *v),
+        Op::Extra { output } => put(w, *output as u64),
         Op::Arange { start, step } => {
             scalar_words(w, *start);
             scalar_words(w, *step);
@@ -365,6 +366,7 @@ fn op_tag(op: &Op) -> u64 {
         Op::Assign => 27,
         Op::AttentionStats { .. } => 28,
         Op::AttentionGrad { .. } => 29,
+        Op::Extra { .. } => 30,
     }
 }
 

@@ -26,8 +26,14 @@
 //!   transposed weight) followed by elementwise compute nodes of the
 //!   matmul's shape (bias, activation, residual): a GEMM with an epilogue.
 //!
-//! Bodies never nest, never hold `random`, `arange` or `buffer`, and have
-//! exactly one output.
+//! Bodies never nest and never hold `random`, `arange` or `buffer`. A body
+//! has one output, except an elementwise body, which may have several of
+//! the domain's shape: output 0 is the fused node's value, output `j > 0`
+//! the value of an `extra %fused output=j` node ([`Op::Extra`]). The
+//! `multi-output` pass builds them, so that a value that several kernels
+//! read is written by the kernel that computes it, not recomputed or
+//! written by a kernel of its own and read back (AdamW's moments and its
+//! parameter update become one kernel).
 
 use super::{Graph, NodeId, Op, ReduceOp, Shape};
 use std::collections::HashMap;
@@ -40,9 +46,9 @@ pub struct FusedBody {
     graph: Graph,
     kind: FusedKind,
     inputs: usize,
-    /// The operand whose bytes the result may be written over (an
+    /// Per output, the operand whose bytes it may be written over (an
     /// assigned variable's old value; see [`FusedBody::over`]).
-    over: Option<usize>,
+    over: Vec<Option<usize>>,
 }
 
 /// What loop a backend runs for a fused body (see the module docs).
@@ -92,14 +98,21 @@ impl FusedBody {
     /// which node breaks which rule.
     pub fn new(graph: Graph) -> Result<FusedBody, String> {
         let (kind, inputs) = classify(&graph)?;
-        Ok(FusedBody { graph, kind, inputs, over: None })
+        let over = vec![None; graph.outputs().len()];
+        Ok(FusedBody { graph, kind, inputs, over })
     }
 
     /// This body, with its result marked as writable over operand `k`:
     /// an elementwise body whose `input k` has the output's shape and
     /// dtype. The `assign` pass marks the value of an assignment that
     /// reads the variable's old value (`over=k` in the text IR).
-    pub fn with_over(mut self, k: usize) -> Result<FusedBody, String> {
+    pub fn with_over(self, k: usize) -> Result<FusedBody, String> {
+        self.with_output_over(0, k)
+    }
+
+    /// [`FusedBody::with_over`] for output `j` (`over=[k0,_,k2]` in the
+    /// text IR). Two outputs never write over one operand.
+    pub fn with_output_over(mut self, j: usize, k: usize) -> Result<FusedBody, String> {
         if self.kind != FusedKind::Elementwise {
             return Err(format!(
                 "only an elementwise body writes over an operand, not a {} one",
@@ -107,14 +120,18 @@ impl FusedBody {
             ));
         }
         let input = *self.input_nodes().get(k).ok_or_else(|| format!("the body has no input {k}"))?;
-        let (i, out) = (self.graph.node(input), self.graph.node(self.output()));
+        let output = *self.outputs().get(j).ok_or_else(|| format!("the body has no output {j}"))?;
+        let (i, out) = (self.graph.node(input), self.graph.node(output));
         if i.shape != out.shape || i.dtype != out.dtype {
             return Err(format!(
-                "input {k} is {}{} but the result is {}{}",
+                "input {k} is {}{} but output {j} is {}{}",
                 i.dtype, i.shape, out.dtype, out.shape
             ));
         }
-        self.over = Some(k);
+        if self.over.iter().enumerate().any(|(o, &over)| o != j && over == Some(k)) {
+            return Err(format!("two outputs are written over input {k}"));
+        }
+        self.over[j] = Some(k);
         Ok(self)
     }
 
@@ -123,7 +140,12 @@ impl FusedBody {
     /// operand's input when nothing else needs its old bytes
     /// (`Facts::over_input_refusal`).
     pub fn over(&self) -> Option<usize> {
-        self.over
+        self.over[0]
+    }
+
+    /// [`FusedBody::over`] of output `j` (`None` past the last output).
+    pub fn output_over(&self, j: usize) -> Option<usize> {
+        self.over.get(j).copied().flatten()
     }
 
     /// The body graph.
@@ -141,9 +163,15 @@ impl FusedBody {
         self.inputs
     }
 
-    /// The body's one output node.
+    /// The body's output 0: the fused node's own value.
     pub fn output(&self) -> NodeId {
         self.graph.outputs()[0]
+    }
+
+    /// Every output node: the fused node's value, then its extra outputs
+    /// ([`Op::Extra`]).
+    pub fn outputs(&self) -> &[NodeId] {
+        self.graph.outputs()
     }
 
     /// The `input k` node of each slot, in slot order.
@@ -164,10 +192,16 @@ impl FusedBody {
 pub fn inline_fused(graph: &Graph) -> Graph {
     let mut out = graph.empty_like();
     let mut map: HashMap<NodeId, NodeId> = HashMap::new();
+    // The inlined value of every output of each fused node, for its extras.
+    let mut extras: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
     for id in graph.topo_order() {
         let node = graph.node(id);
         let operands: Vec<NodeId> = graph.operands(id).iter().map(|o| map[o]).collect();
         let new = match &node.op {
+            Op::Extra { output } => {
+                let fused = graph.operands(id)[0];
+                extras[&fused][*output]
+            }
             Op::Fused(body) => {
                 let g = body.graph();
                 let mut inner: HashMap<NodeId, NodeId> = HashMap::new();
@@ -182,6 +216,7 @@ pub fn inline_fused(graph: &Graph) -> Graph {
                     };
                     inner.insert(b, mapped);
                 }
+                extras.insert(id, body.outputs().iter().map(|o| inner[o]).collect());
                 inner[&body.output()]
             }
             _ => out.add_unchecked(node.clone(), &operands),
@@ -208,8 +243,14 @@ pub fn is_leaf_or_leaf_view(graph: &Graph, id: NodeId) -> bool {
 }
 
 fn classify(graph: &Graph) -> Result<(FusedKind, usize), String> {
-    if graph.outputs().len() != 1 {
-        return Err(format!("a fused body has exactly one output, this one has {}", graph.outputs().len()));
+    let outputs = graph.outputs();
+    if outputs.is_empty() {
+        return Err("a fused body has an output, this one has none".into());
+    }
+    for (j, &o) in outputs.iter().enumerate() {
+        if outputs[..j].contains(&o) {
+            return Err(format!("output {j} repeats an earlier output ({o})"));
+        }
     }
     super::verify(graph).map_err(|e| format!("the body is not a valid graph: {e}"))?;
     let order = graph.topo_order();
@@ -266,6 +307,11 @@ fn classify(graph: &Graph) -> Result<(FusedKind, usize), String> {
                     ));
                 }
             }
+            if let Some(&leaf) = outputs.iter().skip(1).find(|&&o| !computed(o)) {
+                return Err(format!(
+                    "{leaf}: an extra output is computed in the body, not a leaf or its view"
+                ));
+            }
             FusedKind::Elementwise
         }
         (false, 0) => classify_reduction(graph, &order, &reductions)?,
@@ -303,6 +349,9 @@ fn classify(graph: &Graph) -> Result<(FusedKind, usize), String> {
             )
         }
     };
+    if outputs.len() > 1 && kind != FusedKind::Elementwise {
+        return Err(format!("only an elementwise body has several outputs, not a {} one", kind.name()));
+    }
     Ok((kind, slots.len()))
 }
 

@@ -21,9 +21,14 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
     let ty = |i: usize| (operands[i].0, operands[i].1);
     let ty_opt = |i: usize| operands.get(i).map(|o| (o.0, o.1));
     let out = match op {
-        Op::Input(_) | Op::Buffer(_) | Op::Full(_) | Op::Arange { .. } | Op::Random { .. } => {
-            return Ok(None)
-        }
+        // An extra's type is its fused operand's body output, which the
+        // verifier checks: the operand's type alone does not say it.
+        Op::Input(_)
+        | Op::Buffer(_)
+        | Op::Full(_)
+        | Op::Arange { .. }
+        | Op::Random { .. }
+        | Op::Extra { .. } => return Ok(None),
         Op::Reshape(target) => {
             let (s, d) = ty(0);
             if s.numel() != target.numel() {

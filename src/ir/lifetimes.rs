@@ -14,6 +14,12 @@
 //! last step (`last_read`, the frontier), and a member writes over an
 //! operand only when no other member reads it.
 //!
+//! An `extra` output ([`Op::Extra`]) is written by its fused node's
+//! kernel, so its bytes count as written from that node's first step on
+//! (its window starts there, wherever the schedule puts the `extra`), and
+//! it is written over an input under the same rules as the fused node's
+//! own value, with the fused node as the writer.
+//!
 //! Everything is indexed by schedule step. Building the facts assumes the
 //! schedule and the stream plan were checked (every node scheduled once,
 //! operands first; streams below the count; events recorded before their
@@ -198,6 +204,15 @@ impl Facts {
                 }
             }
         }
+        for (t, &id) in order.iter().enumerate() {
+            if let Op::Extra { .. } = graph.node(id).op {
+                if let Some(&f) = graph.operands(id).first().and_then(|f| step_of.get(f.index())) {
+                    if (f as usize) < t {
+                        span[t].0 = span[f as usize].0;
+                    }
+                }
+            }
+        }
         // Readers: direct users (a group member at its group's last
         // step), then views hand theirs to what they view.
         let mut last_read: Vec<u32> = (0..n as u32).collect();
@@ -364,9 +379,8 @@ impl Facts {
     /// ([`crate::ir::FusedBody::over`]), when
     /// [`Facts::over_input_refusal`] finds nothing against it.
     pub fn over_input(&self, graph: &Graph, y: usize) -> Option<NodeId> {
-        let yid = self.order[y];
-        let slot = over_slot(graph, yid).ok()?;
-        let target = *graph.operands(yid).get(slot)?;
+        let (writer, slot) = over_slot(graph, self.order[y]).ok()?;
+        let target = *graph.operands(writer).get(slot)?;
         self.over_input_refusal(graph, y, target).is_none().then_some(target)
     }
 
@@ -384,14 +398,17 @@ impl Facts {
     /// memory pass's in-place rule, for an input).
     pub fn over_input_refusal(&self, graph: &Graph, y: usize, x: NodeId) -> Option<&'static str> {
         let yid = self.order[y];
-        let slot = match over_slot(graph, yid) {
-            Ok(slot) => slot,
+        let (writer, slot) = match over_slot(graph, yid) {
+            Ok(found) => found,
             Err(why) => return Some(why),
         };
         if self.kind[y] != Kind::Output {
             return Some("the node is not the storage root of a graph output");
         }
-        let operands = graph.operands(yid);
+        // An extra output is written by its fused node's step: that step
+        // reads the operands and must be the input's last reader.
+        let Some(w) = self.step(writer) else { return Some("the fused node is not scheduled") };
+        let operands = graph.operands(writer);
         if operands.get(slot) != Some(&x) {
             return Some("the input is not the operand the node writes over");
         }
@@ -403,15 +420,15 @@ impl Facts {
         if returned {
             return Some("a graph output returns the input's bytes");
         }
-        if self.last_read[xs] != self.span[y].1 {
+        if self.last_read[xs] != self.span[w].1 {
             return Some("the input is read after the write");
         }
-        if self.group_reads(graph, y, xs) {
+        if self.group_reads(graph, w, xs) {
             return Some("another member of the launch group reads the input");
         }
         let others_before = (0..self.streams).all(|s| {
-            s == self.stream[y] as usize
-                || self.vc[y * self.streams + s] >= self.frontier[xs * self.streams + s]
+            s == self.stream[w] as usize
+                || self.vc[w * self.streams + s] >= self.frontier[xs * self.streams + s]
         });
         if !others_before {
             return Some("another reader of the input may run at the same time (unordered stream)");
@@ -420,7 +437,7 @@ impl Facts {
             .iter()
             .enumerate()
             .any(|(j, &o)| j != slot && self.step(o).is_some_and(|o| self.root(o) == xs));
-        let Op::Fused(body) = &graph.node(yid).op else {
+        let Op::Fused(body) = &graph.node(writer).op else {
             return aliased.then_some("the value or the offset reads the input's bytes");
         };
         if aliased {
@@ -450,12 +467,26 @@ fn reads_in_step(graph: &Graph, body: &FusedBody, k: usize, x: NodeId, y: NodeId
     None
 }
 
-/// The operand node `y` may be written over: a `write_at`'s target, a
-/// fused node's `over` operand; why not otherwise.
-fn over_slot(graph: &Graph, y: NodeId) -> Result<usize, &'static str> {
+/// The node whose kernel writes `y` and its operand slot that `y` may be
+/// written over: a `write_at`'s target, a fused node's `over` operand (for
+/// an `extra`, its fused node's operand marked for that output); why not
+/// otherwise.
+fn over_slot(graph: &Graph, y: NodeId) -> Result<(NodeId, usize), &'static str> {
     match &graph.node(y).op {
-        Op::WriteAt { .. } => Ok(0),
-        Op::Fused(body) => body.over().ok_or("the fused node is not marked to write over an operand"),
+        Op::WriteAt { .. } => Ok((y, 0)),
+        Op::Fused(body) => {
+            body.over().map(|k| (y, k)).ok_or("the fused node is not marked to write over an operand")
+        }
+        Op::Extra { output } => {
+            let fused = graph.operands(y)[0];
+            match &graph.node(fused).op {
+                Op::Fused(body) => body
+                    .output_over(*output)
+                    .map(|k| (fused, k))
+                    .ok_or("the extra output is not marked to write over an operand"),
+                _ => Err("an extra output's operand is not a fused node"),
+            }
+        }
         _ => Err("only write_at and an assigned fused value write over an input"),
     }
 }

@@ -402,6 +402,16 @@ pub enum Op {
     /// A body of ops run as one kernel (see [`super::fused`]); operand `k`
     /// is the body's `input k`.
     Fused(Arc<FusedBody>),
+    /// `extra %f output=j`: output `j` (at least 1) of the fused node
+    /// `%f`, whose body has several outputs ([`FusedBody::outputs`]). The
+    /// fused node's kernel writes it; no backend runs anything for it. Its
+    /// type is declared on the node and checked against the body's output
+    /// by the verifier. XLA calls this a get-tuple-element of a
+    /// multi-output fusion.
+    Extra {
+        /// The body output this node is.
+        output: usize,
+    },
     /// A collective across the ranks of the context's process group; the
     /// result has the operand's dtype, and its shape (a reduce-scatter's
     /// and an all-gather's dim 0 divided or multiplied by the group size). An effect ([`Op::is_effect`]):
@@ -453,6 +463,7 @@ impl Op {
             Op::AttentionGrad { .. } => "attention_grad",
             Op::Cat { .. } => "cat",
             Op::Fused(_) => "fused",
+            Op::Extra { .. } => "extra",
             Op::Collective { what, .. } => what.mnemonic(),
         }
     }
@@ -507,6 +518,7 @@ impl Op {
             | Op::Cast(_)
             | Op::Reduce { .. }
             | Op::Pool2d { .. }
+            | Op::Extra { .. }
             | Op::Collective { .. } => 1,
             Op::Binary(_)
             | Op::Compare(_)

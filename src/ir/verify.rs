@@ -11,6 +11,8 @@
 //!    are float, `arange` is 1-D and numeric, constants are exactly
 //!    representable in the node's dtype); two `input` nodes with one slot
 //!    have one type;
+//!    `extra` nodes name an output of their fused operand's body and have
+//!    its type;
 //! 4. no two effects (collectives) share a sequence number.
 //!
 //! Messages name the node as `%4 (mul)` with the graph's own ids, so they
@@ -52,6 +54,10 @@ fn check_graph(graph: &Graph) -> Result<(), String> {
         let types: Vec<(&Shape, DType)> =
             operands.iter().map(|&o| (&graph.node(o).shape, graph.node(o).dtype)).collect();
         check_node(&node.op, &types, &node.shape, node.dtype).map_err(|m| format!("{name}: {m}"))?;
+        if let Op::Extra { output } = node.op {
+            check_extra(graph, operands[0], output, &node.shape, node.dtype)
+                .map_err(|m| format!("{name}: {m}"))?;
+        }
         if let Op::Input(slot) = node.op {
             if let Some(&first) = inputs.get(&slot) {
                 let f = graph.node(first);
@@ -81,6 +87,37 @@ fn check_graph(graph: &Graph) -> Result<(), String> {
         }
     }
     super::plan_check::check_tables(graph)
+}
+
+/// An `extra` names a fused operand's body output `output` (1 or more)
+/// and has its type.
+fn check_extra(
+    graph: &Graph,
+    fused: NodeId,
+    output: usize,
+    shape: &Shape,
+    dtype: DType,
+) -> Result<(), String> {
+    let Op::Fused(body) = &graph.node(fused).op else {
+        return Err(format!("the operand {} is not a fused node", describe(graph, fused)));
+    };
+    let outputs = body.outputs();
+    if output == 0 || output >= outputs.len() {
+        return Err(format!(
+            "output={output}, but {} has extra outputs 1..{} only",
+            describe(graph, fused),
+            outputs.len()
+        ));
+    }
+    let out = body.graph().node(outputs[output]);
+    if out.shape != *shape || out.dtype != dtype {
+        return Err(format!(
+            "declared {} but body output {output} is {}",
+            type_text(dtype, shape),
+            type_text(out.dtype, &out.shape)
+        ));
+    }
+    Ok(())
 }
 
 /// `%4 (mul)`: how messages name a node.

@@ -24,6 +24,9 @@
 //! candidates, until none is alone (at most [`ROUNDS`] walks). AdamW's
 //! moments of every small parameter are then one group and its parameter
 //! updates another.
+//! An `extra` output of a deferred node is deferred with it and emitted
+//! right after its level (it launches nothing; its node writes it), and a
+//! node that reads the extra follows that node.
 //! Notes the groups, their members and the launches they save.
 //!
 //! *Does not.* Change the graph, move a node earlier or past a reader of
@@ -93,15 +96,15 @@ fn candidate(graph: &Graph, id: NodeId) -> bool {
     matches!(&node.op, Op::Fused(b) if *b.kind() == FusedKind::Elementwise) && node.shape.numel() <= SMALL
 }
 
-/// The input a node writes over: a fused node's `over` operand, a
-/// `write_at`'s target.
-fn over_target(graph: &Graph, id: NodeId) -> Option<NodeId> {
-    let slot = match &graph.node(id).op {
-        Op::Fused(b) => b.over()?,
-        Op::WriteAt { .. } => 0,
-        _ => return None,
+/// The inputs a node writes over: a fused node's `over` operands (one per
+/// output at most), a `write_at`'s target.
+fn over_targets(graph: &Graph, id: NodeId) -> Vec<NodeId> {
+    let slots: Vec<usize> = match &graph.node(id).op {
+        Op::Fused(b) => (0..b.outputs().len()).filter_map(|j| b.output_over(j)).collect(),
+        Op::WriteAt { .. } => vec![0],
+        _ => return Vec::new(),
     };
-    graph.operands(id).get(slot).copied()
+    slots.into_iter().filter_map(|k| graph.operands(id).get(k).copied()).collect()
 }
 
 /// The storage a node's operand reads: views followed to their root.
@@ -124,6 +127,10 @@ struct Pending {
     after: HashMap<NodeId, Vec<NodeId>>,
     /// The storage roots each deferred node reads.
     roots_read: HashMap<NodeId, Vec<NodeId>>,
+    /// The `extra` nodes of each deferred node, emitted after its level.
+    extras: HashMap<NodeId, Vec<NodeId>>,
+    /// The deferred node of each deferred `extra`.
+    extra_of: HashMap<NodeId, NodeId>,
 }
 
 impl Pending {
@@ -149,6 +156,12 @@ impl Pending {
         for level in taken.chunk_by(|a, b| a.0 == b.0) {
             let members: Vec<NodeId> = level.iter().map(|&(_, n)| n).collect();
             out.extend(&members);
+            for m in &members {
+                for e in self.extras.remove(m).unwrap_or_default() {
+                    self.extra_of.remove(&e);
+                    out.push(e);
+                }
+            }
             if members.len() >= 2 {
                 groups.push(LaunchGroup { members });
             }
@@ -191,10 +204,19 @@ fn defer(graph: &Graph, order: &[NodeId], candidates: &HashSet<NodeId>) -> (Vec<
     let mut groups: Vec<LaunchGroup> = Vec::new();
     let mut pending = Pending::default();
     for &id in order {
-        let reads: Vec<NodeId> = graph.operands(id);
+        if let (Op::Extra { .. }, Some(&f)) = (&graph.node(id).op, graph.operands(id).first()) {
+            if pending.level.contains_key(&f) {
+                pending.extras.entry(f).or_default().push(id);
+                pending.extra_of.insert(id, f);
+                continue;
+            }
+        }
+        // A deferred extra is read when its node is.
+        let reads: Vec<NodeId> =
+            graph.operands(id).into_iter().map(|o| pending.extra_of.get(&o).copied().unwrap_or(o)).collect();
         let mut after: Vec<NodeId> =
             reads.iter().copied().filter(|o| pending.level.contains_key(o)).collect();
-        if let Some(x) = over_target(graph, id) {
+        for x in over_targets(graph, id) {
             after.extend(pending.readers_of(root(graph, x)));
         }
         after.sort();

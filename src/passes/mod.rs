@@ -25,6 +25,7 @@ mod effects;
 mod fusion;
 mod horizontal;
 mod memory;
+mod multi_output;
 mod narrow;
 mod remat;
 mod run;
@@ -43,6 +44,7 @@ pub use dce::Dce;
 pub use fusion::Fusion;
 pub use horizontal::{Horizontal, SMALL as HORIZONTAL_SMALL};
 pub use memory::Memory;
+pub use multi_output::MultiOutput;
 pub use narrow::Narrow;
 pub use remat::Remat;
 pub(crate) use run::fnv1a;
@@ -309,6 +311,11 @@ pub static REGISTRY: &[PassInfo] = &[
         pass: &Assign,
         description: "turn assignments into their values; mark fused updates to write over the variable",
     },
+    PassInfo {
+        pass: &MultiOutput,
+        description:
+            "compute an elementwise value in the elementwise kernel that reads it, as an extra output",
+    },
     PassInfo { pass: &Schedule, description: "order the nodes to keep the peak of live bytes low" },
     PassInfo {
         pass: &Horizontal,
@@ -354,6 +361,10 @@ pub static PIPELINE: &[&dyn Pass] = &[
     // Assignments become their values (required: no backend runs one); a
     // fused update may then be written over its variable's input.
     &Assign,
+    // An elementwise value read by another elementwise kernel of its shape
+    // becomes that kernel's extra output (AdamW's moments and update: one
+    // kernel). After assign, so the `over` marks follow the outputs.
+    &MultiOutput,
     // An order with a low peak of live bytes.
     &Schedule,
     // Small independent elementwise nodes deferred into launch groups

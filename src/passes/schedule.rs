@@ -22,7 +22,10 @@
 //! pass) waits for every other reader of that input (views included) as
 //! for an operand, unless such a reader needs the update's own result:
 //! the memory pass can then write it in place (a parameter update after
-//! the backward matmul that still reads the old weights).
+//! the backward matmul that still reads the old weights). So does a
+//! fused node with an extra output marked `over` an input. An `extra`
+//! node is taken as soon as its fused node is: it runs nothing, and its
+//! bytes are written by that node.
 //!
 //! *Does not.* Look ahead (a node that allocates now to free more later
 //! loses to one that allocates less), change the graph, or pick streams or
@@ -107,6 +110,8 @@ struct Dag {
     freeable: Vec<bool>,
     /// Whether the node is a collective (issued as soon as it is ready).
     collective: Vec<bool>,
+    /// Whether the node is an `extra` output (taken as soon as it is ready).
+    extra: Vec<bool>,
     /// The collective recorded right after this one (which waits for it).
     next_collective: Vec<Option<usize>>,
     /// The updates marked `over` an input that wait for this reader of it.
@@ -156,6 +161,7 @@ impl Dag {
             roots_read.push(rs);
         }
         let collective: Vec<bool> = ids.iter().map(|&id| graph.node(id).op.is_collective()).collect();
+        let extra: Vec<bool> = ids.iter().map(|&id| matches!(graph.node(id).op, Op::Extra { .. })).collect();
         let mut recorded: Vec<(u64, usize)> = ids
             .iter()
             .enumerate()
@@ -169,12 +175,18 @@ impl Dag {
         let mut updates_after = vec![Vec::new(); n];
         for (i, &id) in ids.iter().enumerate() {
             let Op::Fused(body) = &graph.node(id).op else { continue };
-            let Some(x) = body.over().and_then(|k| graph.operands(id).get(k).copied()) else { continue };
-            let Some(&x) = pos.get(&x) else { continue };
+            let overs = (0..body.outputs().len()).filter_map(|j| body.output_over(j));
+            let targets: Vec<usize> =
+                overs.filter_map(|k| graph.operands(id).get(k).and_then(|x| pos.get(x)).copied()).collect();
+            if targets.is_empty() {
+                continue;
+            }
             let after_i = descendants(&users, i);
-            for &u in &readers[root[x]] {
-                if u != i && !after_i[u] {
-                    updates_after[u].push(i);
+            for x in targets {
+                for &u in &readers[root[x]] {
+                    if u != i && !after_i[u] && !updates_after[u].contains(&i) {
+                        updates_after[u].push(i);
+                    }
                 }
             }
         }
@@ -187,6 +199,7 @@ impl Dag {
             readers,
             freeable,
             collective,
+            extra,
             next_collective,
             updates_after,
         }
@@ -208,7 +221,7 @@ impl Dag {
         let mut score = vec![0i64; n];
         let mut heap: BinaryHeap<(i64, Reverse<usize>)> = BinaryHeap::new();
         let score_of = |i: usize, pending: &[usize]| -> i64 {
-            if self.collective[i] {
+            if self.collective[i] || self.extra[i] {
                 return i64::MAX;
             }
             let freed: u64 = self.roots_read[i]

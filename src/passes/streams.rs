@@ -23,7 +23,8 @@
 //!    before the run (inputs, constants, views of them) need no event.
 //!
 //! The members of a launch group ([`crate::ir::LaunchGroup`]) all take
-//! the stream of the first: a backend runs them as one launch.
+//! the stream of the first: a backend runs them as one launch. An `extra`
+//! output takes its fused node's stream: that node's kernel writes it.
 //!
 //! Collectives (`crate::dist`) go to a stream of their own, one past the
 //! compute streams, whatever the option: every rank must issue them in
@@ -160,6 +161,11 @@ fn plan_streams(graph: &Graph, order: &[NodeId], max_streams: u32) -> StreamPlan
         if let Some(&first) = steps.first() {
             let s = stream[first];
             steps.iter().for_each(|&t| stream[t] = s);
+        }
+    }
+    for t in 0..n {
+        if let crate::ir::Op::Extra { .. } = graph.node(order[t]).op {
+            stream[t] = stream[operands[t][0]];
         }
     }
     let count = stream.iter().max().map_or(1, |&s| s + 1);

@@ -31,6 +31,7 @@ fn registry_names_are_unique_kebab_case() {
             "remat",
             "fusion",
             "assign",
+            "multi-output",
             "schedule",
             "horizontal",
             "streams",

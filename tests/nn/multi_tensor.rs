@@ -1,7 +1,9 @@
 //! Multi-tensor updates (the `horizontal` pass's launch groups: one
 //! kernel or parallel loop for every small parameter's AdamW update)
-//! against per-tensor ones (the pass off): the same script of training
-//! steps gives the same bits on every device. The script interleaves two
+//! against per-tensor ones (the pass off), and each parameter's three
+//! AdamW updates as one kernel with three outputs (the `multi-output`
+//! pass) against three kernels: the same script of training steps gives
+//! the same bits on every device. The script interleaves two
 //! captured plans (two batch shapes), steps taken op by op, learning rate
 //! changes between calls, and snapshots of parameters held across steps
 //! and read later.
@@ -52,6 +54,7 @@ struct Outcome {
     reads: Vec<Vec<u32>>,
     params: Vec<Vec<u32>>,
     grouped: u64,
+    launches: u64,
 }
 
 /// Runs `script` (one action per entry) on a fresh model.
@@ -95,7 +98,8 @@ fn run(ctx: &Context, script: &[u8]) -> Result<Outcome> {
         }
     }
     let params = params.iter().map(|p| p.to_vec::<f32>().map(|v| bits(&v))).collect::<Result<_>>()?;
-    Ok(Outcome { reads, params, grouped: ctx.stats().grouped_nodes })
+    let stats = ctx.stats();
+    Ok(Outcome { reads, params, grouped: stats.grouped_nodes, launches: stats.launches })
 }
 
 /// A fixed script: every action, in a mixed order.
@@ -119,6 +123,31 @@ fn grouped_updates_equal_per_tensor_updates_bit_for_bit() -> Result<()> {
         }
         for (k, (g, a)) in grouped.params.iter().zip(&alone.params).enumerate() {
             assert_eq!(g, a, "{device}: parameter {k} differs at the end");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn merged_updates_equal_separate_updates_bit_for_bit() -> Result<()> {
+    for (device, make) in devices() {
+        let script = script(if device == "cuda-emulated" { 14 } else { 60 });
+        let merged = run(&make().with_seed(9), &script)?;
+        let separate = run(&make().with_seed(9).with_passes("-multi-output"), &script)?;
+        if device.starts_with("cuda") {
+            assert!(
+                merged.launches < separate.launches,
+                "{device}: {} launches merged, {} separate",
+                merged.launches,
+                separate.launches
+            );
+        }
+        assert_eq!(merged.reads.len(), separate.reads.len());
+        for (k, (m, s)) in merged.reads.iter().zip(&separate.reads).enumerate() {
+            assert_eq!(m, s, "{device}: read {k} differs");
+        }
+        for (k, (m, s)) in merged.params.iter().zip(&separate.params).enumerate() {
+            assert_eq!(m, s, "{device}: parameter {k} differs at the end");
         }
     }
     Ok(())

@@ -121,6 +121,9 @@ pub(super) struct CpuExecutable {
     pub streams: Option<Streams>,
     /// The compiled kernel of every fused node.
     pub fused: HashMap<NodeId, FusedKernel>,
+    /// The `extra` steps of each fused node with several outputs, by body
+    /// output (`[j - 1]` for output `j`; `None` where no step reads it).
+    pub extras: HashMap<NodeId, Vec<Option<usize>>>,
     /// The plan's launch groups, which `run.rs` runs at once.
     pub groups: LaunchGroups,
     /// The clock readings of a profiled plan (`CompileOptions::profile`).
@@ -147,6 +150,7 @@ impl CpuExecutable {
         let mut steps = Vec::with_capacity(plan.order.len());
         let mut uses = vec![0usize; plan.order.len()];
         let mut fused = HashMap::new();
+        let mut extras: HashMap<NodeId, Vec<Option<usize>>> = HashMap::new();
         for (i, &id) in plan.order.iter().enumerate() {
             if !plan.graph.contains(id) {
                 return Err(bad(format!("plan orders {id}, which is not in its graph")));
@@ -166,8 +170,26 @@ impl CpuExecutable {
                     b.0
                 )));
             }
-            if let Op::Fused(body) = &plan.graph.node(id).op {
-                fused.insert(id, FusedKernel::compile(body, id)?);
+            match &plan.graph.node(id).op {
+                Op::Fused(body) => {
+                    fused.insert(id, FusedKernel::compile(body, id)?);
+                }
+                Op::Extra { output } => {
+                    let of = plan.graph.operands(id)[0];
+                    let Some(Op::Fused(body)) = plan.graph.contains(of).then(|| &plan.graph.node(of).op)
+                    else {
+                        return Err(bad(format!("extra {id} reads {of}, which is no fused node")));
+                    };
+                    let slots = extras.entry(of).or_insert_with(|| vec![None; body.outputs().len() - 1]);
+                    match output.checked_sub(1).and_then(|j| slots.get_mut(j)) {
+                        Some(slot @ None) => *slot = Some(i),
+                        Some(Some(_)) => {
+                            return Err(bad(format!("two extra steps take output {output} of {of}")))
+                        }
+                        None => return Err(bad(format!("extra {id}: {of} has no output {output}"))),
+                    }
+                }
+                _ => {}
             }
             let place = Place::Auto;
             let source = match plan.graph.node(id).op {
@@ -225,6 +247,7 @@ impl CpuExecutable {
             arena: Mutex::new(arena),
             streams,
             fused,
+            extras,
             groups,
             profile: None,
             member: None,
@@ -331,6 +354,23 @@ fn place_values(
                 }
                 Place::Auto
             }
+            // An extra output over its variable's input: as above.
+            (Op::Extra { output }, Placement::OverInput(of)) => {
+                let fused = graph.operands(id)[0];
+                let marked = match &graph.node(fused).op {
+                    Op::Fused(body) => {
+                        body.output_over(*output).and_then(|k| graph.operands(fused).get(k).copied())
+                    }
+                    _ => None,
+                };
+                if marked != Some(*of) {
+                    return Err(what(&format!("over {of}, which is not its marked operand")));
+                }
+                Place::Auto
+            }
+            (Op::Extra { .. }, Placement::Arena { in_place_of: Some(_), .. }) => {
+                return Err(what("in place of an operand (an extra output has bytes of its own)"))
+            }
             (_, Placement::OverInput(_)) => {
                 return Err(what("over an input (only write_at and assigned values are)"))
             }
@@ -395,7 +435,17 @@ fn place_values(
         };
         if let Place::Arena { offset, len } | Place::InPlaceOf { offset, len, .. } = place {
             let (start, end) = (offset, offset + len * size);
-            for (slot, &p) in steps[i].operands.iter().enumerate() {
+            // An extra output is written by its fused node's kernel, while
+            // that kernel reads its operands and writes its own value.
+            let writer = match node.op {
+                Op::Extra { .. } => steps[i].operands[0],
+                _ => i,
+            };
+            let mut read: Vec<usize> = steps[writer].operands.clone();
+            if writer != i {
+                read.push(writer);
+            }
+            for (slot, &p) in read.iter().enumerate() {
                 let exempt = matches!(place, Place::InPlaceOf { slot: s, .. } if s == slot);
                 if let Some((o, b)) = root[p] {
                     if !exempt && o < end && start < o + b && b > 0 && end > start {

@@ -8,7 +8,8 @@
 //! earlier one's write and after every read of it (through views too)
 //! *happen before* it: the same stream earlier, or a chain of events (see
 //! [`crate::ir::plan`]). The one exception is a kernel that computes its
-//! value in place of the operand it reads. Without it, one kernel could
+//! value in place of the operand it reads. An `extra` output's bytes are
+//! written by its fused node's step, so that step is its writer. Without it, one kernel could
 //! write bytes while another (on another stream) reads them: a data race.
 
 use super::exec::{Place, Step};
@@ -55,6 +56,13 @@ pub(super) fn check(graph: &Graph, steps: &[Step], order: &RunOrder) -> Result<(
     let mut root: Vec<Option<usize>> = vec![None; n];
     let mut readers: Vec<Vec<usize>> = vec![Vec::new(); n];
     let mut ranges = Vec::new();
+    // The step whose kernel writes each step's bytes.
+    let writer: Vec<usize> = (0..n)
+        .map(|i| match graph.node(steps[i].id).op {
+            crate::ir::Op::Extra { .. } => steps[i].operands.first().copied().unwrap_or(i),
+            _ => i,
+        })
+        .collect();
     for i in 0..n {
         let size = graph.node(steps[i].id).dtype.size();
         root[i] = match steps[i].place {
@@ -86,7 +94,8 @@ pub(super) fn check(graph: &Graph, steps: &[Step], order: &RunOrder) -> Result<(
             let in_place = matches!(steps[second].place, Place::InPlaceOf { slot, .. }
                 if steps[second].operands.get(slot) == Some(&first));
             let name = |i: usize| steps[i].id;
-            if !order.before(first, second) {
+            let (wf, ws) = (writer[first], writer[second]);
+            if wf == ws && first != second || !order.before(wf, ws) {
                 return Err(Error::Backend(format!(
                     "cpu: {} and {} share arena bytes but may be written at once",
                     name(first),
@@ -94,7 +103,7 @@ pub(super) fn check(graph: &Graph, steps: &[Step], order: &RunOrder) -> Result<(
                 )));
             }
             for &r in &readers[first] {
-                if !(order.before(r, second) || (r == second && in_place)) {
+                if !(order.before(r, ws) || (r == second && in_place)) {
                     return Err(Error::Backend(format!(
                         "cpu: {} overwrites the arena bytes of {} before its reader {} has run",
                         name(second),

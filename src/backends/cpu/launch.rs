@@ -6,7 +6,7 @@ use super::exec::{CpuExecutable, Place, Step};
 use super::storage::{dispatch, Elem, Out, Storage};
 use super::{attention, attention_grad, conv, elementwise, index, pool, reduce, source, CpuBuffer, Layout};
 use crate::backends::RngArgs;
-use crate::ir::{Element, Op, Shape};
+use crate::ir::{DType, Element, HostData, NodeId, Op, Shape};
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -14,6 +14,10 @@ use std::sync::Arc;
 impl CpuExecutable {
     /// Runs `step`'s kernel on `args` (its operands, in slot order) and
     /// returns its value.
+    ///
+    /// A fused node with several outputs also writes its extra outputs,
+    /// which it pushes to `extras` as (step position, value) for the
+    /// `extra` steps to take.
     pub(super) fn launch(
         &self,
         step: &Step,
@@ -21,6 +25,7 @@ impl CpuExecutable {
         inputs: &super::run::Inputs,
         rng: &RngArgs,
         arena: Option<&Arc<Arena>>,
+        extras: &mut Vec<(usize, CpuBuffer)>,
     ) -> Result<CpuBuffer> {
         let node = self.plan.graph.node(step.id);
         let shape = &node.shape;
@@ -190,7 +195,7 @@ impl CpuExecutable {
             // inputs so): the value itself. The assign pass lowers every one.
             Op::Assign if step.place == Place::Auto => Ok(y()?.clone()),
             Op::Assign => Err(Error::Backend(format!("cpu: assign {} placed in memory", step.id))),
-            Op::Fused(_) => {
+            Op::Fused(body) => {
                 let kernel = self.fused.get(&step.id).ok_or_else(|| {
                     Error::Backend(format!("cpu: fused {} has no compiled kernel", step.id))
                 })?;
@@ -200,10 +205,35 @@ impl CpuExecutable {
                 };
                 let operands: Vec<Option<&CpuBuffer>> =
                     args.iter().enumerate().map(|(k, a)| (Some(k) != in_place).then_some(a)).collect();
-                dispatch!(node.dtype, T => self.write::<T>(step, arena, |out: Out<'_>| {
-                    kernel.run(&operands, in_place, out.get::<T>()?)
-                }))
+                let mut dests = Vec::new();
+                let none = vec![None; body.outputs().len() - 1];
+                {
+                    let slots = self.extras.get(&step.id).unwrap_or(&none);
+                    for (j, at) in slots.iter().enumerate() {
+                        let out = body.graph().node(body.outputs()[j + 1]);
+                        // An output no step reads still gets bytes to be written.
+                        let (id, place) =
+                            at.map_or((step.id, Place::Auto), |p| (self.steps[p].id, self.steps[p].place));
+                        let d = dispatch!(out.dtype, E => Dest::new::<E>(place, &out.shape, arena, id)?);
+                        dests.push((*at, d));
+                    }
+                }
+                let outs = dests.iter_mut().map(|(_, d)| d.out()).collect();
+                let value = dispatch!(node.dtype, T => self.write::<T>(step, arena, |out: Out<'_>| {
+                    kernel.run(&operands, in_place, out.get::<T>()?, outs)
+                }))?;
+                for (at, d) in dests {
+                    let buffer = d.finish(&self.stats)?;
+                    if let Some(at) = at {
+                        extras.push((at, buffer));
+                    }
+                }
+                Ok(value)
             }
+            Op::Extra { .. } => Err(Error::Backend(format!(
+                "cpu: extra {} has no value: its fused node did not write it",
+                step.id
+            ))),
         }
     }
 
@@ -252,23 +282,48 @@ impl CpuExecutable {
         arena: Option<&Arc<Arena>>,
         kernel: impl FnOnce(Out<'_>) -> Result<()>,
     ) -> Result<CpuBuffer> {
-        let shape = self.plan.graph.node(step.id).shape.clone();
-        let (offset, len) = match step.place {
+        let shape = &self.plan.graph.node(step.id).shape;
+        let mut dest = Dest::new::<T>(step.place, shape, arena, step.id)?;
+        kernel(dest.out())?;
+        dest.finish(&self.stats)
+    }
+}
+
+/// Where a step's kernel writes its value, before it does: fresh (pooled)
+/// elements for [`Place::Auto`] (and a value the plan puts over an input,
+/// which gets its own bytes here), or the step's arena range.
+pub(super) struct Dest<'a> {
+    shape: Shape,
+    dtype: DType,
+    bytes: Bytes<'a>,
+}
+
+enum Bytes<'a> {
+    Fresh(HostData),
+    Arena { arena: &'a Arc<Arena>, offset: usize, len: usize },
+}
+
+impl<'a> Dest<'a> {
+    /// The destination of a `T` value of `shape` placed at `place` (node
+    /// `id`, for errors), its range checked against the arena.
+    pub(super) fn new<T: Elem>(
+        place: Place,
+        shape: &Shape,
+        arena: Option<&'a Arc<Arena>>,
+        id: NodeId,
+    ) -> Result<Dest<'a>> {
+        let (offset, len) = match place {
             Place::Auto | Place::OverInput => {
-                let mut data = pool::vec_for_overwrite::<T>(shape.numel())?;
-                kernel(Out::new(&mut data))?;
-                return CpuBuffer::dense(T::into_host(data), shape, &self.stats);
+                let data = pool::vec_for_overwrite::<T>(shape.numel())?;
+                let bytes = Bytes::Fresh(T::into_host(data));
+                return Ok(Dest { shape: shape.clone(), dtype: T::DTYPE, bytes });
             }
             Place::Arena { offset, len } | Place::InPlaceOf { offset, len, .. } => (offset, len),
         };
-        let arena =
-            arena.ok_or_else(|| Error::Backend(format!("cpu: {} is placed in a missing arena", step.id)))?;
+        let arena = arena.ok_or_else(|| Error::Backend(format!("cpu: {id} is placed in a missing arena")))?;
         arena.check_range::<T>(offset, len)?;
         if len != shape.numel() {
-            return Err(Error::Backend(format!(
-                "cpu: {}: arena range of {len} elements for {shape}",
-                step.id
-            )));
+            return Err(Error::Backend(format!("cpu: {id}: arena range of {len} elements for {shape}")));
         }
         // Bytes the arena last used for another dtype need not be valid
         // bools, so a bool range is cleared first, except when the step
@@ -278,28 +333,61 @@ impl CpuExecutable {
         // bytes are valid bools already. Clearing it made the kernel read
         // `false` for every operand element (found by the differential
         // test, tests/robust/differential/regress.rs).
-        if T::DTYPE == crate::ir::DType::Bool && matches!(step.place, Place::Arena { .. }) {
-            // SAFETY: as for `slice_mut` below (the same range, before it).
+        if T::DTYPE == DType::Bool && matches!(place, Place::Arena { .. }) {
+            // SAFETY: as for `slice_mut` in `out` (the same range, before it).
             unsafe { arena.zero(offset, len) };
         }
-        // SAFETY: the range is inside the arena and aligned for `T`
-        // (checked just above) and its bytes are valid `T`s (any bit
-        // pattern of the numeric dtypes; bools were just zeroed, or hold
-        // the in-place operand's bools). No other
-        // slice of these bytes lives while the kernel runs: the operands'
-        // ranges (through views) do not overlap it, save an in-place
-        // operand that is never viewed, which compile checked; other
-        // values sharing bytes with it are not live now (with one stream
-        // they run one at a time; across streams `ir::verify` checked the
-        // plan); no value escapes a run in the arena (outputs are copied
-        // out) and a run holds its arena alone (`Arc::get_mut` in `run`).
-        let out = unsafe { arena.slice_mut::<T>(offset, len) };
-        kernel(Out::new(out))?;
-        Ok(CpuBuffer {
-            storage: Storage::in_arena::<T>(arena, offset, len)?,
-            layout: Layout::contiguous(shape),
-            ready: None,
-        })
+        Ok(Dest { shape: shape.clone(), dtype: T::DTYPE, bytes: Bytes::Arena { arena, offset, len } })
+    }
+
+    /// The elements to write.
+    pub(super) fn out(&mut self) -> Out<'_> {
+        match &mut self.bytes {
+            Bytes::Fresh(data) => host_out(data),
+            Bytes::Arena { arena, offset, len } => {
+                let (offset, len) = (*offset, *len);
+                // SAFETY: the range is inside the arena and aligned for
+                // the dtype (checked in `new`) and its bytes are valid
+                // elements (any bit pattern of the numeric dtypes; bools
+                // were just zeroed, or hold the in-place operand's bools).
+                // No other slice of these bytes lives while the kernel
+                // runs: the operands' ranges (through views) do not
+                // overlap it, save an in-place operand that is never
+                // viewed, which compile checked; other values sharing
+                // bytes with it are not live now (with one stream they run
+                // one at a time; across streams `ir::verify` and
+                // `hazards.rs` checked the plan); no value escapes a run in
+                // the arena (outputs are copied out) and a run holds its
+                // arena alone (`Arc::get_mut` in `run`).
+                dispatch!(self.dtype, T => Out::new(unsafe { arena.slice_mut::<T>(offset, len) }))
+            }
+        }
+    }
+
+    /// The written value.
+    pub(super) fn finish(self, stats: &Arc<crate::backends::DeviceStats>) -> Result<CpuBuffer> {
+        match self.bytes {
+            Bytes::Fresh(data) => CpuBuffer::dense(data, self.shape, stats),
+            Bytes::Arena { arena, offset, len } => Ok(CpuBuffer {
+                storage: dispatch!(self.dtype, T => Storage::in_arena::<T>(arena, offset, len)?),
+                layout: Layout::contiguous(self.shape),
+                ready: None,
+            }),
+        }
+    }
+}
+
+/// Fresh elements as a kernel's output.
+fn host_out(data: &mut HostData) -> Out<'_> {
+    match data {
+        HostData::F16(v) => Out::new(v.as_mut_slice()),
+        HostData::BF16(v) => Out::new(v.as_mut_slice()),
+        HostData::F32(v) => Out::new(v.as_mut_slice()),
+        HostData::F64(v) => Out::new(v.as_mut_slice()),
+        HostData::U8(v) => Out::new(v.as_mut_slice()),
+        HostData::I32(v) => Out::new(v.as_mut_slice()),
+        HostData::I64(v) => Out::new(v.as_mut_slice()),
+        HostData::Bool(v) => Out::new(v.as_mut_slice()),
     }
 }
 

@@ -22,6 +22,7 @@ use super::exec::Place;
 use super::CpuBuffer;
 use crate::backends::{Buffer, Executable, Launched, RngArgs};
 use crate::{Error, Result};
+use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -72,6 +73,9 @@ struct RunState<'a> {
     inputs: Inputs,
     rng: &'a RngArgs,
     arena: Option<&'a Arc<Arena>>,
+    /// Values of `extra` steps, written by their fused node's step and
+    /// taken by theirs.
+    extras: Mutex<HashMap<usize, CpuBuffer>>,
 }
 
 /// Locks `m`; a poisoned lock (a panic while holding it, which the code
@@ -189,7 +193,19 @@ impl CpuExecutable {
         };
         let mut out = match written {
             Some(out) => out,
-            None => self.launch(step, &args, &st.inputs, st.rng, st.arena)?,
+            None if matches!(node.op, crate::ir::Op::Extra { .. }) => {
+                lock(&st.extras).remove(&i).ok_or_else(|| {
+                    Error::Backend(format!("cpu: extra {} runs before its fused node wrote it", step.id))
+                })?
+            }
+            None => {
+                let mut extras = Vec::new();
+                let out = self.launch(step, &args, &st.inputs, st.rng, st.arena, &mut extras)?;
+                if !extras.is_empty() {
+                    lock(&st.extras).extend(extras);
+                }
+                out
+            }
         };
         drop(args);
         if step.output && out.storage.is_arena() {
@@ -360,6 +376,7 @@ impl CpuExecutable {
             inputs: Inputs(Mutex::new(inputs.into_iter().map(Some).collect())),
             rng,
             arena: arena.as_ref(),
+            extras: Mutex::new(HashMap::new()),
         };
         let result = self.execute(&st).and_then(|()| {
             let v = lock(&st.values);

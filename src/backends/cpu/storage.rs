@@ -243,6 +243,23 @@ impl<'a> Out<'a> {
         self.len
     }
 
+    /// The slice cut into consecutive pieces of `len` elements (the last
+    /// may be shorter), each borrowing its own elements.
+    pub(crate) fn chunks(self, len: usize) -> Vec<Out<'a>> {
+        let size = self.dtype.size();
+        (0..self.len)
+            .step_by(len.max(1))
+            .map(|at| Out {
+                // SAFETY: `at < self.len`, so the offset stays inside the
+                // slice `new` borrowed; the pieces do not overlap.
+                ptr: unsafe { self.ptr.add(at * size) },
+                len: len.max(1).min(self.len - at),
+                dtype: self.dtype,
+                _borrow: PhantomData,
+            })
+            .collect()
+    }
+
     /// The slice as `T`, which must be its element type.
     pub(crate) fn get<T: Elem>(self) -> Result<&'a mut [T]> {
         if T::DTYPE != self.dtype {
@@ -259,6 +276,11 @@ impl<'a> Out<'a> {
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<T>(), self.len) })
     }
 }
+
+// SAFETY: an `Out` is a `&'a mut [T]` for one of the `Elem` types, all of
+// which are `Send`; it is consumed by `get`, so it moves between threads as
+// that borrow would.
+unsafe impl Send for Out<'_> {}
 
 /// A typed element of CPU storage: the conversions kernels need, with
 /// the semantics of [`Scalar::cast`] (floats via `f64`, integers via `i64`

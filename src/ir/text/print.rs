@@ -234,10 +234,20 @@ fn attrs(op: &Op, dtype: crate::ir::DType) -> String {
             mask.name(),
             if *causal { " causal" } else { "" }
         ),
-        Op::Fused(body) => match body.over() {
-            Some(k) => format!(" kind={} over={k}", body.kind().name()),
-            None => format!(" kind={}", body.kind().name()),
-        },
+        Op::Fused(body) => {
+            let overs: Vec<Option<usize>> = (0..body.outputs().len()).map(|j| body.output_over(j)).collect();
+            match overs[..] {
+                [None] | [] => format!(" kind={}", body.kind().name()),
+                [Some(k)] => format!(" kind={} over={k}", body.kind().name()),
+                _ if overs.iter().all(Option::is_none) => format!(" kind={}", body.kind().name()),
+                _ => {
+                    let each: Vec<String> =
+                        overs.iter().map(|o| o.map_or("_".to_string(), |k| k.to_string())).collect();
+                    format!(" kind={} over=[{}]", body.kind().name(), each.join(","))
+                }
+            }
+        }
+        Op::Extra { output } => format!(" output={output}"),
         Op::Collective { what: Collective::Broadcast(root), seq } => format!(" root={root} seq={seq}"),
         Op::Collective { what: Collective::AllReduce(_), seq } => format!(" seq={seq}"),
         Op::Collective {

@@ -161,7 +161,7 @@ pub(super) fn vjp(
             "{} has no gradient rule; detach its operand (only all_reduce_sum/mean, reduce_scatter_sum/mean and all_gather differentiate)",
             c.mnemonic()
         )),
-        Op::Fused(_) => {
+        Op::Fused(_) | Op::Extra { .. } => {
             Err("a fused node has no gradient rule (autodiff runs on graphs before fusion)".into())
         }
         Op::Input(_) | Op::Buffer(_) | Op::Full(_) | Op::Arange { .. } | Op::Random { .. } => Ok(Vec::new()),

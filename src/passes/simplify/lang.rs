@@ -103,6 +103,9 @@ pub enum OpKey {
         dim: usize,
     },
     Assign,
+    Extra {
+        output: usize,
+    },
     /// The scale keyed by its bits.
     Attention {
         scale: u64,
@@ -191,6 +194,7 @@ impl From<&Op> for OpKey {
             Op::IndexAdd { dim } => OpKey::IndexAdd { dim: *dim },
             Op::WriteAt { dim } => OpKey::WriteAt { dim: *dim },
             Op::Assign => OpKey::Assign,
+            Op::Extra { output } => OpKey::Extra { output: *output },
             Op::Attention { scale, causal, mask } => {
                 OpKey::Attention { scale: scale.to_bits(), causal: *causal, mask: *mask }
             }
@@ -243,6 +247,7 @@ impl OpKey {
             OpKey::IndexAdd { dim } => Op::IndexAdd { dim: *dim },
             OpKey::WriteAt { dim } => Op::WriteAt { dim: *dim },
             OpKey::Assign => Op::Assign,
+            OpKey::Extra { output } => Op::Extra { output: *output },
             OpKey::Attention { scale, causal, mask } => {
                 Op::Attention { scale: f64::from_bits(*scale), causal: *causal, mask: *mask }
             }

@@ -151,6 +151,9 @@ pub(crate) struct FusedKernel {
     leaves: Vec<usize>,
     /// The step whose value is the output.
     output: usize,
+    /// The steps of the extra outputs (body outputs 1..), with their
+    /// dtypes: written block by block next to the output.
+    extras: Vec<(usize, DType)>,
     out_class: Class,
     out_dtype: DType,
     out_shape: Shape,
@@ -301,7 +304,16 @@ impl FusedKernel {
             instrs.push(Instr { step, dtype: n.dtype, class, live: false, leaf });
         }
         let output = *slot.get(&out_id).ok_or_else(|| err("the body's output is not computed".into()))?;
-        // A step is live when the output needs it (readers come later).
+        let mut extras = Vec::new();
+        for &e in &body.outputs()[1..] {
+            let s = *slot.get(&e).ok_or_else(|| err(format!("the extra output {e} is not computed")))?;
+            if matches!(instrs[s].step, Step::Leaf(_) | Step::MatMul(..)) || instrs[s].class != Class::Full {
+                return Err(err(format!("the extra output {e} is not computed at the domain's shape")));
+            }
+            instrs[s].live = true;
+            extras.push((s, instrs[s].dtype));
+        }
+        // A step is live when an output needs it (readers come later).
         instrs[output].live = true;
         for i in (0..instrs.len()).rev() {
             if instrs[i].live {
@@ -343,6 +355,7 @@ impl FusedKernel {
             instrs,
             leaves,
             output,
+            extras,
             out_class,
             out_dtype: out.dtype,
             out_shape: out.shape.clone(),

@@ -76,11 +76,15 @@ impl FusedKernel {
     /// [`FusedKernel::can_run_in_place`] says so; otherwise an error). Each
     /// block copies its part of the operand out of `out` before it writes
     /// that part, so no element is read after it was overwritten.
+    ///
+    /// `extras`: the destinations of body outputs 1.. (dense, their own
+    /// bytes), written block by block with the output.
     pub(crate) fn run<T: Elem>(
         &self,
         args: &[Option<&CpuBuffer>],
         in_place: Option<usize>,
         out: &mut [T],
+        extras: Vec<Out<'_>>,
     ) -> Result<()> {
         let err = |m: String| Error::Backend(format!("cpu: fused {}: {m}", self.node));
         if T::DTYPE != self.out_dtype || out.len() != self.out_shape.numel() {
@@ -116,6 +120,24 @@ impl FusedKernel {
         if in_place.is_some_and(|k| k >= args.len()) {
             return Err(err("the in-place operand is out of range".into()));
         }
+        if extras.len() != self.extras.len() {
+            return Err(err(format!(
+                "{} extra output(s) given, the body has {}",
+                extras.len(),
+                self.extras.len()
+            )));
+        }
+        for (j, (e, &(_, d))) in extras.iter().zip(&self.extras).enumerate() {
+            if e.dtype() != d || e.len() != out.len() {
+                return Err(err(format!(
+                    "extra output {} is {d}, {} elements, but {} {} were given",
+                    j + 1,
+                    out.len(),
+                    e.len(),
+                    e.dtype()
+                )));
+            }
+        }
         let tasks = self.rows.div_ceil(self.block_rows);
         let _span = tracing::trace_span!("fused", node = %self.node, kind = self.kind, tasks).entered();
         if out.is_empty() {
@@ -125,18 +147,26 @@ impl FusedKernel {
         let per_row = if self.out_class == Class::Full { self.cols } else { 1 };
         let stream = std::mem::size_of_val(out) >= STREAM_BYTES;
         let task_len = self.block_rows * per_row;
+        // Each task's pieces of the extra outputs, next to its piece of `out`.
+        let mut pieces: Vec<Vec<Out<'_>>> = (0..out.len().div_ceil(task_len)).map(|_| Vec::new()).collect();
+        for e in extras {
+            for (t, piece) in e.chunks(task_len).into_iter().enumerate() {
+                pieces[t].push(piece);
+            }
+        }
         let r = {
             let ready = &ready;
             if self.rows.saturating_mul(self.cols.max(1)) >= PAR_WORK && tasks > 1 {
-                out.par_chunks_mut(task_len).enumerate().try_for_each_init(
+                out.par_chunks_mut(task_len).zip(pieces).enumerate().try_for_each_init(
                     || self.lease(),
-                    |lease, (i, c)| self.work(ready, lease, i, c, per_row, stream),
+                    |lease, (i, (c, e))| self.work(ready, lease, i, c, e, per_row, stream),
                 )
             } else {
                 let mut lease = self.lease();
                 out.chunks_mut(task_len)
+                    .zip(pieces)
                     .enumerate()
-                    .try_for_each(|(i, c)| self.work(ready, &mut lease, i, c, per_row, stream))
+                    .try_for_each(|(i, (c, e))| self.work(ready, &mut lease, i, c, e, per_row, stream))
             }
         };
         if let (Some(p), Ok(mut slot)) = (ready.product, self.product.lock()) {
@@ -155,13 +185,16 @@ impl FusedKernel {
         Lease { kernel: self, scratch: Some(scratch), vals }
     }
 
-    /// Task `i` (rows `i * block_rows ..`), whose output is `chunk`.
+    /// Task `i` (rows `i * block_rows ..`), whose output is `chunk` and
+    /// whose pieces of the extra outputs are `extras`.
+    #[allow(clippy::too_many_arguments)]
     fn work<'r, T: Elem>(
         &self,
         ready: &'r Ready<'_>,
         lease: &mut Lease<'_, 'r>,
         i: usize,
         chunk: &mut [T],
+        extras: Vec<Out<'_>>,
         per_row: usize,
         stream: bool,
     ) -> Result<()> {
@@ -169,6 +202,15 @@ impl FusedKernel {
             lease.scratch.as_mut().ok_or_else(|| Error::Backend("cpu: fused scratch missing".into()))?;
         let nb = chunk.len() / per_row;
         let r = self.block(ready, scratch, &mut lease.vals, i * self.block_rows, nb, chunk, stream);
+        let r = r.and_then(|()| {
+            // Extras are full-size (elementwise bodies only), one column a row.
+            let blk = Blk { rows: nb, cols: self.cols };
+            for (mut e, &(s, d)) in extras.into_iter().zip(&self.extras) {
+                let a = self.arg(&lease.vals, scratch, Opnd { slot: s, per_row: false });
+                ops::copy(d, a, &mut Dst::Out(&mut e), blk)?;
+            }
+            Ok(())
+        });
         if stream {
             stream::stream_fence();
         }

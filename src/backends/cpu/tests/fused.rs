@@ -404,11 +404,11 @@ fn in_place_agrees(body: &str, k: usize, what: &str) {
     let n = fb.graph().node(fb.output()).shape.numel();
     let mut want = vec![0f32; n];
     let args: Vec<Option<&CpuBuffer>> = bufs.iter().map(Some).collect();
-    kernel.run(&args, None, &mut want).unwrap();
+    kernel.run(&args, None, &mut want, Vec::new()).unwrap();
     let mut got = bufs[k].view::<f32>().unwrap().data.to_vec();
     let mut args = args.clone();
     args[k] = None;
-    kernel.run(&args, Some(k), &mut got).unwrap();
+    kernel.run(&args, Some(k), &mut got, Vec::new()).unwrap();
     assert_eq!(got, want, "{what}");
 }
 
@@ -426,7 +426,7 @@ fn in_place_matches_out_of_place() {
     let be = CpuBackend::new();
     let bufs = buffers(&be, &g);
     let mut out = vec![0f32; 37 * 129];
-    let e = kernel.run(&[Some(&bufs[0]), None], Some(1), &mut out).err().map(|e| e.to_string());
+    let e = kernel.run(&[Some(&bufs[0]), None], Some(1), &mut out, Vec::new()).err().map(|e| e.to_string());
     let want = format!(
         "backend error: cpu: fused {}: operand 1 cannot be computed in place \
          (it is not read elementwise at the output's type)",
@@ -446,16 +446,16 @@ fn bad_runs_are_errors() {
     let bufs = buffers(&be, &g);
     let msg = |r: crate::Result<()>| r.err().map(|e| e.to_string()).unwrap_or_default();
     let mut wrong = vec![0f64; 12];
-    assert!(
-        msg(kernel.run(&[Some(&bufs[0]), Some(&bufs[1])], None, &mut wrong)).contains("output is f32[4,3]")
-    );
+    assert!(msg(kernel.run(&[Some(&bufs[0]), Some(&bufs[1])], None, &mut wrong, Vec::new()))
+        .contains("output is f32[4,3]"));
     let mut out = vec![0f32; 12];
+    assert!(msg(kernel.run(&[Some(&bufs[0])], None, &mut out, Vec::new()))
+        .contains("1 operand(s) given, the body reads 2"));
     assert!(
-        msg(kernel.run(&[Some(&bufs[0])], None, &mut out)).contains("1 operand(s) given, the body reads 2")
+        msg(kernel.run(&[Some(&bufs[0]), None], None, &mut out, Vec::new())).contains("operand 1 is missing")
     );
-    assert!(msg(kernel.run(&[Some(&bufs[0]), None], None, &mut out)).contains("operand 1 is missing"));
-    assert!(
-        msg(kernel.run(&[Some(&bufs[1]), Some(&bufs[1])], None, &mut out)).contains("operand 0 is f32[3]")
-    );
-    assert!(msg(kernel.run(&[Some(&bufs[0]), Some(&bufs[1])], Some(0), &mut out)).contains("pass None"));
+    assert!(msg(kernel.run(&[Some(&bufs[1]), Some(&bufs[1])], None, &mut out, Vec::new()))
+        .contains("operand 0 is f32[3]"));
+    assert!(msg(kernel.run(&[Some(&bufs[0]), Some(&bufs[1])], Some(0), &mut out, Vec::new()))
+        .contains("pass None"));
 }

@@ -178,20 +178,33 @@ impl<'a> Body<'a> {
 /// buffer operand, read-only. `restrict` is left out when the output is
 /// computed in place of an operand (then two parameters alias).
 pub(crate) fn params(out: DType, operands: &[Operand], in_place: bool) -> String {
-    params_named(out, operands, in_place, "")
+    params_named(&[out], operands, in_place, "")
 }
 
-/// [`params`] with every name prefixed by `prefix` (a multi-tensor
-/// kernel's member `i` is `m{i}_out, m{i}_in0, ...`).
-pub(crate) fn params_named(out: DType, operands: &[Operand], in_place: bool, prefix: &str) -> String {
+/// [`params`] for the outputs of `outs` (`out`, then `out1`, `out2`, ...
+/// for a body's extra outputs), every name prefixed by `prefix` (a
+/// multi-tensor kernel's member `i` is `m{i}_out, m{i}_in0, ...`).
+pub(crate) fn params_named(outs: &[DType], operands: &[Operand], in_place: bool, prefix: &str) -> String {
     let r = if in_place { "" } else { " __restrict__" };
-    let mut p = vec![format!("{}*{r} {prefix}out", types::storage(out))];
+    let mut p: Vec<String> = outs
+        .iter()
+        .enumerate()
+        .map(|(j, &d)| format!("{}*{r} {prefix}{}", types::storage(d), out_name(j)))
+        .collect();
     for (k, o) in operands.iter().enumerate() {
         if o.source == Source::Buffer {
             p.push(format!("const {}*{r} {prefix}in{k}", types::storage(o.dtype)));
         }
     }
     p.join(", ")
+}
+
+/// The parameter name of output `j`: `out`, `out1`, `out2`, ...
+pub(crate) fn out_name(j: usize) -> String {
+    match j {
+        0 => "out".into(),
+        j => format!("out{j}"),
+    }
 }
 
 /// Indices of the operands that are pointer parameters, in order.

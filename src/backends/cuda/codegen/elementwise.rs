@@ -6,8 +6,14 @@
 //! then loaded with one vector load (16 bytes for f32), the output is
 //! stored with one, and other operands are read element by element
 //! (broadcast values are read once per thread, before the loop).
+//!
+//! A body with several outputs (`extra` nodes) writes each one, `out`,
+//! `out1`, ... at the same index. Every output is stored after every
+//! value of its elements is computed, so an output written over an
+//! operand (an optimizer's moment over its variable) never changes an
+//! element another output still reads.
 
-use super::body::{buffer_operands, params, Body, Operand};
+use super::body::{buffer_operands, out_name, params_named, Body, Operand};
 use super::{types, Kernel, BLOCK};
 use crate::ir::{Graph, NodeId};
 
@@ -49,8 +55,9 @@ pub(crate) fn function(
     frame: Frame,
 ) -> Result<(String, usize), String> {
     let body = Body::new(g, operands)?;
-    let out_node = g.node(body.output);
-    let (out_dtype, numel) = (out_node.dtype, out_node.shape.numel());
+    let outputs = g.outputs();
+    let out_dtypes: Vec<_> = outputs.iter().map(|&o| g.node(o).dtype).collect();
+    let numel = g.node(body.output).shape.numel();
     let index = body.index_type(numel, operands);
     let vec = numel % VEC == 0
         && numel >= VEC
@@ -62,14 +69,14 @@ pub(crate) fn function(
         Frame::Kernel => {
             src.push_str(&format!(
                 "extern \"C\" __global__ void {name}({}) {{\n",
-                params(out_dtype, operands, in_place)
+                params_named(&out_dtypes, operands, in_place, "")
             ));
             ("blockIdx.x", "gridDim.x")
         }
         Frame::Member => {
             src.push_str(&format!(
                 "static __device__ KILN_NOINLINE void {name}({}, const long long count, const unsigned blk, const unsigned nblk) {{\n",
-                params(out_dtype, operands, in_place)
+                params_named(&out_dtypes, operands, in_place, "")
             ));
             ("blk", "nblk")
         }
@@ -83,7 +90,7 @@ pub(crate) fn function(
     let mut hoisted: Vec<(NodeId, String)> = Vec::new();
     for &id in &body.order {
         let Some(leaf) = body.leaves.get(&id) else { continue };
-        if leaf.is_uniform() && leaf.constant.is_none() && needed(&body, id) {
+        if leaf.is_uniform() && leaf.constant.is_none() && needed(&body, outputs, id) {
             let var = format!("u{}", id.index());
             src.push_str(&format!(
                 "  const {} {var} = {};\n",
@@ -101,7 +108,7 @@ pub(crate) fn function(
     if vec {
         for &id in &body.order {
             let Some(leaf) = body.leaves.get(&id) else { continue };
-            if leaf.is_uniform() || !needed(&body, id) {
+            if leaf.is_uniform() || !needed(&body, outputs, id) {
                 continue;
             }
             if let Some(b) = leaf.access.dense_base() {
@@ -115,7 +122,9 @@ pub(crate) fn function(
                 vectors.push((id, var));
             }
         }
-        src.push_str(&format!("    kiln::vec4<{}> o;\n", types::storage(out_dtype)));
+        for (j, d) in out_dtypes.iter().enumerate() {
+            src.push_str(&format!("    kiln::vec4<{}> {};\n", types::storage(*d), vec_name(j)));
+        }
         src.push_str(&format!(
             "#pragma unroll\n    for (int j = 0; j < {VEC}; ++j) {{\n      const I i = base + j;\n"
         ));
@@ -134,21 +143,42 @@ pub(crate) fn function(
             None => format!("v{}", o.index()),
         }
     };
-    for id in body.cone(body.output, &|_| false) {
+    for id in cone(&body, outputs) {
         src.push_str(&format!("      {}\n", body.statement(id, &format!("v{}", id.index()), &operand)?));
     }
-    let result = types::store(out_dtype, &operand(body.output));
-    if vec {
-        src.push_str(&format!(
-            "      o.v[j] = {result};\n    }}\n    kiln::store4(out + base, o);\n  }}\n}}\n"
-        ));
-    } else {
-        src.push_str(&format!("      out[i] = {result};\n    }}\n  }}\n}}\n"));
+    for (j, (&o, &d)) in outputs.iter().zip(&out_dtypes).enumerate() {
+        let result = types::store(d, &operand(o));
+        match vec {
+            true => src.push_str(&format!("      {}.v[j] = {result};\n", vec_name(j))),
+            false => src.push_str(&format!("      {}[i] = {result};\n", out_name(j))),
+        }
     }
+    src.push_str("    }\n");
+    if vec {
+        for j in 0..outputs.len() {
+            src.push_str(&format!("    kiln::store4({} + base, {});\n", out_name(j), vec_name(j)));
+        }
+    }
+    src.push_str("  }\n}\n");
     Ok((src, numel.div_ceil(step)))
 }
 
-/// True when the output needs leaf `id` (bodies may hold dead leaves).
-fn needed(body: &Body<'_>, id: NodeId) -> bool {
-    id == body.output || body.cone(body.output, &|_| false).iter().any(|&n| body.g.operands(n).contains(&id))
+/// The vector that collects output `j`'s four elements: `o`, `o1`, ...
+fn vec_name(j: usize) -> String {
+    match j {
+        0 => "o".into(),
+        j => format!("o{j}"),
+    }
+}
+
+/// The compute nodes the outputs need, in body order.
+fn cone(body: &Body<'_>, outputs: &[NodeId]) -> Vec<NodeId> {
+    let need: std::collections::HashSet<NodeId> =
+        outputs.iter().flat_map(|&o| body.cone(o, &|_| false)).collect();
+    body.order.iter().copied().filter(|n| need.contains(n)).collect()
+}
+
+/// True when an output needs leaf `id` (bodies may hold dead leaves).
+fn needed(body: &Body<'_>, outputs: &[NodeId], id: NodeId) -> bool {
+    outputs.contains(&id) || cone(body, outputs).iter().any(|&n| body.g.operands(n).contains(&id))
 }

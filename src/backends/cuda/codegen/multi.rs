@@ -10,7 +10,8 @@
 //! (`KILN_NOINLINE`): NVRTC compiles a few functions, not a copy per
 //! member (a group of 57 members, each with its loop inlined, added 1.8 s
 //! or more to a cold start). The kernel takes every member's
-//! pointers in member order (`m0_out, m0_in0, ..., m1_out, ...`) and each
+//! pointers in member order (`m0_out, m0_in0, ..., m1_out, ...`; a member
+//! with extra outputs has `m0_out1, ...` after `m0_out`) and each
 //! block finds its member by a binary search over the block ranges, baked
 //! into the source like every size. A member computes exactly what its
 //! own kernel computes, so results are bit for bit the same; only the
@@ -20,7 +21,7 @@
 //! architecture), so a group whose pointers do not fit is split into
 //! several kernels by [`chunks`].
 
-use super::body::{buffer_operands, params_named, Operand};
+use super::body::{buffer_operands, out_name, params_named, Operand};
 use super::elementwise::{self, Frame};
 use super::{grid_for, Kernel, BLOCK};
 use crate::ir::Graph;
@@ -36,9 +37,9 @@ pub(crate) struct Member<'a> {
     pub in_place: bool,
 }
 
-/// Pointer parameters of a member: its output and its buffer operands.
-pub(crate) fn pointers(operands: &[Operand]) -> usize {
-    1 + buffer_operands(operands).len()
+/// Pointer parameters of a member: its outputs and its buffer operands.
+pub(crate) fn pointers(outputs: usize, operands: &[Operand]) -> usize {
+    outputs + buffer_operands(operands).len()
 }
 
 /// Splits members with these pointer counts into runs whose parameters
@@ -79,8 +80,9 @@ pub(crate) fn generate(name: &str, members: &[Member<'_>]) -> Result<Kernel, Str
             }
         };
         let out = m.g.node(*m.g.outputs().first().ok_or("a body has one output")?);
-        params.push(params_named(out.dtype, &m.operands, m.in_place, &format!("m{i}_")));
-        let mut args = vec![format!("m{i}_out")];
+        let dtypes: Vec<_> = m.g.outputs().iter().map(|&o| m.g.node(o).dtype).collect();
+        params.push(params_named(&dtypes, &m.operands, m.in_place, &format!("m{i}_")));
+        let mut args: Vec<String> = (0..dtypes.len()).map(|j| format!("m{i}_{}", out_name(j))).collect();
         args.extend(buffer_operands(&m.operands).iter().map(|k| format!("m{i}_in{k}")));
         args.push(format!("{}ll", out.shape.numel()));
         let blocks = grid_for(threads, BLOCK as usize) as u64;

@@ -34,15 +34,18 @@ impl Lowering<'_> {
         let ops = self.operands(id)?;
         let dst = self.destination(id)?;
         self.values.insert(id, Value::dense(dst, node.shape.clone(), node.dtype));
+        let extras = self.place_extras(id, body)?;
         if node.shape.numel() == 0 {
             return Ok(None);
         }
         let mut args = vec![dst];
+        args.extend(extras);
         args.extend(buffer_locs(&ops));
+        let in_place = self.in_place(id) || self.extras_of(id).iter().flatten().any(|&e| self.in_place(e));
         Ok(Some(Held {
             body: body.graph().clone(),
             operands: ops.iter().map(operand).collect(),
-            in_place: self.in_place(id),
+            in_place,
             args,
         }))
     }
@@ -50,7 +53,8 @@ impl Lowering<'_> {
     /// The launches of a group's held members: one multi-tensor kernel
     /// per run of members whose pointers fit the parameter space.
     pub(super) fn launch_group(&mut self, held: &[Held]) -> Result<(), String> {
-        let pointers: Vec<usize> = held.iter().map(|h| multi::pointers(&h.operands)).collect();
+        let pointers: Vec<usize> =
+            held.iter().map(|h| multi::pointers(h.body.outputs().len(), &h.operands)).collect();
         for range in multi::chunks(&pointers) {
             let chunk = &held[range];
             let kernel = match chunk {

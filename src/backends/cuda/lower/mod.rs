@@ -151,10 +151,16 @@ fn lower_checked(plan: &Plan, tf32: bool) -> Result<Program> {
         });
         if !steps.last().is_some_and(|s| s.launches.is_empty()) {
             l.producer.insert(id, steps.len() - 1);
+            for e in l.extras_of(id).into_iter().flatten() {
+                l.producer.insert(e, steps.len() - 1);
+            }
             if last_member.get(&id) == Some(&id) {
                 for g in tables.groups.iter().filter(|g| g.members.last() == Some(&id)) {
                     for &m in &g.members {
                         l.producer.insert(m, steps.len() - 1);
+                        for e in l.extras_of(m).into_iter().flatten() {
+                            l.producer.insert(e, steps.len() - 1);
+                        }
                     }
                 }
             }
@@ -382,9 +388,54 @@ impl Lowering<'_> {
         }
     }
 
+    /// The `extra` node of each extra output of fused node `id` (`[j - 1]`
+    /// for output `j`), `None` where the plan has none.
+    pub(super) fn extras_of(&self, id: NodeId) -> Vec<Option<NodeId>> {
+        let graph = &self.plan.graph;
+        let Op::Fused(body) = &graph.node(id).op else { return Vec::new() };
+        let mut out = vec![None; body.outputs().len().saturating_sub(1)];
+        for u in graph.users(id) {
+            if let Op::Extra { output } = graph.node(u).op {
+                if let Some(slot) = output.checked_sub(1).and_then(|j| out.get_mut(j)) {
+                    *slot = Some(u);
+                }
+            }
+        }
+        out
+    }
+
+    /// Places the extra outputs of fused node `id` where the memory plan
+    /// says (their values exist from its launch on) and returns their
+    /// locations in output order; an output no node reads gets scratch.
+    pub(super) fn place_extras(
+        &mut self,
+        id: NodeId,
+        body: &crate::ir::FusedBody,
+    ) -> Result<Vec<Loc>, String> {
+        let mut locs = Vec::new();
+        for (j, extra) in self.extras_of(id).into_iter().enumerate() {
+            let out = body.graph().node(body.outputs()[j + 1]);
+            let loc = match extra {
+                Some(e) => {
+                    let loc = self.destination(e)?;
+                    self.values.insert(e, Value::dense(loc, out.shape.clone(), out.dtype));
+                    loc
+                }
+                None => self.new_scratch(bytes(&out.shape, out.dtype)),
+            };
+            locs.push(loc);
+        }
+        Ok(locs)
+    }
+
     fn lower_node(&mut self, id: NodeId) -> Result<(), String> {
         let node = self.plan.graph.node(id).clone();
         let value = match &node.op {
+            // Placed and written by its fused node (`place_extras`).
+            Op::Extra { .. } => {
+                self.value(id).map_err(|_| "its fused node did not write it".to_string())?;
+                return Ok(());
+            }
             Op::Input(k) => Value::dense(Loc::new(Region::Input(*k), 0), node.shape.clone(), node.dtype),
             Op::Buffer(b) => return Err(format!("buffer {} in a plan (plans bind inputs)", b.0)),
             Op::Full(v) => Value {

@@ -18,6 +18,9 @@ impl Lowering<'_> {
         let node = self.plan.graph.node(id).clone();
         let ops = self.operands(id)?;
         if node.shape.numel() == 0 {
+            if let Op::Fused(body) = &node.op {
+                self.place_extras(id, body)?;
+            }
             return Ok(());
         }
         match &node.op {
@@ -207,6 +210,20 @@ impl Lowering<'_> {
 
     fn fused(&mut self, id: NodeId, body: &FusedBody, ops: &[Value], dst: Loc) -> Result<(), String> {
         match body.kind() {
+            FusedKind::Elementwise if body.outputs().len() > 1 => {
+                let extras = self.place_extras(id, body)?;
+                let in_place =
+                    self.in_place(id) || self.extras_of(id).iter().flatten().any(|&e| self.in_place(e));
+                let operands: Vec<Operand> = ops.iter().map(operand).collect();
+                let k = self.add_kernel("fused_elementwise", |n| {
+                    elementwise::generate(n, body.graph(), &operands, in_place)
+                })?;
+                let mut args = vec![dst];
+                args.extend(extras);
+                args.extend(buffer_locs(ops));
+                self.launches.push(Launch::Kernel { kernel: k, args });
+                Ok(())
+            }
             FusedKind::Elementwise => {
                 let in_place = self.in_place(id);
                 self.body_kernel("fused_elementwise", body.graph(), ops, dst, in_place, None)

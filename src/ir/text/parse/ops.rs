@@ -128,6 +128,7 @@ pub(super) enum Kind {
     AttentionGrad,
     Cat,
     Fused,
+    Extra,
     Collective(Collective),
 }
 
@@ -158,6 +159,7 @@ const FIXED: &[(&str, Kind)] = &[
     ("attention_grad", Kind::AttentionGrad),
     ("cat", Kind::Cat),
     ("fused", Kind::Fused),
+    ("extra", Kind::Extra),
     ("all_reduce_sum", Kind::Collective(Collective::AllReduce(ReduceOp::Sum))),
     ("all_reduce_mean", Kind::Collective(Collective::AllReduce(ReduceOp::Mean))),
     ("all_reduce_max", Kind::Collective(Collective::AllReduce(ReduceOp::Max))),
@@ -231,11 +233,37 @@ pub(super) fn fused_op(body: Graph, a: &mut Attrs) -> Result<Op, String> {
             clip(kind)
         ));
     }
+    let example = "fused %a, %b kind=elementwise over=0 {` or `over=[0,_,2]";
     let body = match a.has("over") {
-        true => {
-            let k = a.usize("over", "fused", "fused %a, %b kind=elementwise over=0 {")?;
-            body.with_over(k).map_err(|m| format!("fused over={k}: {m}"))?
-        }
+        true => match a.take("over", "fused", example)? {
+            Attr::Word(w) => {
+                let k = w
+                    .parse()
+                    .map_err(|_| format!("over must be a non-negative integer, found '{}'", clip(w)))?;
+                body.with_over(k).map_err(|m| format!("fused over={k}: {m}"))?
+            }
+            Attr::List(each) => {
+                if each.len() != body.outputs().len() {
+                    return Err(format!(
+                        "over lists {} entries but the body has {} outputs (`_` for one written anywhere)",
+                        each.len(),
+                        body.outputs().len()
+                    ));
+                }
+                let mut body = body;
+                for (j, w) in each.iter().enumerate() {
+                    if *w == "_" {
+                        continue;
+                    }
+                    let k = w
+                        .parse()
+                        .map_err(|_| format!("over lists operand numbers or `_`, found '{}'", clip(w)))?;
+                    body = body.with_output_over(j, k).map_err(|m| format!("fused over output {j}: {m}"))?;
+                }
+                body
+            }
+            Attr::Bare => return Err(format!("over needs a value (e.g. `{example}`)")),
+        },
         false => body,
     };
     Ok(Op::Fused(Arc::new(body)))
@@ -363,6 +391,13 @@ pub(super) fn build_op(
             }
         }
         Kind::Assign => Op::Assign,
+        Kind::Extra => {
+            let output = a.usize("output", m, "extra %f output=1")?;
+            if output == 0 {
+                return Err("extra output=0 is the fused node itself; extras are outputs 1 and up".into());
+            }
+            Op::Extra { output }
+        }
         Kind::Cat => Op::Cat { dim: a.usize("dim", m, "cat %a, %b dim=0")? },
         Kind::Collective(what) => {
             let what = match what {

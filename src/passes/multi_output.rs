@@ -1,0 +1,283 @@
+//! Multi-output: a fused elementwise value that another elementwise kernel
+//! of its shape reads is computed by that kernel, which writes it as an
+//! extra output.
+//!
+//! *Why.* Fusion never duplicates compute, so a value with readers in
+//! several groups is a group of its own: it writes its result and each
+//! reader reads it back. AdamW is the plain case: the second moment, the
+//! first moment and the parameter are three kernels over one parameter's
+//! elements, each moment written over its variable and read back by the
+//! parameter update (ten passes over the parameter's size where seven
+//! are needed: read the parameter, its gradient and both moments, write
+//! the three new values). XLA merges such producers into their consumer
+//! as a multi-output fusion; this pass does the same for elementwise
+//! bodies.
+//!
+//! *Does.* For each fused elementwise node `C` in topological order, and
+//! while one qualifies, merges into `C` a *producer* `P`: a fused
+//! elementwise node whose value (or one of its `extra` outputs) `C` reads,
+//! such that
+//! - `P`'s outputs have `C`'s shape (one loop over one domain), and `C`'s
+//!   body reads each of them directly, never through a view (every
+//!   element is computed where it is read);
+//! - no other reader of `P` reaches `C` (the merged kernel would then
+//!   wait for its own output);
+//! - the merged node takes at most [`MAX_OPERANDS`] operands.
+//!
+//! The merged node's body computes `C`'s outputs, then `P`'s
+//! ([`crate::ir::FusedBody::outputs`]); operands both read are read once.
+//! Every other reader of `P` (graph outputs included) reads an
+//! `extra %merged output=j` node instead, and `P`'s and `C`'s `over` marks
+//! follow their outputs, so the memory pass can still write each new
+//! value over its variable. AdamW's three updates of one parameter become
+//! one node with three outputs.
+//!
+//! *Does not.* Merge reductions or matmul epilogues (one output each),
+//! duplicate compute, or reorder anything: every body op is the one the
+//! fused graph ran, so values are bit for bit those of the unmerged graph.
+//!
+//! *Preserves.* Every value the outputs see; the regions of `C`.
+//!
+//! *Invalidates.* The ids of merged nodes, and the plan tables.
+//!
+//! *Assumes.* A fused graph (after `fusion` and `assign`). O(n) per
+//! merge for the reachability check.
+
+use super::{Changed, Pass, PassCtx};
+use crate::ir::{FusedBody, FusedKind, Graph, Node, NodeId, Op, Phase};
+use crate::Result;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Operands a merged node may take: far under the 512 pointers a CUDA
+/// kernel's 4 KiB of parameters hold, and as many as a multi-tensor
+/// member should carry.
+pub const MAX_OPERANDS: usize = 32;
+
+/// Merges fused elementwise producers into their readers (see the module docs).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MultiOutput;
+
+impl Pass for MultiOutput {
+    fn name(&self) -> &'static str {
+        "multi-output"
+    }
+
+    fn reaches(&self) -> Phase {
+        Phase::Fused
+    }
+
+    /// Only where a fused elementwise node reads another of its shape.
+    fn applies(&self, _options: &super::PassOptions, graph: &Graph) -> bool {
+        graph.node_ids().into_iter().any(|c| {
+            elementwise(graph, c).is_some()
+                && graph.operands(c).into_iter().any(|o| {
+                    let p = source(graph, o);
+                    p != c && elementwise(graph, p).is_some() && graph.node(p).shape == graph.node(c).shape
+                })
+        })
+    }
+
+    fn run(&self, graph: &mut Graph, cx: &mut PassCtx) -> Result<Changed> {
+        let mut merged = 0usize;
+        for c in graph.topo_order() {
+            let mut c = c;
+            while graph.contains(c) {
+                let Some(p) = producer(graph, c) else { break };
+                let Some(next) = merge(graph, c, p) else { break };
+                c = next;
+                merged += 1;
+                cx.rewrite();
+            }
+        }
+        cx.note(format!("{merged} producer(s) merged into their readers"));
+        tracing::debug!(merged, "multi-output");
+        Ok(Changed::from(merged > 0))
+    }
+}
+
+/// The fused elementwise body of `id`, if it is one.
+fn elementwise(graph: &Graph, id: NodeId) -> Option<&Arc<FusedBody>> {
+    match &graph.node(id).op {
+        Op::Fused(b) if *b.kind() == FusedKind::Elementwise => Some(b),
+        _ => None,
+    }
+}
+
+/// The fused node whose output `id` is (itself, or an extra's operand).
+fn source(graph: &Graph, id: NodeId) -> NodeId {
+    match graph.node(id).op {
+        Op::Extra { .. } => graph.operands(id)[0],
+        _ => id,
+    }
+}
+
+/// The first producer `C` may take (see the module docs).
+fn producer(graph: &Graph, c: NodeId) -> Option<NodeId> {
+    let body = elementwise(graph, c)?;
+    let shape = &graph.node(c).shape;
+    let operands = graph.operands(c);
+    let inputs = body.input_nodes();
+    for (k, &o) in operands.iter().enumerate() {
+        let p = source(graph, o);
+        if p == c || elementwise(graph, p).is_none() || graph.node(p).shape != *shape {
+            continue;
+        }
+        // Every slot reading one of P's outputs is read directly.
+        let direct = operands.iter().zip(&inputs).all(|(&o2, &input)| {
+            source(graph, o2) != p
+                || body.graph().users(input).iter().all(|&u| !body.graph().node(u).op.is_view())
+        });
+        if !direct || k >= inputs.len() {
+            continue;
+        }
+        let mut all: Vec<NodeId> = operands.iter().copied().filter(|&o2| source(graph, o2) != p).collect();
+        all.extend(graph.operands(p));
+        all.sort_unstable();
+        all.dedup();
+        if all.len() > MAX_OPERANDS {
+            continue;
+        }
+        // No other reader of P (or of its extras) may lead to C.
+        let mut readers: Vec<NodeId> = Vec::new();
+        for u in graph.users(p) {
+            match graph.node(u).op {
+                Op::Extra { .. } => readers.extend(graph.users(u)),
+                _ => readers.push(u),
+            }
+        }
+        if readers.iter().all(|&u| u == c || !graph.reaches(u, c)) {
+            return Some(p);
+        }
+    }
+    None
+}
+
+/// Merges producer `p` into reader `c`; returns the merged node (`None`,
+/// changing nothing, if the merged body breaks the fused contract).
+fn merge(graph: &mut Graph, c: NodeId, p: NodeId) -> Option<NodeId> {
+    let (cb, pb) = (elementwise(graph, c)?.clone(), elementwise(graph, p)?.clone());
+    let c_ops = graph.operands(c);
+    let p_ops = graph.operands(p);
+    // The merged operand list: C's (less P's outputs), then P's new ones.
+    let mut operands: Vec<NodeId> = Vec::new();
+    let slot = |operands: &mut Vec<NodeId>, o: NodeId| match operands.iter().position(|&x| x == o) {
+        Some(s) => s,
+        None => {
+            operands.push(o);
+            operands.len() - 1
+        }
+    };
+    let mut body = Graph::new();
+    let mut inputs: HashMap<usize, NodeId> = HashMap::new();
+    let mut input_node = |body: &mut Graph, s: usize, like: &Node| {
+        *inputs
+            .entry(s)
+            .or_insert_with(|| body.add_unchecked(Node { op: Op::Input(s as u32), ..like.clone() }, &[]))
+    };
+    for &o in &c_ops {
+        if source(graph, o) != p {
+            slot(&mut operands, o);
+        }
+    }
+    // P's body first: C reads its outputs.
+    let pg = pb.graph();
+    let mut pmap: HashMap<NodeId, NodeId> = HashMap::new();
+    for id in pg.topo_order() {
+        let n = pg.node(id);
+        let new = match n.op {
+            Op::Input(k) => {
+                let s = slot(&mut operands, p_ops[k as usize]);
+                input_node(&mut body, s, n)
+            }
+            _ => {
+                let ops: Vec<NodeId> = pg.operands(id).iter().map(|o| pmap[o]).collect();
+                body.add_unchecked(n.clone(), &ops)
+            }
+        };
+        pmap.insert(id, new);
+    }
+    let p_outputs: Vec<NodeId> = pb.outputs().iter().map(|o| pmap[o]).collect();
+    let cg = cb.graph();
+    let mut cmap: HashMap<NodeId, NodeId> = HashMap::new();
+    for id in cg.topo_order() {
+        let n = cg.node(id);
+        let new = match n.op {
+            Op::Input(k) => {
+                let o = c_ops[k as usize];
+                match graph.node(o).op {
+                    _ if o == p => p_outputs[0],
+                    Op::Extra { output } if source(graph, o) == p => p_outputs[output],
+                    _ => {
+                        let s = slot(&mut operands, o);
+                        input_node(&mut body, s, n)
+                    }
+                }
+            }
+            _ => {
+                let ops: Vec<NodeId> = cg.operands(id).iter().map(|o| cmap[o]).collect();
+                body.add_unchecked(n.clone(), &ops)
+            }
+        };
+        cmap.insert(id, new);
+    }
+    // P's outputs that something besides C reads stay outputs; the rest
+    // are only computed (C reads them in registers).
+    let read_outside = |x: NodeId| graph.outputs().contains(&x) || graph.users(x).iter().any(|&u| u != c);
+    let mut p_extras: Vec<Option<NodeId>> = vec![None; p_outputs.len()];
+    for u in graph.users(p) {
+        if let Op::Extra { output } = graph.node(u).op {
+            p_extras[output] = Some(u);
+        }
+    }
+    let p_direct = graph.outputs().contains(&p)
+        || graph.users(p).iter().any(|&u| u != c && !matches!(graph.node(u).op, Op::Extra { .. }));
+    let kept: Vec<usize> = (0..p_outputs.len())
+        .filter(|&j| if j == 0 { p_direct } else { p_extras[j].is_some_and(read_outside) })
+        .collect();
+    let c_count = cb.outputs().len();
+    let mut outputs: Vec<NodeId> = cb.outputs().iter().map(|o| cmap[o]).collect();
+    outputs.extend(kept.iter().map(|&j| p_outputs[j]));
+    body.set_outputs(outputs);
+    let mut merged = FusedBody::new(body).ok()?;
+    // `over` marks follow their outputs to the operands' new slots.
+    let marks: Vec<(usize, NodeId)> = (0..c_count)
+        .filter_map(|j| cb.output_over(j).map(|k| (j, c_ops[k])))
+        .chain(
+            kept.iter().enumerate().filter_map(|(i, &j)| pb.output_over(j).map(|k| (c_count + i, p_ops[k]))),
+        )
+        .collect();
+    for (j, x) in marks {
+        let Some(s) = operands.iter().position(|&o| o == x) else { continue };
+        merged = match merged.clone().with_output_over(j, s) {
+            Ok(m) => m,
+            Err(_) => merged,
+        };
+    }
+    let node = graph.node(c).clone();
+    let new = graph.add_unchecked(Node { op: Op::Fused(Arc::new(merged)), ..node }, &operands);
+    // C's readers (its extras included, whose output numbers stay) read
+    // the merged node; P's read its kept outputs as extras.
+    graph.replace_all_uses(c, new);
+    graph.remove(c);
+    for (i, &j) in kept.iter().enumerate() {
+        let output = c_count + i;
+        match p_extras[j] {
+            Some(u) => {
+                graph.node_mut(u).op = Op::Extra { output };
+                graph.set_operands(u, &[new]);
+            }
+            None => {
+                let pn = graph.node(p).clone();
+                let e = graph.add_unchecked(Node { op: Op::Extra { output }, ..pn }, &[new]);
+                graph.replace_all_uses(p, e);
+            }
+        }
+    }
+    // P's extras that only C read are gone with it.
+    let dropped: Vec<NodeId> =
+        p_extras.iter().enumerate().filter(|(j, _)| !kept.contains(j)).filter_map(|(_, u)| *u).collect();
+    graph.remove_many(&dropped);
+    graph.remove(p);
+    Some(new)
+}
