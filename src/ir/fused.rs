@@ -27,9 +27,11 @@
 //!   matmul's shape (bias, activation, residual): a GEMM with an epilogue.
 //!
 //! Bodies never nest and never hold `random`, `arange` or `buffer`. A body
-//! has one output, except an elementwise body, which may have several of
-//! the domain's shape: output 0 is the fused node's value, output `j > 0`
-//! the value of an `extra %fused output=j` node ([`Op::Extra`]). The
+//! has one output, except an elementwise or reduction body, which may have
+//! extra outputs: computed values of the domain's shape (or, in a
+//! reduction body, of the row shape). Output 0 is the fused node's value,
+//! output `j > 0` the value of an `extra %fused output=j` node
+//! ([`Op::Extra`]). The
 //! `multi-output` pass builds them, so that a value that several kernels
 //! read is written by the kernel that computes it, not recomputed or
 //! written by a kernel of its own and read back (AdamW's moments and its
@@ -349,8 +351,23 @@ fn classify(graph: &Graph) -> Result<(FusedKind, usize), String> {
             )
         }
     };
-    if outputs.len() > 1 && kind != FusedKind::Elementwise {
-        return Err(format!("only an elementwise body has several outputs, not a {} one", kind.name()));
+    match &kind {
+        FusedKind::MatMul { .. } if outputs.len() > 1 => {
+            return Err("a matmul body has one output".into());
+        }
+        FusedKind::Reduction { domain, split } => {
+            let row =
+                Shape(domain.0.iter().enumerate().map(|(i, &d)| if i < *split { d } else { 1 }).collect());
+            for &o in &outputs[1..] {
+                let s = &graph.node(o).shape;
+                if !computed(o) || (*s != *domain && *s != row) || matches!(graph.node(o).op, Op::Expand(_)) {
+                    return Err(format!(
+                        "{o}: an extra output of a reduction body is computed at {domain} or {row}, not {s}"
+                    ));
+                }
+            }
+        }
+        _ => {}
     }
     Ok((kind, slots.len()))
 }

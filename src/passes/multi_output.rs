@@ -1,6 +1,5 @@
-//! Multi-output: a fused elementwise value that another elementwise kernel
-//! of its shape reads is computed by that kernel, which writes it as an
-//! extra output.
+//! Multi-output: a fused value that another fused kernel of its domain
+//! reads is computed by that kernel, which writes it as an extra output.
 //!
 //! *Why.* Fusion never duplicates compute, so a value with readers in
 //! several groups is a group of its own: it writes its result and each
@@ -8,40 +7,47 @@
 //! first moment and the parameter are three kernels over one parameter's
 //! elements, each moment written over its variable and read back by the
 //! parameter update (ten passes over the parameter's size where seven
-//! are needed: read the parameter, its gradient and both moments, write
-//! the three new values). XLA merges such producers into their consumer
-//! as a multi-output fusion; this pass does the same for elementwise
-//! bodies.
+//! are needed). A layer norm is another: its mean and inverse deviation
+//! are kept for the backward pass, so the mean, the centred values, the
+//! variance, its inverse root and the output were five kernels. XLA
+//! merges such producers into their consumer as a multi-output fusion;
+//! this pass does the same for elementwise and row-reduction bodies.
 //!
-//! *Does.* For each fused elementwise node `C` in topological order, and
-//! while one qualifies, merges into `C` a *producer* `P`: a fused
-//! elementwise node whose value (or one of its `extra` outputs) `C` reads,
-//! such that
-//! - `P`'s outputs have `C`'s shape (one loop over one domain), and `C`'s
-//!   body reads each of them directly, never through a view (every
-//!   element is computed where it is read);
+//! *Does.* For each fused elementwise or reduction node `C` in
+//! topological order, and while one qualifies, merges into `C` a
+//! *producer* `P`: a fused elementwise or reduction node whose value (or
+//! one of its `extra` outputs) `C` reads, such that
+//! - the merged body is one the fused contract allows
+//!   ([`crate::ir::fused`]): one loop over one domain, `P`'s values read
+//!   where they are computed (at the domain's shape, or a row value
+//!   expanded along its row), every reduction over the same rows;
 //! - no other reader of `P` reaches `C` (the merged kernel would then
 //!   wait for its own output);
-//! - the merged node takes at most [`MAX_OPERANDS`] operands.
+//! - every `over` mark survives (a reduction body writes over nothing);
+//! - the merged node takes at most [`MAX_OPERANDS`] operands and holds at
+//!   most [`MAX_BODY_NODES`] body nodes.
 //!
-//! The merged node's body computes `C`'s outputs, then `P`'s
+//! The merged node's body computes `C`'s outputs, then those of `P`'s
+//! outputs that something besides `C` reads
 //! ([`crate::ir::FusedBody::outputs`]); operands both read are read once.
 //! Every other reader of `P` (graph outputs included) reads an
 //! `extra %merged output=j` node instead, and `P`'s and `C`'s `over` marks
 //! follow their outputs, so the memory pass can still write each new
 //! value over its variable. AdamW's three updates of one parameter become
-//! one node with three outputs.
+//! one node with three outputs, and a layer norm with the residual add
+//! before it one row kernel that writes the output, the sum, and the
+//! rows' statistics.
 //!
-//! *Does not.* Merge reductions or matmul epilogues (one output each),
-//! duplicate compute, or reorder anything: every body op is the one the
-//! fused graph ran, so values are bit for bit those of the unmerged graph.
+//! *Does not.* Merge matmul epilogues (one output each), duplicate
+//! compute, or reorder anything: every body op is the one the fused graph
+//! ran, so values are bit for bit those of the unmerged graph.
 //!
 //! *Preserves.* Every value the outputs see; the regions of `C`.
 //!
 //! *Invalidates.* The ids of merged nodes, and the plan tables.
 //!
 //! *Assumes.* A fused graph (after `fusion` and `assign`). O(n) per
-//! merge for the reachability check.
+//! candidate for the reachability check.
 
 use super::{Changed, Pass, PassCtx};
 use crate::ir::{FusedBody, FusedKind, Graph, Node, NodeId, Op, Phase};
@@ -53,6 +59,12 @@ use std::sync::Arc;
 /// kernel's 4 KiB of parameters hold, and as many as a multi-tensor
 /// member should carry.
 pub const MAX_OPERANDS: usize = 32;
+
+/// Body nodes a merged node may hold: a GPT-2 layer norm with its
+/// residual add is about 40, AdamW about 30. Merging stops well before a
+/// kernel's source (and its compile time and registers) grows without
+/// bound along a long chain of reductions.
+pub const MAX_BODY_NODES: usize = 160;
 
 /// Merges fused elementwise producers into their readers (see the module docs).
 #[derive(Clone, Copy, Debug, Default)]
@@ -70,10 +82,10 @@ impl Pass for MultiOutput {
     /// Only where a fused elementwise node reads another of its shape.
     fn applies(&self, _options: &super::PassOptions, graph: &Graph) -> bool {
         graph.node_ids().into_iter().any(|c| {
-            elementwise(graph, c).is_some()
+            mergeable(graph, c).is_some()
                 && graph.operands(c).into_iter().any(|o| {
                     let p = source(graph, o);
-                    p != c && elementwise(graph, p).is_some() && graph.node(p).shape == graph.node(c).shape
+                    p != c && mergeable(graph, p).is_some()
                 })
         })
     }
@@ -83,8 +95,9 @@ impl Pass for MultiOutput {
         for c in graph.topo_order() {
             let mut c = c;
             while graph.contains(c) {
-                let Some(p) = producer(graph, c) else { break };
-                let Some(next) = merge(graph, c, p) else { break };
+                let Some(next) = producers(graph, c).into_iter().find_map(|p| merge(graph, c, p)) else {
+                    break;
+                };
                 c = next;
                 merged += 1;
                 cx.rewrite();
@@ -96,10 +109,10 @@ impl Pass for MultiOutput {
     }
 }
 
-/// The fused elementwise body of `id`, if it is one.
-fn elementwise(graph: &Graph, id: NodeId) -> Option<&Arc<FusedBody>> {
+/// The fused body of `id`, if it is an elementwise or reduction one.
+fn mergeable(graph: &Graph, id: NodeId) -> Option<&Arc<FusedBody>> {
     match &graph.node(id).op {
-        Op::Fused(b) if *b.kind() == FusedKind::Elementwise => Some(b),
+        Op::Fused(b) if matches!(b.kind(), FusedKind::Elementwise | FusedKind::Reduction { .. }) => Some(b),
         _ => None,
     }
 }
@@ -112,30 +125,25 @@ fn source(graph: &Graph, id: NodeId) -> NodeId {
     }
 }
 
-/// The first producer `C` may take (see the module docs).
-fn producer(graph: &Graph, c: NodeId) -> Option<NodeId> {
-    let body = elementwise(graph, c)?;
-    let shape = &graph.node(c).shape;
+/// The producers `C` may take, in operand order (see the module docs);
+/// whether the merged body is legal is left to [`merge`].
+fn producers(graph: &Graph, c: NodeId) -> Vec<NodeId> {
+    let mut out = Vec::new();
+    if mergeable(graph, c).is_none() {
+        return out;
+    }
     let operands = graph.operands(c);
-    let inputs = body.input_nodes();
-    for (k, &o) in operands.iter().enumerate() {
+    for &o in &operands {
         let p = source(graph, o);
-        if p == c || elementwise(graph, p).is_none() || graph.node(p).shape != *shape {
-            continue;
-        }
-        // Every slot reading one of P's outputs is read directly.
-        let direct = operands.iter().zip(&inputs).all(|(&o2, &input)| {
-            source(graph, o2) != p
-                || body.graph().users(input).iter().all(|&u| !body.graph().node(u).op.is_view())
-        });
-        if !direct || k >= inputs.len() {
+        if p == c || out.contains(&p) || mergeable(graph, p).is_none() {
             continue;
         }
         let mut all: Vec<NodeId> = operands.iter().copied().filter(|&o2| source(graph, o2) != p).collect();
         all.extend(graph.operands(p));
         all.sort_unstable();
         all.dedup();
-        if all.len() > MAX_OPERANDS {
+        let nodes = |id: NodeId| mergeable(graph, id).map_or(0, |b| b.graph().len());
+        if all.len() > MAX_OPERANDS || nodes(c) + nodes(p) > MAX_BODY_NODES {
             continue;
         }
         // No other reader of P (or of its extras) may lead to C.
@@ -147,16 +155,16 @@ fn producer(graph: &Graph, c: NodeId) -> Option<NodeId> {
             }
         }
         if readers.iter().all(|&u| u == c || !graph.reaches(u, c)) {
-            return Some(p);
+            out.push(p);
         }
     }
-    None
+    out
 }
 
 /// Merges producer `p` into reader `c`; returns the merged node (`None`,
 /// changing nothing, if the merged body breaks the fused contract).
 fn merge(graph: &mut Graph, c: NodeId, p: NodeId) -> Option<NodeId> {
-    let (cb, pb) = (elementwise(graph, c)?.clone(), elementwise(graph, p)?.clone());
+    let (cb, pb) = (mergeable(graph, c)?.clone(), mergeable(graph, p)?.clone());
     let c_ops = graph.operands(c);
     let p_ops = graph.operands(p);
     // The merged operand list: C's (less P's outputs), then P's new ones.
@@ -247,12 +255,11 @@ fn merge(graph: &mut Graph, c: NodeId, p: NodeId) -> Option<NodeId> {
             kept.iter().enumerate().filter_map(|(i, &j)| pb.output_over(j).map(|k| (c_count + i, p_ops[k]))),
         )
         .collect();
+    // A mark the merged body cannot keep (a reduction body writes over
+    // nothing) would cost a copy of the variable every step: no merge.
     for (j, x) in marks {
-        let Some(s) = operands.iter().position(|&o| o == x) else { continue };
-        merged = match merged.clone().with_output_over(j, s) {
-            Ok(m) => m,
-            Err(_) => merged,
-        };
+        let s = operands.iter().position(|&o| o == x)?;
+        merged = merged.with_output_over(j, s).ok()?;
     }
     let node = graph.node(c).clone();
     let new = graph.add_unchecked(Node { op: Op::Fused(Arc::new(merged)), ..node }, &operands);

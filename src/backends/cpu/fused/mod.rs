@@ -152,8 +152,8 @@ pub(crate) struct FusedKernel {
     /// The step whose value is the output.
     output: usize,
     /// The steps of the extra outputs (body outputs 1..), with their
-    /// dtypes: written block by block next to the output.
-    extras: Vec<(usize, DType)>,
+    /// dtypes and classes: written block by block next to the output.
+    extras: Vec<(usize, DType, Class)>,
     out_class: Class,
     out_dtype: DType,
     out_shape: Shape,
@@ -307,11 +307,11 @@ impl FusedKernel {
         let mut extras = Vec::new();
         for &e in &body.outputs()[1..] {
             let s = *slot.get(&e).ok_or_else(|| err(format!("the extra output {e} is not computed")))?;
-            if matches!(instrs[s].step, Step::Leaf(_) | Step::MatMul(..)) || instrs[s].class != Class::Full {
-                return Err(err(format!("the extra output {e} is not computed at the domain's shape")));
+            if matches!(instrs[s].step, Step::Leaf(_) | Step::MatMul(..)) {
+                return Err(err(format!("the extra output {e} is not computed")));
             }
             instrs[s].live = true;
-            extras.push((s, instrs[s].dtype));
+            extras.push((s, instrs[s].dtype, instrs[s].class));
         }
         // A step is live when an output needs it (readers come later).
         instrs[output].live = true;

@@ -127,12 +127,13 @@ impl FusedKernel {
                 self.extras.len()
             )));
         }
-        for (j, (e, &(_, d))) in extras.iter().zip(&self.extras).enumerate() {
-            if e.dtype() != d || e.len() != out.len() {
+        let elements = |class: Class| if class == Class::Full { self.rows * self.cols } else { self.rows };
+        for (j, (e, &(_, d, class))) in extras.iter().zip(&self.extras).enumerate() {
+            if e.dtype() != d || e.len() != elements(class) {
                 return Err(err(format!(
                     "extra output {} is {d}, {} elements, but {} {} were given",
                     j + 1,
-                    out.len(),
+                    elements(class),
                     e.len(),
                     e.dtype()
                 )));
@@ -149,8 +150,9 @@ impl FusedKernel {
         let task_len = self.block_rows * per_row;
         // Each task's pieces of the extra outputs, next to its piece of `out`.
         let mut pieces: Vec<Vec<Out<'_>>> = (0..out.len().div_ceil(task_len)).map(|_| Vec::new()).collect();
-        for e in extras {
-            for (t, piece) in e.chunks(task_len).into_iter().enumerate() {
+        for (e, &(_, _, class)) in extras.into_iter().zip(&self.extras) {
+            let len = if class == Class::Full { self.block_rows * self.cols } else { self.block_rows };
+            for (t, piece) in e.chunks(len).into_iter().enumerate() {
                 pieces[t].push(piece);
             }
         }
@@ -203,9 +205,8 @@ impl FusedKernel {
         let nb = chunk.len() / per_row;
         let r = self.block(ready, scratch, &mut lease.vals, i * self.block_rows, nb, chunk, stream);
         let r = r.and_then(|()| {
-            // Extras are full-size (elementwise bodies only), one column a row.
-            let blk = Blk { rows: nb, cols: self.cols };
-            for (mut e, &(s, d)) in extras.into_iter().zip(&self.extras) {
+            for (mut e, &(s, d, class)) in extras.into_iter().zip(&self.extras) {
+                let blk = Blk { rows: nb, cols: if class == Class::Full { self.cols } else { 1 } };
                 let a = self.arg(&lease.vals, scratch, Opnd { slot: s, per_row: false });
                 ops::copy(d, a, &mut Dst::Out(&mut e), blk)?;
             }

@@ -174,16 +174,12 @@ impl<'a> Body<'a> {
     }
 }
 
-/// The C declaration of a kernel's pointer parameters: `out` then one per
-/// buffer operand, read-only. `restrict` is left out when the output is
-/// computed in place of an operand (then two parameters alias).
-pub(crate) fn params(out: DType, operands: &[Operand], in_place: bool) -> String {
-    params_named(&[out], operands, in_place, "")
-}
-
-/// [`params`] for the outputs of `outs` (`out`, then `out1`, `out2`, ...
-/// for a body's extra outputs), every name prefixed by `prefix` (a
-/// multi-tensor kernel's member `i` is `m{i}_out, m{i}_in0, ...`).
+/// The C declaration of a kernel's pointer parameters: one per output of
+/// `outs` (`out`, then `out1`, `out2`, ... for a body's extra outputs),
+/// then one per buffer operand, read-only; every name prefixed by
+/// `prefix` (a multi-tensor kernel's member `i` is `m{i}_out, m{i}_in0,
+/// ...`). `restrict` is left out when an output is computed in place of
+/// an operand (then two parameters alias).
 pub(crate) fn params_named(outs: &[DType], operands: &[Operand], in_place: bool, prefix: &str) -> String {
     let r = if in_place { "" } else { " __restrict__" };
     let mut p: Vec<String> = outs

@@ -14,8 +14,13 @@
 //! passes are kept in registers after the first pass: softmax reads its
 //! input once and writes its output once. Float sums accumulate in double
 //! (as the CPU backend does), integer sums wrap.
+//!
+//! A body with extra outputs (`out1`, `out2`, ...) writes the per-element
+//! ones in the same last pass as the output, and the per-row ones once
+//! per row: a layer norm writes its rows' mean and inverse deviation for
+//! the backward pass next to its output.
 
-use super::body::{buffer_operands, params, Body, Leaf, Operand};
+use super::body::{buffer_operands, out_name, params_named, Body, Leaf, Operand};
 use super::{types, Kernel};
 use crate::ir::{DType, Graph, NodeId, Op, ReduceOp, Shape};
 use std::collections::HashMap;
@@ -78,20 +83,22 @@ pub(crate) fn generate(
     let items = cols.div_ceil(group);
     let unrolled = items <= MAX_ITEMS;
     let index = body.index_type(rows * cols.max(1), operands);
-    let out_node = g.node(body.output);
-    let out_dtype = out_node.dtype;
+    let outputs = g.outputs();
+    let out_dtypes: Vec<DType> = outputs.iter().map(|&o| g.node(o).dtype).collect();
+    // Outputs per element (written in the last column pass) and per row.
+    let full: Vec<usize> = (0..outputs.len()).filter(|&j| class[&outputs[j]] != Class::Row).collect();
+    let per_row: Vec<usize> = (0..outputs.len()).filter(|&j| class[&outputs[j]] == Class::Row).collect();
 
-    // Column passes: one per reduction, plus the output's if it is per element.
+    // Column passes: one per reduction, plus the outputs' if any is per element.
     let reductions: Vec<NodeId> =
         body.order.iter().copied().filter(|&n| matches!(g.node(n).op, Op::Reduce { .. })).collect();
-    let mut passes: Vec<NodeId> = reductions.iter().map(|&r| g.operands(r)[0]).collect();
-    let full_output = class[&body.output] != Class::Row;
-    if full_output {
-        passes.push(body.output);
+    let mut passes: Vec<Vec<NodeId>> = reductions.iter().map(|&r| vec![g.operands(r)[0]]).collect();
+    if !full.is_empty() {
+        passes.push(full.iter().map(|&j| outputs[j]).collect());
     }
     // Operands read in more than one pass stay in registers.
     let mut uses: HashMap<NodeId, usize> = HashMap::new();
-    for &p in &passes {
+    for p in &passes {
         let mut seen = leaves_of(&body, p, &class);
         seen.sort();
         seen.dedup();
@@ -113,7 +120,7 @@ pub(crate) fn generate(
     }
 
     let mut src = String::new();
-    let p = params(out_dtype, operands, false);
+    let p = params_named(&out_dtypes, operands, false, "");
     let _ = writeln!(src, "extern \"C\" __global__ void {name}({p}) {{");
     let _ = writeln!(src, "  typedef {index} I;\n  const I R = {rows}, C = {cols};");
     let _ = writeln!(src, "  const int lane = threadIdx.x % {group};");
@@ -163,15 +170,18 @@ pub(crate) fn generate(
             _ => {}
         }
     }
-    if full_output {
-        let out = body.output;
-        gen.column_pass(&mut src, out, &|gen, src, col_value| {
-            let v = types::store(out_dtype, &col_value(gen, out));
-            let _ = writeln!(src, "        out[row * C + col] = {v};");
+    if !full.is_empty() {
+        let targets: Vec<NodeId> = full.iter().map(|&j| outputs[j]).collect();
+        gen.column_pass(&mut src, &targets, &|gen, src, col_value| {
+            for &j in &full {
+                let v = types::store(out_dtypes[j], &col_value(gen, outputs[j]));
+                let _ = writeln!(src, "        {}[row * C + col] = {v};", out_name(j));
+            }
         })?;
-    } else {
-        let v = types::store(out_dtype, &gen.row_operand(body.output));
-        let _ = writeln!(src, "    if (lane == 0) out[row] = {v};");
+    }
+    for &j in &per_row {
+        let v = types::store(out_dtypes[j], &gen.row_operand(outputs[j]));
+        let _ = writeln!(src, "    if (lane == 0) {}[row] = {v};", out_name(j));
     }
     src.push_str("  }\n}\n");
     let grid = super::grid_for(rows, rows_per_block);
@@ -209,16 +219,25 @@ fn classify(body: &Body<'_>, domain: &Shape) -> HashMap<NodeId, Class> {
     class
 }
 
-/// The leaves a column pass computing `target` reads.
-fn leaves_of(body: &Body<'_>, target: NodeId, class: &HashMap<NodeId, Class>) -> Vec<NodeId> {
+/// The leaves a column pass computing `targets` reads.
+fn leaves_of(body: &Body<'_>, targets: &[NodeId], class: &HashMap<NodeId, Class>) -> Vec<NodeId> {
     let mut out = Vec::new();
-    if body.is_leaf(target) {
-        out.push(target);
-    }
-    for n in body.cone(target, &|n| class[&n] == Class::Row) {
-        out.extend(body.g.operands(n).into_iter().filter(|o| body.is_leaf(*o)));
+    for &target in targets {
+        if body.is_leaf(target) {
+            out.push(target);
+        }
+        for n in body.cone(target, &|n| class[&n] == Class::Row) {
+            out.extend(body.g.operands(n).into_iter().filter(|o| body.is_leaf(*o)));
+        }
     }
     out
+}
+
+/// The nodes a column pass computes for `targets`, in body order.
+fn pass_cone(body: &Body<'_>, targets: &[NodeId], class: &HashMap<NodeId, Class>) -> Vec<NodeId> {
+    let need: std::collections::HashSet<NodeId> =
+        targets.iter().flat_map(|&t| body.cone(t, &|n| class[&n] == Class::Row)).collect();
+    body.order.iter().copied().filter(|n| need.contains(n)).collect()
 }
 
 /// Emission state: which cached operands the passes so far have loaded.
@@ -276,12 +295,12 @@ impl Gen<'_, '_> {
         }
     }
 
-    /// One pass over the row's columns computing `target` per column, then
-    /// `finish(target's value)` inside the loop.
+    /// One pass over the row's columns computing `targets` per column, then
+    /// `finish(their values)` inside the loop.
     fn column_pass(
         &mut self,
         src: &mut String,
-        target: NodeId,
+        targets: &[NodeId],
         finish: &dyn Fn(&Gen<'_, '_>, &mut String, ColValue<'_>),
     ) -> Result<(), String> {
         let (items, group) = (self.items, self.group);
@@ -297,7 +316,7 @@ impl Gen<'_, '_> {
             let _ = writeln!(src, "    for (I col = lane; col < C; col += {group}) {{\n      {{");
         }
         // Load the cached operands this pass is the first to read.
-        let reads = leaves_of(self.body, target, self.class);
+        let reads = leaves_of(self.body, targets, self.class);
         for &id in self.cached {
             if reads.contains(&id) && !self.loaded.contains(&id) {
                 let l = &self.body.leaves[&id];
@@ -306,8 +325,7 @@ impl Gen<'_, '_> {
                 self.loaded.push(id);
             }
         }
-        let class = self.class;
-        for n in self.body.cone(target, &|n| class[&n] == Class::Row) {
+        for n in pass_cone(self.body, targets, self.class) {
             let s = self.body.statement(n, &format!("v{}", n.index()), &|o| self.col_operand(o))?;
             let _ = writeln!(src, "        {s}");
         }
@@ -361,7 +379,7 @@ impl Gen<'_, '_> {
         let acc = format!("a{}", id.index());
         let _ = writeln!(src, "    {acc_ty} {acc} = {init};");
         let combine = combine.replace("acc", &acc);
-        self.column_pass(src, x, &|gen, src, value| {
+        self.column_pass(src, &[x], &|gen, src, value| {
             let _ = writeln!(src, "        {}", combine.replace("{X}", &value(gen, x)));
         })?;
         let _ = writeln!(src, "    {acc} = kiln::group_reduce<{}>({acc}, {functor});", self.group);

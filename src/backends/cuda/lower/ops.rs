@@ -28,7 +28,7 @@ impl Lowering<'_> {
             op if op.is_elementwise() => {
                 let g = one_op_body(&node, &ops);
                 let in_place = self.in_place(id);
-                self.body_kernel("elementwise", &g, &ops, dst, in_place, None)
+                self.body_kernel("elementwise", &g, &ops, (dst, &[]), in_place, None)
             }
             Op::Reduce { op, dims, .. } => {
                 let x = &ops[0];
@@ -73,7 +73,7 @@ impl Lowering<'_> {
                     &[p],
                 );
                 g.set_outputs(vec![r]);
-                self.body_kernel("reduce", &g, &ops, dst, false, Some((&domain, split)))
+                self.body_kernel("reduce", &g, &ops, (dst, &[]), false, Some((&domain, split)))
             }
             Op::MatMul => {
                 let (a, b) = (ops[0].clone(), ops[1].clone());
@@ -191,7 +191,7 @@ impl Lowering<'_> {
         kind: &str,
         g: &Graph,
         ops: &[Value],
-        dst: Loc,
+        (dst, extras): (Loc, &[Loc]),
         in_place: bool,
         reduction: Option<(&Shape, usize)>,
     ) -> Result<(), String> {
@@ -203,6 +203,7 @@ impl Lowering<'_> {
             None => self.add_kernel(kind, |n| elementwise::generate(n, g, &operands, in_place))?,
         };
         let mut args = vec![dst];
+        args.extend(extras);
         args.extend(buffer_locs(ops));
         self.launches.push(Launch::Kernel { kernel: k, args });
         Ok(())
@@ -210,26 +211,16 @@ impl Lowering<'_> {
 
     fn fused(&mut self, id: NodeId, body: &FusedBody, ops: &[Value], dst: Loc) -> Result<(), String> {
         match body.kind() {
-            FusedKind::Elementwise if body.outputs().len() > 1 => {
+            FusedKind::Elementwise => {
                 let extras = self.place_extras(id, body)?;
                 let in_place =
                     self.in_place(id) || self.extras_of(id).iter().flatten().any(|&e| self.in_place(e));
-                let operands: Vec<Operand> = ops.iter().map(operand).collect();
-                let k = self.add_kernel("fused_elementwise", |n| {
-                    elementwise::generate(n, body.graph(), &operands, in_place)
-                })?;
-                let mut args = vec![dst];
-                args.extend(extras);
-                args.extend(buffer_locs(ops));
-                self.launches.push(Launch::Kernel { kernel: k, args });
-                Ok(())
-            }
-            FusedKind::Elementwise => {
-                let in_place = self.in_place(id);
-                self.body_kernel("fused_elementwise", body.graph(), ops, dst, in_place, None)
+                self.body_kernel("fused_elementwise", body.graph(), ops, (dst, &extras), in_place, None)
             }
             FusedKind::Reduction { domain, split } => {
-                self.body_kernel("fused_reduction", body.graph(), ops, dst, false, Some((domain, *split)))
+                let extras = self.place_extras(id, body)?;
+                let reduction = Some((domain, *split));
+                self.body_kernel("fused_reduction", body.graph(), ops, (dst, &extras), false, reduction)
             }
             FusedKind::MatMul { matmul } => {
                 let g = body.graph();
@@ -271,7 +262,7 @@ impl Lowering<'_> {
                 let mut epi_ops = ops.to_vec();
                 epi_ops.push(Value::dense(product, node.shape.clone(), node.dtype));
                 debug_assert_eq!(extra, epi_ops.len() - 1);
-                self.body_kernel("matmul_epilogue", &epi, &epi_ops, dst, in_place, None)
+                self.body_kernel("matmul_epilogue", &epi, &epi_ops, (dst, &[]), in_place, None)
             }
         }
     }
