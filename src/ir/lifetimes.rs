@@ -331,10 +331,19 @@ impl Facts {
     pub fn in_place_refusal(&self, graph: &Graph, y: usize, k: usize) -> Option<&'static str> {
         let yid = self.order[y];
         let Op::Fused(body) = &graph.node(yid).op else {
-            return Some("only fused elementwise nodes compute in place");
+            return Some("only fused elementwise and row kernels compute in place");
         };
-        if *body.kind() != FusedKind::Elementwise {
-            return Some("only fused elementwise nodes compute in place");
+        // A row kernel reads its operands in passes over each row and
+        // writes a per-element output in the last one, each element read
+        // by the thread that then writes it (after the row's reductions
+        // combined): in place is safe for a domain-shaped output.
+        let in_place_kind = match body.kind() {
+            FusedKind::Elementwise => true,
+            FusedKind::Reduction { domain, .. } => body.graph().node(body.output()).shape == *domain,
+            FusedKind::MatMul { .. } => false,
+        };
+        if !in_place_kind {
+            return Some("only fused elementwise and row kernels with a per-element output compute in place");
         }
         if self.kind[y] != Kind::Arena {
             return Some("the node is not an arena value (an output has its own bytes)");

@@ -23,7 +23,10 @@
 //!   ([`crate::ir::lifetimes::Facts::over_input_refusal`]); each input at
 //!   most once. The caller decides per run whether it gives the input's
 //!   bytes up (see `Plan::donated`).
-//! - **In place.** A `fused` node of kind elementwise takes the bytes of
+//! - **In place.** A `fused` node of kind elementwise, or of kind
+//!   reduction whose value has the domain's shape (a row kernel writes it
+//!   in its last pass over each row, as the softmax gradient of a loss
+//!   merged with the loss's row reductions), takes the bytes of
 //!   its first operand `k` such that (a) the operand is an arena value
 //!   whose last reader (aliases included) is this node, and every other
 //!   reader happens before it; (b) the body reads `input k` only directly

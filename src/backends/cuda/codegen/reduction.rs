@@ -55,13 +55,17 @@ const MAX_ITEMS: usize = 16;
 /// Registers (values) per thread at most for cached operands.
 const MAX_CACHED: usize = 64;
 
-/// The kernel computing a reduction `body` over `domain` split at `split`.
+/// The kernel computing a reduction `body` over `domain` split at `split`;
+/// `in_place` when its per-element output is written over an operand
+/// (no `__restrict__`: each element is read before its thread writes it,
+/// after the row's last reduction).
 pub(crate) fn generate(
     name: &str,
     g: &Graph,
     operands: &[Operand],
     domain: &Shape,
     split: usize,
+    in_place: bool,
 ) -> Result<Kernel, String> {
     let body = Body::new(g, operands)?;
     let rows: usize = domain.0[..split].iter().product();
@@ -120,7 +124,7 @@ pub(crate) fn generate(
     }
 
     let mut src = String::new();
-    let p = params_named(&out_dtypes, operands, false, "");
+    let p = params_named(&out_dtypes, operands, in_place, "");
     let _ = writeln!(src, "extern \"C\" __global__ void {name}({p}) {{");
     let _ = writeln!(src, "  typedef {index} I;\n  const I R = {rows}, C = {cols};");
     let _ = writeln!(src, "  const int lane = threadIdx.x % {group};");

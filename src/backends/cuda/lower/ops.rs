@@ -198,7 +198,7 @@ impl Lowering<'_> {
         let operands: Vec<Operand> = ops.iter().map(operand).collect();
         let k = match reduction {
             Some((domain, split)) => {
-                self.add_kernel(kind, |n| reduction::generate(n, g, &operands, domain, split))?
+                self.add_kernel(kind, |n| reduction::generate(n, g, &operands, domain, split, in_place))?
             }
             None => self.add_kernel(kind, |n| elementwise::generate(n, g, &operands, in_place))?,
         };
@@ -220,7 +220,8 @@ impl Lowering<'_> {
             FusedKind::Reduction { domain, split } => {
                 let extras = self.place_extras(id, body)?;
                 let reduction = Some((domain, *split));
-                self.body_kernel("fused_reduction", body.graph(), ops, (dst, &extras), false, reduction)
+                let in_place = self.in_place(id);
+                self.body_kernel("fused_reduction", body.graph(), ops, (dst, &extras), in_place, reduction)
             }
             FusedKind::MatMul { matmul } => {
                 let g = body.graph();
