@@ -467,4 +467,51 @@ mod tests {
         let gap = "%x: f32[4] = input 1\n%e: f32[4] = exp %x\nreturn %e\n";
         assert!(kind(gap).unwrap_err().contains("slot 0 is missing"));
     }
+
+    #[test]
+    fn several_outputs() {
+        let ew = "%a: f32[4,3] = input 0\n%e: f32[4,3] = exp %a\n%n: f32[4,3] = neg %e\nreturn %n, %e\n";
+        assert_eq!(kind(ew), Ok(FusedKind::Elementwise));
+        let leaf = "%a: f32[4,3] = input 0\n%e: f32[4,3] = exp %a\nreturn %e, %a\n";
+        assert!(kind(leaf).unwrap_err().contains("an extra output is computed"));
+        let twice = "%a: f32[4,3] = input 0\n%e: f32[4,3] = exp %a\nreturn %e, %e\n";
+        assert!(kind(twice).unwrap_err().contains("repeats"));
+        let norm = "%x: f32[4,3] = input 0\n%m: f32[4,1] = mean %x dims=[1] keepdim\n\
+                    %mb: f32[4,3] = expand %m\n%c: f32[4,3] = sub %x, %mb\n%e: f32[4,3] = exp %c\n\
+                    return %e, %m, %c\n";
+        assert_eq!(kind(norm), Ok(FusedKind::Reduction { domain: Shape::new([4, 3]), split: 1 }));
+        let expand_out = "%x: f32[4,3] = input 0\n%m: f32[4,1] = mean %x dims=[1] keepdim\n\
+                          %mb: f32[4,3] = expand %m\n%c: f32[4,3] = sub %x, %mb\nreturn %c, %mb\n";
+        assert!(kind(expand_out).unwrap_err().contains("an extra output of a reduction body"));
+        let mm = "%a: f32[4,3] = input 0\n%w: f32[3,5] = input 1\n%m: f32[4,5] = matmul %a, %w\n\
+                  %r: f32[4,5] = relu %m\nreturn %r, %m\n";
+        assert!(kind(mm).unwrap_err().contains("a matmul body has one output"));
+        // Two outputs are never written over one operand.
+        let body = FusedBody::new(parse(ew).unwrap()).unwrap().with_output_over(1, 0).unwrap();
+        assert!(body.clone().with_output_over(0, 0).unwrap_err().contains("two outputs"));
+        assert_eq!((body.over(), body.output_over(1)), (None, Some(0)));
+    }
+
+    #[test]
+    fn extras_parse_print_and_verify() {
+        let src = "%x: f32[4] = input 0\n%y: f32[4] = input 1\n\
+                   %f: f32[4] = fused %x, %y kind=elementwise over=[0,1] {\n\
+                   %0: f32[4] = input 0\n%1: f32[4] = input 1\n%2: f32[4] = add %0, %1\n\
+                   %3: f32[4] = mul %0, %1\nreturn %2, %3\n}\n\
+                   %e: f32[4] = extra %f output=1\nreturn %f, %e\n";
+        let g = parse(src).expect("parses");
+        crate::ir::verify(&g).expect("verifies");
+        let printed = crate::ir::text::print(&g);
+        assert!(printed.contains("over=[0,1]") && printed.contains("extra %2 output=1"), "{printed}");
+        assert_eq!(crate::ir::text::print(&parse(&printed).expect("reparses")), printed);
+        let bad = |from: &str, to: &str| parse(&src.replace(from, to)).map(|_| ()).unwrap_err().to_string();
+        assert!(bad("output=1", "output=2").contains("extra outputs 1..2 only"));
+        assert!(bad("output=1", "output=0").contains("the fused node itself"));
+        assert!(bad("%e: f32[4] = extra %f", "%e: f64[4] = extra %f").contains("body output 1 is f32[4]"));
+        assert!(bad("extra %f output", "extra %x output").contains("not a fused node"));
+        assert!(bad("over=[0,1]", "over=[0]").contains("over lists 1 entries"));
+        assert!(bad("over=[0,1]", "over=[0,0]").contains("two outputs are written over input 0"));
+        let only_extra = parse(&src.replace("over=[0,1]", "over=[_,1]")).expect("parses `_`");
+        assert!(crate::ir::text::print(&only_extra).contains("over=[_,1]"));
+    }
 }

@@ -27,6 +27,7 @@ mod index;
 mod lanes;
 mod launch;
 mod matmul;
+mod place;
 mod pool;
 mod reduce;
 mod run;
