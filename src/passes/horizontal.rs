@@ -22,8 +22,9 @@
 //! flushes the rest. A candidate that ends up alone gained nothing and
 //! kept its operands alive: the walk is redone with only the grouped
 //! candidates, until none is alone (at most [`ROUNDS`] walks). AdamW's
-//! moments of every small parameter are then one group and its parameter
-//! updates another.
+//! updates of every small parameter (each one node with three outputs
+//! after `multi-output`; its moments and its parameter as separate nodes
+//! without it, then two groups) are then one group.
 //! An `extra` output of a deferred node is deferred with it and emitted
 //! right after its level (it launches nothing; its node writes it), and a
 //! node that reads the extra follows that node.
