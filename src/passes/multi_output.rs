@@ -189,46 +189,22 @@ fn merge(graph: &mut Graph, c: NodeId, p: NodeId) -> Option<NodeId> {
         }
     }
     // P's body first: C reads its outputs.
-    let pg = pb.graph();
-    let mut pmap: HashMap<NodeId, NodeId> = HashMap::new();
-    for id in pg.topo_order() {
-        let n = pg.node(id);
-        let new = match n.op {
-            Op::Input(k) => {
-                let s = slot(&mut operands, p_ops[k as usize]);
-                input_node(&mut body, s, n)
-            }
-            _ => {
-                let ops: Vec<NodeId> = pg.operands(id).iter().map(|o| pmap[o]).collect();
-                body.add_unchecked(n.clone(), &ops)
-            }
-        };
-        pmap.insert(id, new);
-    }
+    let pmap = copy_body(&mut body, pb.graph(), |body, k, n| {
+        let s = slot(&mut operands, p_ops[k]);
+        input_node(body, s, n)
+    });
     let p_outputs: Vec<NodeId> = pb.outputs().iter().map(|o| pmap[o]).collect();
-    let cg = cb.graph();
-    let mut cmap: HashMap<NodeId, NodeId> = HashMap::new();
-    for id in cg.topo_order() {
-        let n = cg.node(id);
-        let new = match n.op {
-            Op::Input(k) => {
-                let o = c_ops[k as usize];
-                match graph.node(o).op {
-                    _ if o == p => p_outputs[0],
-                    Op::Extra { output } if source(graph, o) == p => p_outputs[output],
-                    _ => {
-                        let s = slot(&mut operands, o);
-                        input_node(&mut body, s, n)
-                    }
-                }
-            }
+    let cmap = copy_body(&mut body, cb.graph(), |body, k, n| {
+        let o = c_ops[k];
+        match graph.node(o).op {
+            _ if o == p => p_outputs[0],
+            Op::Extra { output } if source(graph, o) == p => p_outputs[output],
             _ => {
-                let ops: Vec<NodeId> = cg.operands(id).iter().map(|o| cmap[o]).collect();
-                body.add_unchecked(n.clone(), &ops)
+                let s = slot(&mut operands, o);
+                input_node(body, s, n)
             }
-        };
-        cmap.insert(id, new);
-    }
+        }
+    });
     // P's outputs that something besides C reads stay outputs; the rest
     // are only computed (C reads them in registers).
     let read_outside = |x: NodeId| graph.outputs().contains(&x) || graph.users(x).iter().any(|&u| u != c);
@@ -287,4 +263,26 @@ fn merge(graph: &mut Graph, c: NodeId, p: NodeId) -> Option<NodeId> {
     graph.remove_many(&dropped);
     graph.remove(p);
     Some(new)
+}
+
+/// Copies `from`'s nodes into `into` in topological order, each `input k`
+/// replaced by `input(into, k, its node)`; returns each node's copy.
+fn copy_body(
+    into: &mut Graph,
+    from: &Graph,
+    mut input: impl FnMut(&mut Graph, usize, &Node) -> NodeId,
+) -> HashMap<NodeId, NodeId> {
+    let mut map: HashMap<NodeId, NodeId> = HashMap::new();
+    for id in from.topo_order() {
+        let n = from.node(id);
+        let new = match n.op {
+            Op::Input(k) => input(into, k as usize, n),
+            _ => {
+                let ops: Vec<NodeId> = from.operands(id).iter().map(|o| map[o]).collect();
+                into.add_unchecked(n.clone(), &ops)
+            }
+        };
+        map.insert(id, new);
+    }
+    map
 }

@@ -58,6 +58,7 @@ pub(crate) fn function(
     let outputs = g.outputs();
     let out_dtypes: Vec<_> = outputs.iter().map(|&o| g.node(o).dtype).collect();
     let numel = g.node(body.output).shape.numel();
+    let computed = cone(&body, outputs);
     let index = body.index_type(numel, operands);
     let vec = numel % VEC == 0
         && numel >= VEC
@@ -90,7 +91,7 @@ pub(crate) fn function(
     let mut hoisted: Vec<(NodeId, String)> = Vec::new();
     for &id in &body.order {
         let Some(leaf) = body.leaves.get(&id) else { continue };
-        if leaf.is_uniform() && leaf.constant.is_none() && needed(&body, outputs, id) {
+        if leaf.is_uniform() && leaf.constant.is_none() && needed(&body, outputs, &computed, id) {
             let var = format!("u{}", id.index());
             src.push_str(&format!(
                 "  const {} {var} = {};\n",
@@ -108,7 +109,7 @@ pub(crate) fn function(
     if vec {
         for &id in &body.order {
             let Some(leaf) = body.leaves.get(&id) else { continue };
-            if leaf.is_uniform() || !needed(&body, outputs, id) {
+            if leaf.is_uniform() || !needed(&body, outputs, &computed, id) {
                 continue;
             }
             if let Some(b) = leaf.access.dense_base() {
@@ -143,7 +144,7 @@ pub(crate) fn function(
             None => format!("v{}", o.index()),
         }
     };
-    for id in cone(&body, outputs) {
+    for &id in &computed {
         src.push_str(&format!("      {}\n", body.statement(id, &format!("v{}", id.index()), &operand)?));
     }
     for (j, (&o, &d)) in outputs.iter().zip(&out_dtypes).enumerate() {
@@ -178,7 +179,8 @@ fn cone(body: &Body<'_>, outputs: &[NodeId]) -> Vec<NodeId> {
     body.order.iter().copied().filter(|n| need.contains(n)).collect()
 }
 
-/// True when an output needs leaf `id` (bodies may hold dead leaves).
-fn needed(body: &Body<'_>, outputs: &[NodeId], id: NodeId) -> bool {
-    outputs.contains(&id) || cone(body, outputs).iter().any(|&n| body.g.operands(n).contains(&id))
+/// True when an output needs leaf `id` (bodies may hold dead leaves);
+/// `computed` is the outputs' [`cone`].
+fn needed(body: &Body<'_>, outputs: &[NodeId], computed: &[NodeId], id: NodeId) -> bool {
+    outputs.contains(&id) || computed.iter().any(|&n| body.g.operands(n).contains(&id))
 }
