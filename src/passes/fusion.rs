@@ -49,6 +49,11 @@
 //! gather, index_select, cat, argmax, reductions over non-trailing dims,
 //! and `random`/`arange`/`buffer` sources (they are operands of bodies).
 //!
+//! A `gather` or `index_select` of a cast (through views) becomes a cast
+//! of the gather first (`gather_cast.rs`: the same elements converted),
+//! so that a widening cast a loss gathers from keeps only fused readers
+//! and is recomputed in them.
+//!
 //! A `reshape` of an elementwise node that nothing else reads moves to
 //! that node's operands first (`sink.rs`: `reshape(f(a, b)) =
 //! f(reshape(a), reshape(b))`, the same elements), so that the node joins
@@ -79,6 +84,7 @@
 //! structure only: the same graph always gives the same text.
 
 mod build;
+mod gather_cast;
 mod group;
 mod sink;
 
@@ -102,7 +108,8 @@ impl Pass for Fusion {
 
     fn run(&self, graph: &mut Graph, cx: &mut PassCtx) -> Result<Changed> {
         let before = build::cost(graph);
-        let sunk = sink::sink_reshapes(graph);
+        let hoisted = gather_cast::hoist_casts_over_gathers(graph);
+        let sunk = sink::sink_reshapes(graph) + hoisted;
         let index = group::Index::new(graph);
         let grouping = {
             let _span = tracing::debug_span!("fusion-group", nodes = index.len()).entered();
