@@ -49,8 +49,10 @@
 //! *Assumes.* A fused graph (after `fusion` and `assign`). O(n) per
 //! candidate for the reachability check.
 
+mod redomain;
+
 use super::{Changed, Pass, PassCtx};
-use crate::ir::{FusedBody, FusedKind, Graph, Node, NodeId, Op, Phase};
+use crate::ir::{FusedBody, FusedKind, Graph, Node, NodeId, Op, Phase, Shape};
 use crate::Result;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -164,7 +166,19 @@ fn producers(graph: &Graph, c: NodeId) -> Vec<NodeId> {
 /// Merges producer `p` into reader `c`; returns the merged node (`None`,
 /// changing nothing, if the merged body breaks the fused contract).
 fn merge(graph: &mut Graph, c: NodeId, p: NodeId) -> Option<NodeId> {
-    let (cb, pb) = (mergeable(graph, c)?.clone(), mergeable(graph, p)?.clone());
+    let (mut cb, pb) = (mergeable(graph, c)?.clone(), mergeable(graph, p)?.clone());
+    // An elementwise reader over another shape of P's domain computes over
+    // P's domain instead (`redomain.rs`); its readers see a reshape. Not
+    // a returned one: a returned view of a computed value is copied into
+    // its output buffer, which would cost more than the merge saves.
+    let returned = |x: NodeId| graph.outputs().contains(&x);
+    let c_returned = returned(c)
+        || graph.users(c).into_iter().any(|u| matches!(graph.node(u).op, Op::Extra { .. }) && returned(u));
+    if !c_returned {
+        if let Some(moved) = redomain::redomain(&cb, &domain(&pb)) {
+            cb = Arc::new(moved);
+        }
+    }
     let c_ops = graph.operands(c);
     let p_ops = graph.operands(p);
     // The merged operand list: C's (less P's outputs), then P's new ones.
@@ -238,10 +252,27 @@ fn merge(graph: &mut Graph, c: NodeId, p: NodeId) -> Option<NodeId> {
         merged = merged.with_output_over(j, s).ok()?;
     }
     let node = graph.node(c).clone();
-    let new = graph.add_unchecked(Node { op: Op::Fused(Arc::new(merged)), ..node }, &operands);
+    let shape = body_shape(&merged, merged.output());
+    let new = graph.add_unchecked(Node { op: Op::Fused(Arc::new(merged)), shape, ..node.clone() }, &operands);
     // C's readers (its extras included, whose output numbers stay) read
     // the merged node; P's read its kept outputs as extras.
-    graph.replace_all_uses(c, new);
+    if graph.node(new).shape == node.shape {
+        graph.replace_all_uses(c, new);
+    } else {
+        // C moved to P's domain: its extras read the merged node over the
+        // new shape and their readers, like C's, a reshape back.
+        for u in graph.users(c) {
+            if matches!(graph.node(u).op, Op::Extra { .. }) {
+                let back = reshape_back(graph, u, new);
+                graph.replace_all_uses(u, back);
+                graph.set_operands(u, &[new]);
+                graph.node_mut(u).shape = graph.node(new).shape.clone();
+                graph.set_operands(back, &[u]);
+            }
+        }
+        let back = reshape_back(graph, c, new);
+        graph.replace_all_uses(c, back);
+    }
     graph.remove(c);
     for (i, &j) in kept.iter().enumerate() {
         let output = c_count + i;
@@ -263,6 +294,27 @@ fn merge(graph: &mut Graph, c: NodeId, p: NodeId) -> Option<NodeId> {
     graph.remove_many(&dropped);
     graph.remove(p);
     Some(new)
+}
+
+/// The domain of an elementwise or reduction body (the output's shape
+/// for an elementwise one).
+fn domain(body: &FusedBody) -> Shape {
+    match body.kind() {
+        FusedKind::Reduction { domain, .. } => domain.clone(),
+        _ => body_shape(body, body.output()),
+    }
+}
+
+/// The shape of body node `id`.
+fn body_shape(body: &FusedBody, id: NodeId) -> Shape {
+    body.graph().node(id).shape.clone()
+}
+
+/// A `reshape` of `from` to the shape `old` had, typed and placed as `old`.
+fn reshape_back(graph: &mut Graph, old: NodeId, from: NodeId) -> NodeId {
+    let n = graph.node(old).clone();
+    let node = Node { op: Op::Reshape(n.shape.clone()), ..n };
+    graph.add_unchecked(node, &[from])
 }
 
 /// Copies `from`'s nodes into `into` in topological order, each `input k`
