@@ -236,6 +236,16 @@ template <class T>
 __device__ __forceinline__ void store4(T* p, vec4<T> v) {
   *reinterpret_cast<vec4<T>*>(p) = v;
 }
+// Four copies of one value (a constant part of a `cat`).
+template <class T>
+__device__ __forceinline__ vec4<T> splat4(T x) {
+  vec4<T> q;
+  q.v[0] = x;
+  q.v[1] = x;
+  q.v[2] = x;
+  q.v[3] = x;
+  return q;
+}
 // Eight 16-bit elements in one 16-byte load (pointers aligned to 8 elements).
 template <class T>
 struct __align__(sizeof(T) * 8) vec8 {

@@ -125,6 +125,51 @@ fn index_select_on_every_dtype() {
     });
 }
 
+/// Parts that are constants (`zeros`, a `full` that no kernel writes) and
+/// joins along the last dim whose parts are not multiples of 4 while the
+/// result is: the padding of a vocabulary to a multiple of 8 (rows of
+/// zeros under a weight, zero columns after a gradient). CUDA writes such
+/// results four elements a thread; every element must still come from
+/// its part.
+#[test]
+fn cat_with_constant_parts_and_unaligned_last_dims() {
+    each_backend(|| {
+        let ctx = dev();
+        let mut rng = Rng::new(7);
+        for dtype in [DType::F32, DType::BF16, DType::F16, DType::I64] {
+            for (rows, cols, pad) in [(3usize, 37usize, 3usize), (2, 5, 7), (4, 1, 3)] {
+                let (tx, x) = rand_tensor(&ctx, &mut rng, dtype, &[rows, cols]);
+                let zeros = ctx.zeros_dtype([rows, pad], dtype);
+                let (ty, y) = rand_tensor(&ctx, &mut rng, dtype, &[rows, pad]);
+                let zero = |shape: &[usize]| Nd::from_fn(shape, |_| 0.0);
+                let izero = |shape: &[usize]| Nd::from_fn(shape, |_| 0i64);
+                let (want_cols, want_both) = match (&x, &y) {
+                    (Host::F(x), Host::F(y)) => (
+                        Host::F(cat_ref(&[x, &zero(&[rows, pad])], 1)),
+                        Host::F(cat_ref(&[x, y, &zero(&[rows, pad])], 1)),
+                    ),
+                    (Host::I(x), Host::I(y)) => (
+                        Host::I(cat_ref(&[x, &izero(&[rows, pad])], 1)),
+                        Host::I(cat_ref(&[x, y, &izero(&[rows, pad])], 1)),
+                    ),
+                    _ => unreachable!(),
+                };
+                let what = format!("{dtype:?} [{rows}, {cols}] and zero columns");
+                check(&Tensor::cat(&[&tx, &zeros], 1), dtype, &want_cols, 0.0, &what);
+                check(&Tensor::cat(&[&tx, &ty, &zeros], 1), dtype, &want_both, 0.0, &what);
+                // Zero rows under a matrix: the result's rows of 4k columns.
+                let (tw, w) = rand_tensor(&ctx, &mut rng, dtype, &[cols, 8]);
+                let under = ctx.zeros_dtype([pad, 8], dtype);
+                let want_rows = match &w {
+                    Host::F(w) => Host::F(cat_ref(&[w, &zero(&[pad, 8])], 0)),
+                    Host::I(w) => Host::I(cat_ref(&[w, &izero(&[pad, 8])], 0)),
+                };
+                check(&Tensor::cat(&[&tw, &under], 0), dtype, &want_rows, 0.0, &format!("{what}, rows"));
+            }
+        }
+    });
+}
+
 #[test]
 fn cat_and_stack_on_every_dtype() {
     each_backend(|| {
