@@ -38,7 +38,13 @@ every row compile cold.
 
     python3 benches/torch_train_gpt.py [kiln_train_gpt.jsonl] [--markdown table.md]
         [--only SUBSTRING] [--precisions f32,bf16] [--modes eager,compile,reduce-overhead]
-        [--optimizers default,fused] [--steps 30] [--device cuda|cpu]
+        [--optimizers default,fused] [--steps 30] [--device cuda|cpu] [--kernel-table N]
+
+--kernel-table N also prints, per row, the N kernels with the most device
+time per step (torch.profiler's self CUDA time over 3 steps, divided by 3):
+where PyTorch's step goes, to set next to kiln's `--profile`. Run it with
+--modes compile: the reduce-overhead row's kernels are the same, but the
+profiler may not see inside its CUDA graphs.
 
 With kiln's JSON lines (KILN_BENCH_OUT of benches/gpu_train_gpt.rs) it
 prints one table per configuration and precision with every implementation,
@@ -172,7 +178,25 @@ def graph_pool_bytes():
     return sum(s["total_size"] for s in torch.cuda.memory_snapshot() if s["segment_pool_id"] != (0, 0))
 
 
-def measure(step, steps, cuda):
+def self_device_us(event):
+    """Self device time in us (`self_cuda_time_total` before torch 2.4)."""
+    return getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
+
+
+def kernel_table(step, limit):
+    """The `limit` kernels with the most self device time, ms per step."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILED):
+            step()
+    rows = sorted(((e.key, e.count / PROFILED, self_device_us(e) / 1e3 / PROFILED)
+                   for e in prof.key_averages() if self_device_us(e) > 0), key=lambda r: -r[2])
+    total = sum(r[2] for r in rows)
+    lines = [f"  kernels: {total:.3f} ms of device time per step"]
+    lines += [f"  {ms:8.4f} ms {calls:6.1f}x  {name[:110]}" for name, calls, ms in rows[:limit]]
+    return "\n".join(lines)
+
+
+def measure(step, steps, cuda, table=0):
     pools = graph_pool_bytes() if cuda else 0
     first, _ = timed(step)
     for _ in range(WARMUP - 1):
@@ -186,6 +210,8 @@ def measure(step, steps, cuda):
         row["graph_pool_mib"] = (graph_pool_bytes() - pools) / 2 ** 20
         row["peak_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20 + row["graph_pool_mib"]
         row["kernels_per_step"], row["graph_launches_per_step"] = kernel_counts(step)
+        if table:
+            print(kernel_table(step, table), flush=True)
     return row
 
 
@@ -248,6 +274,7 @@ def main():
     p.add_argument("--optimizers", default="default,fused")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--kernel-table", type=int, default=0)
     a = p.parse_args()
     rows = []
     if a.kiln and os.path.exists(a.kiln):
@@ -261,7 +288,8 @@ def main():
                     row = {"config": config, "precision": precision,
                            "impl": f"{MODES[mode]}, {OPTIMIZERS[optimizer]}"}
                     try:
-                        row.update(measure(make_step(config, precision, mode, optimizer, a.device), a.steps, cuda))
+                        row.update(measure(make_step(config, precision, mode, optimizer, a.device), a.steps, cuda,
+                                           a.kernel_table))
                         if cuda and mode == "reduce-overhead":
                             compiled = [r for r in rows if r["impl"] == f"torch.compile, {OPTIMIZERS[optimizer]}"
                                         and (r["config"], r["precision"]) == (config, precision)]
