@@ -231,13 +231,7 @@ pub(crate) fn cat(name: &str, parts: &[Operand], dim: usize, out: &Shape) -> Ker
     let inner: usize = out.0[dim + 1..].iter().product();
     let total = out.0[dim];
     let index = index_type(numel, parts);
-    let mut p = vec![format!("{}* __restrict__ out", types::storage(dtype))];
-    for (k, o) in parts.iter().enumerate() {
-        if o.source == Source::Buffer {
-            p.push(format!("const {}* __restrict__ in{k}", types::storage(o.dtype)));
-        }
-    }
-    let mut src = open(name, &p.join(", "), index, numel);
+    let mut src = open(name, &cat_params(dtype, parts), index, numel);
     let _ = writeln!(
         src,
         "    const I outer = i / {}, c = (i / {inner}) % {}, in = i % {inner};",
@@ -257,6 +251,18 @@ pub(crate) fn cat(name: &str, parts: &[Operand], dim: usize, out: &Shape) -> Ker
         start += size;
     }
     close(name, src, numel, buffer_operands(parts))
+}
+
+/// A `cat` kernel's parameters: the output, then each part read from a
+/// buffer (`in<k>`, numbered by part; constant parts are literals).
+fn cat_params(dtype: DType, parts: &[Operand]) -> String {
+    let mut p = vec![format!("{}* __restrict__ out", types::storage(dtype))];
+    for (k, o) in parts.iter().enumerate() {
+        if o.source == Source::Buffer {
+            p.push(format!("const {}* __restrict__ in{k}", types::storage(o.dtype)));
+        }
+    }
+    p.join(", ")
 }
 
 /// The branch of a `cat` kernel that takes part `k` of `parts` (whose
@@ -302,14 +308,8 @@ fn cat4(name: &str, parts: &[Operand], dim: usize, out: &Shape) -> Option<Kernel
     let inner: usize = out.0[dim + 1..].iter().product();
     let total = out.0[dim];
     let index = index_type(numel, parts);
-    let mut p = vec![format!("{st}* __restrict__ out")];
-    for (k, o) in parts.iter().enumerate() {
-        if o.source == Source::Buffer {
-            p.push(format!("const {}* __restrict__ in{k}", types::storage(o.dtype)));
-        }
-    }
     let quads = numel / 4;
-    let mut src = open(name, &p.join(", "), index, quads);
+    let mut src = open(name, &cat_params(dtype, parts), index, quads);
     src.push_str("    const I e = i * 4;\n");
     let _ = writeln!(
         src,
@@ -351,14 +351,8 @@ fn cat_last4(name: &str, parts: &[Operand], dim: usize, out: &Shape) -> Option<K
     let dtype = parts[0].dtype;
     let st = types::storage(dtype);
     let index = index_type(numel, parts);
-    let mut p = vec![format!("{st}* __restrict__ out")];
-    for (k, o) in parts.iter().enumerate() {
-        if o.source == Source::Buffer {
-            p.push(format!("const {}* __restrict__ in{k}", types::storage(o.dtype)));
-        }
-    }
     let quads = numel / 4;
-    let mut src = open(name, &p.join(", "), index, quads);
+    let mut src = open(name, &cat_params(dtype, parts), index, quads);
     src.push_str("    const I e = i * 4;\n");
     let _ = writeln!(src, "    const I outer = e / {total}, c0 = e % {total};");
     let _ = writeln!(src, "    kiln::vec4<{st}> q;\n#pragma unroll\n    for (int j = 0; j < 4; ++j) {{");
