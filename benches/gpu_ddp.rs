@@ -32,6 +32,8 @@ use std::time::Instant;
 
 #[path = "common/models.rs"]
 mod models;
+#[path = "common/ranks.rs"]
+mod ranks;
 
 use models::{median, mlp};
 
@@ -131,56 +133,6 @@ fn rank_process(bf16: bool) -> Result<()> {
     Ok(())
 }
 
-/// Starts this bench once per GPU as the ranks of a group of processes
-/// and waits for them (at most 300 s, then kills them).
-fn spawn_ranks(gpus: usize, bf16: bool, t1: f64) -> Result<()> {
-    let exe = std::env::current_exe().map_err(|e| Error::Io(e.to_string()))?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| Error::Io(e.to_string()))?
-        .port();
-    let mut children = Vec::new();
-    for r in 0..gpus {
-        let mut cmd = std::process::Command::new(&exe);
-        cmd.arg("--rank-process");
-        if bf16 {
-            cmd.arg("--bf16");
-        }
-        cmd.env("RANK", r.to_string())
-            .env("WORLD_SIZE", gpus.to_string())
-            .env("LOCAL_RANK", r.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .env("KILN_DDP_ONE_GPU_S", t1.to_string());
-        children.push(cmd.spawn().map_err(|e| Error::Io(format!("starting rank {r}: {e}")))?);
-    }
-    let t0 = Instant::now();
-    let mut failed = None;
-    for (r, c) in children.iter_mut().enumerate() {
-        loop {
-            match c.try_wait() {
-                Ok(Some(s)) if s.success() => break,
-                Ok(Some(s)) => {
-                    failed.get_or_insert(format!("rank {r} exited with {s}"));
-                    break;
-                }
-                Ok(None) if t0.elapsed().as_secs() < 300 => {
-                    std::thread::sleep(std::time::Duration::from_millis(20))
-                }
-                _ => {
-                    let _ = c.kill();
-                    failed.get_or_insert(format!("rank {r} still ran after 300 s"));
-                    break;
-                }
-            }
-        }
-    }
-    match failed {
-        Some(why) => Err(Error::Runtime(format!("gpu_ddp, a process per GPU: {why}"))),
-        None => Ok(()),
-    }
-}
-
 fn main() -> Result<()> {
     let bf16 = std::env::args().any(|a| a == "--bf16");
     if std::env::args().any(|a| a == "--rank-process") {
@@ -236,5 +188,6 @@ fn main() -> Result<()> {
         1.0 / gpus as f64
     );
     drop((zero, ctxs, x, y, one));
-    spawn_ranks(gpus, bf16, t1)
+    let args: &[&str] = if bf16 { &["--rank-process", "--bf16"] } else { &["--rank-process"] };
+    ranks::spawn_ranks(gpus, args, &[("KILN_DDP_ONE_GPU_S", t1.to_string())])
 }

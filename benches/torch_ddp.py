@@ -12,6 +12,14 @@ its documentation writes it; both rows also report rank 0's optimizer
 state (the bytes of the tensors in its optimizer's `state`).
 
     python3 benches/torch_ddp.py [--bf16]
+    python3 benches/torch_ddp.py --gpt [--bf16]
+
+--gpt is the other side of benches/gpu_ddp_gpt.rs (issue 37, item 4):
+GPT-2 small's training step (benches/torch_train_gpt.py's `Gpt`, L12 d768
+T512 V50257, the LM head tied to the embedding), 8 sequences per GPU,
+AdamW(fused=True), eager, on one GPU and in DDP (default 25 MiB buckets)
+with a process per GPU; median of 20 steps after 5 warm-ups, scaling =
+N * t(1) / t(N).
 """
 import os, sys, time
 import torch
@@ -87,8 +95,79 @@ def rank_main(rank, world, bf16, out, zero):
     dist.destroy_process_group()
 
 
+GPT_BATCH, GPT_SHAPE = 8, (12, 768, 512, 50257)
+
+
+def gpt_step(device, bf16, seed):
+    """GPT-2 small, fused AdamW, a batch of GPT_BATCH random sequences."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from torch_train_gpt import Gpt
+    layers, d, t, v = GPT_SHAPE
+    torch.manual_seed(0)
+    model = Gpt(layers, d, t, v).to(device)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, v, (GPT_BATCH, t), generator=g).to(device)
+    targets = torch.randint(0, v, (GPT_BATCH, t), generator=g).to(device)
+    return model, ids, targets
+
+
+def gpt_timed(model, ids, targets, bf16):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, fused=True)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(ids, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+    for _ in range(5):
+        step()
+    ts = []
+    for _ in range(20):
+        t = time.perf_counter()
+        step()
+        ts.append(time.perf_counter() - t)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def gpt_rank(rank, world, bf16, out):
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = "29535"
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    model, ids, targets = gpt_step(f"cuda:{rank}", bf16, 10 + rank)
+    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+    dist.barrier()
+    t = gpt_timed(model, ids, targets, bf16)
+    ts = [None] * world
+    dist.all_gather_object(ts, t)
+    if rank == 0:
+        out.put(max(ts))
+    dist.destroy_process_group()
+
+
+def gpt_main(bf16):
+    prec = "bf16" if bf16 else "f32"
+    tokens = GPT_BATCH * GPT_SHAPE[2]
+    world = torch.cuda.device_count()
+    t1 = gpt_timed(*gpt_step("cuda:0", bf16, 10), bf16)
+    print(f"torch {prec} GPT-2 small 1 GPU eager: {t1 * 1e3:.3f} ms/step, {tokens / t1:.0f} tokens/s", flush=True)
+    torch.cuda.empty_cache()
+    if world < 2:
+        print(f"torch_ddp: needs 2 GPUs, {world} found")
+        return
+    q = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(gpt_rank, args=(world, bf16, q), nprocs=world, join=True)
+    tn = q.get()
+    print(f"torch {prec} GPT-2 small DDP {world} GPUs eager: {tn * 1e3:.3f} ms/step, {world * tokens / tn:.0f} tokens/s, scaling {world * t1 / tn:.2f}x")
+
+
 def main():
     bf16 = "--bf16" in sys.argv
+    if "--gpt" in sys.argv:
+        return gpt_main(bf16)
     prec = "bf16" if bf16 else "f32"
     world = torch.cuda.device_count()
     model = mlp().cuda(0)

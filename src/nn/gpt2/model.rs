@@ -483,3 +483,32 @@ impl Params for Gpt2 {
         f(&self.norm.bias);
     }
 }
+
+/// GPT-2 as a [`Module`](crate::nn::Module): `forward(ids)` is the logits
+/// of unpadded token ids ([`Gpt2::forward`] without a mask), so the model
+/// trains wherever a module does, as in [`crate::dist::DataParallel`]:
+///
+/// ```no_run
+/// # use kiln::prelude::*;
+/// # use kiln::nn::gpt2::{Gpt2, Gpt2Config};
+/// # fn main() -> kiln::Result<()> {
+/// use kiln::dist::DataParallel;
+/// use kiln::optim::{AdamConfig, AdamW};
+/// let ctxs = [Context::cuda(0)?, Context::cuda(1)?];
+/// let build = |ctx: &Context| {
+///     let model = Gpt2::new(ctx, "gpt", &Gpt2Config::gpt2_small(), DType::F32)?;
+///     let opt = AdamW::new(&model, AdamConfig::adamw())?;
+///     Ok((model, opt))
+/// };
+/// let mut dp = DataParallel::new(&ctxs, build, |m: &Gpt2, b: &[Tensor]| {
+///     let logits = kiln::nn::Module::forward(m, &b[0])?;
+///     let rows = b[1].shape().iter().product::<usize>();
+///     kiln::nn::cross_entropy(&logits.reshape([rows, logits.shape()[2]]), &b[1].reshape([rows]))
+/// })?;
+/// # Ok(()) }
+/// ```
+impl crate::nn::Module for Gpt2 {
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        Gpt2::forward(self, ids, None)
+    }
+}
