@@ -140,3 +140,51 @@ fn each_rank_steps_on_one_persistent_thread() {
     drop(dp);
     assert_eq!(Arc::strong_count(&seen), 1, "the replicas' loss closures were dropped with their threads");
 }
+
+/// GPT-2 is a [`Module`] (its `forward` is the logits of unpadded ids),
+/// so it trains data parallel as any module does: a small decoder over
+/// two CPU ranks, each on its own sequences, keeps bit-identical replicas
+/// and lowers its loss (the model of `benches/gpu_ddp_gpt.rs`, small).
+#[test]
+fn gpt2_trains_data_parallel_as_a_module() {
+    use kiln::nn::gpt2::{Gpt2, Gpt2Config};
+    let config = Gpt2Config {
+        vocab_size: 40,
+        n_positions: 8,
+        n_embd: 64,
+        n_layer: 1,
+        n_head: 2,
+        n_inner: 128,
+        ..Gpt2Config::gpt2_small()
+    };
+    let build = move |ctx: &Context| -> Result<(Gpt2, AdamW)> {
+        let model = Gpt2::new(ctx, "gpt", &config, DType::F32)?;
+        let opt = AdamW::new(&model, AdamConfig { lr: 1e-2, ..AdamConfig::adamw() })?;
+        Ok((model, opt))
+    };
+    let loss = |m: &Gpt2, b: &[Tensor]| -> Result<Tensor> {
+        let logits = Module::forward(m, &b[0])?;
+        nn::cross_entropy(&logits.reshape([16, 40]), &b[1])
+    };
+    let ranks = [Context::cpu().with_seed(1), Context::cpu().with_seed(2)];
+    let mut dp = DataParallel::new(&ranks, build, loss).unwrap();
+    let shards: Vec<Vec<Tensor>> = ranks
+        .iter()
+        .enumerate()
+        .map(|(r, c)| {
+            let ids: Vec<i64> = (0..16).map(|i| ((i * 7 + r * 3) % 40) as i64).collect();
+            let next: Vec<i64> = (0..16).map(|i| ((i * 7 + r * 3 + 5) % 40) as i64).collect();
+            vec![c.tensor(&ids, [2, 8]), c.tensor(&next, [16])]
+        })
+        .collect();
+    let mut losses = Vec::new();
+    for _ in 0..30 {
+        let ls = dp.step_shards(&shards).unwrap();
+        losses.push(ls.iter().map(|l| l.item::<f32>().unwrap()).sum::<f32>() / 2.0);
+    }
+    let params = |r: usize| -> Vec<Vec<f32>> {
+        dp.parameters(r).iter().map(|p| p.tensor().to_vec::<f32>().unwrap()).collect()
+    };
+    assert_eq!(params(0), params(1), "replicas diverged");
+    assert!(losses[29] < 0.5 * losses[0], "loss {} -> {}", losses[0], losses[29]);
+}
