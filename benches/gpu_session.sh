@@ -15,6 +15,8 @@
 #                                            # and AMP_MODES=eager,compile,reduce-overhead pick rows and torch modes
 #   bash benches/gpu_session.sh ddp          # benches/gpu_ddp.rs + torch_ddp.py: data parallel on every GPU (issue 24),
 #                                            # f32 then bf16 autocast; needs nvidia-h200-x2 (or more GPUs)
+#   bash benches/gpu_session.sh ddp-gpt      # benches/gpu_ddp_gpt.rs + torch_ddp.py --gpt: GPT-2 small data parallel,
+#                                            # 8 sequences a GPU (issue 37); DDP_GPT_ARGS (e.g. --buckets 4,25,100)
 #   bash benches/gpu_session.sh dist         # tests-dist on every GPU (the NCCL tests need 2: a kind with
 #                                            # several GPUs), then its gpu:: tests under memcheck
 #   bash benches/gpu_session.sh digits-amp   # examples/digits.rs MLP and --conv under --autocast bf16 (and f32)
@@ -121,6 +123,13 @@ for stage in "$@"; do
         cat "$OUT/ddp-kiln$a.log"
         PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-300} python3 benches/torch_ddp.py $a > "$OUT/ddp-torch$a.log" 2>&1 || status=1
         tail -5 "$OUT/ddp-torch$a.log"
+      done ;;
+    ddp-gpt)
+      for a in "" --bf16; do
+        timeout ${KILN_TIMEOUT:-300} $bin/benches-gpu_ddp_gpt $a ${DDP_GPT_ARGS:-} > "$OUT/ddp-gpt-kiln$a.log" 2>&1 || status=1
+        grep -E "^kiln|rror" "$OUT/ddp-gpt-kiln$a.log"
+        PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-300} python3 benches/torch_ddp.py --gpt $a > "$OUT/ddp-gpt-torch$a.log" 2>&1 || status=1
+        grep -E "^torch|rror" "$OUT/ddp-gpt-torch$a.log"
       done ;;
     dist)
       export KILN_REQUIRE_GPUS=${KILN_REQUIRE_GPUS:-2}
