@@ -138,7 +138,7 @@ fn bad(msg: String) -> Error {
 }
 
 impl CpuExecutable {
-    pub(super) fn new(plan: Arc<Plan>, stats: Arc<DeviceStats>) -> Result<CpuExecutable> {
+    pub(super) fn new(plan: Arc<Plan>, stats: Arc<DeviceStats>, codegen: bool) -> Result<CpuExecutable> {
         let _span = tracing::debug_span!("compile", nodes = plan.order.len()).entered();
         crate::backends::check::check_plan(&plan).map_err(bad)?;
         let pos: HashMap<NodeId, usize> = plan.order.iter().enumerate().map(|(i, &id)| (id, i)).collect();
@@ -172,7 +172,7 @@ impl CpuExecutable {
             }
             match &plan.graph.node(id).op {
                 Op::Fused(body) => {
-                    fused.insert(id, FusedKernel::compile(body, id)?);
+                    fused.insert(id, FusedKernel::compile(body, id, codegen)?);
                 }
                 Op::Extra { output } => {
                     let of = plan.graph.operands(id)[0];

@@ -18,6 +18,7 @@
 mod arena;
 mod attention;
 mod attention_grad;
+mod codegen;
 mod conv;
 mod elementwise;
 mod exec;
@@ -177,14 +178,27 @@ impl CpuBuffer {
 #[derive(Clone, Debug, Default)]
 pub struct CpuBackend {
     stats: Arc<DeviceStats>,
+    /// Whether fused bodies that qualify run as generated code
+    /// (`codegen/`); off, every fused node is interpreted. The
+    /// interpreter is the reference the generated code is tested against.
+    codegen: bool,
     /// The process group this backend is a rank of (`crate::dist`).
     member: std::sync::OnceLock<crate::dist::Joining>,
 }
 
 impl CpuBackend {
-    /// A CPU backend with fresh counters.
+    /// A CPU backend with fresh counters. Fused bodies run as generated
+    /// code where they can, unless `KILN_CPU_CODEGEN=0` (the interpreter
+    /// alone: the reference path, and a way to rule code generation out).
     pub fn new() -> CpuBackend {
-        CpuBackend { stats: Arc::new(DeviceStats::default()), member: Default::default() }
+        let codegen = std::env::var("KILN_CPU_CODEGEN").map_or(true, |v| v != "0" && v != "off");
+        CpuBackend::with_codegen(codegen)
+    }
+
+    /// A CPU backend that generates code for fused bodies (`true`) or
+    /// interprets every one (`false`), whatever the environment says.
+    pub fn with_codegen(codegen: bool) -> CpuBackend {
+        CpuBackend { stats: Arc::new(DeviceStats::default()), codegen, member: Default::default() }
     }
 }
 
@@ -231,7 +245,7 @@ impl Backend for CpuBackend {
         plan: Arc<Plan>,
         options: &crate::backends::CompileOptions,
     ) -> Result<Arc<dyn Executable>> {
-        let mut exe = CpuExecutable::new(plan, self.stats.clone())?;
+        let mut exe = CpuExecutable::new(plan, self.stats.clone(), self.codegen)?;
         exe.member = self.member.get().cloned();
         if options.profile {
             exe.profile = Some(crate::profile::Recorder::new(&exe.plan));

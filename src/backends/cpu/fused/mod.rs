@@ -62,6 +62,7 @@
 //! long rows of few-row tensors in parallel segments, so those sums may
 //! differ in the last bits.
 
+mod jit;
 mod leaf;
 mod ops;
 mod run;
@@ -167,6 +168,8 @@ pub(crate) struct FusedKernel {
     pool: Mutex<Vec<Scratch>>,
     /// A matmul body's product buffer, between runs.
     product: Mutex<Option<HostData>>,
+    /// Generated code for the body, when it qualifies (see `jit.rs`).
+    jit: Option<jit::Jit>,
 }
 
 /// One task's scratch: a vector per step (empty until a block needs it).
@@ -177,8 +180,11 @@ struct Scratch {
 
 impl FusedKernel {
     /// Compiles `body` (the body of fused node `node`, named in errors).
-    /// A body that breaks the contract of [`crate::ir::fused`] is an error.
-    pub(crate) fn compile(body: &FusedBody, node: NodeId) -> Result<FusedKernel> {
+    /// A body that breaks the contract of [`crate::ir::fused`] is an error,
+    /// before any code is generated. With `codegen`, a body that
+    /// qualifies runs as generated code (`jit.rs`); the interpreter is the
+    /// reference and the fallback.
+    pub(crate) fn compile(body: &FusedBody, node: NodeId, codegen: bool) -> Result<FusedKernel> {
         let err = |m: String| Error::Backend(format!("cpu: fused {node}: {m}"));
         let g = body.graph();
         let out_id = body.output();
@@ -345,6 +351,7 @@ impl FusedKernel {
             })
             .collect();
         let block_rows = (BLOCK / cols.max(1)).clamp(1, rows.max(1));
+        let jit = if codegen { jit::Jit::new(node, &instrs, output, &extras, cols) } else { None };
         Ok(FusedKernel {
             node,
             kind,
@@ -364,7 +371,14 @@ impl FusedKernel {
             block_rows,
             pool: Mutex::new(Vec::new()),
             product: Mutex::new(None),
+            jit,
         })
+    }
+
+    /// Whether the body runs as generated code (else interpreted).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn is_generated(&self) -> bool {
+        self.jit.is_some()
     }
 
     /// Whether operand `k` may be computed in place (`run(.., Some(k), ..)`):

@@ -203,7 +203,16 @@ impl FusedKernel {
         let scratch =
             lease.scratch.as_mut().ok_or_else(|| Error::Backend("cpu: fused scratch missing".into()))?;
         let nb = chunk.len() / per_row;
-        let r = self.block(ready, scratch, &mut lease.vals, i * self.block_rows, nb, chunk, stream);
+        let mut extras = extras;
+        if let (Some(jit), false) = (&self.jit, stream) {
+            // The interpreter resolves the leaves; generated code does the rest.
+            self.block(ready, scratch, &mut lease.vals, i * self.block_rows, nb, chunk, false, true)?;
+            let (vals, s) = (&lease.vals, &*scratch);
+            if self.jit_block(jit, |o| self.arg(vals, s, o), nb, Out::new(&mut *chunk), &mut extras)? {
+                return Ok(());
+            }
+        }
+        let r = self.block(ready, scratch, &mut lease.vals, i * self.block_rows, nb, chunk, stream, false);
         let r = r.and_then(|()| {
             for (mut e, &(s, d, class)) in extras.into_iter().zip(&self.extras) {
                 let blk = Blk { rows: nb, cols: if class == Class::Full { self.cols } else { 1 } };
@@ -303,6 +312,8 @@ impl FusedKernel {
 
     /// One block: rows `r0 .. r0 + nb`. With `stream`, the output step
     /// writes scratch and the block is streamed out (see [`STREAM_BYTES`]).
+    /// With `leaves_only`, only the leaves and the product are resolved
+    /// (for generated code, which computes the rest).
     #[allow(clippy::too_many_arguments)]
     fn block<'r, T: Elem>(
         &self,
@@ -313,6 +324,7 @@ impl FusedKernel {
         nb: usize,
         out: &mut [T],
         stream: bool,
+        leaves_only: bool,
     ) -> Result<()> {
         let cols = self.cols;
         let mut out = Out::new(out);
@@ -367,6 +379,7 @@ impl FusedKernel {
                         .ok_or_else(|| Error::Backend("cpu: fused product missing".into()))?;
                     vals.product = Val::Arg(Arg::Flat(h.into(), start));
                 }
+                _ if leaves_only => {}
                 _ => {
                     let to_out = i == self.output && !stream;
                     let mut own = std::mem::replace(&mut scratch.vals[i], HostData::U8(Vec::new()));
@@ -380,7 +393,7 @@ impl FusedKernel {
                 }
             }
         }
-        if !direct {
+        if !direct && !leaves_only {
             // The output is a leaf or the product itself, or is streamed:
             // copy it out.
             let ins = &self.instrs[self.output];
