@@ -31,6 +31,7 @@
 //! absence of deadlocks.
 
 use super::arena::Arena;
+use super::codegen::Codegen;
 use super::fused::FusedKernel;
 use super::hazards::RunOrder;
 use crate::backends::DeviceStats;
@@ -138,7 +139,7 @@ fn bad(msg: String) -> Error {
 }
 
 impl CpuExecutable {
-    pub(super) fn new(plan: Arc<Plan>, stats: Arc<DeviceStats>, codegen: bool) -> Result<CpuExecutable> {
+    pub(super) fn new(plan: Arc<Plan>, stats: Arc<DeviceStats>, codegen: Codegen) -> Result<CpuExecutable> {
         let _span = tracing::debug_span!("compile", nodes = plan.order.len()).entered();
         crate::backends::check::check_plan(&plan).map_err(bad)?;
         let pos: HashMap<NodeId, usize> = plan.order.iter().enumerate().map(|(i, &id)| (id, i)).collect();

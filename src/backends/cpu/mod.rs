@@ -181,23 +181,29 @@ pub struct CpuBackend {
     /// Whether fused bodies that qualify run as generated code
     /// (`codegen/`); off, every fused node is interpreted. The
     /// interpreter is the reference the generated code is tested against.
-    codegen: bool,
+    codegen: codegen::Codegen,
     /// The process group this backend is a rank of (`crate::dist`).
     member: std::sync::OnceLock<crate::dist::Joining>,
 }
 
 impl CpuBackend {
     /// A CPU backend with fresh counters. Fused bodies run as generated
-    /// code where they can, unless `KILN_CPU_CODEGEN=0` (the interpreter
-    /// alone: the reference path, and a way to rule code generation out).
+    /// code where that measured faster, unless `KILN_CPU_CODEGEN=0` (the
+    /// interpreter alone: the reference path, and a way to rule code
+    /// generation out) or `all` (every body that qualifies).
     pub fn new() -> CpuBackend {
-        let codegen = std::env::var("KILN_CPU_CODEGEN").map_or(true, |v| v != "0" && v != "off");
-        CpuBackend::with_codegen(codegen)
+        CpuBackend {
+            stats: Arc::new(DeviceStats::default()),
+            codegen: codegen::Codegen::from_env(),
+            member: Default::default(),
+        }
     }
 
-    /// A CPU backend that generates code for fused bodies (`true`) or
-    /// interprets every one (`false`), whatever the environment says.
+    /// A CPU backend that generates code for the fused bodies measured
+    /// faster that way (`true`) or interprets every one (`false`),
+    /// whatever the environment says.
     pub fn with_codegen(codegen: bool) -> CpuBackend {
+        let codegen = if codegen { codegen::Codegen::Measured } else { codegen::Codegen::Off };
         CpuBackend { stats: Arc::new(DeviceStats::default()), codegen, member: Default::default() }
     }
 }

@@ -14,7 +14,7 @@
 //! generate code, leaves the kernel on the interpreter; the reason is
 //! logged at debug level.
 
-use super::super::codegen::{self, Body, Kernel, Mode, Node, Ty};
+use super::super::codegen::{self, Body, Codegen, Kernel, Mode, Node, Ty};
 use super::super::storage::{Elem, HostSlice, Out};
 use super::ops::{Arg, Blk, TArg};
 use super::{Class, FusedKernel, Instr, Opnd, Step};
@@ -131,17 +131,25 @@ impl Builder<'_> {
 impl Jit {
     /// Generated code for a kernel, if its body qualifies and this CPU runs it.
     pub(super) fn new(
+        codegen: Codegen,
         node: NodeId,
         instrs: &[Instr],
         output: usize,
         extras: &[(usize, DType, Class)],
         cols: usize,
     ) -> Option<Jit> {
+        if codegen == Codegen::Off {
+            return None;
+        }
         if !codegen::available() {
             tracing::debug!(%node, "cpu codegen: interpreted (this CPU has no SSE4.1 and FMA)");
             return None;
         }
         match plan(instrs, output, extras, cols) {
+            Ok((body, _)) if codegen == Codegen::Measured && body.has_exp() => {
+                tracing::debug!(%node, "cpu codegen: interpreted (exp is faster in the interpreter's AVX2 loop)");
+                None
+            }
             Ok((body, args)) => {
                 Some(Jit { body, args, kernels: Mutex::new(Vec::new()), failed: AtomicBool::new(false) })
             }
@@ -182,7 +190,10 @@ impl Jit {
 /// typed operands are.
 fn address<T: Elem>(a: Arg<'_>, b: Blk) -> Result<(*mut u8, Mode)> {
     let one = |h: HostSlice<'_>, s: usize| -> Result<*mut u8> {
-        let v = h.typed::<T>()?.get(s).ok_or_else(|| Error::Backend("cpu: fused operand past its storage".into()))?;
+        let v = h
+            .typed::<T>()?
+            .get(s)
+            .ok_or_else(|| Error::Backend("cpu: fused operand past its storage".into()))?;
         Ok((v as *const T).cast_mut().cast())
     };
     let p = |x: &[T]| x.as_ptr().cast_mut().cast::<u8>();

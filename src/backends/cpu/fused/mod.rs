@@ -68,6 +68,7 @@ mod ops;
 mod run;
 mod stream;
 
+use super::codegen::Codegen;
 use crate::ir::fused::is_leaf_or_leaf_view;
 use crate::ir::{
     BinaryOp, CompareOp, DType, FusedBody, FusedKind, HostData, NodeId, Op, ReduceOp, Shape, UnaryOp,
@@ -181,10 +182,10 @@ struct Scratch {
 impl FusedKernel {
     /// Compiles `body` (the body of fused node `node`, named in errors).
     /// A body that breaks the contract of [`crate::ir::fused`] is an error,
-    /// before any code is generated. With `codegen`, a body that
+    /// before any code is generated. `codegen` says whether a body that
     /// qualifies runs as generated code (`jit.rs`); the interpreter is the
     /// reference and the fallback.
-    pub(crate) fn compile(body: &FusedBody, node: NodeId, codegen: bool) -> Result<FusedKernel> {
+    pub(crate) fn compile(body: &FusedBody, node: NodeId, codegen: Codegen) -> Result<FusedKernel> {
         let err = |m: String| Error::Backend(format!("cpu: fused {node}: {m}"));
         let g = body.graph();
         let out_id = body.output();
@@ -351,7 +352,7 @@ impl FusedKernel {
             })
             .collect();
         let block_rows = (BLOCK / cols.max(1)).clamp(1, rows.max(1));
-        let jit = if codegen { jit::Jit::new(node, &instrs, output, &extras, cols) } else { None };
+        let jit = jit::Jit::new(codegen, node, &instrs, output, &extras, cols);
         Ok(FusedKernel {
             node,
             kind,

@@ -6,7 +6,7 @@
 //! snapshots, and the bodies that are refused before code is made.
 
 use super::philox;
-use crate::backends::cpu::codegen::{self, Body, Mode, Node, Ty};
+use crate::backends::cpu::codegen::{self, Body, Codegen, Mode, Node, Ty};
 use crate::backends::cpu::fused::FusedKernel;
 use crate::backends::cpu::storage::{dispatch, Out};
 use crate::backends::cpu::{CpuBackend, CpuBuffer};
@@ -82,8 +82,8 @@ fn run(kernel: &FusedKernel, g: &Graph, fb: &FusedBody, bufs: &[CpuBuffer]) -> V
 fn agree(src: &str, seed: u64, what: &str) {
     let g = parse(src).unwrap_or_else(|e| panic!("{what}: {e}"));
     let fb = FusedBody::new(g.clone()).unwrap_or_else(|e| panic!("{what}: {e}"));
-    let generated = FusedKernel::compile(&fb, fb.output(), true).unwrap();
-    let interpreted = FusedKernel::compile(&fb, fb.output(), false).unwrap();
+    let generated = FusedKernel::compile(&fb, fb.output(), Codegen::All).unwrap();
+    let interpreted = FusedKernel::compile(&fb, fb.output(), Codegen::Off).unwrap();
     assert!(generated.is_generated(), "{what}: the body qualifies for code generation");
     assert!(!interpreted.is_generated());
     let be = CpuBackend::new();
@@ -162,7 +162,7 @@ fn exp_edges_match_the_interpreter() {
     agree(body, 3, "exp edges (sprinkled)");
     let g = parse("%x: f32[2003] = input 0\n%e: f32[2003] = exp %x\nreturn %e\n").unwrap();
     let fb = FusedBody::new(g.clone()).unwrap();
-    let k = FusedKernel::compile(&fb, fb.output(), true).unwrap();
+    let k = FusedKernel::compile(&fb, fb.output(), Codegen::All).unwrap();
     let xs: Vec<f32> = (0..2003).map(|i| -110.0 + i as f32 * 0.1).collect();
     let be = CpuBackend::new();
     let Buffer::Cpu(b) = be.upload(HostData::F32(xs.clone()), &Shape(vec![2003])).unwrap() else {
@@ -303,9 +303,19 @@ fn bodies_without_a_definition_stay_interpreted() {
     for (src, what) in cases {
         let g = parse(src).unwrap();
         let fb = FusedBody::new(g.clone()).unwrap();
-        let k = FusedKernel::compile(&fb, fb.output(), true).unwrap();
+        let k = FusedKernel::compile(&fb, fb.output(), Codegen::All).unwrap();
         assert!(!k.is_generated(), "{what} is interpreted");
     }
+    // exp is generated only when asked for every body (it measured faster
+    // in the interpreter's 8-lane loop); the rest by default.
+    let exp = parse("%x: f32[9] = input 0\n%e: f32[9] = sigmoid %x\nreturn %e\n").unwrap();
+    let fb = FusedBody::new(exp).unwrap();
+    assert!(!FusedKernel::compile(&fb, fb.output(), Codegen::Measured).unwrap().is_generated());
+    assert!(FusedKernel::compile(&fb, fb.output(), Codegen::All).unwrap().is_generated());
+    let add = parse("%x: f32[9] = input 0\n%e: f32[9] = add %x, %x\nreturn %e\n").unwrap();
+    let fb = FusedBody::new(add).unwrap();
+    assert!(FusedKernel::compile(&fb, fb.output(), Codegen::Measured).unwrap().is_generated());
+    assert!(!FusedKernel::compile(&fb, fb.output(), Codegen::Off).unwrap().is_generated());
 }
 
 #[test]
@@ -313,7 +323,11 @@ fn malformed_bodies_are_refused_before_code_is_made() {
     let msg = |b: &Body, modes: &[Mode]| codegen::compile(b, modes).err().map(|e| e.to_string());
     let later = Body {
         args: vec![Ty::F32],
-        nodes: vec![(Node::Arg(0), Ty::F32), (Node::Unary(UnaryOp::Neg, 2), Ty::F32), (Node::Arg(0), Ty::F32)],
+        nodes: vec![
+            (Node::Arg(0), Ty::F32),
+            (Node::Unary(UnaryOp::Neg, 2), Ty::F32),
+            (Node::Arg(0), Ty::F32),
+        ],
         outputs: vec![1],
     };
     assert_eq!(msg(&later, &[Mode::Flat]), Some("backend error: cpu codegen: neg reads a later node".into()));
@@ -336,7 +350,7 @@ fn malformed_bodies_are_refused_before_code_is_made() {
 fn ir_of(src: &str) -> String {
     let g = parse(src).unwrap();
     let fb = FusedBody::new(g.clone()).unwrap();
-    let k = FusedKernel::compile(&fb, fb.output(), true).unwrap();
+    let k = FusedKernel::compile(&fb, fb.output(), Codegen::All).unwrap();
     let be = CpuBackend::new();
     let bufs: Vec<CpuBuffer> = fb
         .input_nodes()
