@@ -11,7 +11,7 @@ use cranelift_codegen::ir::{types, BlockArg, Endianness, Function, InstBuilder, 
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 
 /// Whether generated code has a bit-exact definition of `op`.
-pub(super) fn unary_supported(op: UnaryOp) -> bool {
+pub(crate) fn unary_supported(op: UnaryOp) -> bool {
     use UnaryOp::*;
     matches!(op, Neg | Abs | Sqrt | Rsqrt | Recip | Relu | Exp | Sigmoid | Silu)
 }

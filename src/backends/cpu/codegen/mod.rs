@@ -44,9 +44,11 @@
 
 mod emit;
 
+pub(crate) use emit::unary_supported;
+
 use crate::ir::{BinaryOp, CompareOp, UnaryOp};
 use crate::{Error, Result};
-use cranelift_codegen::ir::{types, AbiParam, Function, Signature, UserFuncName};
+use cranelift_codegen::ir::{AbiParam, Signature};
 use cranelift_codegen::isa::{CallConv, OwnedTargetIsa};
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_jit::{JITBuilder, JITModule};
@@ -315,7 +317,8 @@ fn signature(isa: &dyn cranelift_codegen::isa::TargetIsa) -> Signature {
 /// The Cranelift IR of `body` for argument `modes`, unoptimized (what a
 /// snapshot shows).
 #[cfg(test)]
-pub(crate) fn ir(body: &Body, modes: &[Mode]) -> Result<Function> {
+pub(crate) fn ir(body: &Body, modes: &[Mode]) -> Result<cranelift_codegen::ir::Function> {
+    use cranelift_codegen::ir::{types, Function, UserFuncName};
     check(body, modes)?;
     let isa = isa()?;
     let mut func = Function::with_name_signature(UserFuncName::user(0, 0), signature(&*isa));

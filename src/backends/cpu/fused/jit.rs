@@ -52,14 +52,32 @@ pub(super) fn plan(
     extras: &[(usize, DType, Class)],
     cols: usize,
 ) -> std::result::Result<(Body, Vec<Opnd>), String> {
+    let steps: Vec<usize> = (0..instrs.len())
+        .filter(|&i| instrs[i].live && !matches!(instrs[i].step, Step::Leaf(_) | Step::MatMul(..)))
+        .collect();
+    let outputs: Vec<usize> = std::iter::once(output).chain(extras.iter().map(|e| e.0)).collect();
+    plan_steps(instrs, &steps, &outputs, cols)
+}
+
+/// `steps` (in order) as a body whose outputs are the values of steps
+/// `outputs`; what they read from other steps (leaves, the product,
+/// earlier steps' scratch, row values along rows) are its arguments.
+fn plan_steps(
+    instrs: &[Instr],
+    steps: &[usize],
+    outputs: &[usize],
+    cols: usize,
+) -> std::result::Result<(Body, Vec<Opnd>), String> {
     let full = |c: Class| c == Class::Full || cols == 1;
-    let mut b = Builder { instrs, cols, body: Body::default(), args: Vec::new(), arg_node: HashMap::new() };
+    let mut inside = vec![false; instrs.len()];
+    for &s in steps {
+        inside[s] = true;
+    }
+    let mut b = Builder { instrs, inside, body: Body::default(), args: Vec::new(), arg_node: HashMap::new() };
     // The body node of each computed step.
     let mut node_of: Vec<Option<usize>> = vec![None; instrs.len()];
-    for (i, ins) in instrs.iter().enumerate() {
-        if !ins.live || matches!(ins.step, Step::Leaf(_) | Step::MatMul(..)) {
-            continue;
-        }
+    for &i in steps {
+        let ins = &instrs[i];
         let t = ty(ins.dtype).ok_or_else(|| format!("step {i} is {}", ins.dtype))?;
         if !full(ins.class) {
             return Err(format!("step {i} computes a row value"));
@@ -77,12 +95,12 @@ pub(super) fn plan(
                 continue;
             }
             Step::Reduce(op, _) => return Err(format!("step {i} reduces ({})", op.mnemonic())),
-            Step::Leaf(_) | Step::MatMul(..) => continue,
+            Step::Leaf(_) | Step::MatMul(..) => return Err(format!("step {i} is a leaf")),
         };
         b.body.nodes.push((node, t));
         node_of[i] = Some(b.body.nodes.len() - 1);
     }
-    for &o in std::iter::once(&output).chain(extras.iter().map(|(s, _, _)| s)) {
+    for &o in outputs {
         if !full(instrs[o].class) {
             return Err("an output is a row value".into());
         }
@@ -98,37 +116,136 @@ pub(super) fn plan(
 /// The body being built from the steps.
 struct Builder<'i> {
     instrs: &'i [Instr],
-    cols: usize,
+    /// Whether each step is compiled into the body (else it is read).
+    inside: Vec<bool>,
     body: Body,
     args: Vec<Opnd>,
-    /// The argument node of each (leaf step, read per row).
+    /// The argument node of each (step, read per row).
     arg_node: HashMap<(usize, bool), usize>,
 }
 
 impl Builder<'_> {
-    /// The body node that operand `o` reads: an argument for a leaf or
-    /// the product (one per way it is read), else the step's node.
+    /// The body node that operand `o` reads: an argument for a step not
+    /// compiled into the body (one per way it is read), else the step's node.
     fn read(&mut self, o: Opnd, node_of: &[Option<usize>]) -> std::result::Result<usize, String> {
-        let src = &self.instrs[o.slot];
-        if matches!(src.step, Step::Leaf(_) | Step::MatMul(..)) {
+        if !self.inside[o.slot] {
             if let Some(&n) = self.arg_node.get(&(o.slot, o.per_row)) {
                 return Ok(n);
             }
-            let t = ty(src.dtype).ok_or_else(|| format!("a leaf is {}", src.dtype))?;
+            let src = &self.instrs[o.slot];
+            let t = ty(src.dtype).ok_or_else(|| format!("an operand is {}", src.dtype))?;
             self.body.args.push(t);
             self.args.push(o);
             self.body.nodes.push((Node::Arg(self.body.args.len() - 1), t));
             self.arg_node.insert((o.slot, o.per_row), self.body.nodes.len() - 1);
             return Ok(self.body.nodes.len() - 1);
         }
-        if o.per_row && self.cols != 1 {
-            return Err("a computed row value is read along rows".into());
-        }
         node_of[o.slot].ok_or_else(|| format!("step {} is not compiled before its reader", o.slot))
     }
 }
 
+/// A run of consecutive steps of a body that is not generated whole (a
+/// reduction's): generated as one loop that writes the values later
+/// steps read (to their scratch) or the output, so the interpreter's
+/// passes between two reductions become one.
+#[derive(Debug)]
+pub(super) struct Segment {
+    /// The first and one past the last step.
+    pub start: usize,
+    pub end: usize,
+    /// The steps whose values it writes, in the body's output order.
+    pub outputs: Vec<usize>,
+    pub jit: Jit,
+}
+
+/// Whether step `ins` can be part of a segment under `codegen`.
+fn fits(codegen: Codegen, instrs: &[Instr], ins: &Instr) -> bool {
+    let f32s = |os: &[Opnd]| os.iter().all(|o| instrs[o.slot].dtype == DType::F32);
+    let op_ok = match &ins.step {
+        Step::Unary(op, a) => {
+            codegen::unary_supported(*op)
+                && f32s(&[*a])
+                && (codegen == Codegen::All
+                    || !matches!(
+                        op,
+                        crate::ir::UnaryOp::Exp | crate::ir::UnaryOp::Sigmoid | crate::ir::UnaryOp::Silu
+                    ))
+        }
+        Step::Binary(op, a, b) => *op != crate::ir::BinaryOp::Pow && f32s(&[*a, *b]),
+        Step::Compare(_, a, b) => f32s(&[*a, *b]),
+        Step::Where(..) | Step::Cast(_) => true,
+        _ => false,
+    };
+    ins.live && ins.class == Class::Full && ty(ins.dtype).is_some() && op_ok
+}
+
+/// The segments of a body that is not generated whole: maximal runs of
+/// at least two computed steps that [`fits`] (leaves and steps no one
+/// reads do not break a run; anything else does).
+pub(super) fn segments(
+    codegen: Codegen,
+    node: NodeId,
+    instrs: &[Instr],
+    output: usize,
+    extras: &[(usize, DType, Class)],
+    cols: usize,
+) -> Vec<Segment> {
+    if codegen == Codegen::Off || !codegen::available() {
+        return Vec::new();
+    }
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); instrs.len()];
+    for (i, ins) in instrs.iter().enumerate().filter(|(_, ins)| ins.live) {
+        for o in ins.step.operands() {
+            readers[o.slot].push(i);
+        }
+    }
+    let mut out = Vec::new();
+    let mut run: Vec<usize> = Vec::new();
+    let passive = |ins: &Instr| !ins.live || matches!(ins.step, Step::Leaf(_) | Step::MatMul(..));
+    for i in 0..=instrs.len() {
+        let ins = instrs.get(i);
+        if ins.is_some_and(|ins| passive(ins)) {
+            continue;
+        }
+        if ins.is_some_and(|ins| fits(codegen, instrs, ins)) {
+            run.push(i);
+            continue;
+        }
+        if run.len() >= 2 {
+            let (start, end) = (run[0], run[run.len() - 1] + 1);
+            let outputs: Vec<usize> = run
+                .iter()
+                .copied()
+                .filter(|&s| {
+                    s == output || extras.iter().any(|e| e.0 == s) || readers[s].iter().any(|&r| r >= end)
+                })
+                .collect();
+            match plan_steps(instrs, &run, &outputs, cols) {
+                Ok((body, args)) => out.push(Segment {
+                    start,
+                    end,
+                    outputs,
+                    jit: Jit { body, args, kernels: Mutex::new(Vec::new()), failed: AtomicBool::new(false) },
+                }),
+                Err(why) => tracing::debug!(%node, start, reason = %why, "cpu codegen: segment interpreted"),
+            }
+        }
+        run.clear();
+    }
+    out
+}
+
 impl Jit {
+    /// The compiled body.
+    pub(super) fn body(&self) -> &Body {
+        &self.body
+    }
+
+    /// The interpreter operand each argument is.
+    pub(super) fn args(&self) -> &[Opnd] {
+        &self.args
+    }
+
     /// Generated code for a kernel, if its body qualifies and this CPU runs it.
     pub(super) fn new(
         codegen: Codegen,
@@ -162,7 +279,7 @@ impl Jit {
 
     /// The code for `modes`, made now if it is the first block to need it;
     /// `None` once generation failed.
-    fn kernel(&self, node: NodeId, modes: &[Mode]) -> Option<Arc<Kernel>> {
+    pub(super) fn kernel(&self, node: NodeId, modes: &[Mode]) -> Option<Arc<Kernel>> {
         if self.failed.load(Ordering::Relaxed) {
             return None;
         }
@@ -188,7 +305,7 @@ impl Jit {
 /// The address and read mode of operand `a` of element type `T` in a
 /// block of shape `b`, checked against the block as the interpreter's
 /// typed operands are.
-fn address<T: Elem>(a: Arg<'_>, b: Blk) -> Result<(*mut u8, Mode)> {
+pub(super) fn address<T: Elem>(a: Arg<'_>, b: Blk) -> Result<(*mut u8, Mode)> {
     let one = |h: HostSlice<'_>, s: usize| -> Result<*mut u8> {
         let v = h
             .typed::<T>()?
@@ -209,7 +326,7 @@ fn address<T: Elem>(a: Arg<'_>, b: Blk) -> Result<(*mut u8, Mode)> {
 }
 
 /// An output's address, checked to hold `len` elements of `ty`.
-fn out_address(o: Out<'_>, ty: Ty, len: usize) -> Result<*mut u8> {
+pub(super) fn out_address(o: Out<'_>, ty: Ty, len: usize) -> Result<*mut u8> {
     let short = || Error::Backend("cpu: fused output block too short".into());
     Ok(match ty {
         Ty::F32 => o.get::<f32>()?.get_mut(..len).ok_or_else(short)?.as_mut_ptr().cast(),
@@ -268,9 +385,11 @@ impl FusedKernel {
 
 #[cfg(test)]
 impl FusedKernel {
-    /// How many sets of modes code was made for (0 when interpreted).
+    /// How many sets of modes code was made for, for the whole body or
+    /// all its segments (0 when interpreted).
     pub(crate) fn generated_kernels(&self) -> usize {
-        self.jit.as_ref().and_then(|j| j.kernels.lock().ok().map(|k| k.len())).unwrap_or(0)
+        let made = |j: &Jit| j.kernels.lock().map(|k| k.len()).unwrap_or(0);
+        self.jit.iter().chain(self.segments.iter().map(|s| &s.jit)).map(made).sum()
     }
 
     /// The Cranelift IR made for the first run's modes: `None` when the

@@ -171,6 +171,8 @@ pub(crate) struct FusedKernel {
     product: Mutex<Option<HostData>>,
     /// Generated code for the body, when it qualifies (see `jit.rs`).
     jit: Option<jit::Jit>,
+    /// Else generated code for runs of its steps (by first step).
+    segments: Vec<jit::Segment>,
 }
 
 /// One task's scratch: a vector per step (empty until a block needs it).
@@ -353,6 +355,11 @@ impl FusedKernel {
             .collect();
         let block_rows = (BLOCK / cols.max(1)).clamp(1, rows.max(1));
         let jit = jit::Jit::new(codegen, node, &instrs, output, &extras, cols);
+        let segments = if jit.is_none() {
+            jit::segments(codegen, node, &instrs, output, &extras, cols)
+        } else {
+            Vec::new()
+        };
         Ok(FusedKernel {
             node,
             kind,
@@ -373,6 +380,7 @@ impl FusedKernel {
             pool: Mutex::new(Vec::new()),
             product: Mutex::new(None),
             jit,
+            segments,
         })
     }
 
@@ -380,6 +388,12 @@ impl FusedKernel {
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn is_generated(&self) -> bool {
         self.jit.is_some()
+    }
+
+    /// How many runs of steps run as generated code (a body not generated whole).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn generated_segments(&self) -> usize {
+        self.segments.len()
     }
 
     /// Whether operand `k` may be computed in place (`run(.., Some(k), ..)`):

@@ -80,12 +80,19 @@ fn run(kernel: &FusedKernel, g: &Graph, fb: &FusedBody, bufs: &[CpuBuffer]) -> V
 /// NaN: which payload x86 propagates depends on operand order, which
 /// neither path promises).
 fn agree(src: &str, seed: u64, what: &str) {
+    agree_as(src, seed, what, Codegen::All, 1, true);
+}
+
+/// [`agree`] with `codegen`, expecting the body generated whole (`whole`)
+/// or as `kernels` segments.
+fn agree_as(src: &str, seed: u64, what: &str, codegen: Codegen, kernels: usize, whole: bool) {
     let g = parse(src).unwrap_or_else(|e| panic!("{what}: {e}"));
     let fb = FusedBody::new(g.clone()).unwrap_or_else(|e| panic!("{what}: {e}"));
-    let generated = FusedKernel::compile(&fb, fb.output(), Codegen::All).unwrap();
+    let generated = FusedKernel::compile(&fb, fb.output(), codegen).unwrap();
     let interpreted = FusedKernel::compile(&fb, fb.output(), Codegen::Off).unwrap();
-    assert!(generated.is_generated(), "{what}: the body qualifies for code generation");
-    assert!(!interpreted.is_generated());
+    assert_eq!(generated.is_generated(), whole, "{what}: the body is generated whole");
+    assert_eq!(generated.generated_segments(), if whole { 0 } else { kernels }, "{what}: segments");
+    assert!(!interpreted.is_generated() && interpreted.generated_segments() == 0);
     let be = CpuBackend::new();
     let bufs: Vec<CpuBuffer> = fb
         .input_nodes()
@@ -101,7 +108,7 @@ fn agree(src: &str, seed: u64, what: &str) {
         })
         .collect();
     let got = run(&generated, fb.graph(), &fb, &bufs);
-    assert_eq!(generated.generated_kernels(), 1, "{what}: one set of modes, compiled once");
+    assert_eq!(generated.generated_kernels(), kernels, "{what}: one set of modes each, compiled once");
     let want = run(&interpreted, fb.graph(), &fb, &bufs);
     for (o, (a, b)) in got.iter().zip(&want).enumerate() {
         let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
@@ -288,6 +295,69 @@ fn several_outputs_match() {
     for (i, dims) in ["10", "8191", "127,129"].iter().enumerate() {
         agree(&at(adamw, dims), 80 + i as u64, &format!("adamw [{dims}]"));
     }
+}
+
+const LAYERNORM: &str = "
+%x: f32[D] = input 0
+%g: f32[C] = input 1
+%b: f32[C] = input 2
+%mu: f32[R,1] = mean %x dims=[1] keepdim
+%mub: f32[D] = expand %mu
+%xc: f32[D] = sub %x, %mub
+%sq: f32[D] = mul %xc, %xc
+%var: f32[R,1] = mean %sq dims=[1] keepdim
+%eps: f32[R,1] = full 0.00001
+%ve: f32[R,1] = add %var, %eps
+%rs: f32[R,1] = rsqrt %ve
+%rsb: f32[D] = expand %rs
+%n: f32[D] = mul %xc, %rsb
+%gb: f32[D] = expand %g
+%bb: f32[D] = expand %b
+%sc: f32[D] = mul %n, %gb
+%y: f32[D] = add %sc, %bb
+return %y
+";
+
+const SOFTMAX: &str = "
+%x: f32[D] = input 0
+%m: f32[R,1] = max %x dims=[1] keepdim
+%mb: f32[D] = expand %m
+%d: f32[D] = sub %x, %mb
+%e: f32[D] = exp %d
+%s: f32[R,1] = sum %e dims=[1] keepdim
+%sb: f32[D] = expand %s
+%y: f32[D] = div %e, %sb
+return %y
+";
+
+fn rows(body: &str, r: usize, c: usize) -> String {
+    body.replace("[D]", &format!("[{r},{c}]"))
+        .replace("[R,1]", &format!("[{r},1]"))
+        .replace("[C]", &format!("[{c}]"))
+}
+
+#[test]
+fn reductions_run_their_elementwise_runs_as_segments() {
+    // Layer norm: (x - mean, its square) and (scale, weight, bias) are two
+    // segments between the interpreter's reductions; NaN and inf rows too.
+    for (i, (r, c)) in [(5, 3), (37, 129), (300, 257), (4, 1024)].into_iter().enumerate() {
+        agree_as(
+            &rows(LAYERNORM, r, c),
+            90 + i as u64,
+            &format!("layer norm [{r},{c}]"),
+            Codegen::Measured,
+            2,
+            false,
+        );
+    }
+    // Softmax: (x - max, exp) is a segment when exp is generated (`all`),
+    // none by default (the division alone is one op: no run).
+    for (i, (r, c)) in [(5, 3), (37, 129), (300, 257)].into_iter().enumerate() {
+        agree_as(&rows(SOFTMAX, r, c), 95 + i as u64, &format!("softmax [{r},{c}]"), Codegen::All, 1, false);
+    }
+    let g = parse(&rows(SOFTMAX, 4, 8)).unwrap();
+    let fb = FusedBody::new(g).unwrap();
+    assert_eq!(FusedKernel::compile(&fb, fb.output(), Codegen::Measured).unwrap().generated_segments(), 0);
 }
 
 #[test]
