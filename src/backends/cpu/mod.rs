@@ -203,7 +203,16 @@ impl CpuBackend {
     /// faster that way (`true`) or interprets every one (`false`),
     /// whatever the environment says.
     pub fn with_codegen(codegen: bool) -> CpuBackend {
-        let codegen = if codegen { codegen::Codegen::Measured } else { codegen::Codegen::Off };
+        CpuBackend::with(if codegen { codegen::Codegen::Measured } else { codegen::Codegen::Off })
+    }
+
+    /// A CPU backend that generates code for every fused body that
+    /// qualifies (`true`, `exp` bodies too) or for none.
+    pub fn with_codegen_all(codegen: bool) -> CpuBackend {
+        CpuBackend::with(if codegen { codegen::Codegen::All } else { codegen::Codegen::Off })
+    }
+
+    fn with(codegen: codegen::Codegen) -> CpuBackend {
         CpuBackend { stats: Arc::new(DeviceStats::default()), codegen, member: Default::default() }
     }
 }

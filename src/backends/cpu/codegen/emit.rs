@@ -159,16 +159,19 @@ impl E<'_, '_> {
     }
 
     fn unary(&mut self, op: UnaryOp, x: Value) -> Value {
-        let one = self.fconst(1.0);
         match op {
             UnaryOp::Neg => self.b.ins().fneg(x),
             UnaryOp::Abs => self.b.ins().fabs(x),
             UnaryOp::Sqrt => self.b.ins().sqrt(x),
             UnaryOp::Rsqrt => {
                 let s = self.b.ins().sqrt(x);
+                let one = self.fconst(1.0);
                 self.b.ins().fdiv(one, s)
             }
-            UnaryOp::Recip => self.b.ins().fdiv(one, x),
+            UnaryOp::Recip => {
+                let one = self.fconst(1.0);
+                self.b.ins().fdiv(one, x)
+            }
             UnaryOp::Relu => {
                 let zero = self.fconst(0.0);
                 let neg = self.fcmp(FloatCC::LessThan, x, zero);
@@ -178,6 +181,7 @@ impl E<'_, '_> {
             UnaryOp::Sigmoid | UnaryOp::Silu => {
                 let m = self.b.ins().fneg(x);
                 let e = self.exp(m);
+                let one = self.fconst(1.0);
                 let d = self.b.ins().fadd(one, e);
                 let top = if op == UnaryOp::Sigmoid { one } else { x };
                 self.b.ins().fdiv(top, d)
@@ -244,10 +248,10 @@ impl E<'_, '_> {
     }
 
     /// A bool of this width from its byte(s) at `addr`.
-    fn load_bool(&mut self, addr: Value) -> Value {
+    fn load_bool(&mut self, addr: Value, off: i32) -> Value {
         let fl = MemFlags::new().with_notrap();
         if self.w == W::V4 {
-            let four = self.b.ins().load(types::I32, fl, addr, 0);
+            let four = self.b.ins().load(types::I32, fl, addr, off);
             let v = self.b.ins().scalar_to_vector(types::I32X4, four);
             let v = self.b.ins().bitcast(types::I8X16, lanes_flags(), v);
             let v = self.b.ins().uwiden_low(v);
@@ -255,26 +259,28 @@ impl E<'_, '_> {
             let zero = self.iconst(0);
             self.b.ins().icmp(IntCC::NotEqual, v, zero)
         } else {
-            let v = self.b.ins().load(types::I8, fl, addr, 0);
+            let v = self.b.ins().load(types::I8, fl, addr, off);
             self.b.ins().icmp_imm(IntCC::NotEqual, v, 0)
         }
     }
 
-    fn load(&mut self, ty: Ty, addr: Value) -> Value {
+    /// The value at `addr + off` bytes.
+    fn load(&mut self, ty: Ty, addr: Value, off: i32) -> Value {
         match ty {
             Ty::F32 => {
                 let t = self.f();
-                self.b.ins().load(t, MemFlags::new().with_notrap(), addr, 0)
+                self.b.ins().load(t, MemFlags::new().with_notrap(), addr, off)
             }
-            Ty::Bool => self.load_bool(addr),
+            Ty::Bool => self.load_bool(addr, off),
         }
     }
 
-    fn store(&mut self, ty: Ty, v: Value, addr: Value) {
+    /// `v` stored at `addr + off` bytes.
+    fn store(&mut self, ty: Ty, v: Value, addr: Value, off: i32) {
         let fl = MemFlags::new().with_notrap();
         match (ty, self.w) {
             (Ty::F32, _) | (Ty::Bool, W::S) => {
-                self.b.ins().store(fl, v, addr, 0);
+                self.b.ins().store(fl, v, addr, off);
             }
             (Ty::Bool, W::V4) => {
                 // Masks to 0/1, narrowed to four bytes.
@@ -284,7 +290,7 @@ impl E<'_, '_> {
                 let v = self.b.ins().snarrow(v, v);
                 let v = self.b.ins().bitcast(types::I32X4, lanes_flags(), v);
                 let four = self.b.ins().extractlane(v, 0);
-                self.b.ins().store(fl, four, addr, 0);
+                self.b.ins().store(fl, four, addr, off);
             }
         }
     }
@@ -311,8 +317,9 @@ enum At {
     Value(Value, Value),
 }
 
-/// The loads, the body's nodes and the output stores for column `c`.
-fn body_at(e: &mut E<'_, '_>, body: &Body, at: &[At], outs: &[Value], c: Value) {
+/// The loads, the body's nodes and the output stores for column `c + lane`
+/// (`lane` an immediate offset in elements: the unrolled loop's second half).
+fn body_at(e: &mut E<'_, '_>, body: &Body, at: &[At], outs: &[Value], c: Value, lane: i64) {
     let addr = |e: &mut E<'_, '_>, base: Value, ty: Ty| {
         let off = e.b.ins().imul_imm(c, ty.bytes());
         e.b.ins().iadd(base, off)
@@ -324,7 +331,7 @@ fn body_at(e: &mut E<'_, '_>, body: &Body, at: &[At], outs: &[Value], c: Value) 
             Node::Arg(k) => match at[k] {
                 At::Base(base) => {
                     let a = addr(e, base, ty);
-                    e.load(ty, a)
+                    e.load(ty, a, (lane * ty.bytes()) as i32)
                 }
                 At::Value(v4, s) => {
                     if e.w == W::V4 {
@@ -345,7 +352,7 @@ fn body_at(e: &mut E<'_, '_>, body: &Body, at: &[At], outs: &[Value], c: Value) 
     for (&o, &base) in body.outputs.iter().zip(outs) {
         let ty = body.nodes[o].1;
         let a = addr(e, base, ty);
-        e.store(ty, vals[o], a);
+        e.store(ty, vals[o], a, (lane * ty.bytes()) as i32);
     }
 }
 
@@ -387,6 +394,8 @@ pub(super) fn build(func: &mut Function, body: &Body, modes: &[Mode], ptr: Type)
         .collect();
     let row_head = b.create_block();
     let row_body = b.create_block();
+    let uhead = b.create_block();
+    let ubody = b.create_block();
     let vhead = b.create_block();
     let vbody = b.create_block();
     let thead = b.create_block();
@@ -394,6 +403,7 @@ pub(super) fn build(func: &mut Function, body: &Body, modes: &[Mode], ptr: Type)
     let latch = b.create_block();
     let exit = b.create_block();
     let r = b.append_block_param(row_head, ptr);
+    let cu = b.append_block_param(uhead, ptr);
     let cv = b.append_block_param(vhead, ptr);
     let ct = b.append_block_param(thead, ptr);
     let zero = b.ins().iconst(ptr, 0);
@@ -430,15 +440,28 @@ pub(super) fn build(func: &mut Function, body: &Body, modes: &[Mode], ptr: Type)
             b.ins().iadd(pa[body.args.len() + j], off)
         })
         .collect();
+    let uend = b.ins().band_imm(cols, !(2 * LANES - 1));
     let vend = b.ins().band_imm(cols, !(LANES - 1));
-    b.ins().jump(vhead, &[arg(zero)]);
+    b.ins().jump(uhead, &[arg(zero)]);
+
+    // Eight columns an iteration (two vectors, the second at immediate
+    // offsets), then four, then one at a time.
+    b.switch_to_block(uhead);
+    let more = b.ins().icmp(IntCC::UnsignedLessThan, cu, uend);
+    b.ins().brif(more, ubody, &[], vhead, &[arg(cu)]);
+
+    b.switch_to_block(ubody);
+    body_at(&mut E { b: &mut b, w: W::V4 }, body, &at, &outs, cu, 0);
+    body_at(&mut E { b: &mut b, w: W::V4 }, body, &at, &outs, cu, LANES);
+    let next = b.ins().iadd_imm(cu, 2 * LANES);
+    b.ins().jump(uhead, &[arg(next)]);
 
     b.switch_to_block(vhead);
     let more = b.ins().icmp(IntCC::UnsignedLessThan, cv, vend);
     b.ins().brif(more, vbody, &[], thead, &[arg(cv)]);
 
     b.switch_to_block(vbody);
-    body_at(&mut E { b: &mut b, w: W::V4 }, body, &at, &outs, cv);
+    body_at(&mut E { b: &mut b, w: W::V4 }, body, &at, &outs, cv, 0);
     let next = b.ins().iadd_imm(cv, LANES);
     b.ins().jump(vhead, &[arg(next)]);
 
@@ -447,7 +470,7 @@ pub(super) fn build(func: &mut Function, body: &Body, modes: &[Mode], ptr: Type)
     b.ins().brif(more, tbody, &[], latch, &[]);
 
     b.switch_to_block(tbody);
-    body_at(&mut E { b: &mut b, w: W::S }, body, &at, &outs, ct);
+    body_at(&mut E { b: &mut b, w: W::S }, body, &at, &outs, ct, 0);
     let next = b.ins().iadd_imm(ct, 1);
     b.ins().jump(thead, &[arg(next)]);
 

@@ -17,9 +17,10 @@
 //!
 //! `extern "C" fn(ptrs: *const *mut u8, rows: usize, cols: usize)`:
 //! `ptrs` holds the arguments' pointers then the outputs'. It loops over
-//! `rows` rows of `cols` elements; a row's columns run four at a time
-//! (`f32x4`, `bool` as `i32x4` masks) and the last `cols % 4` one at a
-//! time, with the same operations. Arguments read flat (`ptr[r*cols+c]`),
+//! `rows` rows of `cols` elements; a row's columns run eight at a time
+//! (two `f32x4` vectors, the second at immediate offsets, so the loop's
+//! address arithmetic is shared; `bool` as `i32x4` masks), then four,
+//! then the last `cols % 4` one at a time, with the same operations. Arguments read flat (`ptr[r*cols+c]`),
 //! as one value (`ptr[0]`, loaded once), as a row broadcast over rows
 //! (`ptr[c]`) or as a value per row (`ptr[r]`, loaded once per row).
 //! Outputs are dense.
