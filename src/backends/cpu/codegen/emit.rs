@@ -86,7 +86,7 @@ impl E<'_, '_> {
         self.b.ins().bitcast(t, fl, x)
     }
 
-    fn from_bits(&mut self, x: Value) -> Value {
+    fn float_of_bits(&mut self, x: Value) -> Value {
         let (t, fl) = (self.f(), self.flags());
         self.b.ins().bitcast(t, fl, x)
     }
@@ -127,7 +127,7 @@ impl E<'_, '_> {
         let c = self.iconst(127);
         let k = self.b.ins().iadd(k, c);
         let s = self.b.ins().ishl_imm(k, 23);
-        self.from_bits(s)
+        self.float_of_bits(s)
     }
 
     /// `fast_math::exp_f32`, operation for operation.

@@ -204,7 +204,7 @@ pub(super) fn segments(
     let passive = |ins: &Instr| !ins.live || matches!(ins.step, Step::Leaf(_) | Step::MatMul(..));
     for i in 0..=instrs.len() {
         let ins = instrs.get(i);
-        if ins.is_some_and(|ins| passive(ins)) {
+        if ins.is_some_and(passive) {
             continue;
         }
         if ins.is_some_and(|ins| fits(codegen, instrs, ins)) {
