@@ -210,11 +210,12 @@ impl Body {
 pub(crate) fn available() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
     *OK.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
+        // Miri cannot run machine code made at run time.
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
         {
             is_x86_feature_detected!("sse4.1") && is_x86_feature_detected!("fma") && isa().is_ok()
         }
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(any(not(target_arch = "x86_64"), miri))]
         {
             false
         }
