@@ -10,8 +10,10 @@
 //! bias row, a value per row, or gathered into scratch), and their
 //! addresses and read modes are the generated code's arguments. Code is
 //! made on the first block that meets a set of modes (a run's layouts)
-//! and kept for every later one. Anything else, and any failure to
-//! generate code, leaves the kernel on the interpreter; the reason is
+//! and kept for every later one. A body that does not qualify whole (a
+//! reduction's) has its runs of elementwise steps generated as
+//! [`Segment`]s between the interpreter's reductions. Anything else, and
+//! any failure to generate code, stays on the interpreter; the reason is
 //! logged at debug level.
 
 use super::super::codegen::{self, Body, Codegen, Kernel, Mode, Node, Ty};
