@@ -13,6 +13,10 @@
 //!   measured against (a row kernel also reads its input once and writes
 //!   its output once).
 //!
+//! - fused elementwise bodies (an AdamW update with three outputs, an
+//!   `exp`/`sigmoid` body) at 4K, 64K and 1M elements, as generated code
+//!   and interpreted (`KILN_CPU_CODEGEN=0`), side by side in one run.
+//!
 //! Each read realizes one cached plan: the timed work is the plan's run.
 use criterion::{criterion_group, criterion_main, Criterion};
 use kiln::prelude::*;
@@ -150,9 +154,45 @@ fn mlp_forward(c: &mut Criterion) {
     });
 }
 
+/// A CPU context whose fused bodies run as generated code (`true`) or
+/// interpreted: the backend reads `KILN_CPU_CODEGEN` when it is made
+/// (`all`: exp bodies too, which the default leaves interpreted).
+fn codegen_context(generated: bool, seed: u64) -> Context {
+    std::env::set_var("KILN_CPU_CODEGEN", if generated { "all" } else { "0" });
+    let ctx = Context::cpu().with_seed(seed);
+    std::env::remove_var("KILN_CPU_CODEGEN");
+    ctx
+}
+
+/// Generated code against the interpreter on the same fused bodies.
+fn codegen_vs_interpreter(c: &mut Criterion) {
+    for n in [1usize << 12, 1 << 16, 1 << 20] {
+        for generated in [true, false] {
+            let label = if generated { "generated" } else { "interpreted" };
+            let ctx = codegen_context(generated, 5);
+            let (p, g, m, v) = (ctx.randn([n]), ctx.randn([n]), ctx.randn([n]), ctx.randn([n]).abs());
+            ctx.realize(&[&p, &g, &m, &v]).expect("realize inputs");
+            c.bench_function(&format!("adamw_update_{n}_f32/{label}"), |bench| {
+                bench.iter(|| {
+                    let m2 = &m * 0.9 + &g * 0.1;
+                    let v2 = &v * 0.999 + &g * &g * 0.001;
+                    let p2 = &p - m2.clone() / (v2.sqrt() + 1e-8) * 0.01;
+                    ctx.realize(&[&p2, &m2, &v2]).expect("adamw");
+                })
+            });
+            c.bench_function(&format!("exp_sigmoid_{n}_f32/{label}"), |bench| {
+                bench.iter(|| {
+                    ((&p * 0.5).exp() * g.sigmoid() + &m).realize().expect("exp sigmoid");
+                })
+            });
+        }
+    }
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(10);
-    targets = matmul_1024, mlp_forward, elementwise_chain, tanh_sigmoid_chain, softmax_and_layer_norm
+    targets = matmul_1024, mlp_forward, elementwise_chain, tanh_sigmoid_chain, softmax_and_layer_norm,
+        codegen_vs_interpreter
 }
 criterion_main!(benches);

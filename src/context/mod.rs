@@ -176,6 +176,16 @@ impl Context {
         Context::with_backend(Box::new(CpuBackend::new()))
     }
 
+    /// A context on the CPU backend whose fused kernels all run in the
+    /// interpreter (`generated: false`: the reference path) or as
+    /// generated machine code wherever a body qualifies (`true`, `exp`
+    /// bodies included, which [`Context::cpu`] leaves to the interpreter
+    /// as measured faster there), whatever `KILN_CPU_CODEGEN` says. For
+    /// comparing the two paths.
+    pub fn cpu_codegen(generated: bool) -> Context {
+        Context::with_backend(Box::new(CpuBackend::with_codegen_all(generated)))
+    }
+
     /// A context on CUDA device `ordinal` (feature `cuda`). A missing
     /// driver, device or library (NVRTC, cuBLAS, cuBLASLt, cuDNN) is an
     /// [`Error::Device`] that names what was looked for; so is a build

@@ -48,17 +48,17 @@
 /// `log2(e)`.
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 /// `ln 2` high part (few significant bits, so `n * C1` is exact).
-const LN2_HI: f32 = 0.693_359_4;
+pub(crate) const LN2_HI: f32 = 0.693_359_4;
 /// `ln 2` low part: `ln 2 - LN2_HI`.
-const LN2_LO: f32 = -2.121_944_4e-4;
+pub(crate) const LN2_LO: f32 = -2.121_944_4e-4;
 /// `1.5 * 2^23`: adding and subtracting it rounds to the nearest integer,
 /// and the sum's low mantissa bits hold that integer.
-const ROUND_MAGIC: f32 = 12_582_912.0;
+pub(crate) const ROUND_MAGIC: f32 = 12_582_912.0;
 /// Above this `exp` is `inf` (`ln(f32::MAX) = 88.7228...`): the clamp keeps
 /// `n` small while still overflowing.
-const EXP_HI: f32 = 89.0;
+pub(crate) const EXP_HI: f32 = 89.0;
 /// Below this `exp` rounds to 0 (`ln(2^-150) = -103.97...`).
-const EXP_LO: f32 = -104.0;
+pub(crate) const EXP_LO: f32 = -104.0;
 
 /// `x` clamped to `[lo, hi]`, NaN passing through (selects, no branches).
 #[inline(always)]

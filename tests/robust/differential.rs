@@ -512,3 +512,60 @@ fn fast_math() {
 fn f64() {
     run_config(&F64);
 }
+
+/// The CPU backend's generated code against its interpreter, bit for bit
+/// (any NaN matching any NaN), on the default configuration's programs:
+/// `Context::cpu_codegen(true)` (every body that qualifies generated,
+/// whole or in segments) and `cpu_codegen(false)`. `KILN_DIFF_PROGRAMS`
+/// and `KILN_DIFF_FIRST` apply; half as many programs by default (each
+/// runs twice).
+#[test]
+fn generated_matches_interpreted() {
+    let first = env_u64("KILN_DIFF_FIRST").unwrap_or(0);
+    let count = env_u64("KILN_DIFF_PROGRAMS").unwrap_or(200) / 2;
+    let mut bad = Vec::new();
+    let (mut compared, mut elements) = (0, 0);
+    let (mut generated, mut interpreted) = (Context::cpu_codegen(true), Context::cpu_codegen(false));
+    for seed in first..first + count {
+        if (seed - first) % PROGRAMS_PER_CONTEXT == 0 {
+            (generated, interpreted) = (Context::cpu_codegen(true), Context::cpu_codegen(false));
+        }
+        let p = gen::generate(seed, false);
+        let got = catch_unwind(AssertUnwindSafe(|| run::run(&generated, &p)));
+        let want = catch_unwind(AssertUnwindSafe(|| run::run(&interpreted, &p)));
+        let (Ok(got), Ok(want)) = (got, want) else {
+            bad.push(format!("seed {seed}: a run panicked"));
+            continue;
+        };
+        match (got, want) {
+            (Ok(got), Ok(want)) => {
+                compared += 1;
+                for (o, (a, b)) in got.iter().zip(&want).enumerate() {
+                    if (&a.shape, a.dtype) != (&b.shape, b.dtype) {
+                        bad.push(format!(
+                            "seed {seed} output {o}: {:?} {:?} against {:?} {:?}",
+                            a.dtype, a.shape, b.dtype, b.shape
+                        ));
+                        continue;
+                    }
+                    elements += a.values.len();
+                    let diff = a
+                        .values
+                        .iter()
+                        .zip(&b.values)
+                        .position(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()));
+                    if let Some(i) = diff {
+                        bad.push(format!(
+                            "seed {seed} output {o} element {i}: generated {:e}, interpreted {:e} (replay: KILN_DIFF_FIRST={seed} KILN_DIFF_PROGRAMS=2)",
+                            a.values[i], b.values[i]
+                        ));
+                    }
+                }
+            }
+            (Err(a), Err(b)) if a.to_string() == b.to_string() => {}
+            (a, b) => bad.push(format!("seed {seed}: generated {:?}, interpreted {:?}", a.err(), b.err())),
+        }
+    }
+    eprintln!("generated vs interpreted: {compared} of {count} programs ran, {elements} elements compared");
+    assert!(bad.is_empty(), "generated and interpreted differ:\n{}", bad.join("\n"));
+}

@@ -31,6 +31,7 @@
 //! absence of deadlocks.
 
 use super::arena::Arena;
+use super::codegen::Codegen;
 use super::fused::FusedKernel;
 use super::hazards::RunOrder;
 use crate::backends::DeviceStats;
@@ -138,7 +139,7 @@ fn bad(msg: String) -> Error {
 }
 
 impl CpuExecutable {
-    pub(super) fn new(plan: Arc<Plan>, stats: Arc<DeviceStats>) -> Result<CpuExecutable> {
+    pub(super) fn new(plan: Arc<Plan>, stats: Arc<DeviceStats>, codegen: Codegen) -> Result<CpuExecutable> {
         let _span = tracing::debug_span!("compile", nodes = plan.order.len()).entered();
         crate::backends::check::check_plan(&plan).map_err(bad)?;
         let pos: HashMap<NodeId, usize> = plan.order.iter().enumerate().map(|(i, &id)| (id, i)).collect();
@@ -172,7 +173,7 @@ impl CpuExecutable {
             }
             match &plan.graph.node(id).op {
                 Op::Fused(body) => {
-                    fused.insert(id, FusedKernel::compile(body, id)?);
+                    fused.insert(id, FusedKernel::compile(body, id, codegen)?);
                 }
                 Op::Extra { output } => {
                     let of = plan.graph.operands(id)[0];

@@ -18,6 +18,7 @@
 mod arena;
 mod attention;
 mod attention_grad;
+mod codegen;
 mod conv;
 mod elementwise;
 mod exec;
@@ -177,14 +178,42 @@ impl CpuBuffer {
 #[derive(Clone, Debug, Default)]
 pub struct CpuBackend {
     stats: Arc<DeviceStats>,
+    /// Whether fused bodies that qualify run as generated code
+    /// (`codegen/`); off, every fused node is interpreted. The
+    /// interpreter is the reference the generated code is tested against.
+    codegen: codegen::Codegen,
     /// The process group this backend is a rank of (`crate::dist`).
     member: std::sync::OnceLock<crate::dist::Joining>,
 }
 
 impl CpuBackend {
-    /// A CPU backend with fresh counters.
+    /// A CPU backend with fresh counters. Fused bodies run as generated
+    /// code where that measured faster, unless `KILN_CPU_CODEGEN=0` (the
+    /// interpreter alone: the reference path, and a way to rule code
+    /// generation out) or `all` (every body that qualifies).
     pub fn new() -> CpuBackend {
-        CpuBackend { stats: Arc::new(DeviceStats::default()), member: Default::default() }
+        CpuBackend {
+            stats: Arc::new(DeviceStats::default()),
+            codegen: codegen::Codegen::from_env(),
+            member: Default::default(),
+        }
+    }
+
+    /// A CPU backend that generates code for the fused bodies measured
+    /// faster that way (`true`) or interprets every one (`false`),
+    /// whatever the environment says.
+    pub fn with_codegen(codegen: bool) -> CpuBackend {
+        CpuBackend::with(if codegen { codegen::Codegen::Measured } else { codegen::Codegen::Off })
+    }
+
+    /// A CPU backend that generates code for every fused body that
+    /// qualifies (`true`, `exp` bodies too) or for none.
+    pub fn with_codegen_all(codegen: bool) -> CpuBackend {
+        CpuBackend::with(if codegen { codegen::Codegen::All } else { codegen::Codegen::Off })
+    }
+
+    fn with(codegen: codegen::Codegen) -> CpuBackend {
+        CpuBackend { stats: Arc::new(DeviceStats::default()), codegen, member: Default::default() }
     }
 }
 
@@ -231,7 +260,7 @@ impl Backend for CpuBackend {
         plan: Arc<Plan>,
         options: &crate::backends::CompileOptions,
     ) -> Result<Arc<dyn Executable>> {
-        let mut exe = CpuExecutable::new(plan, self.stats.clone())?;
+        let mut exe = CpuExecutable::new(plan, self.stats.clone(), self.codegen)?;
         exe.member = self.member.get().cloned();
         if options.profile {
             exe.profile = Some(crate::profile::Recorder::new(&exe.plan));

@@ -62,11 +62,13 @@
 //! long rows of few-row tensors in parallel segments, so those sums may
 //! differ in the last bits.
 
+mod jit;
 mod leaf;
 mod ops;
 mod run;
 mod stream;
 
+use super::codegen::Codegen;
 use crate::ir::fused::is_leaf_or_leaf_view;
 use crate::ir::{
     BinaryOp, CompareOp, DType, FusedBody, FusedKind, HostData, NodeId, Op, ReduceOp, Shape, UnaryOp,
@@ -167,6 +169,10 @@ pub(crate) struct FusedKernel {
     pool: Mutex<Vec<Scratch>>,
     /// A matmul body's product buffer, between runs.
     product: Mutex<Option<HostData>>,
+    /// Generated code for the body, when it qualifies (see `jit.rs`).
+    jit: Option<jit::Jit>,
+    /// Else generated code for runs of its steps (by first step).
+    segments: Vec<jit::Segment>,
 }
 
 /// One task's scratch: a vector per step (empty until a block needs it).
@@ -177,8 +183,11 @@ struct Scratch {
 
 impl FusedKernel {
     /// Compiles `body` (the body of fused node `node`, named in errors).
-    /// A body that breaks the contract of [`crate::ir::fused`] is an error.
-    pub(crate) fn compile(body: &FusedBody, node: NodeId) -> Result<FusedKernel> {
+    /// A body that breaks the contract of [`crate::ir::fused`] is an error,
+    /// before any code is generated. `codegen` says whether a body that
+    /// qualifies runs as generated code (`jit.rs`); the interpreter is the
+    /// reference and the fallback.
+    pub(crate) fn compile(body: &FusedBody, node: NodeId, codegen: Codegen) -> Result<FusedKernel> {
         let err = |m: String| Error::Backend(format!("cpu: fused {node}: {m}"));
         let g = body.graph();
         let out_id = body.output();
@@ -345,6 +354,12 @@ impl FusedKernel {
             })
             .collect();
         let block_rows = (BLOCK / cols.max(1)).clamp(1, rows.max(1));
+        let jit = jit::Jit::new(codegen, node, &instrs, output, &extras, cols);
+        let segments = if jit.is_none() {
+            jit::segments(codegen, node, &instrs, output, &extras, cols)
+        } else {
+            Vec::new()
+        };
         Ok(FusedKernel {
             node,
             kind,
@@ -364,7 +379,21 @@ impl FusedKernel {
             block_rows,
             pool: Mutex::new(Vec::new()),
             product: Mutex::new(None),
+            jit,
+            segments,
         })
+    }
+
+    /// Whether the body runs as generated code (else interpreted).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn is_generated(&self) -> bool {
+        self.jit.is_some()
+    }
+
+    /// How many runs of steps run as generated code (a body not generated whole).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn generated_segments(&self) -> usize {
+        self.segments.len()
     }
 
     /// Whether operand `k` may be computed in place (`run(.., Some(k), ..)`):

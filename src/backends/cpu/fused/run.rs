@@ -2,6 +2,7 @@
 //! against this run's buffers, tasks over row blocks with leased scratch,
 //! and the per-block walk over the body's steps.
 
+use super::super::codegen::{Mode, Ty};
 use super::super::storage::{dispatch, Elem, HostSlice, Out};
 use super::super::{CpuBuffer, Storage};
 use super::leaf::{resolve, Data, Leaf, Source, Src};
@@ -23,6 +24,18 @@ const STREAM_BYTES: usize = 32 << 20;
 
 /// Below this much work (elements of the domain) a kernel runs on one thread.
 const PAR_WORK: usize = super::super::elementwise::PAR_THRESHOLD;
+
+/// Which steps a call of `block` runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// Every step, in order.
+    All,
+    /// The leaves and the product only.
+    Leaves,
+    /// The computed steps (the leaves are resolved), runs of them as
+    /// generated segments.
+    Rest,
+}
 
 /// Everything a run shares across tasks.
 struct Ready<'a> {
@@ -203,7 +216,23 @@ impl FusedKernel {
         let scratch =
             lease.scratch.as_mut().ok_or_else(|| Error::Backend("cpu: fused scratch missing".into()))?;
         let nb = chunk.len() / per_row;
-        let r = self.block(ready, scratch, &mut lease.vals, i * self.block_rows, nb, chunk, stream);
+        let mut extras = extras;
+        let r0 = i * self.block_rows;
+        if let (Some(jit), false) = (&self.jit, stream) {
+            // The interpreter resolves the leaves; generated code does the rest.
+            self.block(ready, scratch, &mut lease.vals, r0, nb, chunk, false, Pass::Leaves)?;
+            let (vals, s) = (&lease.vals, &*scratch);
+            if self.jit_block(jit, |o| self.arg(vals, s, o), nb, Out::new(&mut *chunk), &mut extras)? {
+                return Ok(());
+            }
+        }
+        let r = if self.segments.is_empty() {
+            self.block(ready, scratch, &mut lease.vals, r0, nb, chunk, stream, Pass::All)
+        } else {
+            // Leaves first: a segment reads those that come after its first step.
+            self.block(ready, scratch, &mut lease.vals, r0, nb, chunk, stream, Pass::Leaves)
+                .and_then(|()| self.block(ready, scratch, &mut lease.vals, r0, nb, chunk, stream, Pass::Rest))
+        };
         let r = r.and_then(|()| {
             for (mut e, &(s, d, class)) in extras.into_iter().zip(&self.extras) {
                 let blk = Blk { rows: nb, cols: if class == Class::Full { self.cols } else { 1 } };
@@ -303,6 +332,7 @@ impl FusedKernel {
 
     /// One block: rows `r0 .. r0 + nb`. With `stream`, the output step
     /// writes scratch and the block is streamed out (see [`STREAM_BYTES`]).
+    /// `pass` says which steps run (see [`Pass`]).
     #[allow(clippy::too_many_arguments)]
     fn block<'r, T: Elem>(
         &self,
@@ -313,12 +343,18 @@ impl FusedKernel {
         nb: usize,
         out: &mut [T],
         stream: bool,
+        pass: Pass,
     ) -> Result<()> {
         let cols = self.cols;
         let mut out = Out::new(out);
         let mut direct = false;
+        let mut skip_to = 0;
         for (i, ins) in self.instrs.iter().enumerate() {
-            if !ins.live {
+            if !ins.live || i < skip_to {
+                continue;
+            }
+            let computed = !matches!(ins.step, Step::Leaf(_) | Step::MatMul(..));
+            if (pass == Pass::Leaves && computed) || (pass == Pass::Rest && !computed) {
                 continue;
             }
             let (blk, start) = match ins.class {
@@ -368,6 +404,16 @@ impl FusedKernel {
                     vals.product = Val::Arg(Arg::Flat(h.into(), start));
                 }
                 _ => {
+                    if pass == Pass::Rest {
+                        if let Some(seg) = self.segments.iter().find(|s| s.start == i) {
+                            let blk = Blk { rows: nb, cols };
+                            if let Some(to_out) = self.segment(seg, scratch, vals, blk, &mut out, !stream)? {
+                                direct |= to_out;
+                                skip_to = seg.end;
+                                continue;
+                            }
+                        }
+                    }
                     let to_out = i == self.output && !stream;
                     let mut own = std::mem::replace(&mut scratch.vals[i], HostData::U8(Vec::new()));
                     let r = {
@@ -380,7 +426,7 @@ impl FusedKernel {
                 }
             }
         }
-        if !direct {
+        if !direct && pass != Pass::Leaves {
             // The output is a leaf or the product itself, or is streamed:
             // copy it out.
             let ins = &self.instrs[self.output];
@@ -438,5 +484,75 @@ impl FusedKernel {
             (Arg::Flat(h, s), true) => Arg::PerRow(h, s),
             (a, _) => a,
         }
+    }
+}
+
+impl FusedKernel {
+    /// Runs segment `seg` over a block: its outputs into their scratch (or
+    /// the block's output, when it is one and `to_out_ok`). `Some(wrote
+    /// the output)`, or `None` when it has no code (interpret its steps).
+    fn segment(
+        &self,
+        seg: &super::jit::Segment,
+        scratch: &mut Scratch,
+        vals: &Vals<'_>,
+        blk: Blk,
+        out: &mut Out<'_>,
+        to_out_ok: bool,
+    ) -> Result<Option<bool>> {
+        let len = blk.len();
+        let mut ptrs = Vec::with_capacity(seg.jit.args().len() + seg.outputs.len());
+        // Outputs first: growing scratch moves it, so no argument's
+        // address is taken before every output has its room.
+        let mut outs = Vec::with_capacity(seg.outputs.len());
+        let mut to_out = false;
+        for &s in &seg.outputs {
+            let p: *mut u8 = if s == self.output && to_out_ok {
+                to_out = true;
+                super::jit::out_address(out.reborrow(), ty_of(self.instrs[s].dtype)?, len)?
+            } else {
+                let mut p = std::ptr::null_mut();
+                dispatch!(self.instrs[s].dtype, E => ops::with_out::<E>(&mut scratch.vals[s], len, |o| {
+                    p = o.as_mut_ptr().cast();
+                    Ok(())
+                })?);
+                p
+            };
+            outs.push(p);
+        }
+        let mut modes = Vec::with_capacity(seg.jit.args().len());
+        for (&o, &t) in seg.jit.args().iter().zip(&seg.jit.body().args) {
+            let a = self.arg(vals, scratch, o);
+            let (p, m) = match t {
+                Ty::F32 => super::jit::address::<f32>(a, blk)?,
+                Ty::Bool => super::jit::address::<bool>(a, blk)?,
+            };
+            ptrs.push(p);
+            modes.push(m);
+        }
+        let Some(kernel) = seg.jit.kernel(self.node, &modes) else { return Ok(None) };
+        ptrs.extend(outs);
+        let (rows, cols) = if modes.iter().any(|m| matches!(m, Mode::Cols | Mode::PerRow)) {
+            (blk.rows, blk.cols)
+        } else {
+            (1, len)
+        };
+        // SAFETY: every argument was checked against the block as its mode
+        // reads it (`address`); each output is `len` elements of its type,
+        // of the block's output (checked by `out_address`) or of its own
+        // step's scratch (grown above, before any argument's address was
+        // taken, and not touched until the call returns); the outputs are
+        // the segment's own steps, which it does not read, so no output
+        // overlaps an argument or another output.
+        unsafe { kernel.call(&ptrs, rows, cols)? };
+        Ok(Some(to_out))
+    }
+}
+
+fn ty_of(d: DType) -> Result<Ty> {
+    match d {
+        DType::F32 => Ok(Ty::F32),
+        DType::Bool => Ok(Ty::Bool),
+        _ => Err(Error::Backend(format!("cpu: a generated segment writes {d}"))),
     }
 }

@@ -3,6 +3,7 @@
 //! bodies bit for bit, reductions and matmuls within the dtype's tolerance.
 
 use super::{host, tol, vals};
+use crate::backends::cpu::codegen::Codegen;
 use crate::backends::cpu::fused::FusedKernel;
 use crate::backends::cpu::{CpuBackend, CpuBuffer};
 use crate::backends::{Backend, Buffer, RngArgs};
@@ -397,7 +398,7 @@ fn buffers(be: &CpuBackend, g: &Graph) -> Vec<CpuBuffer> {
 fn in_place_agrees(body: &str, k: usize, what: &str) {
     let g = parse(body).unwrap();
     let fb = FusedBody::new(g.clone()).unwrap();
-    let kernel = FusedKernel::compile(&fb, fb.output()).unwrap();
+    let kernel = FusedKernel::compile(&fb, fb.output(), Codegen::Measured).unwrap();
     assert!(kernel.can_run_in_place(k), "{what}: operand {k} qualifies");
     let be = CpuBackend::new();
     let bufs = buffers(&be, &g);
@@ -421,7 +422,8 @@ fn in_place_matches_out_of_place() {
     in_place_agrees(mm, 2, "matmul residual");
     // An expanded operand, a matmul operand, another dtype: never in place.
     let g = parse(&sized(FLOAT_BODY, "f32", 37, 129)).unwrap();
-    let kernel = FusedKernel::compile(&FusedBody::new(g.clone()).unwrap(), g.outputs()[0]).unwrap();
+    let kernel =
+        FusedKernel::compile(&FusedBody::new(g.clone()).unwrap(), g.outputs()[0], Codegen::Measured).unwrap();
     assert!(!kernel.can_run_in_place(1));
     let be = CpuBackend::new();
     let bufs = buffers(&be, &g);
@@ -434,14 +436,17 @@ fn in_place_matches_out_of_place() {
     );
     assert_eq!(e, Some(want));
     let mmg = parse(mm).unwrap();
-    let mmk = FusedKernel::compile(&FusedBody::new(mmg.clone()).unwrap(), mmg.outputs()[0]).unwrap();
+    let mmk =
+        FusedKernel::compile(&FusedBody::new(mmg.clone()).unwrap(), mmg.outputs()[0], Codegen::Measured)
+            .unwrap();
     assert!(!mmk.can_run_in_place(0) && !mmk.can_run_in_place(1));
 }
 
 #[test]
 fn bad_runs_are_errors() {
     let g = parse(&sized(FLOAT_BODY, "f32", 4, 3)).unwrap();
-    let kernel = FusedKernel::compile(&FusedBody::new(g.clone()).unwrap(), g.outputs()[0]).unwrap();
+    let kernel =
+        FusedKernel::compile(&FusedBody::new(g.clone()).unwrap(), g.outputs()[0], Codegen::Measured).unwrap();
     let be = CpuBackend::new();
     let bufs = buffers(&be, &g);
     let msg = |r: crate::Result<()>| r.err().map(|e| e.to_string()).unwrap_or_default();

@@ -81,6 +81,7 @@ fn assert_close(got: &HostData, want: &[f64], t: f64, what: &str) {
     }
 }
 
+mod codegen;
 mod fused;
 mod kernels;
 
