@@ -19,6 +19,7 @@
 //! autocast (f32 parameters).
 //!
 //!     cargo bench --features cuda --bench gpu_ddp_gpt [-- --bf16] [--buckets 4,25]
+//!     cargo bench ... -- --profile   # also rank 0's node times by op (the all-reduces' own time), eager
 //!
 //! Without two GPUs it says so and exits 0 (`KILN_REQUIRE_GPUS=2`: 1).
 
@@ -127,6 +128,31 @@ fn rank_process(precision: &str, bucket_mib: usize) -> Result<()> {
     Ok(())
 }
 
+/// Rank 0's device time by op over 3 steps of `DataParallel` with
+/// profiling on (each node timed by CUDA events, plans launched eagerly,
+/// so the all-reduces' time is their own, not hidden behind the backward).
+fn profile(gpus: usize, autocast: &dyn Fn(Context) -> Context, mib: usize) -> Result<()> {
+    let ctxs: Vec<Context> = (0..gpus)
+        .map(|k| Context::cuda(k).map(|c| autocast(c.with_tf32(false).with_profiling(true))))
+        .collect::<Result<_>>()?;
+    let mut dp = DataParallel::new(&ctxs, build, loss)?.with_bucket_bytes(mib << 20);
+    let shards: Vec<Vec<Tensor>> =
+        ctxs.iter().enumerate().map(|(k, c)| batch(c, 10 + k as u64)).collect::<Result<_>>()?;
+    for _ in 0..3 {
+        dp_step(&mut dp, &shards)?;
+    }
+    ctxs[0].reset_profile();
+    for _ in 0..3 {
+        dp_step(&mut dp, &shards)?;
+    }
+    let p = ctxs[0].profile();
+    println!("profile, rank 0, buckets {mib} MiB, per step:");
+    for r in p.by_op().iter().take(14) {
+        println!("    {:<40} {:>7.1} nodes {:>9.4} ms", r.key, r.calls as f64 / 3.0, r.total_ms / 3.0);
+    }
+    Ok(())
+}
+
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
@@ -175,6 +201,10 @@ fn main() -> Result<()> {
             tokens_per_s(gpus, tn),
             gpus as f64 * t1 / tn
         );
+    }
+
+    if std::env::args().any(|a| a == "--profile") {
+        profile(gpus, &autocast, buckets.last().copied().unwrap_or(4))?;
     }
 
     // Every GPU, a process each, the last bucket size.
