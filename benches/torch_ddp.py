@@ -38,11 +38,12 @@ def mlp():
                          nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
 
 
-def timed(step):
+def timed(step, steps=30):
+    """The median of `steps` wall-clock step times after 5 warm-ups."""
     for _ in range(5):
         step()
     ts = []
-    for _ in range(30):
+    for _ in range(steps):
         t = time.perf_counter()
         step()
         ts.append(time.perf_counter() - t)
@@ -121,15 +122,7 @@ def gpt_timed(model, ids, targets, bf16):
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss.item()
-    for _ in range(5):
-        step()
-    ts = []
-    for _ in range(20):
-        t = time.perf_counter()
-        step()
-        ts.append(time.perf_counter() - t)
-    ts.sort()
-    return ts[len(ts) // 2]
+    return timed(step, steps=20)
 
 
 def gpt_rank(rank, world, bf16, out):
