@@ -97,7 +97,7 @@ fn build(inputs: &[u8], steps: &[Step], outputs: &[u16]) -> Graph {
             },
             4 if rank >= 1 => {
                 let op = if q % 2 == 0 { ReduceOp::Sum } else { ReduceOp::Max };
-                add(&mut g, Op::Reduce { op, dims: vec![rank - 1], keepdim: q % 3 != 0 }, &[a])
+                add(&mut g, Op::Reduce { op, dims: vec![rank - 1], keepdim: q % 3 != 0, into: None }, &[a])
             }
             5 if rank == 2 => {
                 let t = add(&mut g, Op::Permute(vec![1, 0]), &[a]);
@@ -408,8 +408,12 @@ fn ten_thousand_nodes_plan() {
                 add(&mut g, Op::Unary(UnaryOp::Neg), &[cur]).unwrap()
             }
             2 => {
-                let r = add(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![1], keepdim: true }, &[cur])
-                    .unwrap();
+                let r = add(
+                    &mut g,
+                    Op::Reduce { op: ReduceOp::Sum, dims: vec![1], keepdim: true, into: None },
+                    &[cur],
+                )
+                .unwrap();
                 let e = add(&mut g, Op::Expand(Shape::new([8, 4])), &[r]).unwrap();
                 add(&mut g, Op::Binary(BinaryOp::Sub), &[cur, e]).unwrap()
             }

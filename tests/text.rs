@@ -251,6 +251,19 @@ fn parse_errors() {
         &format!("{x}%1: f32[2,3] = frobnicate %x\nreturn %1\n"),
     );
     parse_error("text__parse_error_bad_dtype", "%x: f31[2,3] = input 0\nreturn %x\n");
+    // A widening sum only widens floats, and only a sum or a mean.
+    parse_error(
+        "text__parse_error_narrowing_sum",
+        "%x: f32[2,3] = input 0\n%1: bf16[3] = sum %x dims=[0] into=bf16\nreturn %1\n",
+    );
+    parse_error(
+        "text__parse_error_widening_max",
+        "%x: bf16[2,3] = input 0\n%1: f32[3] = max %x dims=[0] into=f32\nreturn %1\n",
+    );
+    parse_error(
+        "text__parse_error_into_not_a_dtype",
+        &format!("{x}%1: f32[3] = sum %x dims=[0] into=wide\nreturn %1\n"),
+    );
     parse_error("text__parse_error_missing_return", &format!("{x}%1: f32[2,3] = neg %x\n"));
     parse_error("text__parse_error_empty_input", "");
     parse_error("text__parse_error_type_mismatch", &format!("{x}%1: f32[3,2] = neg %x\nreturn %1\n"));

@@ -272,8 +272,11 @@ fn encode(graph: &Graph, id: NodeId, operands: &[NodeId], marks: &[(u32, u32)], 
         Op::Binary(b) => put(w, *b as u64),
         Op::Compare(c) => put(w, *c as u64),
         Op::Cast(d) => put(w, dtype_code(*d)),
-        Op::Reduce { op, dims, keepdim } => {
-            put(w, *op as u64 | (*keepdim as u64) << 8);
+        Op::Reduce { op, dims, keepdim, into } => {
+            put(
+                w,
+                *op as u64 | (*keepdim as u64) << 8 | into.map_or(0, |d| dtype_code(d).wrapping_add(1)) << 16,
+            );
             dims_words(w, dims);
         }
         Op::Where | Op::MatMul | Op::Assign => {}

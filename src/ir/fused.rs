@@ -288,6 +288,9 @@ fn classify(graph: &Graph) -> Result<(FusedKind, usize), String> {
             Op::Reduce { op: ReduceOp::ArgMax, .. } => {
                 return Err(format!("{}: argmax is not fused", describe()));
             }
+            Op::Reduce { into: Some(_), .. } => {
+                return Err(format!("{}: a widening reduction (into=) is not fused", describe()));
+            }
             Op::Reduce { .. } => reductions.push(id),
             Op::MatMul => matmuls.push(id),
             _ => return Err(format!("{}: this op cannot be part of a fused body", describe())),

@@ -106,8 +106,16 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
             (s, d)
         }
         Op::Cast(to) => (ty(0).0.clone(), *to),
-        Op::Reduce { op: r, dims, keepdim } => {
+        Op::Reduce { op: r, dims, keepdim, into } => {
             let (s, d) = ty(0);
+            if let Some(to) = *into {
+                let wider = d.is_float() && to.is_float() && to.size() > d.size();
+                if !matches!(r, ReduceOp::Sum | ReduceOp::Mean) || !wider {
+                    return Err(format!(
+                        "{name} into={to} of {d}: only a float sum or mean may return a wider float than it reads"
+                    ));
+                }
+            }
             for w in dims.windows(2) {
                 if w[0] >= w[1] {
                     return Err(format!("{name} dims {dims:?} must be sorted and distinct"));
@@ -139,7 +147,7 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
                     out.push(1);
                 }
             }
-            (Shape(out), if *r == ReduceOp::ArgMax { DType::I64 } else { d })
+            (Shape(out), if *r == ReduceOp::ArgMax { DType::I64 } else { into.unwrap_or(d) })
         }
         Op::MatMul => {
             let ((a, da), (b, db)) = (ty(0), ty(1));

@@ -277,6 +277,14 @@ pub enum Op {
         dims: Vec<usize>,
         /// Whether reduced dimensions stay as size 1.
         keepdim: bool,
+        /// The result's dtype when it is wider than the operand's (a
+        /// `sum` or `mean` of f16/bf16 values into f32, or of f32 into
+        /// f64); `None` for the operand's. Printed `into=f32`. The
+        /// elements are widened as they are read, so the result is
+        /// bit for bit `sum(cast(x))`; fusion's `wide_sum.rs` makes
+        /// these from autocast's f32 column sums of bf16 gradients, so
+        /// that nothing writes the widened copy.
+        into: Option<DType>,
     },
     /// `[.., m, k] x [.., k, n] -> [.., m, n]`, batch dimensions equal.
     MatMul,

@@ -310,7 +310,7 @@ mod tests {
     fn reduced(v: Scalar, dtype: DType, dims: &[usize], op: ReduceOp, over: Vec<usize>) -> Op {
         let mut g = Graph::new();
         let a = full_node(&mut g, v, dtype, dims);
-        folded(&mut g, Op::Reduce { op, dims: over, keepdim: false }, &[a])
+        folded(&mut g, Op::Reduce { op, dims: over, keepdim: false, into: None }, &[a])
     }
 
     #[test]

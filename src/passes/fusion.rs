@@ -54,6 +54,12 @@
 //! so that a widening cast a loss gathers from keeps only fused readers
 //! and is recomputed in them.
 //!
+//! A float `sum` or `mean` over non-trailing dims (a column sum, which
+//! stays unfused) of a widening cast (through views) reads the narrow
+//! value and widens as it reads (`wide_sum.rs`: `sum(cast(x))` becomes
+//! `sum(x) into=f32`, the same bits), so that no kernel writes the wide
+//! copy for it.
+//!
 //! A `reshape` of an elementwise node that nothing else reads moves to
 //! that node's operands first (`sink.rs`: `reshape(f(a, b)) =
 //! f(reshape(a), reshape(b))`, the same elements), so that the node joins
@@ -87,6 +93,7 @@ mod build;
 mod gather_cast;
 mod group;
 mod sink;
+mod wide_sum;
 
 use super::{Changed, Pass, PassCtx};
 use crate::ir::{Graph, Phase};
@@ -109,7 +116,8 @@ impl Pass for Fusion {
     fn run(&self, graph: &mut Graph, cx: &mut PassCtx) -> Result<Changed> {
         let before = build::cost(graph);
         let hoisted = gather_cast::hoist_casts_over_gathers(graph);
-        let sunk = sink::sink_reshapes(graph) + hoisted;
+        let widened = wide_sum::widen_in_column_sums(graph);
+        let sunk = sink::sink_reshapes(graph) + hoisted + widened;
         let index = group::Index::new(graph);
         let grouping = {
             let _span = tracing::debug_span!("fusion-group", nodes = index.len()).entered();

@@ -81,7 +81,7 @@ impl Tensor {
         if sorted.windows(2).any(|w| w[0] == w[1]) {
             return self.fail_shape(op.mnemonic(), format!("dims {dims:?} name a dimension twice"), location);
         }
-        Tensor::record(&[self], Op::Reduce { op, dims: sorted, keepdim }, None, location)
+        Tensor::record(&[self], Op::Reduce { op, dims: sorted, keepdim, into: None }, None, location)
     }
 
     /// `exp(x) / sum(exp(x))` along `dim`, computed stably (the row maximum

@@ -301,6 +301,42 @@ fn split_column_reductions_run_on_the_emulator() -> kiln::Result<()> {
     Ok(())
 }
 
+/// A float sum or mean over leading dims of a widened f16 or bf16 value
+/// (autocast's bias gradients) reads the narrow value and widens as it
+/// reads (fusion's `wide_sum.rs`: `sum(x) into=f32`). Each case is a
+/// path of the CUDA lowering: dense columns (the column kernel, split into
+/// row chunks for the tall one), fewer than 32 columns and a permuted view
+/// (the row kernel, widening in its body).
+#[test]
+fn column_sums_of_widened_half_values() {
+    each_backend(|| {
+        let ctx = dev();
+        let mut rng = Rng::new(23);
+        for dtype in [DType::BF16, DType::F16] {
+            for (shape, dims, permute) in [
+                (&[37usize, 3, 70][..], &[0usize, 1][..], false),
+                (&[600, 2, 40], &[0], false),
+                (&[37, 3, 20], &[0, 1], false),
+                (&[5, 7, 40], &[0], true),
+            ] {
+                let (t, h) = rand_tensor(&ctx, &mut rng, dtype, shape);
+                let Host::F(a) = &h else { unreachable!("a float dtype") };
+                let (w, a) = if permute {
+                    (t.cast(DType::F32).permute(&[2, 1, 0]), a.permute(&[2, 1, 0]))
+                } else {
+                    (t.cast(DType::F32), a.clone())
+                };
+                let what = format!("sum of {dtype} {shape:?} widened, over {dims:?}, permuted {permute}");
+                let n = reduced_count(&a.shape, dims) as f64;
+                let sum = a.reduce(dims, false, |v| v.iter().sum::<f64>());
+                check_f(&w.sum(dims, false), DType::F32, &sum, max_abs(&a), &what);
+                let mean = a.reduce(dims, true, |v| v.iter().sum::<f64>() / n);
+                check_f(&w.mean(dims, true), DType::F32, &mean, max_abs(&a), &format!("mean: {what}"));
+            }
+        }
+    });
+}
+
 #[test]
 fn softmax_and_log_softmax_on_every_float_dtype() {
     each_backend(|| {

@@ -118,7 +118,19 @@ impl CpuExecutable {
                 write!(|out| elementwise::where_(x()?, y()?, z, out))
             }
             Op::Cast(_) => write!(|out| elementwise::cast(x()?, out)),
-            Op::Reduce { op, dims, .. } => write!(|out| reduce::reduce(x()?, *op, dims, out)),
+            Op::Reduce { op, dims, into: None, .. } => write!(|out| reduce::reduce(x()?, *op, dims, out)),
+            Op::Reduce { op, dims, into: Some(to), .. } => {
+                // Widened into scratch first, so the bits are exactly
+                // `sum(cast(x))`'s; the CPU keeps the copy the CUDA column
+                // kernel avoids (it widens as it loads).
+                let a = x()?;
+                let wide = dispatch!(*to, B => {
+                    let mut data = vec![B::default(); a.shape().numel()];
+                    elementwise::cast(a, Out::new(&mut data))?;
+                    CpuBuffer::dense(B::into_host(data), a.shape().clone(), &self.stats)?
+                });
+                write!(|out| reduce::reduce(&wide, *op, dims, out))
+            }
             Op::MatMul => write!(|out| super::matmul::matmul(x()?, y()?, out)),
             Op::Conv2d { stride, padding, dilation, groups } => {
                 let p = conv::ConvParams {

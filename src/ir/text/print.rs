@@ -206,8 +206,9 @@ fn attrs(op: &Op, dtype: crate::ir::DType) -> String {
         | Op::MatMul => String::new(),
         Op::Permute(perm) => format!(" perm={}", list(perm)),
         Op::Slice { dim, start, step, len } => format!(" dim={dim} start={start} step={step} len={len}"),
-        Op::Reduce { dims, keepdim, .. } => {
-            format!(" dims={}{}", list(dims), if *keepdim { " keepdim" } else { "" })
+        Op::Reduce { dims, keepdim, into, .. } => {
+            let into = into.map(|d| format!(" into={d}")).unwrap_or_default();
+            format!(" dims={}{}{into}", list(dims), if *keepdim { " keepdim" } else { "" })
         }
         Op::Conv2d { stride, padding, dilation, groups } => format!(
             " stride={} padding={} dilation={} groups={groups}",

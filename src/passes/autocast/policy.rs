@@ -212,9 +212,9 @@ mod tests {
         }
         assert_eq!(precision_of(&Op::MatMul), (Precision::Low, Some("products")));
         assert_eq!(precision_of(&Op::Unary(UnaryOp::Relu)), (Precision::Follow, None));
-        let sum = Op::Reduce { op: ReduceOp::Sum, dims: vec![0], keepdim: false };
+        let sum = Op::Reduce { op: ReduceOp::Sum, dims: vec![0], keepdim: false, into: None };
         assert_eq!(precision_of(&sum).0, Precision::Recorded);
-        let argmax = Op::Reduce { op: ReduceOp::ArgMax, dims: vec![0], keepdim: false };
+        let argmax = Op::Reduce { op: ReduceOp::ArgMax, dims: vec![0], keepdim: false, into: None };
         assert_eq!(precision_of(&argmax).0, Precision::Follow);
     }
 

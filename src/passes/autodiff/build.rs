@@ -155,7 +155,7 @@ impl Builder<'_> {
     }
 
     pub(super) fn reduce(&mut self, op: ReduceOp, x: NodeId, dims: &[usize], keepdim: bool) -> Built {
-        self.add(Op::Reduce { op, dims: dims.to_vec(), keepdim }, &[x])
+        self.add(Op::Reduce { op, dims: dims.to_vec(), keepdim, into: None }, &[x])
     }
 
     pub(super) fn matmul(&mut self, a: NodeId, b: NodeId) -> Built {

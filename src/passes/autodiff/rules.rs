@@ -43,7 +43,15 @@ pub(super) fn vjp(
             let to = b.dtype(xs[0]);
             one(b.cast(g, to))
         }
-        Op::Reduce { op, dims, keepdim: _ } => one(reduce(b, op, &dims, xs[0], y, g)),
+        Op::Reduce { op, dims, keepdim: _, into } => {
+            // A widening sum's gradient is the plain one narrowed back to
+            // the operand's dtype (as `sum(cast(x))` differentiates).
+            let spread = reduce(b, op, &dims, xs[0], y, g)?;
+            one(match into {
+                Some(_) => b.cast(spread, b.dtype(xs[0])),
+                None => Ok(spread),
+            })
+        }
         Op::Reshape(_) => {
             let shape = b.shape(xs[0]);
             one(b.reshape(g, &shape))

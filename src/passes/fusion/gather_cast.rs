@@ -49,7 +49,7 @@ pub(super) fn hoist_casts_over_gathers(graph: &mut Graph) -> usize {
 
 /// The cast `id` views (itself if it is one) and the views between them,
 /// outermost first.
-fn cast_under_views(graph: &Graph, mut id: NodeId) -> Option<(NodeId, Vec<NodeId>)> {
+pub(super) fn cast_under_views(graph: &Graph, mut id: NodeId) -> Option<(NodeId, Vec<NodeId>)> {
     let mut views = Vec::new();
     loop {
         let node = graph.node(id);

@@ -126,7 +126,7 @@ fn classify(graph: &Graph, id: NodeId) -> Class {
         Op::Buffer(_) | Op::Random { .. } | Op::Arange { .. } => Class::Source,
         op if op.is_view() => Class::View,
         op if op.is_elementwise() => Class::Elementwise,
-        Op::Reduce { op: ReduceOp::ArgMax, .. } => Class::Other,
+        Op::Reduce { op: ReduceOp::ArgMax, .. } | Op::Reduce { into: Some(_), .. } => Class::Other,
         Op::Reduce { dims, keepdim, .. } => {
             let rank = graph.operands(id).first().map_or(0, |&o| graph.node(o).shape.rank());
             match dims.first() {

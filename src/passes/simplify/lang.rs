@@ -76,6 +76,7 @@ pub enum OpKey {
         op: ReduceOp,
         dims: Vec<usize>,
         keepdim: bool,
+        into: Option<DType>,
     },
     MatMul,
     Conv2d {
@@ -179,8 +180,8 @@ impl From<&Op> for OpKey {
             Op::Compare(c) => OpKey::Compare(*c),
             Op::Where => OpKey::Where,
             Op::Cast(d) => OpKey::Cast(*d),
-            Op::Reduce { op, dims, keepdim } => {
-                OpKey::Reduce { op: *op, dims: dims.clone(), keepdim: *keepdim }
+            Op::Reduce { op, dims, keepdim, into } => {
+                OpKey::Reduce { op: *op, dims: dims.clone(), keepdim: *keepdim, into: *into }
             }
             Op::MatMul => OpKey::MatMul,
             Op::Conv2d { stride, padding, dilation, groups } => {
@@ -231,8 +232,8 @@ impl OpKey {
             OpKey::Compare(c) => Op::Compare(*c),
             OpKey::Where => Op::Where,
             OpKey::Cast(d) => Op::Cast(*d),
-            OpKey::Reduce { op, dims, keepdim } => {
-                Op::Reduce { op: *op, dims: dims.clone(), keepdim: *keepdim }
+            OpKey::Reduce { op, dims, keepdim, into } => {
+                Op::Reduce { op: *op, dims: dims.clone(), keepdim: *keepdim, into: *into }
             }
             OpKey::MatMul => Op::MatMul,
             OpKey::Conv2d { stride, padding, dilation, groups } => {

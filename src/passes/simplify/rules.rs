@@ -393,7 +393,8 @@ fn add_add_const(env: Env, g: &SGraph, node: &ENode) -> Option<Term> {
 }
 
 fn sum_of_expand(env: Env, g: &SGraph, node: &ENode) -> Option<Term> {
-    let OpKey::Reduce { op: ReduceOp::Sum, dims, keepdim } = &node.op else { return None };
+    // A widening sum (`into=`) is left alone: its operand has another dtype.
+    let OpKey::Reduce { op: ReduceOp::Sum, dims, keepdim, into: None } = &node.op else { return None };
     if !reassociates(env, node.dtype) {
         return None;
     }

@@ -279,7 +279,7 @@ impl FusedKernel {
                         let c = class_of(id)?;
                         (Step::Cast(same(0, c)?), c)
                     }
-                    Op::Reduce { op, dims, keepdim } => {
+                    Op::Reduce { op, dims, keepdim, into: None } => {
                         let trailing: Vec<usize> = (split..domain.rank()).collect();
                         if kind != "reduction" || *dims != trailing || (!keepdim && id != out_id) {
                             return Err(err(format!("{id} ({}) does not reduce the rows", op.mnemonic())));

@@ -52,7 +52,7 @@ fn reductions_over_dim_sets_of_permuted_input() {
                     let mut t = T::new();
                     let x = t.input(raw.clone(), [9, 7, 5]);
                     let p = t.op(Op::Permute(vec![2, 1, 0]), &[x]);
-                    let r = t.op(Op::Reduce { op, dims: dims.clone(), keepdim }, &[p]);
+                    let r = t.op(Op::Reduce { op, dims: dims.clone(), keepdim, into: None }, &[p]);
                     let want = reduce_ref(&logical, &shape, &dims, op);
                     let tl = if op == ReduceOp::Sum || op == ReduceOp::Mean { tol(d) } else { 0.0 };
                     assert_close(&t.run1(r), &want, tl, &format!("{op:?} {dims:?} {d}"));
@@ -67,15 +67,15 @@ fn reduction_nan_and_wrapping_rules() {
     let mut t = T::new();
     let x = t.input(HostData::F32(vec![1.0, f32::NAN, 3.0, 3.0, 5.0, 5.0]), [2, 3]);
     let (am, mx) = (
-        t.op(Op::Reduce { op: ReduceOp::ArgMax, dims: vec![1], keepdim: false }, &[x]),
-        t.op(Op::Reduce { op: ReduceOp::Max, dims: vec![1], keepdim: true }, &[x]),
+        t.op(Op::Reduce { op: ReduceOp::ArgMax, dims: vec![1], keepdim: false, into: None }, &[x]),
+        t.op(Op::Reduce { op: ReduceOp::Max, dims: vec![1], keepdim: true, into: None }, &[x]),
     );
     let out = t.run(&[am, mx]).unwrap();
     assert_eq!(out[0], HostData::I64(vec![1, 1]));
     assert_close(&out[1], &[f64::NAN, 5.0], 0.0, "max nan");
     let mut t = T::new();
     let x = t.input(HostData::U8(vec![200, 100, 7]), [3]);
-    let s = t.op(Op::Reduce { op: ReduceOp::Sum, dims: vec![0], keepdim: false }, &[x]);
+    let s = t.op(Op::Reduce { op: ReduceOp::Sum, dims: vec![0], keepdim: false, into: None }, &[x]);
     assert_eq!(t.run1(s), HostData::U8(vec![51]));
 }
 
@@ -300,7 +300,7 @@ fn large_shapes_take_the_parallel_paths() {
     for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min, ReduceOp::ArgMax] {
         let mut t = T::new();
         let x = t.input(host(&v, DType::F64), [1, n]);
-        let red = t.op(Op::Reduce { op, dims: vec![1], keepdim: true }, &[x]);
+        let red = t.op(Op::Reduce { op, dims: vec![1], keepdim: true, into: None }, &[x]);
         assert_close(&t.run1(red), &reduce_ref(&v, &[1, n], &[1], op), 1e-12, &format!("long {op:?}"));
     }
     let mut with_nan = v.clone();
@@ -308,14 +308,14 @@ fn large_shapes_take_the_parallel_paths() {
     with_nan[50_000] = f64::NAN;
     let mut t = T::new();
     let x = t.input(host(&with_nan, DType::F32), [n]);
-    let am = t.op(Op::Reduce { op: ReduceOp::ArgMax, dims: vec![0], keepdim: false }, &[x]);
-    let mn = t.op(Op::Reduce { op: ReduceOp::Min, dims: vec![0], keepdim: false }, &[x]);
+    let am = t.op(Op::Reduce { op: ReduceOp::ArgMax, dims: vec![0], keepdim: false, into: None }, &[x]);
+    let mn = t.op(Op::Reduce { op: ReduceOp::Min, dims: vec![0], keepdim: false, into: None }, &[x]);
     let out = t.run(&[am, mn]).unwrap();
     assert_eq!(out[0], HostData::I64(vec![40_000]));
     assert_close(&out[1], &[f64::NAN], 0.0, "long min with nan");
     let mut t = T::new();
     let x = t.input(HostData::I32(vec![i32::MAX; n]), [n]);
-    let s = t.op(Op::Reduce { op: ReduceOp::Sum, dims: vec![0], keepdim: false }, &[x]);
+    let s = t.op(Op::Reduce { op: ReduceOp::Sum, dims: vec![0], keepdim: false, into: None }, &[x]);
     assert_eq!(t.run1(s), HostData::I32(vec![(i32::MAX as i64 * n as i64) as i32]));
     // reductions: many lanes in parallel chunks, over either dim of a transposed input.
     let (r, c) = (300, 257);
@@ -326,7 +326,7 @@ fn large_shapes_take_the_parallel_paths() {
             let mut t = T::new();
             let x = t.input(host(&v, DType::F64), [r, c]);
             let p = t.op(Op::Permute(vec![1, 0]), &[x]);
-            let red = t.op(Op::Reduce { op, dims: dims.clone(), keepdim: false }, &[p]);
+            let red = t.op(Op::Reduce { op, dims: dims.clone(), keepdim: false, into: None }, &[p]);
             let want = reduce_ref(&vt, &[c, r], &dims, op);
             assert_close(&t.run1(red), &want, 1e-12, &format!("{op:?} {dims:?}"));
         }

@@ -62,10 +62,14 @@ impl Lowering<'_> {
                 let split = kept.len();
                 let mut g = Graph::new();
                 let input = g.add_unchecked(leaf_node(Op::Input(0), &x.layout.shape, x.dtype), &[]);
-                let p = g.add_unchecked(leaf_node(Op::Permute(perm), &domain, x.dtype), &[input]);
+                let mut p = g.add_unchecked(leaf_node(Op::Permute(perm), &domain, x.dtype), &[input]);
+                if node.dtype != x.dtype && *op != ReduceOp::ArgMax {
+                    // A widening sum (`into=`): the body widens as it reads.
+                    p = g.add_unchecked(leaf_node(Op::Cast(node.dtype), &domain, node.dtype), &[p]);
+                }
                 let r = g.add_unchecked(
                     Node {
-                        op: Op::Reduce { op: *op, dims: (split..rank).collect(), keepdim: false },
+                        op: Op::Reduce { op: *op, dims: (split..rank).collect(), keepdim: false, into: None },
                         shape: Shape(domain.0[..split].to_vec()),
                         dtype: node.dtype,
                         region: RegionId::ROOT,

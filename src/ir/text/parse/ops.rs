@@ -335,7 +335,16 @@ pub(super) fn build_op(
         Kind::MatMul => Op::MatMul,
         Kind::Reduce(op) => {
             let dims = a.list("dims", m, &format!("{m} %x dims=[1] keepdim"))?;
-            Op::Reduce { op, dims, keepdim: a.flag("keepdim") }
+            let into = if a.has("into") {
+                let w = a.word("into", m, &format!("{m} %x dims=[0] into=f32"))?;
+                Some(
+                    DType::from_name(w)
+                        .ok_or_else(|| format!("into= takes a dtype (f32), found '{}'", clip(w)))?,
+                )
+            } else {
+                None
+            };
+            Op::Reduce { op, dims, keepdim: a.flag("keepdim"), into }
         }
         Kind::Conv2d => {
             let ex = "conv2d %x, %w stride=[1,1] padding=[0,0] dilation=[1,1] groups=1";
