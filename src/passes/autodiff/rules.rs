@@ -72,17 +72,31 @@ pub(super) fn vjp(
             one(b.place(g, dim, start, step, n, 0.0))
         }
         Op::MatMul => Ok(vec![
-            if wanted[0] {
-                let bt = b.transpose_last(xs[1])?;
-                Some(b.matmul(g, bt)?)
-            } else {
-                None
+            match (wanted[0], b.is_transpose(xs[0])) {
+                (false, _) => None,
+                (true, false) => {
+                    let bt = b.transpose_last(xs[1])?;
+                    Some(b.matmul(g, bt)?)
+                }
+                // da = g bᵀ = (b gᵀ)ᵀ: see `Builder::is_transpose`.
+                (true, true) => {
+                    let gt = b.transpose_last(g)?;
+                    let p = b.matmul(xs[1], gt)?;
+                    Some(b.transpose_last(p)?)
+                }
             },
-            if wanted[1] {
-                let at = b.transpose_last(xs[0])?;
-                Some(b.matmul(at, g)?)
-            } else {
-                None
+            match (wanted[1], b.is_transpose(xs[1])) {
+                (false, _) => None,
+                (true, false) => {
+                    let at = b.transpose_last(xs[0])?;
+                    Some(b.matmul(at, g)?)
+                }
+                // db = aᵀ g = (gᵀ a)ᵀ: see `Builder::is_transpose`.
+                (true, true) => {
+                    let gt = b.transpose_last(g)?;
+                    let p = b.matmul(gt, xs[0])?;
+                    Some(b.transpose_last(p)?)
+                }
             },
         ]),
         Op::Cat { dim } => {
