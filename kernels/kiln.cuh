@@ -173,6 +173,33 @@ __device__ __forceinline__ double fmaxn(double a, double b) { return (a != a || 
 __device__ __forceinline__ double fminn(double a, double b) { return (a != a || b != b) ? nan_f64() : (a < b ? a : b); }
 
 // ---------------------------------------------------------------------------
+// Activation gradients g * f'(x), term for term as PyTorch's GeluBackward
+// (tanh and erf) and silu_backward compute them (src/ir/eval.rs is the
+// same arithmetic on the CPU). T is float (f16, bf16 and f32 values) or
+// double.
+
+template <typename T> __device__ __forceinline__ T gelu_tanh_grad(T x, T g, T k, T c) {
+  const T x_sq = x * x;
+  const T t = tanh(k * (x + c * x_sq * x));
+  const T left = T(0.5) * x, right = T(1) + t;
+  const T left_derivative = T(0.5) * right;
+  const T tanh_derivative = T(1) - t * t;
+  const T inner_derivative = k * (T(1) + T(3) * c * x_sq);
+  return g * (left_derivative + left * tanh_derivative * inner_derivative);
+}
+
+template <typename T> __device__ __forceinline__ T gelu_grad(T x, T g, T frac_1_sqrt_2, T beta) {
+  const T cdf = T(0.5) * (T(1) + erf(x * frac_1_sqrt_2));
+  const T pdf = beta * exp(x * x * T(-0.5));
+  return g * (cdf + x * pdf);
+}
+
+template <typename T> __device__ __forceinline__ T silu_grad(T x, T g) {
+  const T s = T(1) / (T(1) + exp(-x));
+  return g * s * (T(1) + x * (T(1) - s));
+}
+
+// ---------------------------------------------------------------------------
 // Philox 4x32-10, exactly as src/backends/philox.rs defines it: key
 // (seed lo, seed hi), counter (index lo, index hi, stream lo, stream hi).
 

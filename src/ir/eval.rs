@@ -99,6 +99,30 @@ macro_rules! real {
                             b
                         }
                     }
+                    // PyTorch's GeluBackward (tanh) and silu_backward, term
+                    // for term: a = x, b = g.
+                    BinaryOp::GeluTanhGrad => {
+                        let (k, c) = (GELU_TANH_K as $t, GELU_TANH_C as $t);
+                        let x_sq = a * a;
+                        let t = $tanh(k * (a + c * x_sq * a));
+                        let left = 0.5 * a;
+                        let right = 1.0 + t;
+                        let left_derivative = 0.5 * right;
+                        let tanh_derivative = 1.0 - t * t;
+                        let inner_derivative = k * (1.0 + 3.0 * c * x_sq);
+                        b * (left_derivative + left * tanh_derivative * inner_derivative)
+                    }
+                    BinaryOp::GeluGrad => {
+                        let cdf = 0.5 * (1.0 + $erf(a * std::f64::consts::FRAC_1_SQRT_2 as $t));
+                        let beta =
+                            (std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2 * 0.5) as $t;
+                        let pdf = beta * $exp(a * a * -0.5);
+                        b * (cdf + a * pdf)
+                    }
+                    BinaryOp::SiluGrad => {
+                        let s = 1.0 / (1.0 + $exp(-a));
+                        b * s * (1.0 + a * (1.0 - s))
+                    }
                 }
             }
             #[inline(always)]
@@ -162,6 +186,8 @@ pub fn binary_int(op: BinaryOp, a: i64, b: i64) -> i64 {
         }
         BinaryOp::Maximum => a.max(b),
         BinaryOp::Minimum => a.min(b),
+        // infer() rejects the activation gradients on integers.
+        BinaryOp::GeluTanhGrad | BinaryOp::GeluGrad | BinaryOp::SiluGrad => 0,
     }
 }
 

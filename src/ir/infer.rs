@@ -91,6 +91,9 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
             if d == DType::Bool && !matches!(b, BinaryOp::Maximum | BinaryOp::Minimum) {
                 return Err(format!("{name} is not defined on bool; cast to a numeric dtype first"));
             }
+            if b.float_only() && !d.is_float() {
+                return Err(format!("{name} needs a float tensor, got {d}"));
+            }
             (s, d)
         }
         Op::Compare(_) => (same_type(name, operands)?.0, DType::Bool),

@@ -51,6 +51,23 @@ pub enum BinaryOp {
     Maximum,
     /// NaN-propagating, as `torch.minimum`.
     Minimum,
+    /// `g · gelu'(x)` for operands x, g (floats only): the tanh GELU's
+    /// gradient as one op, computed as PyTorch's `gelu_backward` computes
+    /// it (in f32 for f16/bf16, rounded once). Autodiff records it rather
+    /// than the derivative's dozen ops, which under autocast each ran in
+    /// bf16 and rounded (see `passes/autodiff/rules.rs`).
+    GeluTanhGrad,
+    /// `g · gelu'(x)` of the erf GELU, as [`BinaryOp::GeluTanhGrad`].
+    GeluGrad,
+    /// `g · silu'(x)`, as [`BinaryOp::GeluTanhGrad`].
+    SiluGrad,
+}
+
+impl BinaryOp {
+    /// True for the activation gradients, which are defined on floats only.
+    pub fn float_only(self) -> bool {
+        matches!(self, BinaryOp::GeluTanhGrad | BinaryOp::GeluGrad | BinaryOp::SiluGrad)
+    }
 }
 
 /// Elementwise comparisons; the result is `bool`.
@@ -568,7 +585,8 @@ mnemonics!(UnaryOp {
 });
 mnemonics!(BinaryOp {
     Add => "add", Sub => "sub", Mul => "mul", Div => "div", Pow => "pow",
-    Maximum => "maximum", Minimum => "minimum",
+    Maximum => "maximum", Minimum => "minimum", GeluTanhGrad => "gelu_tanh_grad", GeluGrad => "gelu_grad",
+    SiluGrad => "silu_grad",
 });
 mnemonics!(CompareOp { Eq => "eq", Ne => "ne", Lt => "lt", Le => "le", Gt => "gt", Ge => "ge" });
 mnemonics!(ReduceOp { Sum => "sum", Mean => "mean", Max => "max", Min => "min", ArgMax => "argmax" });

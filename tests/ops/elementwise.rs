@@ -75,6 +75,48 @@ fn unary_float_ops_on_every_float_dtype() {
     });
 }
 
+/// The activations' gradients (one op each, `gelu_tanh_grad` and the
+/// rest) against f64 derivatives rounded once to the dtype, as PyTorch's
+/// backward kernels compute them for half types: g · f'(x) for random x
+/// and g, through `backward`, on every float dtype.
+#[test]
+fn activation_gradients_round_once_on_every_float_dtype() {
+    fn phi(x: f64) -> f64 {
+        0.5 * (1.0 + libm::erf(x / std::f64::consts::SQRT_2))
+    }
+    fn sigmoid(x: f64) -> f64 {
+        1.0 / (1.0 + (-x).exp())
+    }
+    fn gelu_tanh_d(x: f64) -> f64 {
+        let (k, c) = ((2.0 / std::f64::consts::PI).sqrt(), 0.044715);
+        let t = (k * (x + c * x * x * x)).tanh();
+        0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * c * x * x)
+    }
+    let cases: [(&str, UnaryFn, fn(f64) -> f64); 3] = [
+        ("gelu_tanh", |t| t.gelu_tanh(), gelu_tanh_d),
+        ("gelu", |t| t.gelu(), |x| phi(x) + x * (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt()),
+        ("silu", |t| t.silu(), |x| sigmoid(x) * (1.0 + x * (1.0 - sigmoid(x)))),
+    ];
+    each_backend(|| {
+        let ctx = dev();
+        let mut rng = Rng::new(31);
+        for dtype in FLOATS {
+            for (k, (name, op, derivative)) in cases.iter().enumerate() {
+                let (xa, ga) =
+                    (rand_f(&mut rng, dtype, &[5, 67], 3.0), rand_f(&mut rng, dtype, &[5, 67], 1.0));
+                let run = || -> kiln::Result<Tensor> {
+                    let x = ctx.variable(&format!("x{k}{dtype}"), tensor_f(&ctx, dtype, &xa))?;
+                    let loss = (&op(&x) * &tensor_f(&ctx, dtype, &ga)).sum_all();
+                    Ok(loss.backward()?.get(&x).expect("x has a gradient").clone())
+                };
+                let dx = run().unwrap_or_else(|e| panic!("{name}'s gradient in {dtype}: {e}"));
+                let want = xa.zip(&ga, |x, g| g * derivative(x));
+                check_f(&dx, dtype, &want, 1.0, &format!("{name}'s gradient"));
+            }
+        }
+    });
+}
+
 #[test]
 fn unary_float_ops_at_special_values() {
     each_backend(|| {

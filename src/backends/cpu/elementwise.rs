@@ -233,7 +233,7 @@ macro_rules! all_unary {
 macro_rules! all_binary {
     ($val:expr, $C:ident => $body:expr) => {
         const_match!(BinaryOp, $val, $C => $body;
-            Add, Sub, Mul, Div, Pow, Maximum, Minimum)
+            Add, Sub, Mul, Div, Pow, Maximum, Minimum, GeluTanhGrad, GeluGrad, SiluGrad)
     };
 }
 // Shared with the fused kernels (`fused/ops.rs`).

@@ -206,8 +206,8 @@ impl E<'_, '_> {
                 let nan = self.fconst_bits(f32::NAN.to_bits());
                 self.sel(uno, nan, r)
             }
-            // `unsupported()` refused `pow`.
-            BinaryOp::Pow => a,
+            // `unsupported()` refused `pow` and the activation gradients.
+            BinaryOp::Pow | BinaryOp::GeluTanhGrad | BinaryOp::GeluGrad | BinaryOp::SiluGrad => a,
         }
     }
 

@@ -170,10 +170,12 @@ impl Body {
                 Node::Binary(op, a, b) if !earlier(a) || !earlier(b) => {
                     Some(format!("{} reads a later node", op.mnemonic()))
                 }
-                Node::Binary(op, a, b) => {
-                    (op == BinaryOp::Pow || ty != Ty::F32 || ty_of(a) != Ty::F32 || ty_of(b) != Ty::F32)
-                        .then(|| format!("{} on {ty:?}", op.mnemonic()))
-                }
+                Node::Binary(op, a, b) => (op == BinaryOp::Pow
+                    || op.float_only()
+                    || ty != Ty::F32
+                    || ty_of(a) != Ty::F32
+                    || ty_of(b) != Ty::F32)
+                    .then(|| format!("{} on {ty:?}", op.mnemonic())),
                 Node::Compare(_, a, b) if !earlier(a) || !earlier(b) => {
                     Some("a compare reads a later node".into())
                 }

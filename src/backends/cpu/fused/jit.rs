@@ -173,7 +173,7 @@ fn fits(codegen: Codegen, instrs: &[Instr], ins: &Instr) -> bool {
                         crate::ir::UnaryOp::Exp | crate::ir::UnaryOp::Sigmoid | crate::ir::UnaryOp::Silu
                     ))
         }
-        Step::Binary(op, a, b) => *op != crate::ir::BinaryOp::Pow && f32s(&[*a, *b]),
+        Step::Binary(op, a, b) => *op != crate::ir::BinaryOp::Pow && !op.float_only() && f32s(&[*a, *b]),
         Step::Compare(_, a, b) => f32s(&[*a, *b]),
         Step::Where(..) | Step::Cast(_) => true,
         _ => false,

@@ -117,7 +117,7 @@ fn unary_and_binary_ints_wrap() {
         let (a, b) = (host(&vals(129, 2, 0.0, 200.0), d), host(&vals(129, 3, 0.0, 9.0), d));
         let (av, bv) = (a.to_f64_vec(), b.to_f64_vec());
         let wrap = |v: i64| Scalar::Int(v).cast(d).as_f64();
-        for &op in BinaryOp::ALL {
+        for &op in BinaryOp::ALL.iter().filter(|op| !op.float_only()) {
             let mut t = T::new();
             let (x, y) = (t.input(a.clone(), [1, 129]), t.input(b.clone(), [1, 129]));
             let z = t.op(Op::Binary(op), &[x, y]);

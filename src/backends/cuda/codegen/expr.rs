@@ -72,6 +72,24 @@ pub(crate) fn binary(op: BinaryOp, d: DType, a: &str, b: &str) -> String {
                 BinaryOp::Pow => format!("pow{func}({a}, {b})"),
                 BinaryOp::Maximum => format!("kiln::fmaxn({a}, {b})"),
                 BinaryOp::Minimum => format!("kiln::fminn({a}, {b})"),
+                BinaryOp::GeluTanhGrad => {
+                    let (k, c) = if func == "f" {
+                        (format!("{}f", GELU_TANH_K as f32), format!("{}f", GELU_TANH_C as f32))
+                    } else {
+                        (format!("{GELU_TANH_K:?}"), format!("{GELU_TANH_C:?}"))
+                    };
+                    format!("kiln::gelu_tanh_grad({a}, {b}, {k}, {c})")
+                }
+                BinaryOp::GeluGrad => {
+                    let frac = std::f64::consts::FRAC_1_SQRT_2;
+                    let beta = std::f64::consts::FRAC_2_SQRT_PI * frac * 0.5;
+                    if func == "f" {
+                        format!("kiln::gelu_grad({a}, {b}, {}f, {}f)", frac as f32, beta as f32)
+                    } else {
+                        format!("kiln::gelu_grad({a}, {b}, {frac:?}, {beta:?})")
+                    }
+                }
+                BinaryOp::SiluGrad => format!("kiln::silu_grad({a}, {b})"),
             }
         }
         "bool" => match op {
@@ -86,6 +104,8 @@ pub(crate) fn binary(op: BinaryOp, d: DType, a: &str, b: &str) -> String {
             BinaryOp::Pow => format!("kiln::ipow({a}, {b})"),
             BinaryOp::Maximum => format!("({a} > {b} ? {a} : {b})"),
             BinaryOp::Minimum => format!("({a} < {b} ? {a} : {b})"),
+            // infer() rejects the activation gradients on integers.
+            BinaryOp::GeluTanhGrad | BinaryOp::GeluGrad | BinaryOp::SiluGrad => "0".to_string(),
         },
     };
     settle(d, &e)
