@@ -16,9 +16,11 @@
 //!
 //! Scaling is throughput against one GPU: `N · t(1) / t(N)` (the target is
 //! ≥ 1.9x on 2 GPUs, ≥ 3.6x on 4). With `--bf16` the same under bf16
-//! autocast (f32 parameters).
+//! autocast (f32 parameters); with `--reduce-bf16` the gradients are
+//! averaged in bf16 (`DataParallel::with_reduce_dtype`, PyTorch's
+//! `bf16_compress_hook`) on the rows with several GPUs.
 //!
-//!     cargo bench --features cuda --bench gpu_ddp_gpt [-- --bf16] [--buckets 4,25]
+//!     cargo bench --features cuda --bench gpu_ddp_gpt [-- --bf16] [--buckets 4,25] [--reduce-bf16]
 //!     cargo bench ... -- --profile   # also rank 0's node times by op (the all-reduces' own time), eager
 //!
 //! Without two GPUs it says so and exits 0 (`KILN_REQUIRE_GPUS=2`: 1).
@@ -103,6 +105,15 @@ fn dp_step<O: kiln::optim::Optimizer + Send + 'static>(
     Ok(first.unwrap_or(f32::NAN))
 }
 
+/// `dp` averaging in bf16 with `--reduce-bf16` (module docs).
+fn reduce_dtype(dp: DataParallel<AdamW>) -> Result<DataParallel<AdamW>> {
+    if std::env::args().any(|a| a == "--reduce-bf16") {
+        dp.with_reduce_dtype(DType::BF16)
+    } else {
+        Ok(dp)
+    }
+}
+
 /// What a process of the last row runs (see the module docs).
 fn rank_process(precision: &str, bucket_mib: usize) -> Result<()> {
     let env = kiln::dist::ProcessEnv::from_env()?;
@@ -111,7 +122,8 @@ fn rank_process(precision: &str, bucket_mib: usize) -> Result<()> {
         ctx = ctx.with_autocast(DType::BF16);
     }
     let group = kiln::dist::Group::join(&ctx, &env)?;
-    let mut dp = DataParallel::with_group(&group, build, loss)?.with_bucket_bytes(bucket_mib << 20);
+    let mut dp =
+        reduce_dtype(DataParallel::with_group(&group, build, loss)?.with_bucket_bytes(bucket_mib << 20))?;
     let shards = vec![batch(&ctx, 10 + env.rank as u64)?];
     let (tn, first, last) = time(|| dp_step(&mut dp, &shards))?;
     if env.rank == 0 {
@@ -135,7 +147,7 @@ fn profile(gpus: usize, autocast: &dyn Fn(Context) -> Context, mib: usize) -> Re
     let ctxs: Vec<Context> = (0..gpus)
         .map(|k| Context::cuda(k).map(|c| autocast(c.with_tf32(false).with_profiling(true))))
         .collect::<Result<_>>()?;
-    let mut dp = DataParallel::new(&ctxs, build, loss)?.with_bucket_bytes(mib << 20);
+    let mut dp = reduce_dtype(DataParallel::new(&ctxs, build, loss)?.with_bucket_bytes(mib << 20))?;
     let shards: Vec<Vec<Tensor>> =
         ctxs.iter().enumerate().map(|(k, c)| batch(c, 10 + k as u64)).collect::<Result<_>>()?;
     for _ in 0..3 {
@@ -191,7 +203,7 @@ fn main() -> Result<()> {
         let ctxs: Vec<Context> = (0..gpus)
             .map(|k| Context::cuda(k).map(|c| autocast(c.with_tf32(false))))
             .collect::<Result<_>>()?;
-        let mut dp = DataParallel::new(&ctxs, build, loss)?.with_bucket_bytes(mib << 20);
+        let mut dp = reduce_dtype(DataParallel::new(&ctxs, build, loss)?.with_bucket_bytes(mib << 20))?;
         let shards: Vec<Vec<Tensor>> =
             ctxs.iter().enumerate().map(|(k, c)| batch(c, 10 + k as u64)).collect::<Result<_>>()?;
         let (tn, first, last) = time(|| dp_step(&mut dp, &shards))?;
@@ -213,6 +225,9 @@ fn main() -> Result<()> {
     args.push(&last);
     if precision == "bf16" {
         args.push("--bf16");
+    }
+    if std::env::args().any(|a| a == "--reduce-bf16") {
+        args.push("--reduce-bf16");
     }
     ranks::spawn_ranks(gpus, &args, &[("KILN_DDP_ONE_GPU_S", t1.to_string())])
 }

@@ -70,6 +70,60 @@ fn replicas_stay_bit_identical_over_100_adamw_steps() {
     }
 }
 
+/// Gradients averaged in bf16 (`with_reduce_dtype`, PyTorch's
+/// `bf16_compress_hook`): one SGD step moves each parameter by `lr` times
+/// the average gradient rounded to bf16, so it differs from the f32
+/// average's step by at most bf16's relative precision of that step
+/// (and somewhere by more than nothing: the gradients were rounded); the
+/// replicas stay bit-identical. A non-float dtype is refused.
+#[test]
+fn gradients_averaged_in_bf16_round_the_step_once() {
+    use kiln::optim::{Sgd, SgdConfig};
+    let build_sgd = |ctx: &Context| -> Result<(Sequential, Sgd)> {
+        let model = mlp(ctx)?;
+        let opt = Sgd::new(&model, SgdConfig { lr: 0.5, ..Default::default() })?;
+        Ok((model, opt))
+    };
+    let host = Context::cpu();
+    let (x, y) = batch(&host, 3);
+    let step = |bf16: bool| -> (Vec<Vec<f32>>, Vec<Vec<f32>>, Vec<Vec<f32>>) {
+        let ranks = [Context::cpu().with_seed(1), Context::cpu().with_seed(2)];
+        let mut dp = DataParallel::new(&ranks, build_sgd, loss).unwrap();
+        if bf16 {
+            dp = dp.with_reduce_dtype(DType::BF16).unwrap();
+        }
+        let read = |dp: &DataParallel<Sgd>, r: usize| -> Vec<Vec<f32>> {
+            dp.parameters(r).iter().map(|p| p.tensor().to_vec::<f32>().unwrap()).collect()
+        };
+        let before = read(&dp, 0);
+        dp.step(&[&x, &y]).unwrap();
+        (before, read(&dp, 0), read(&dp, 1))
+    };
+    let (p0, wide, _) = step(false);
+    let (q0, narrow, narrow1) = step(true);
+    assert_eq!(p0, q0, "both runs start from rank 0's parameters");
+    assert_eq!(narrow, narrow1, "replicas diverged");
+    // Each rank's gradient is rounded before the sum, so where the ranks'
+    // gradients cancel an element's error is relative to their size, not
+    // to the average's: bound it by the tensor's largest step.
+    let mut most = 0.0f32;
+    for ((a, w), n) in p0.iter().zip(&wide).zip(&narrow) {
+        let largest = a.iter().zip(w).map(|(a, w)| (a - w).abs()).fold(0.0f32, f32::max);
+        for (w, n) in w.iter().zip(n) {
+            let off = (n - w).abs();
+            assert!(
+                off <= largest * 2f32.powi(-6) + 1e-7,
+                "a bf16 step is {off} off; the largest step {largest}"
+            );
+            most = most.max(off);
+        }
+    }
+    assert!(most > 0.0, "the bf16 average changed nothing: were the gradients cast?");
+    let ranks = [Context::cpu(), Context::cpu()];
+    let err = DataParallel::new(&ranks, build, loss).unwrap().with_reduce_dtype(DType::I32).err();
+    assert!(err.is_some_and(|e| e.to_string().contains("float dtype")));
+}
+
 /// Two ranks on half batches each take the step one device takes on the
 /// whole batch (the mean of the halves' mean gradients is the whole
 /// batch's), up to float rounding.
