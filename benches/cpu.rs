@@ -2,6 +2,10 @@
 //! and numpy) run alternately in the same session: `benches/side_by_side.sh`.
 //!
 //! - matmul 1024^3 f32;
+//! - the encoder's products (MiniLM-L6 at batch 8 x 128: 1024 rows, k and
+//!   n of 384 and 1536, the weight read through `w.t()` as `Linear`
+//!   reads it), with criterion's throughput in elements set to the
+//!   product's FLOPs, so "elem/s" reads as FLOP/s;
 //! - an MLP forward pass (784-1024-1024-1024-10, batch 128, relu);
 //! - the 8-op elementwise chain on 2^24 f32, with fusion on and off
 //!   (`with_passes("-fusion")`, what `KILN_PASSES=-fusion` does), and
@@ -18,7 +22,7 @@
 //!   and interpreted (`KILN_CPU_CODEGEN=0`), side by side in one run.
 //!
 //! Each read realizes one cached plan: the timed work is the plan's run.
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kiln::prelude::*;
 
 fn matmul_1024(c: &mut Criterion) {
@@ -32,6 +36,25 @@ fn matmul_1024(c: &mut Criterion) {
             out.realize().expect("matmul");
         })
     });
+}
+
+/// `[8, 128, k] x w.t()` for `w: [n, k]`, MiniLM-L6's linear layers at
+/// batch 8 x 128 (the attention projections, the feed-forward's two).
+fn matmul_encoder(c: &mut Criterion) {
+    let ctx = Context::cpu().with_seed(6);
+    let mut group = c.benchmark_group("matmul_encoder");
+    for (k, n) in [(384, 384), (384, 1536), (1536, 384)] {
+        let x = ctx.randn([8, 128, k]);
+        let w = ctx.randn([n, k]);
+        ctx.realize(&[&x, &w]).expect("realize inputs");
+        group.throughput(Throughput::Elements((2 * 1024 * k * n) as u64));
+        group.bench_function(format!("1024x{k}x{n}_wt_f32"), |bench| {
+            bench.iter(|| {
+                x.matmul(&w.t()).realize().expect("matmul");
+            })
+        });
+    }
+    group.finish();
 }
 
 /// The chain numpy writes as `np.tanh(np.exp(-np.abs(x * 2.0 + 1.0)) * x - 0.5)`:
@@ -192,7 +215,7 @@ fn codegen_vs_interpreter(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(10);
-    targets = matmul_1024, mlp_forward, elementwise_chain, tanh_sigmoid_chain, softmax_and_layer_norm,
+    targets = matmul_1024, matmul_encoder, mlp_forward, elementwise_chain, tanh_sigmoid_chain, softmax_and_layer_norm,
         codegen_vs_interpreter
 }
 criterion_main!(benches);

@@ -1,5 +1,6 @@
 //! `f32` GEMM for AVX2+FMA CPUs: packed panels and a 6x16 register
-//! kernel, the BLIS/GotoBLAS design.
+//! kernel, the BLIS/GotoBLAS design; on CPUs with AVX-512F, a 6x32
+//! kernel (`avx512.rs`) runs pairs of the same 16-column B slivers.
 //!
 //! # Why not matrixmultiply here
 //!
@@ -33,9 +34,11 @@
 //! Every output element is, for each slice in order (the slices depend
 //! on `k` alone), a chain of fused
 //! multiply-adds over that slice in order, added to what the earlier slices
-//! gave. Neither the tiling nor the thread count changes that order, so
-//! the product is the same bits on any number of threads.
+//! gave. Neither the tiling, the thread count nor the kernel (6x16 or
+//! 6x32) changes that order, so the product is the same bits on any
+//! number of threads, with or without AVX-512.
 
+mod avx512;
 mod pack;
 
 use pack::{pack_a, pack_a_into, pack_b};
@@ -134,7 +137,24 @@ unsafe impl Sync for CPtr {}
 ///
 /// Call only when [`available`] is true.
 pub(crate) fn sgemm(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, c: &mut [f32], parallel: bool) {
+    sgemm_with(m, k, n, a, b, c, parallel, avx512::available());
+}
+
+/// [`sgemm`] with the 6x32 AVX-512 kernel (`wide`, where available) or
+/// the 6x16 AVX2 one only; they give the same bits.
+#[allow(clippy::too_many_arguments)]
+fn sgemm_with(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    c: &mut [f32],
+    parallel: bool,
+    wide: bool,
+) {
     assert!(available(), "sgemm needs avx2 and fma");
+    assert!(!wide || avx512::available(), "the wide kernel needs avx512f");
     assert_eq!(c.len(), m * n, "sgemm: C has the wrong length");
     if m == 0 || n == 0 {
         return;
@@ -167,7 +187,7 @@ pub(crate) fn sgemm(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, c: &mu
     // all of C for a sixteenth of the work).
     let depth = k.div_ceil(k.div_ceil(KC));
     if m_blocks == 1 && threads > 1 && tiles.len() > 1 && m.div_ceil(MR) * MR * k <= FEW_ROWS_PACKED_A {
-        few_rows(m, k, n, a, b, cp, depth, chunk_slivers * NR);
+        few_rows(m, k, n, a, b, cp, depth, chunk_slivers * NR, wide);
         return;
     }
     with_buffer(&PACK_B, |pb| {
@@ -194,6 +214,7 @@ pub(crate) fn sgemm(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, c: &mu
                             cp.at(i0 * n),
                             n,
                             slice > 0,
+                            wide,
                         )
                     };
                 });
@@ -218,7 +239,17 @@ pub(crate) fn sgemm(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, c: &mu
 /// element still adds the slices in order, so the bits are the general
 /// loop's.
 #[allow(clippy::too_many_arguments)]
-fn few_rows(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, cp: CPtr, depth: usize, span: usize) {
+fn few_rows(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    cp: CPtr,
+    depth: usize,
+    span: usize,
+    wide: bool,
+) {
     let a_len = m.div_ceil(MR) * MR;
     let slices: Vec<(usize, usize)> = (0..k).step_by(depth).map(|p0| (p0, depth.min(k - p0))).collect();
     with_buffer(&PACK_A, |pa| {
@@ -245,7 +276,7 @@ fn few_rows(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, cp: CPtr, dept
                     let pa = &packed_a[a_len * p0..a_len * (p0 + kc)];
                     // SAFETY: the span is columns j0..j0+nw of all m rows of
                     // the m x n matrix C; spans are disjoint.
-                    unsafe { tile(pa, pb, kc, m, nw, 0, cp.at(j0), n, slice > 0) };
+                    unsafe { tile(pa, pb, kc, m, nw, 0, cp.at(j0), n, slice > 0, wide) };
                 }
             });
         });
@@ -254,11 +285,13 @@ fn few_rows(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, cp: CPtr, dept
 
 /// One tile: every 6x16 block of rows `0..mc` (of the packed A) and
 /// columns `j0..j0+nw` of C, whose row 0 is at `c` with row stride `ldc`.
+/// With `wide`, pairs of B slivers run as one 6x32 block
+/// ([`avx512::kernel_6x32`]); a last odd sliver runs the 6x16 kernel.
 ///
 /// # Safety
 /// `c` points at a row of C with `mc` rows of `ldc` elements from it, the
 /// columns `j0..j0+nw` of which nobody else touches meanwhile; the CPU
-/// supports avx2 and fma.
+/// supports avx2 and fma, and avx512f when `wide`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile(
     pa: &[f32],
@@ -270,30 +303,41 @@ unsafe fn tile(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    wide: bool,
 ) {
-    let mut edge = [0f32; MR * NR];
-    // B slivers outer, A slivers inner: one B sliver (`kc x 16`, 16 KB)
-    // stays in L1 while every A sliver of the tile (the packed block, in
-    // L2) streams past it, the BLIS order.
+    let mut edge = [0f32; MR * 2 * NR];
+    // B slivers outer, A slivers inner: one B sliver (`kc x 16`, 16 KB;
+    // two for the wide kernel) stays in L1 while every A sliver of the
+    // tile (the packed block, in L2) streams past it, the BLIS order.
     let mut j = 0;
     while j < nw {
-        let w = NR.min(nw - j);
-        let b_sliver = &pb[((j0 + j) / NR) * kc * NR..][..kc * NR];
+        // Columns of this block: 32 (two slivers) when wide and more than
+        // one sliver's columns are left, else at most 16.
+        let span = if wide && nw - j > NR { 2 * NR } else { NR };
+        let w = span.min(nw - j);
+        let b_sliver = &pb[((j0 + j) / NR) * kc * NR..][..kc * span];
         for (si, a_sliver) in pa.chunks(kc * MR).enumerate() {
             let r0 = si * MR;
             let h = MR.min(mc - r0);
             // SAFETY: rows r0..r0+h and columns j0+j..j0+j+w are inside the
             // tile (the caller's contract); a full block writes exactly
             // those, an edge block goes through `edge` and copies only them.
+            // The wide kernel reads its two slivers inside `b_sliver`
+            // (`kc * 32` floats), the second `kc * 16` after the first.
             unsafe {
                 let dst = c.add(r0 * ldc + j0 + j);
-                if h == MR && w == NR {
-                    kernel(kc, a_sliver.as_ptr(), b_sliver.as_ptr(), dst, ldc, accumulate);
+                let full = h == MR && w == span;
+                let (out, out_ld) = if full { (dst, ldc) } else { (edge.as_mut_ptr(), span) };
+                let acc = accumulate && full;
+                if span == NR {
+                    kernel(kc, a_sliver.as_ptr(), b_sliver.as_ptr(), out, out_ld, acc);
                 } else {
-                    kernel(kc, a_sliver.as_ptr(), b_sliver.as_ptr(), edge.as_mut_ptr(), NR, false);
+                    avx512::kernel_6x32(kc, a_sliver.as_ptr(), b_sliver.as_ptr(), kc * NR, out, out_ld, acc);
+                }
+                if !full {
                     for r in 0..h {
                         let row = dst.add(r * ldc);
-                        for (q, &v) in edge[r * NR..r * NR + w].iter().enumerate() {
+                        for (q, &v) in edge[r * span..r * span + w].iter().enumerate() {
                             let o = row.add(q);
                             *o = if accumulate { *o + v } else { v };
                         }
@@ -301,7 +345,7 @@ unsafe fn tile(
                 }
             }
         }
-        j += NR;
+        j += span;
     }
 }
 
@@ -414,10 +458,11 @@ mod tests {
     }
 
     /// Every edge case of the blocking (rows past 6 and 144, columns past
-    /// 16, depths past 256 and off the 8-row transpose blocks; few rows in
-    /// column spans, the last one short), each
+    /// 16 and 32, depths past 256 and off the 8-row transpose blocks; few
+    /// rows in column spans, the last one short), each
     /// operand row-major, transposed and strided, against an f64
-    /// reference; the same bits on 1, 2, 3 and 5 threads.
+    /// reference; the same bits on 1, 2, 3 and 5 threads, and from the
+    /// AVX2 kernel alone where the AVX-512 one runs.
     #[test]
     fn matches_an_f64_reference_at_every_edge_and_on_any_thread_count() {
         if !available() {
@@ -432,6 +477,8 @@ mod tests {
             (300, 40, 7),
             (12, 21, 33),
             (40, 600, 130),
+            (13, 70, 48),
+            (130, 300, 200),
         ];
         for &(m, k, n) in &shapes {
             let (a, b) = (data(m * k, 1 + m as u64), data(k * n, 2 + n as u64));
@@ -467,6 +514,15 @@ mod tests {
                     c.iter().zip(&serial).all(|(x, y)| x.to_bits() == y.to_bits()),
                     "threads changed bits"
                 );
+                // The AVX2 kernel alone, where `sgemm` ran the AVX-512 one.
+                if avx512::available() {
+                    let mut narrow = vec![0f32; m * n];
+                    sgemm_with(m, k, n, ma, mb, &mut narrow, true, false);
+                    assert!(
+                        c.iter().zip(&narrow).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{m}x{k}x{n}: the AVX-512 kernel changed bits"
+                    );
+                }
                 // Three and five threads tile C differently again.
                 for threads in [3, 5] {
                     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");

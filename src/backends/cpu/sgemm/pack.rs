@@ -207,8 +207,14 @@ pub(super) fn pack_a_into(a: Mat<'_>, i0: usize, mc: usize, p0: usize, kc: usize
                 &a.data[at..at + kc]
             };
             let rows = [row(0), row(1), row(2), row(3), row(4), row(5)];
-            for (p, d) in dst.chunks_exact_mut(MR).enumerate() {
-                for (r, v) in d.iter_mut().enumerate() {
+            // SAFETY: `sgemm` runs only where `available()` (avx2); every
+            // row has `kc` floats and `dst` `kc * 6`.
+            #[cfg(target_arch = "x86_64")]
+            let done = unsafe { interleave_rows(&rows, kc, dst) };
+            #[cfg(not(target_arch = "x86_64"))]
+            let done = 0;
+            for p in done..kc {
+                for (r, v) in dst[p * MR..(p + 1) * MR].iter_mut().enumerate() {
                     *v = rows[r][p];
                 }
             }
@@ -233,4 +239,61 @@ pub(super) fn pack_a_into(a: Mat<'_>, i0: usize, mc: usize, p0: usize, kc: usize
             }
         }
     }
+}
+
+/// Columns `0..p` of six rows of `kc` floats, interleaved into `dst`
+/// (column `q` is `dst[6q..6q+6]`), eight columns at a time as an 8x8
+/// register transpose of which six lanes are kept; returns `p`, the
+/// columns done (the rest is the caller's). Each column's eight-float
+/// store runs two floats into the next column's place, which the next
+/// store overwrites, so the last block of eight stops short of `kc`.
+/// Scalar, this interleave was 3-4% of an encoder GEMM.
+///
+/// # Safety
+/// The CPU supports avx2; every row has `kc` floats and `dst` `6 * kc`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn interleave_rows(rows: &[&[f32]; MR], kc: usize, dst: &mut [f32]) -> usize {
+    use std::arch::x86_64::*;
+    // Blocks whose last eight-float store (at 6 * (p + 7)) ends inside
+    // `dst`: 6p + 50 <= 6kc.
+    let blocks = if kc >= 9 { (kc - 9) / 8 + 1 } else { 0 };
+    for blk in 0..blocks {
+        let p = blk * 8;
+        // SAFETY: p + 8 <= kc, inside each row; the stores end at
+        // 6(p + 7) + 8 <= 6kc (the block count above).
+        unsafe {
+            let ld = |r: usize| _mm256_loadu_ps(rows[r].as_ptr().add(p));
+            let (r0, r1, r2, r3, r4, r5) = (ld(0), ld(1), ld(2), ld(3), ld(4), ld(5));
+            let z = _mm256_setzero_ps();
+            let t0 = _mm256_unpacklo_ps(r0, r1);
+            let t1 = _mm256_unpackhi_ps(r0, r1);
+            let t2 = _mm256_unpacklo_ps(r2, r3);
+            let t3 = _mm256_unpackhi_ps(r2, r3);
+            let t4 = _mm256_unpacklo_ps(r4, r5);
+            let t5 = _mm256_unpackhi_ps(r4, r5);
+            let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+            let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+            let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+            let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+            let s4 = _mm256_shuffle_ps::<0x44>(t4, z);
+            let s5 = _mm256_shuffle_ps::<0xEE>(t4, z);
+            let s6 = _mm256_shuffle_ps::<0x44>(t5, z);
+            let s7 = _mm256_shuffle_ps::<0xEE>(t5, z);
+            let cols = [
+                _mm256_permute2f128_ps::<0x20>(s0, s4),
+                _mm256_permute2f128_ps::<0x20>(s1, s5),
+                _mm256_permute2f128_ps::<0x20>(s2, s6),
+                _mm256_permute2f128_ps::<0x20>(s3, s7),
+                _mm256_permute2f128_ps::<0x31>(s0, s4),
+                _mm256_permute2f128_ps::<0x31>(s1, s5),
+                _mm256_permute2f128_ps::<0x31>(s2, s6),
+                _mm256_permute2f128_ps::<0x31>(s3, s7),
+            ];
+            for (q, v) in cols.into_iter().enumerate() {
+                _mm256_storeu_ps(dst.as_mut_ptr().add((p + q) * MR), v);
+            }
+        }
+    }
+    blocks * 8
 }
