@@ -86,7 +86,9 @@ fn gradients_averaged_in_bf16_round_the_step_once() {
     };
     let host = Context::cpu();
     let (x, y) = batch(&host, 3);
-    let step = |bf16: bool| -> (Vec<Vec<f32>>, Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    // Rank 0's parameters before the step, then each rank's after.
+    type Values = Vec<Vec<f32>>;
+    let step = |bf16: bool| -> (Values, Values, Values) {
         let ranks = [Context::cpu().with_seed(1), Context::cpu().with_seed(2)];
         let mut dp = DataParallel::new(&ranks, build_sgd, loss).unwrap();
         if bf16 {

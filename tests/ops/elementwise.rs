@@ -9,6 +9,8 @@ type UnaryFn = fn(&Tensor) -> Tensor;
 /// name, kiln op, f64 reference, positive domain only.
 type UnaryCase = (&'static str, UnaryFn, fn(f64) -> f64, bool);
 type IntUnaryCase = (&'static str, UnaryFn, fn(i64) -> i64);
+/// name, kiln op, the f64 derivative.
+type GradCase = (&'static str, UnaryFn, fn(f64) -> f64);
 
 /// Every float unary op: name, kiln op, f64 reference, positive domain only.
 fn unary_table() -> Vec<UnaryCase> {
@@ -92,7 +94,7 @@ fn activation_gradients_round_once_on_every_float_dtype() {
         let t = (k * (x + c * x * x * x)).tanh();
         0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * c * x * x)
     }
-    let cases: [(&str, UnaryFn, fn(f64) -> f64); 3] = [
+    let cases: [GradCase; 3] = [
         ("gelu_tanh", |t| t.gelu_tanh(), gelu_tanh_d),
         ("gelu", |t| t.gelu(), |x| phi(x) + x * (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt()),
         ("silu", |t| t.silu(), |x| sigmoid(x) * (1.0 + x * (1.0 - sigmoid(x)))),
