@@ -140,6 +140,40 @@ fn pack_b_transposed(b: Mat<'_>, p0: usize, kc: usize, j0: usize, w: usize, dst:
 /// The CPU supports avx2; every run has at least `rows` floats and `dst`
 /// at least `rows * 16`.
 #[cfg(target_arch = "x86_64")]
+/// The 8x8 transpose of eight rows of eight floats: column `q` of the
+/// input is row `q` of the output (the unpack / shuffle / permute
+/// network of the packing loops below).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn transpose_8x8(r: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m256; 8] {
+    use std::arch::x86_64::*;
+    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    [
+        _mm256_permute2f128_ps::<0x20>(s0, s4),
+        _mm256_permute2f128_ps::<0x20>(s1, s5),
+        _mm256_permute2f128_ps::<0x20>(s2, s6),
+        _mm256_permute2f128_ps::<0x20>(s3, s7),
+        _mm256_permute2f128_ps::<0x31>(s0, s4),
+        _mm256_permute2f128_ps::<0x31>(s1, s5),
+        _mm256_permute2f128_ps::<0x31>(s2, s6),
+        _mm256_permute2f128_ps::<0x31>(s3, s7),
+    ]
+}
+
 #[target_feature(enable = "avx2,fma")]
 unsafe fn transpose_runs(cols: &[&[f32]; NR], rows: usize, dst: &mut [f32]) {
     use std::arch::x86_64::*;
@@ -149,34 +183,7 @@ unsafe fn transpose_runs(cols: &[&[f32]; NR], rows: usize, dst: &mut [f32]) {
             // caller's contract).
             unsafe {
                 let ld = |j: usize| _mm256_loadu_ps(cols[half * 8 + j].as_ptr().add(p));
-                let (r0, r1, r2, r3) = (ld(0), ld(1), ld(2), ld(3));
-                let (r4, r5, r6, r7) = (ld(4), ld(5), ld(6), ld(7));
-                let t0 = _mm256_unpacklo_ps(r0, r1);
-                let t1 = _mm256_unpackhi_ps(r0, r1);
-                let t2 = _mm256_unpacklo_ps(r2, r3);
-                let t3 = _mm256_unpackhi_ps(r2, r3);
-                let t4 = _mm256_unpacklo_ps(r4, r5);
-                let t5 = _mm256_unpackhi_ps(r4, r5);
-                let t6 = _mm256_unpacklo_ps(r6, r7);
-                let t7 = _mm256_unpackhi_ps(r6, r7);
-                let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-                let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-                let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-                let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-                let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-                let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-                let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-                let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-                let rows8 = [
-                    _mm256_permute2f128_ps::<0x20>(s0, s4),
-                    _mm256_permute2f128_ps::<0x20>(s1, s5),
-                    _mm256_permute2f128_ps::<0x20>(s2, s6),
-                    _mm256_permute2f128_ps::<0x20>(s3, s7),
-                    _mm256_permute2f128_ps::<0x31>(s0, s4),
-                    _mm256_permute2f128_ps::<0x31>(s1, s5),
-                    _mm256_permute2f128_ps::<0x31>(s2, s6),
-                    _mm256_permute2f128_ps::<0x31>(s3, s7),
-                ];
+                let rows8 = transpose_8x8([ld(0), ld(1), ld(2), ld(3), ld(4), ld(5), ld(6), ld(7)]);
                 for (q, v) in rows8.into_iter().enumerate() {
                     _mm256_storeu_ps(dst.as_mut_ptr().add((p + q) * NR + half * 8), v);
                 }
@@ -264,32 +271,12 @@ unsafe fn interleave_rows(rows: &[&[f32]; MR], kc: usize, dst: &mut [f32]) -> us
         // 6(p + 7) + 8 <= 6kc (the block count above).
         unsafe {
             let ld = |r: usize| _mm256_loadu_ps(rows[r].as_ptr().add(p));
-            let (r0, r1, r2, r3, r4, r5) = (ld(0), ld(1), ld(2), ld(3), ld(4), ld(5));
+            // Six rows and two of zeros: lanes 6 and 7 of each column are
+            // zeros, which each 8-wide store below spills into the next
+            // column's first two slots before the next store overwrites
+            // them.
             let z = _mm256_setzero_ps();
-            let t0 = _mm256_unpacklo_ps(r0, r1);
-            let t1 = _mm256_unpackhi_ps(r0, r1);
-            let t2 = _mm256_unpacklo_ps(r2, r3);
-            let t3 = _mm256_unpackhi_ps(r2, r3);
-            let t4 = _mm256_unpacklo_ps(r4, r5);
-            let t5 = _mm256_unpackhi_ps(r4, r5);
-            let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-            let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-            let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-            let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-            let s4 = _mm256_shuffle_ps::<0x44>(t4, z);
-            let s5 = _mm256_shuffle_ps::<0xEE>(t4, z);
-            let s6 = _mm256_shuffle_ps::<0x44>(t5, z);
-            let s7 = _mm256_shuffle_ps::<0xEE>(t5, z);
-            let cols = [
-                _mm256_permute2f128_ps::<0x20>(s0, s4),
-                _mm256_permute2f128_ps::<0x20>(s1, s5),
-                _mm256_permute2f128_ps::<0x20>(s2, s6),
-                _mm256_permute2f128_ps::<0x20>(s3, s7),
-                _mm256_permute2f128_ps::<0x31>(s0, s4),
-                _mm256_permute2f128_ps::<0x31>(s1, s5),
-                _mm256_permute2f128_ps::<0x31>(s2, s6),
-                _mm256_permute2f128_ps::<0x31>(s3, s7),
-            ];
+            let cols = transpose_8x8([ld(0), ld(1), ld(2), ld(3), ld(4), ld(5), z, z]);
             for (q, v) in cols.into_iter().enumerate() {
                 _mm256_storeu_ps(dst.as_mut_ptr().add((p + q) * MR), v);
             }
