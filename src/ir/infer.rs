@@ -2,7 +2,10 @@
 //! accepts and what it produces. The user API, the parser and the verifier
 //! all call [`infer`], so they cannot disagree.
 
-use super::{AttnMask, AttnWrt, BinaryOp, Collective, DType, Op, ReduceOp, Shape};
+use super::{AttnWrt, BinaryOp, Collective, DType, Op, ReduceOp, Shape};
+
+mod attention;
+use attention::{attention_operands, attention_stats_dtype, check_rows};
 
 /// The result type of `op` applied to operands of the given types, or a
 /// message saying what is wrong. `Ok(None)` for source ops, whose type is
@@ -496,108 +499,5 @@ fn index_dtype(name: &str, d: DType) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("{name} index must have dtype i64 or i32, got {d}"))
-    }
-}
-
-/// The sizes of an attention whose operands [`attention_operands`] checked.
-struct AttentionSizes {
-    b: usize,
-    h: usize,
-    sq: usize,
-    sk: usize,
-    d: usize,
-    dv: usize,
-    dtype: DType,
-}
-
-/// Checks the queries `q`, keys `k`, the `[b, h, sk | sq, dv]` operand
-/// `v` (`what`: values, or the output for [`Op::AttentionStats`]) and the
-/// mask of an attention op; gives its sizes.
-fn attention_operands(
-    (q, dq): (&Shape, DType),
-    (k, dk): (&Shape, DType),
-    v: &Shape,
-    dv: DType,
-    what: &str,
-    m: Option<(&Shape, DType)>,
-    mask: AttnMask,
-) -> Result<AttentionSizes, String> {
-    for (name, dt) in [("keys", dk), (what, dv)] {
-        if dt != dq {
-            return Err(format!("attention {name} are {dt} but the queries are {dq}; cast one side first"));
-        }
-    }
-    if !dq.is_float() {
-        return Err(format!("attention needs float tensors, got {dq}; cast them first"));
-    }
-    if q.rank() != 4 || k.rank() != 4 || v.rank() != 4 {
-        return Err(format!(
-            "attention takes [batch, heads, seq, dim] queries, keys and {what}, got {q}, {k} and {v}"
-        ));
-    }
-    let (b, h, sq, d) = (q.0[0], q.0[1], q.0[2], q.0[3]);
-    if k.0[..2] != q.0[..2] || v.0[..2] != q.0[..2] {
-        return Err(format!("attention batch and head dims differ: queries {q}, keys {k}, {what} {v}"));
-    }
-    if k.0[3] != d {
-        return Err(format!(
-            "attention queries {q} and keys {k} have different head dims ({d} and {})",
-            k.0[3]
-        ));
-    }
-    let sk = k.0[2];
-    // The values run along the keys; an output along the queries.
-    let along = if what == "values" { sk } else { sq };
-    if v.0[2] != along {
-        return Err(if what == "values" {
-            format!("attention keys {k} and values {v} have different lengths")
-        } else {
-            format!("attention {what} {v} have length {}, not the queries' {along}", v.0[2])
-        });
-    }
-    if mask != AttnMask::None {
-        let (m, dm) = m.ok_or_else(|| "attention lacks its mask operand".to_string())?;
-        let want = Shape(vec![b, h, sq, sk]);
-        if *m != want {
-            return Err(format!("attention mask {m} must have shape {want} (broadcast it first)"));
-        }
-        match mask {
-            AttnMask::Additive if dm != dq => {
-                return Err(format!("an additive attention mask must be {dq} like the queries, got {dm}"))
-            }
-            AttnMask::Keep if dm != DType::Bool => {
-                return Err(format!("a boolean attention mask must be bool, got {dm}"))
-            }
-            _ => {}
-        }
-    }
-    Ok(AttentionSizes { b, h, sq, sk, d, dv: v.0[3], dtype: dq })
-}
-
-/// Checks that `x` (`xn`) and `y` (`yn`) are both `[b, h, sq, dv]` rows
-/// of the attention's dtype.
-fn check_rows(
-    a: &AttentionSizes,
-    xn: &str,
-    (x, dx): (&Shape, DType),
-    yn: &str,
-    (y, dy): (&Shape, DType),
-) -> Result<(), String> {
-    let want = Shape(vec![a.b, a.h, a.sq, a.dv]);
-    for (name, s, dt) in [(xn, x, dx), (yn, y, dy)] {
-        if *s != want || dt != a.dtype {
-            return Err(format!("the attention {name} must be {} {want}, got {dt} {s}", a.dtype));
-        }
-    }
-    Ok(())
-}
-
-/// The dtype of [`Op::AttentionStats`] for queries of `dtype`: the type
-/// attention accumulates in (f64 for f64, f32 otherwise).
-pub fn attention_stats_dtype(dtype: DType) -> DType {
-    if dtype == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
     }
 }
