@@ -40,11 +40,17 @@ pub struct AverageGradients<O> {
     ctx: Context,
     params: Vec<Variable>,
     /// Shared with the [`DataParallel`] that owns this optimizer, which
-    /// sets it from the caller's thread.
-    bucket_bytes: Arc<AtomicUsize>,
-    /// The dtype float gradients travel in when it is narrower than
-    /// theirs ([`DataParallel::with_reduce_dtype`]); shared the same way.
-    reduce_dtype: Arc<Mutex<Option<DType>>>,
+    /// sets them from the caller's thread.
+    settings: Arc<Averaging>,
+}
+
+/// How [`AverageGradients`] averages: read at each step, set by
+/// [`DataParallel::with_bucket_bytes`] and
+/// [`DataParallel::with_reduce_dtype`].
+struct Averaging {
+    bucket_bytes: AtomicUsize,
+    /// The dtype float gradients travel in when it is narrower than theirs.
+    reduce_dtype: Mutex<Option<DType>>,
 }
 
 impl<O: Optimizer> AverageGradients<O> {
@@ -55,8 +61,10 @@ impl<O: Optimizer> AverageGradients<O> {
             inner,
             ctx: ctx.clone(),
             params: params.parameters(),
-            bucket_bytes: Arc::new(AtomicUsize::new(bucket_bytes.max(1))),
-            reduce_dtype: Arc::new(Mutex::new(None)),
+            settings: Arc::new(Averaging {
+                bucket_bytes: AtomicUsize::new(bucket_bytes.max(1)),
+                reduce_dtype: Mutex::new(None),
+            }),
         }
     }
 
@@ -68,8 +76,8 @@ impl<O: Optimizer> AverageGradients<O> {
     fn average(&self, location: Location) -> Result<()> {
         let held: Vec<(Variable, Tensor)> =
             self.params.iter().rev().filter_map(|p| self.ctx.grad(p).map(|g| (p.clone(), g))).collect();
-        let bucket_bytes = self.bucket_bytes.load(Ordering::Relaxed);
-        let wire = self.reduce_dtype.lock().map(|d| *d).unwrap_or(None);
+        let bucket_bytes = self.settings.bucket_bytes.load(Ordering::Relaxed);
+        let wire = self.settings.reduce_dtype.lock().map(|d| *d).unwrap_or(None);
         // The dtype a gradient of `dtype` travels in, if narrower.
         let narrow = |dtype: DType| wire.filter(|w| dtype.is_float() && w.size() < dtype.size());
         let send = |g: &Tensor| match narrow(g.dtype()) {
@@ -223,10 +231,8 @@ type Replica<O> = TrainStep<Synced<O>, LossFn>;
 pub struct DataParallel<O> {
     group: Group,
     replicas: RankThreads<Replica<O>>,
-    /// Each replica's bucket size (its optimizer's).
-    buckets: Vec<Arc<AtomicUsize>>,
-    /// Each replica's reduce dtype (its optimizer's).
-    reduce_dtypes: Vec<Arc<Mutex<Option<DType>>>>,
+    /// Each replica's averaging settings (its optimizer's).
+    settings: Vec<Arc<Averaging>>,
     params: Vec<Vec<Variable>>,
 }
 
@@ -271,15 +277,13 @@ impl<O: Optimizer + Send + 'static> DataParallel<O> {
         let group = group.clone();
         let loss = Arc::new(loss);
         let mut replicas = Vec::new();
-        let mut buckets = Vec::new();
-        let mut reduce_dtypes = Vec::new();
+        let mut settings = Vec::new();
         let mut params = Vec::new();
         for ctx in group.contexts() {
             let (model, opt) = build(ctx)?;
             let opt = if average {
                 let opt = AverageGradients::new(ctx, &model, opt, 4 << 20);
-                buckets.push(opt.bucket_bytes.clone());
-                reduce_dtypes.push(opt.reduce_dtype.clone());
+                settings.push(opt.settings.clone());
                 Synced::Averaged(opt)
             } else {
                 Synced::Own(opt)
@@ -290,7 +294,7 @@ impl<O: Optimizer + Send + 'static> DataParallel<O> {
             replicas.push(TrainStep::new(ctx, opt, f));
         }
         let replicas = RankThreads::start(replicas, group.ranks().start)?;
-        let dp = DataParallel { group, replicas, buckets, reduce_dtypes, params };
+        let dp = DataParallel { group, replicas, settings, params };
         dp.broadcast_parameters()?;
         Ok(dp)
     }
@@ -301,8 +305,8 @@ impl<O: Optimizer + Send + 'static> DataParallel<O> {
     /// its optimizer's ([`super::ShardedOptimizer::new`]); this changes
     /// nothing there.
     pub fn with_bucket_bytes(self, bytes: usize) -> DataParallel<O> {
-        for b in &self.buckets {
-            b.store(bytes.max(1), Ordering::Relaxed);
+        for s in &self.settings {
+            s.bucket_bytes.store(bytes.max(1), Ordering::Relaxed);
         }
         self
     }
@@ -348,9 +352,10 @@ impl<O: Optimizer + Send + 'static> DataParallel<O> {
                 location: Location::caller(),
             });
         }
-        for d in &self.reduce_dtypes {
-            *d.lock().map_err(|_| Error::Backend("data parallel: a rank thread panicked".into()))? =
-                Some(dtype);
+        for s in &self.settings {
+            *s.reduce_dtype
+                .lock()
+                .map_err(|_| Error::Backend("data parallel: a rank thread panicked".into()))? = Some(dtype);
         }
         Ok(self)
     }
