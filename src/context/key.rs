@@ -279,7 +279,7 @@ fn encode(graph: &Graph, id: NodeId, operands: &[NodeId], marks: &[(u32, u32)], 
             );
             dims_words(w, dims);
         }
-        Op::Where | Op::MatMul | Op::Assign => {}
+        Op::Where | Op::MatMul | Op::Assign | Op::AttentionDelta => {}
         Op::Conv2d { stride, padding, dilation, groups } => {
             for v in stride.iter().chain(padding).chain(dilation).chain([groups]) {
                 put(w, *v as u64);
@@ -370,6 +370,7 @@ fn op_tag(op: &Op) -> u64 {
         Op::AttentionStats { .. } => 28,
         Op::AttentionGrad { .. } => 29,
         Op::Extra { .. } => 30,
+        Op::AttentionDelta => 31,
     }
 }
 

@@ -5,7 +5,8 @@
 use super::{AttnWrt, BinaryOp, Collective, DType, Op, ReduceOp, Shape};
 
 mod attention;
-use attention::{attention_operands, attention_stats_dtype, check_rows};
+pub(crate) use attention::attention_lse_type;
+use attention::{attention_delta_type, attention_operands, attention_stats_dtype, check_rows};
 
 /// The result type of `op` applied to operands of the given types, or a
 /// message saying what is wrong. `Ok(None)` for source ops, whose type is
@@ -328,6 +329,7 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
             check_rows(&a, "output", o, "output's gradient", g)?;
             (Shape(vec![a.b, a.h, a.sq, 2]), attention_stats_dtype(a.dtype))
         }
+        Op::AttentionDelta => attention_delta_type(ty(0), ty(1), ty(2))?,
         Op::AttentionGrad { mask, wrt, .. } => {
             let (q, k, v, g, st) = (ty(0), ty(1), ty(2), ty(3), ty(4));
             let a = attention_operands(q, k, v.0, v.1, "values", ty_opt(5), *mask)?;

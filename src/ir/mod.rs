@@ -64,4 +64,4 @@ pub use plan::{
     Event, EventId, LaunchGroup, MemoryPlan, Placement, Plan, PlanTables, StreamId, StreamPlan, ValueMemory,
 };
 pub use shape::Shape;
-pub use verify::verify;
+pub use verify::{extra_type, verify};

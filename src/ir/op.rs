@@ -381,6 +381,15 @@ pub enum Op {
         /// As the forward's.
         mask: AttnMask,
     },
+    /// [`Op::AttentionStats`] of an attention whose forward already wrote
+    /// its rows' log-sum-exp: operands o (the attention's output `[b, h,
+    /// sq, dv]`), g (its gradient, o's type) and lse (`[b, h, sq]`, the
+    /// forward's `extra %attention output=1`, in the stats' type). The
+    /// result is the same `[b, h, sq, 2]` of (lse, `Σ_c o[c] g[c]`): the
+    /// stats kernel would have recomputed every score to find the `lse`
+    /// the forward had in hand, so the multi-output pass has the forward
+    /// write it and the backward read it (FlashAttention's split).
+    AttentionDelta,
     /// A gradient of [`Op::Attention`] without the `[sq, sk]` matrices:
     /// operands q, k, v, g (the output's gradient), the
     /// [`Op::AttentionStats`] of the same attention, and the mask as in
@@ -427,12 +436,13 @@ pub enum Op {
     /// A body of ops run as one kernel (see [`super::fused`]); operand `k`
     /// is the body's `input k`.
     Fused(Arc<FusedBody>),
-    /// `extra %f output=j`: output `j` (at least 1) of the fused node
-    /// `%f`, whose body has several outputs ([`FusedBody::outputs`]). The
-    /// fused node's kernel writes it; no backend runs anything for it. Its
-    /// type is declared on the node and checked against the body's output
-    /// by the verifier. XLA calls this a get-tuple-element of a
-    /// multi-output fusion.
+    /// `extra %f output=j`: output `j` (at least 1) of node `%f`, which
+    /// writes several: a fused node whose body has several outputs
+    /// ([`FusedBody::outputs`]), or an attention, whose output 1 is its
+    /// rows' log-sum-exp (read by [`Op::AttentionDelta`]). `%f`'s kernel
+    /// writes it; no backend runs anything for it. Its type is declared
+    /// on the node and checked by the verifier ([`super::extra_type`]).
+    /// XLA calls this a get-tuple-element of a multi-output fusion.
     Extra {
         /// The body output this node is.
         output: usize,
@@ -485,6 +495,7 @@ impl Op {
             Op::Assign => "assign",
             Op::Attention { .. } => "attention",
             Op::AttentionStats { .. } => "attention_stats",
+            Op::AttentionDelta => "attention_delta",
             Op::AttentionGrad { .. } => "attention_grad",
             Op::Cat { .. } => "cat",
             Op::Fused(_) => "fused",
@@ -552,7 +563,7 @@ impl Op {
             | Op::Gather { .. }
             | Op::IndexSelect { .. }
             | Op::Assign => 2,
-            Op::Where | Op::IndexAdd { .. } | Op::WriteAt { .. } => 3,
+            Op::Where | Op::IndexAdd { .. } | Op::WriteAt { .. } | Op::AttentionDelta => 3,
             Op::Attention { mask: AttnMask::None, .. } => 3,
             Op::Attention { .. } => 4,
             Op::AttentionStats { mask: AttnMask::None, .. } => 4,

@@ -89,35 +89,54 @@ fn check_graph(graph: &Graph) -> Result<(), String> {
     super::plan_check::check_tables(graph)
 }
 
-/// An `extra` names a fused operand's body output `output` (1 or more)
-/// and has its type.
-fn check_extra(
-    graph: &Graph,
-    fused: NodeId,
-    output: usize,
-    shape: &Shape,
-    dtype: DType,
-) -> Result<(), String> {
-    let Op::Fused(body) = &graph.node(fused).op else {
-        return Err(format!("the operand {} is not a fused node", describe(graph, fused)));
-    };
-    let outputs = body.outputs();
-    if output == 0 || output >= outputs.len() {
+/// An `extra` names an output (1 or more) its operand has and has its
+/// type ([`extra_type`]).
+fn check_extra(graph: &Graph, of: NodeId, output: usize, shape: &Shape, dtype: DType) -> Result<(), String> {
+    let (want, dt) = extra_type(graph, of, output)?;
+    if want != *shape || dt != dtype {
         return Err(format!(
-            "output={output}, but {} has extra outputs 1..{} only",
-            describe(graph, fused),
-            outputs.len()
-        ));
-    }
-    let out = body.graph().node(outputs[output]);
-    if out.shape != *shape || out.dtype != dtype {
-        return Err(format!(
-            "declared {} but body output {output} is {}",
+            "declared {} but output {output} of {} is {}",
             type_text(dtype, shape),
-            type_text(out.dtype, &out.shape)
+            describe(graph, of),
+            type_text(dt, &want)
         ));
     }
     Ok(())
+}
+
+/// The type of output `output` (1 or more) of node `of`, which an
+/// [`Op::Extra`] reads: a fused node's body output, or an attention's
+/// rows' log-sum-exp (output 1, see [`Op::AttentionDelta`]); why there is
+/// none otherwise.
+pub fn extra_type(graph: &Graph, of: NodeId, output: usize) -> Result<(Shape, DType), String> {
+    let node = graph.node(of);
+    match &node.op {
+        Op::Fused(body) => {
+            let outputs = body.outputs();
+            if output == 0 || output >= outputs.len() {
+                return Err(format!(
+                    "output={output}, but {} has extra outputs 1..{} only",
+                    describe(graph, of),
+                    outputs.len()
+                ));
+            }
+            let out = body.graph().node(outputs[output]);
+            Ok((out.shape.clone(), out.dtype))
+        }
+        Op::Attention { .. } if output == 1 => {
+            let q = graph.node(graph.operands(of)[0]);
+            super::infer::attention_lse_type(&q.shape, q.dtype)
+                .ok_or_else(|| format!("{} has no log-sum-exp output", describe(graph, of)))
+        }
+        Op::Attention { .. } => Err(format!(
+            "output={output}, but {} has extra output 1 (its log-sum-exp) only",
+            describe(graph, of)
+        )),
+        _ => Err(format!(
+            "the operand {} has no extra outputs (only fused nodes and attention have)",
+            describe(graph, of)
+        )),
+    }
 }
 
 /// `%4 (mul)`: how messages name a node.

@@ -314,7 +314,7 @@ pub static REGISTRY: &[PassInfo] = &[
     PassInfo {
         pass: &MultiOutput,
         description:
-            "compute an elementwise value in the elementwise kernel that reads it, as an extra output",
+            "compute an elementwise value in the elementwise kernel that reads it, as an extra output; attention writes its log-sum-exp for the backward",
     },
     PassInfo { pass: &Schedule, description: "order the nodes to keep the peak of live bytes low" },
     PassInfo {

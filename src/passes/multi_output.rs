@@ -38,6 +38,10 @@
 //! before it one row kernel that writes the output, the sum, and the
 //! rows' statistics.
 //!
+//! The same idea for an attention: its backward's statistics read the
+//! log-sum-exp the forward computed, which the forward writes as its
+//! extra output 1 (`attention_lse.rs`).
+//!
 //! *Does not.* Merge matmul epilogues (one output each), duplicate
 //! compute, or reorder anything: every body op is the one the fused graph
 //! ran, so values are bit for bit those of the unmerged graph.
@@ -49,6 +53,7 @@
 //! *Assumes.* A fused graph (after `fusion` and `assign`). O(n) per
 //! candidate for the reachability check.
 
+mod attention_lse;
 mod redomain;
 
 use super::{Changed, Pass, PassCtx};
@@ -81,18 +86,26 @@ impl Pass for MultiOutput {
         Phase::Fused
     }
 
-    /// Only where a fused elementwise node reads another of its shape.
+    /// Only where a fused elementwise node reads another of its shape, or
+    /// an attention's gradient has its statistics.
     fn applies(&self, _options: &super::PassOptions, graph: &Graph) -> bool {
         graph.node_ids().into_iter().any(|c| {
-            mergeable(graph, c).is_some()
-                && graph.operands(c).into_iter().any(|o| {
-                    let p = source(graph, o);
-                    p != c && mergeable(graph, p).is_some()
-                })
+            matches!(graph.node(c).op, Op::AttentionStats { .. })
+                || mergeable(graph, c).is_some()
+                    && graph.operands(c).into_iter().any(|o| {
+                        let p = source(graph, o);
+                        p != c && mergeable(graph, p).is_some()
+                    })
         })
     }
 
     fn run(&self, graph: &mut Graph, cx: &mut PassCtx) -> Result<Changed> {
+        let lse = attention_lse::forward_writes_lse(graph)
+            .map_err(|m| crate::Error::Verify(format!("multi-output: {m}")))?;
+        if lse > 0 {
+            cx.note(format!("{lse} attention(s) write their log-sum-exp for the backward"));
+            cx.rewrite();
+        }
         let mut merged = 0usize;
         for c in graph.topo_order() {
             let mut c = c;
@@ -106,8 +119,8 @@ impl Pass for MultiOutput {
             }
         }
         cx.note(format!("{merged} producer(s) merged into their readers"));
-        tracing::debug!(merged, "multi-output");
-        Ok(Changed::from(merged > 0))
+        tracing::debug!(merged, lse, "multi-output");
+        Ok(Changed::from(merged + lse > 0))
     }
 }
 

@@ -187,3 +187,73 @@ fn attention_backward_kernels_run_on_the_emulator() {
         }
     }
 }
+
+/// The fused backward reads the log-sum-exp its forward wrote: the
+/// optimized graph of a bf16 gradient has `attention_delta` over the
+/// forward's `extra output=1` and no `attention_stats` (which would
+/// recompute every score), while an f32 one is expanded into matmuls and
+/// a softmax and has neither. The values are checked by the tests above
+/// on every backend.
+#[test]
+fn the_fused_backward_reads_the_forwards_log_sum_exp() {
+    let mut rng = Rng::new(3038);
+    let (b, h, s, d) = (1, 2, 20, 16);
+    for dtype in [DType::BF16, DType::F32] {
+        let [q, k, v, g] = [0; 4].map(|_| rand_f(&mut rng, dtype, &[b, h, s, d], 1.0));
+        let ctx = Context::cpu();
+        let m = Masks { keep: None, add: None, causal: true };
+        let grads = grads_kiln(ctx.clone(), dtype, [&q, &k, &v, &g], &m, false);
+        let text = ctx.explain(&grads.iter().collect::<Vec<_>>()).expect("explain");
+        let fused = dtype == DType::BF16;
+        assert_eq!(text.contains("attention_delta"), fused, "{dtype}:\n{text}");
+        assert_eq!(text.contains("output=1"), fused, "{dtype}:\n{text}");
+        assert!(!text.contains("attention_stats"), "{dtype}: the stats recompute the scores:\n{text}");
+    }
+}
+
+/// A NaN in one query row (of one head) reaches that row's `dq`, and
+/// the `dk` and `dv` of every key the row sees, as in PyTorch; the other
+/// query rows' `dq` and the other head stay finite. Whether the keys the
+/// row does not see get NaN is not specified: a product `dSᵀ q` meets the
+/// NaN row with weight 0 (`0 · NaN`) in the expanded matmuls and inside a
+/// tensor-core tile, not in the CPU kernel, which skips removed pairs
+/// (PyTorch's math and flash backends differ the same way). bf16 runs
+/// the fused kernels (the forward writes a NaN log-sum-exp for the row),
+/// f32 the expanded matmuls.
+#[test]
+fn a_nan_query_row_makes_its_gradients_nan_and_no_other_rows() {
+    each_backend(|| {
+        let mut rng = Rng::new(3039);
+        let (b, h, s, d) = (1, 2, 70, 32);
+        let nan_row = 5;
+        for dtype in [DType::BF16, DType::F32] {
+            let q0 = rand_f(&mut rng, dtype, &[b, h, s, d], 1.0);
+            let q = Nd::from_fn(&[b, h, s, d], |i| {
+                if i[1] == 1 && i[2] == nan_row && i[3] == 3 {
+                    f64::NAN
+                } else {
+                    q0.get(i)
+                }
+            });
+            let [k, v, g] = [0; 3].map(|_| rand_f(&mut rng, dtype, &[b, h, s, d], 1.0));
+            let m = Masks { keep: None, add: None, causal: true };
+            let got = grads_kiln(dev(), dtype, [&q, &k, &v, &g], &m, false);
+            let [dq, dk, dv] = [0, 1, 2].map(|x| read_f(&got[x]));
+            for i in 0..s {
+                for c in 0..d {
+                    for head in 0..h {
+                        let at = [0, head, i, c];
+                        let what = format!("{dtype} head {head} row {i} column {c}");
+                        assert_eq!(dq.get(&at).is_nan(), head == 1 && i == nan_row, "dq {what}");
+                        // Causal: row 5 sees keys 0..=5 of head 1.
+                        if head == 0 || i <= nan_row {
+                            let reached = head == 1;
+                            assert_eq!(dk.get(&at).is_nan(), reached, "dk {what}");
+                            assert_eq!(dv.get(&at).is_nan(), reached, "dv {what}");
+                        }
+                    }
+                }
+            }
+        }
+    });
+}

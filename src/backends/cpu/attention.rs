@@ -147,7 +147,10 @@ impl<'a, A: Acc> MaskRead<'a, A> {
     }
 }
 
-/// `softmax(scale q kᵀ + mask) v` into `out` (`[b, h, sq, dv]`, dense).
+/// `softmax(scale q kᵀ + mask) v` into `out` (`[b, h, sq, dv]`, dense),
+/// and each row's log-sum-exp into `lse` (`[b, h, sq]` in the accumulator
+/// type, `+inf` for a row that keeps no key) where the plan reads it
+/// (`extra %attention output=1`, for the backward's `attention_delta`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     q: &CpuBuffer,
@@ -158,19 +161,23 @@ pub(crate) fn attention(
     scale: f64,
     causal: bool,
     out: Out<'_>,
+    lse: Option<Out<'_>>,
 ) -> Result<()> {
     let dims = Dims::of(q, k, v)?;
     if out.len() != dims.b * dims.h * dims.sq * dims.dv {
         return Err(Error::Backend("cpu: attention output of the wrong size".into()));
     }
+    if lse.as_ref().is_some_and(|l| l.len() != dims.b * dims.h * dims.sq) {
+        return Err(Error::Backend("cpu: attention log-sum-exp of the wrong size".into()));
+    }
     if kind != AttnMask::None && mask.is_none() {
         return Err(Error::Backend("cpu: attention lacks its mask operand".into()));
     }
     match q.dtype() {
-        DType::F64 => run::<f64, f64>(q, k, v, mask, kind, scale, causal, &dims, out),
-        DType::F32 => run::<f32, f32>(q, k, v, mask, kind, scale, causal, &dims, out),
-        DType::F16 => run::<half::f16, f32>(q, k, v, mask, kind, scale, causal, &dims, out),
-        DType::BF16 => run::<half::bf16, f32>(q, k, v, mask, kind, scale, causal, &dims, out),
+        DType::F64 => run::<f64, f64>(q, k, v, mask, kind, scale, causal, &dims, out, lse),
+        DType::F32 => run::<f32, f32>(q, k, v, mask, kind, scale, causal, &dims, out, lse),
+        DType::F16 => run::<half::f16, f32>(q, k, v, mask, kind, scale, causal, &dims, out, lse),
+        DType::BF16 => run::<half::bf16, f32>(q, k, v, mask, kind, scale, causal, &dims, out, lse),
         d => Err(Error::Backend(format!("cpu: attention is not defined on {d}"))),
     }
 }
@@ -203,7 +210,7 @@ pub(super) fn dense<T: Elem, A: Acc>(x: &CpuBuffer) -> Result<Vec<A>> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run<T: Elem, A: Acc>(
+fn run<T: Elem, A: Acc + Elem>(
     q: &CpuBuffer,
     k: &CpuBuffer,
     v: &CpuBuffer,
@@ -213,28 +220,41 @@ fn run<T: Elem, A: Acc>(
     causal: bool,
     n: &Dims,
     out: Out<'_>,
+    lse: Option<Out<'_>>,
 ) -> Result<()> {
     let (q, k, v) = (dense::<T, A>(q)?, dense::<T, A>(k)?, dense::<T, A>(v)?);
     let read = MaskRead::new(mask, kind)?;
     let out = out.get::<T>()?;
     let scale = A::of(scale);
     let (sq, sk, d, dv) = (n.sq, n.sk, n.d, n.dv);
+    // Every block writes its rows' log-sum-exp; a scratch row set when no
+    // step reads them (one number a row, next to `dv` outputs).
+    let mut scratch = Vec::new();
+    let lse: &mut [A] = match lse {
+        Some(l) => l.get::<A>()?,
+        None => {
+            scratch.resize(n.b * n.h * sq, A::ZERO);
+            &mut scratch
+        }
+    };
     #[cfg(target_arch = "x86_64")]
     let wide = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
-    out.par_chunks_mut((sq * dv).max(1)).enumerate().for_each(|(bh, head_out)| {
+    let heads = out.par_chunks_mut((sq * dv).max(1)).zip(lse.par_chunks_mut(sq.max(1)));
+    heads.enumerate().for_each(|(bh, (head_out, head_lse))| {
         let (b, h) = (bh / n.h.max(1), bh % n.h.max(1));
         let qh = &q[bh * sq * d..][..sq * d];
         let kh = &k[bh * sk * d..][..sk * d];
         let kt: Vec<A> = (0..d * sk).map(|e| kh[(e % sk) * d + e / sk]).collect();
         let vh = &v[bh * sk * dv..][..sk * dv];
-        head_out.par_chunks_mut(QB * dv.max(1)).enumerate().for_each(|(blk, rows_out)| {
+        let blocks = head_out.par_chunks_mut(QB * dv.max(1)).zip(head_lse.par_chunks_mut(QB));
+        blocks.enumerate().for_each(|(blk, (rows_out, rows_lse))| {
             let at = Block { b, h, r0: blk * QB, qh, kt: &kt, vh, read: &read, scale, causal, sk, d, dv };
             #[cfg(target_arch = "x86_64")]
             if wide {
                 // SAFETY: `wide` is true only where the CPU has AVX2 and FMA.
-                return unsafe { block_avx2(&at, rows_out) };
+                return unsafe { block_avx2(&at, rows_out, rows_lse) };
             }
-            block(&at, rows_out);
+            block(&at, rows_out, rows_lse);
         });
     });
     Ok(())
@@ -269,12 +289,14 @@ struct Block<'a, A> {
 /// The CPU supports AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn block_avx2<T: Elem, A: Acc>(at: &Block<'_, A>, rows_out: &mut [T]) {
-    block(at, rows_out)
+unsafe fn block_avx2<T: Elem, A: Acc>(at: &Block<'_, A>, rows_out: &mut [T], rows_lse: &mut [A]) {
+    block(at, rows_out, rows_lse)
 }
 
 /// Rows `r0..r0 + rows_out.len() / dv` of one head: the online softmax
-/// over key blocks (see the module doc), written to `rows_out`.
+/// over key blocks (see the module doc), written to `rows_out`, and the
+/// rows' log-sum-exp `m + ln l` to `rows_lse` (`+inf` for a row that
+/// keeps no key, NaN for a row with a NaN score).
 ///
 /// Shaped for vectors: a row's scores of a key block are `KB` running sums
 /// over the head dim (`s += q[c] * kᵀ[c, ..]`, so one product of `q` and a
@@ -282,7 +304,7 @@ unsafe fn block_avx2<T: Elem, A: Acc>(at: &Block<'_, A>, rows_out: &mut [T]) {
 /// value dims in register-sized chunks. A dot product per key (the earlier
 /// form) spent its time in horizontal adds and per-key branches.
 #[inline(always)]
-fn block<T: Elem, A: Acc>(at: &Block<'_, A>, rows_out: &mut [T]) {
+fn block<T: Elem, A: Acc>(at: &Block<'_, A>, rows_out: &mut [T], rows_lse: &mut [A]) {
     let &Block { b, h, r0, qh, kt, vh, read, scale, causal, sk, d, dv } = at;
     let rows = rows_out.len() / dv.max(1);
     let mut m = [A::NEG_INF; QB];
@@ -342,7 +364,8 @@ fn block<T: Elem, A: Acc>(at: &Block<'_, A>, rows_out: &mut [T]) {
             l[r] = l[r] * correction + sum;
         }
     }
-    for r in 0..rows {
+    for (r, lse) in rows_lse.iter_mut().enumerate().take(rows) {
+        *lse = if m[r] == A::NEG_INF { A::of(f64::INFINITY) } else { A::of(m[r].wide() + l[r].wide().ln()) };
         let inv = if l[r] == A::ZERO { A::ZERO } else { A::of(1.0) / l[r] };
         for (o, &a) in rows_out[r * dv..][..dv].iter_mut().zip(&acc[r * dv..][..dv]) {
             *o = T::from_f64((a * inv).wide());

@@ -123,6 +123,39 @@ fn stats_run<T: Elem, A: Acc + Elem>(
     Ok(())
 }
 
+/// `attention_delta o, g, lse` into `out` (`[b, h, sq, 2]`): the stats
+/// from the log-sum-exp the forward wrote, and `delta = o · g` as
+/// [`stats`] computes it.
+pub(crate) fn delta(o: &CpuBuffer, g: &CpuBuffer, lse: &CpuBuffer, out: Out<'_>) -> Result<()> {
+    match o.dtype() {
+        DType::F64 => delta_run::<f64, f64>(o, g, lse, out),
+        DType::F32 => delta_run::<f32, f32>(o, g, lse, out),
+        DType::F16 => delta_run::<half::f16, f32>(o, g, lse, out),
+        DType::BF16 => delta_run::<half::bf16, f32>(o, g, lse, out),
+        d => Err(Error::Backend(format!("cpu: attention_delta is not defined on {d}"))),
+    }
+}
+
+fn delta_run<T: Elem, A: Acc + Elem>(
+    o: &CpuBuffer,
+    g: &CpuBuffer,
+    lse: &CpuBuffer,
+    out: Out<'_>,
+) -> Result<()> {
+    let dv = o.shape().0.get(3).copied().unwrap_or(0);
+    let (o, g, lse) = (dense::<T, A>(o)?, dense::<T, A>(g)?, dense::<A, A>(lse)?);
+    let out = out.get::<A>()?;
+    if out.len() != lse.len() * 2 || o.len() != lse.len() * dv {
+        return Err(Error::Backend("cpu: attention_delta operands of the wrong sizes".into()));
+    }
+    out.par_chunks_mut(2).zip(&lse).enumerate().for_each(|(row, (pair, &l))| {
+        let at = row * dv;
+        pair[0] = l;
+        pair[1] = dot(&o[at..at + dv], &g[at..at + dv]);
+    });
+    Ok(())
+}
+
 /// `attention_grad q, k, v, g, stats [, mask] wrt=...` into `out`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn grad(

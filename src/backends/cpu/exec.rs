@@ -177,11 +177,16 @@ impl CpuExecutable {
                 }
                 Op::Extra { output } => {
                     let of = plan.graph.operands(id)[0];
-                    let Some(Op::Fused(body)) = plan.graph.contains(of).then(|| &plan.graph.node(of).op)
-                    else {
-                        return Err(bad(format!("extra {id} reads {of}, which is no fused node")));
+                    // A fused node's extra body outputs, or an attention's
+                    // log-sum-exp (output 1).
+                    let count = match plan.graph.contains(of).then(|| &plan.graph.node(of).op) {
+                        Some(Op::Fused(body)) => body.outputs().len() - 1,
+                        Some(Op::Attention { .. }) => 1,
+                        _ => {
+                            return Err(bad(format!("extra {id} reads {of}, which writes no extra outputs")))
+                        }
                     };
-                    let slots = extras.entry(of).or_insert_with(|| vec![None; body.outputs().len() - 1]);
+                    let slots = extras.entry(of).or_insert_with(|| vec![None; count]);
                     match output.checked_sub(1).and_then(|j| slots.get_mut(j)) {
                         Some(slot @ None) => *slot = Some(i),
                         Some(Some(_)) => {

@@ -160,7 +160,28 @@ impl CpuExecutable {
                 let k = args.get(1).ok_or_else(|| Error::Backend("cpu: attention lacks its keys".into()))?;
                 let v =
                     args.get(2).ok_or_else(|| Error::Backend("cpu: attention lacks its values".into()))?;
-                write!(|out| attention::attention(x()?, k, v, args.get(3), *mask, *scale, *causal, out))
+                // The rows' log-sum-exp, where an `extra` step reads it.
+                let mut lse = match self.extras.get(&step.id).and_then(|s| s.first().copied().flatten()) {
+                    Some(p) => {
+                        let (shape, dt) =
+                            crate::ir::extra_type(&self.plan.graph, step.id, 1).map_err(Error::Backend)?;
+                        let (id, place) = (self.steps[p].id, self.steps[p].place);
+                        Some((p, dispatch!(dt, E => Dest::new::<E>(place, &shape, arena, id))?))
+                    }
+                    None => None,
+                };
+                let value = write!(|out| {
+                    let lse_out = lse.as_mut().map(|(_, d)| d.out());
+                    attention::attention(x()?, k, v, args.get(3), *mask, *scale, *causal, out, lse_out)
+                })?;
+                if let Some((p, d)) = lse {
+                    extras.push((p, d.finish(&self.stats)?));
+                }
+                Ok(value)
+            }
+            Op::AttentionDelta => {
+                let [o, g, lse] = operands::<3>(args, "attention_delta")?;
+                write!(|out| attention_grad::delta(o, g, lse, out))
             }
             Op::AttentionStats { scale, causal, mask } => {
                 let [q, k, o, g] = operands::<4>(args, "attention_stats")?;

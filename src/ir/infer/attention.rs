@@ -1,7 +1,9 @@
 //! The attention ops' operand checks (`attention`, `attention_stats`,
-//! `attention_grad`): queries, keys, values (or the output), their
-//! gradients and the mask, and the statistics' dtype. Apart from
-//! `infer.rs` because the three ops share them and nothing else does.
+//! `attention_delta`, `attention_grad`): queries, keys, values (or the
+//! output), their gradients and the mask, the statistics' dtype, and the
+//! type of the log-sum-exp an attention writes as its extra output.
+//! Apart from `infer.rs` because these ops share them and nothing else
+//! does.
 
 use crate::ir::{AttnMask, DType, Shape};
 
@@ -106,4 +108,35 @@ pub(super) fn attention_stats_dtype(dtype: DType) -> DType {
     } else {
         DType::F32
     }
+}
+
+/// The type of an attention's extra output 1 (`extra %attention
+/// output=1`): each query row's log-sum-exp, `[b, h, sq]` in the stats'
+/// dtype, for queries `q` of `dtype`; `None` for queries that are not
+/// `[b, h, sq, d]` floats.
+pub(crate) fn attention_lse_type(q: &Shape, dtype: DType) -> Option<(Shape, DType)> {
+    (q.rank() == 4 && dtype.is_float()).then(|| (Shape(q.0[..3].to_vec()), attention_stats_dtype(dtype)))
+}
+
+/// The type of `attention_delta o, g, lse`: `[b, h, sq, 2]` stats.
+pub(super) fn attention_delta_type(
+    o: (&Shape, DType),
+    g: (&Shape, DType),
+    lse: (&Shape, DType),
+) -> Result<(Shape, DType), String> {
+    let (os, dt) = o;
+    if os.rank() != 4 || !dt.is_float() {
+        return Err(format!("attention_delta takes a [batch, heads, seq, dim] float output, got {dt} {os}"));
+    }
+    if *g.0 != *os || g.1 != dt {
+        return Err(format!("the attention output's gradient must be {dt} {os}, got {} {}", g.1, g.0));
+    }
+    let (want, sdt) = attention_lse_type(os, dt).ok_or("not an attention output")?;
+    if *lse.0 != want || lse.1 != sdt {
+        return Err(format!(
+            "attention_delta takes the {sdt} {want} log-sum-exp its attention wrote, got {} {}",
+            lse.1, lse.0
+        ));
+    }
+    Ok((Shape(vec![os.0[0], os.0[1], os.0[2], 2]), sdt))
 }

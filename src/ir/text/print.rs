@@ -203,6 +203,7 @@ fn attrs(op: &Op, dtype: crate::ir::DType) -> String {
         | Op::Compare(_)
         | Op::Where
         | Op::Assign
+        | Op::AttentionDelta
         | Op::MatMul => String::new(),
         Op::Permute(perm) => format!(" perm={}", list(perm)),
         Op::Slice { dim, start, step, len } => format!(" dim={dim} start={start} step={step} len={len}"),

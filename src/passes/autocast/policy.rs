@@ -70,7 +70,10 @@ impl OpKey {
             | (OpKey::Conv2d, Op::Conv2d { .. })
             | (
                 OpKey::Attention,
-                Op::Attention { .. } | Op::AttentionStats { .. } | Op::AttentionGrad { .. },
+                Op::Attention { .. }
+                | Op::AttentionStats { .. }
+                | Op::AttentionDelta
+                | Op::AttentionGrad { .. },
             ) => true,
             (OpKey::Reduce(a), Op::Reduce { op: b, .. }) => a == *b,
             (OpKey::Unary(a), Op::Unary(b)) => a == *b,

@@ -138,7 +138,7 @@ pub(super) fn vjp(
         Op::Attention { scale, causal, mask } => super::attention::vjp(b, y, g, xs, wanted, scale, causal, mask),
         // Autodiff records these for an attention's gradient; a second
         // derivative through them is not written.
-        Op::AttentionStats { .. } | Op::AttentionGrad { .. } => {
+        Op::AttentionStats { .. } | Op::AttentionDelta | Op::AttentionGrad { .. } => {
             Err(format!("{} has no gradient (a second derivative of attention)", op.mnemonic()))
         }
         Op::Conv2d { stride, padding, dilation, groups } => {

@@ -104,6 +104,7 @@ pub enum OpKey {
         dim: usize,
     },
     Assign,
+    AttentionDelta,
     Extra {
         output: usize,
     },
@@ -195,6 +196,7 @@ impl From<&Op> for OpKey {
             Op::IndexAdd { dim } => OpKey::IndexAdd { dim: *dim },
             Op::WriteAt { dim } => OpKey::WriteAt { dim: *dim },
             Op::Assign => OpKey::Assign,
+            Op::AttentionDelta => OpKey::AttentionDelta,
             Op::Extra { output } => OpKey::Extra { output: *output },
             Op::Attention { scale, causal, mask } => {
                 OpKey::Attention { scale: scale.to_bits(), causal: *causal, mask: *mask }
@@ -248,6 +250,7 @@ impl OpKey {
             OpKey::IndexAdd { dim } => Op::IndexAdd { dim: *dim },
             OpKey::WriteAt { dim } => Op::WriteAt { dim: *dim },
             OpKey::Assign => Op::Assign,
+            OpKey::AttentionDelta => Op::AttentionDelta,
             OpKey::Extra { output } => Op::Extra { output: *output },
             OpKey::Attention { scale, causal, mask } => {
                 Op::Attention { scale: f64::from_bits(*scale), causal: *causal, mask: *mask }

@@ -108,10 +108,23 @@ impl Spec {
     }
 }
 
+/// The kernel for `spec` that also writes each query row's log-sum-exp
+/// (an attention whose `extra` output 1 the plan reads), or why there is
+/// none: the tensor-core kernel writes it; the others do not.
+pub(crate) fn flash_with_lse(name: &str, spec: &Spec) -> Result<Kernel, String> {
+    if super::attention_mma::applies(spec) {
+        return Ok(super::attention_mma::flash_mma(name, spec, true));
+    }
+    Err(format!(
+        "the CUDA attention writes its rows' log-sum-exp from the tensor-core kernel only (f16 and bf16 heads), got {} heads of {} and {}",
+        spec.dtype, spec.d, spec.dv
+    ))
+}
+
 /// The kernel for `spec`, or why there is none.
 pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
     if super::attention_mma::applies(spec) {
-        return Ok(super::attention_mma::flash_mma(name, spec));
+        return Ok(super::attention_mma::flash_mma(name, spec, false));
     }
     if super::attention_simt::applies(spec) {
         return Ok(super::attention_simt::flash_simt(name, spec));

@@ -452,3 +452,79 @@ fn grad_kv(name: &str, spec: &GradSpec) -> Kernel {
     s.push_str("  }\n}\n");
     Kernel::new(name, s, grid as u32, THREADS as u32, spec.reads(true))
 }
+
+/// Threads that share one row of `attention_delta`.
+const DELTA_LANES: usize = 8;
+/// Threads of an `attention_delta` block.
+const DELTA_THREADS: usize = 256;
+
+/// `attention_delta o, g, lse`: the `[b, h, sq, 2]` stats (lse, `o · g`)
+/// of an attention whose forward wrote its rows' log-sum-exp. A
+/// bandwidth-bound row kernel: 8 lanes a row, 16-byte loads where `o` and
+/// `g` allow them, the partial dots combined with three shuffles. `o`
+/// and `g` are `[b, h, sq, dv]` through their strides, `lse` dense.
+pub(crate) fn delta(
+    name: &str,
+    dtype: crate::ir::DType,
+    dims: [usize; 4],
+    o: &Strided,
+    g: &Strided,
+) -> Kernel {
+    let [batch, heads, sq, dv] = dims;
+    let rows = batch * heads * sq;
+    let st = types::storage(dtype);
+    let acc = if dtype == crate::ir::DType::F64 { "double" } else { "float" };
+    let mut s = format!(
+        "extern \"C\" __global__ void {name}({acc}* __restrict__ out, const {st}* __restrict__ o, const {st}* __restrict__ g, const {acc}* __restrict__ lse) {{\n"
+    );
+    s.push_str("  typedef long long I;\n");
+    let _ = writeln!(s, "  const I row = ((I)blockIdx.x * {DELTA_THREADS} + threadIdx.x) / {DELTA_LANES};");
+    let _ = writeln!(s, "  const int part = threadIdx.x % {DELTA_LANES};");
+    // Every lane reaches the shuffles; rows past the end read nothing.
+    let _ = writeln!(s, "  const bool live = row < {rows}LL;");
+    let _ = writeln!(
+        s,
+        "  const I bh = row / {sq}, i = row % {sq}, b = bh / {heads}, h = bh % {heads};",
+        sq = sq.max(1),
+        heads = heads.max(1)
+    );
+    let _ = writeln!(s, "  {acc} dl = 0;");
+    let narrow = matches!(dtype, crate::ir::DType::F16 | crate::ir::DType::BF16);
+    if narrow && super::attention_mma::vectorized(o, dv) && super::attention_mma::vectorized(g, dv) {
+        let _ =
+            writeln!(s, "  if (live)\n    for (int c8 = part * 8; c8 < {dv}; c8 += {}) {{", 8 * DELTA_LANES);
+        let _ = writeln!(
+            s,
+            "      const kiln::u16x8 a = *(const kiln::u16x8*)&o[{}];",
+            o.at("b", "h", "i", "c8")
+        );
+        let _ = writeln!(
+            s,
+            "      const kiln::u16x8 e = *(const kiln::u16x8*)&g[{}];",
+            g.at("b", "h", "i", "c8")
+        );
+        s.push_str("      #pragma unroll\n      for (int u = 0; u < 8; ++u)\n");
+        let _ = writeln!(
+            s,
+            "        dl += kiln::half_at(a.w[u / 2], u % 2, {st}()) * kiln::half_at(e.w[u / 2], u % 2, {st}());\n    }}"
+        );
+    } else {
+        let _ = writeln!(s, "  if (live)\n    for (int c = part; c < {dv}; c += {DELTA_LANES})");
+        let _ = writeln!(
+            s,
+            "      dl += ({acc}){} * ({acc}){};",
+            types::load(dtype, &format!("o[{}]", o.at("b", "h", "i", "c"))),
+            types::load(dtype, &format!("g[{}]", g.at("b", "h", "i", "c")))
+        );
+    }
+    let mut width = DELTA_LANES / 2;
+    while width > 0 {
+        let _ = writeln!(s, "  dl += __shfl_xor_sync(0xffffffffu, dl, {width});");
+        width /= 2;
+    }
+    s.push_str(
+        "  if (live && part == 0) {\n    out[row * 2] = lse[row];\n    out[row * 2 + 1] = dl;\n  }\n}\n",
+    );
+    let grid = (rows * DELTA_LANES).div_ceil(DELTA_THREADS).max(1);
+    Kernel::new(name, s, grid as u32, DELTA_THREADS as u32, vec![0, 1, 2])
+}

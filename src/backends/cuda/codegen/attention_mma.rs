@@ -10,10 +10,13 @@
 //!   owns 16 of them. The block stages its queries through shared memory
 //!   once, and each warp keeps its 16×d query tile in registers as `mma`
 //!   fragments.
-//! - The block walks the keys in tiles of 64: it loads the tile's keys
-//!   (row-major) and values (transposed, so that `v` is read as `mma`'s
-//!   column-major operand with 32-bit loads) into shared memory, rows padded
+//! - The block walks the keys in tiles of 64: it loads the tile's keys and
+//!   values into shared memory row-major, 16 bytes a thread, rows padded
 //!   by 8 elements so that a warp's fragment loads hit 32 distinct banks.
+//!   The keys' fragments are 32-bit loads along their rows; the values',
+//!   read down their columns, are one `ldmatrix.trans` a fragment
+//!   (`kiln::ldsm_x2_trans`). (The values were stored transposed, two bytes
+//!   a store with 8-way bank conflicts.)
 //! - Each warp computes its 16×64 scores with `mma` into registers, masks
 //!   them (bounds, causal, bool or additive mask), and updates the online
 //!   softmax per row: the row maximum and sum are spread over the 4 lanes
@@ -22,7 +25,11 @@
 //!   leaving registers (the score accumulator's layout is the A
 //!   fragment's).
 //! - The output tile is divided by the row sum once at the end and stored;
-//!   a row whose keys are all removed stores zeros.
+//!   a row whose keys are all removed stores zeros. Where the plan reads
+//!   it (`extra %attention output=1`), each row's log-sum-exp `ln Σ e^s`
+//!   (`+inf` for a row with no key) is stored too, f32, for the
+//!   backward's `attention_delta`: the stats kernel of
+//!   `attention_grad.rs` would recompute every score to find it.
 //! - NaN propagates without a test of its own: the row maximum skips a
 //!   NaN score (`>` and `fmaxf` do), but its `exp2f(NaN - base)` is NaN,
 //!   and so are the row sum and the row. Unlike the CUDA-core and CPU
@@ -62,26 +69,28 @@ pub(crate) fn applies(spec: &Spec) -> bool {
 
 /// Whether an operand's rows of `n` head-dim elements can be read 8 at a
 /// time (16 bytes, aligned: buffers are 64-byte aligned).
-fn vectorized(x: &Strided, n: usize) -> bool {
+pub(super) fn vectorized(x: &Strided, n: usize) -> bool {
     x.strides[3] == 1 && n % 8 == 0 && x.offset % 8 == 0 && x.strides[..3].iter().all(|s| s % 8 == 0)
 }
 
-/// The kernel for `spec` (which [`applies`]).
-pub(crate) fn flash_mma(name: &str, spec: &Spec) -> Kernel {
+/// The kernel for `spec` (which [`applies`]); with `lse`, it also writes
+/// each row's log-sum-exp (an f32 `[b, h, sq]` parameter after `out`).
+pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     let Spec { dtype, batch, heads, sq, sk, d, dv, .. } = *spec;
     let qblocks = sq.div_ceil(ROWS).max(1);
     let grid = (batch * heads * qblocks).max(1);
     let st = types::storage(dtype);
     let tag = format!("{st}()");
-    let (kst, vst) = (d + PAD, KEYS + PAD);
+    let (kst, vst) = (d + PAD, dv + PAD);
     let log2e = std::f64::consts::LOG2_E;
-    let mut s = spec.flash_head(name);
+    let mut s =
+        if lse { spec.flash_head_with(name, &["float* __restrict__ lse"]) } else { spec.flash_head(name) };
     s.push_str("  typedef long long I;\n  typedef kiln::u32 U;\n");
     s.push_str("  const float NEG_INF = __int_as_float(0xff800000);\n");
-    // Keys (and, before the first tile, the queries: ROWS == KEYS) and the
-    // transposed values.
+    // Keys (and, before the first tile, the queries: ROWS == KEYS) and
+    // values, both row-major.
     let _ = writeln!(s, "  __align__(16) __shared__ unsigned short ks[{}];", KEYS * kst);
-    let _ = writeln!(s, "  __align__(16) __shared__ unsigned short vt[{}];", dv * vst);
+    let _ = writeln!(s, "  __align__(16) __shared__ unsigned short vs[{}];", KEYS * vst);
     s.push_str("  const int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, c = lane % 4;\n");
     let _ = writeln!(s, "  const I qb = (I)blockIdx.x % {qblocks}, bh = (I)blockIdx.x / {qblocks};");
     let _ = writeln!(s, "  const I b = bh / {heads}, h = bh % {heads};", heads = heads.max(1));
@@ -112,7 +121,7 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec) -> Kernel {
     s.push_str("    __syncthreads();  // the previous tile's (or the queries') readers are done\n");
     let mut tiles = String::new();
     tile_load(&mut tiles, "k", &spec.k, d, "j0", sk, |r, c| format!("ks[{r} * {kst} + {c}]"), true);
-    tile_load(&mut tiles, "v", &spec.v, dv, "j0", sk, |r, c| format!("vt[({c}) * {vst} + {r}]"), false);
+    tile_load(&mut tiles, "v", &spec.v, dv, "j0", sk, |r, c| format!("vs[{r} * {vst} + {c}]"), true);
     for line in tiles.lines() {
         let _ = writeln!(s, "  {line}");
     }
@@ -214,14 +223,23 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec) -> Kernel {
          kiln::pack2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], {tag})}};"
     );
     let _ = writeln!(s, "      #pragma unroll\n      for (int n = 0; n < {}; ++n) {{", dv / 8);
-    let _ = writeln!(s, "        const unsigned short* vr = &vt[(n * 8 + g) * {vst} + kk * 16 + 2 * c];");
-    s.push_str("        const U bf[2] = {*(const U*)vr, *(const U*)(vr + 8)};\n");
+    s.push_str("        U bf[2];\n");
+    let _ = writeln!(s, "        kiln::ldsm_x2_trans(bf, &vs[(kk * 16 + (lane & 15)) * {vst} + n * 8]);");
     let _ = writeln!(s, "        kiln::mma_16816(o[n], pa, bf, {tag});\n      }}\n    }}\n  }}");
 
     // The row sums, combined over a row's 4 lanes; the output, in pairs.
     s.push_str("  #pragma unroll\n  for (int r = 0; r < 2; ++r) {\n");
     s.push_str("    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);\n");
     s.push_str("    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);\n");
+    if lse {
+        // As the stats kernel computes it: ln 2 · (m + log2 l), m in log2 units.
+        let _ = writeln!(s, "    const int i = r == 0 ? ia : ib;\n    if (c == 0 && i < {sq})");
+        let _ = writeln!(
+            s,
+            "      lse[bh * {sq} + i] = m[r] == NEG_INF ? __int_as_float(0x7f800000) : (m[r] + log2f(l[r])) * {:?}f;",
+            std::f64::consts::LN_2 as f32
+        );
+    }
     s.push_str("    l[r] = l[r] == 0.f ? 0.f : 1.f / l[r];\n  }\n");
     let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) {{", dv / 8);
     s.push_str("    #pragma unroll\n    for (int r = 0; r < 2; ++r) {\n");

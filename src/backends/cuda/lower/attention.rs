@@ -7,7 +7,7 @@
 
 use super::ops::{buffer_locs, operand};
 use super::{Lowering, Storage, Value};
-use crate::backends::cuda::codegen::attention::{flash, Spec, Strided};
+use crate::backends::cuda::codegen::attention::{flash, flash_with_lse, Spec, Strided};
 use crate::backends::cuda::codegen::attention_grad::{self, GradSpec};
 use crate::backends::cuda::codegen::ops;
 use crate::backends::cuda::codegen::{attention_decode, attention_simt, index_add};
@@ -79,9 +79,12 @@ impl Lowering<'_> {
         Ok(())
     }
 
-    /// One launch of the flash kernel for this shape.
+    /// One launch of the flash kernel for this shape; the tensor-core one,
+    /// also writing the rows' log-sum-exp, where an `extra` reads it.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn attention(
         &mut self,
+        id: NodeId,
         ops: &[Value],
         scale: f64,
         causal: bool,
@@ -92,6 +95,16 @@ impl Lowering<'_> {
         let vals = self.in_memory(ops)?;
         let spec = spec_of(&vals, 3, (scale, causal, mask));
         debug_assert_eq!(spec.dv, shape.0[3]);
+        if let Some(extra) = self.extras_of(id).first().copied().flatten() {
+            let (lse_shape, lse_dtype) = crate::ir::extra_type(&self.plan.graph, id, 1)?;
+            let lse = self.destination(extra)?;
+            self.values.insert(extra, Value::dense(lse, lse_shape, lse_dtype));
+            let kernel = self.add_kernel("attention", |n| flash_with_lse(n, &spec))?;
+            let mut args = vec![dst, lse];
+            args.extend(buffer_locs(&vals));
+            self.launches.push(Launch::Kernel { kernel, args });
+            return Ok(());
+        }
         if attention_decode::applies(&spec) && !super::gemv::off("KILN_CUDA_DECODE_ATTENTION") {
             // A few query rows: keys split over blocks (`attention_decode.rs`).
             let kernel = self.add_kernel("attention_decode", |n| Ok(attention_decode::partial(n, &spec)))?;
@@ -150,6 +163,27 @@ impl Lowering<'_> {
             None => self.add_kernel("attention_stats", |n| Ok(attention_grad::stats(n, &spec)))?,
             Some(wrt) => self.add_kernel("attention_grad", |n| Ok(attention_grad::grad(n, &spec, wrt)))?,
         };
+        let mut args = vec![dst];
+        args.extend(buffer_locs(&vals));
+        self.launches.push(Launch::Kernel { kernel, args });
+        Ok(())
+    }
+
+    /// `attention_delta o, g, lse`: one row kernel
+    /// (`attention_grad::delta`).
+    pub(super) fn attention_delta(&mut self, ops: &[Value], dtype: DType, dst: Loc) -> Result<(), String> {
+        let vals = self.in_memory(ops)?;
+        let (o, g, lse) = (&vals[0], &vals[1], &vals[2]);
+        if !(lse.layout.is_contiguous() && lse.layout.offset == 0) {
+            return Err("attention_delta reads its log-sum-exp contiguous".into());
+        }
+        let dims: [usize; 4] = o.layout.shape.0[..]
+            .try_into()
+            .map_err(|_| format!("attention_delta of a rank-{} output", o.layout.shape.rank()))?;
+        let (os, gs) = (strided(o), strided(g));
+        let kernel =
+            self.add_kernel("attention_delta", |n| Ok(attention_grad::delta(n, o.dtype, dims, &os, &gs)))?;
+        debug_assert_eq!(dtype, lse.dtype);
         let mut args = vec![dst];
         args.extend(buffer_locs(&vals));
         self.launches.push(Launch::Kernel { kernel, args });

@@ -388,12 +388,17 @@ impl Lowering<'_> {
         }
     }
 
-    /// The `extra` node of each extra output of fused node `id` (`[j - 1]`
-    /// for output `j`), `None` where the plan has none.
+    /// The `extra` node of each extra output of node `id` (`[j - 1]` for
+    /// output `j`): a fused node's extra body outputs or an attention's
+    /// log-sum-exp; `None` where the plan has none.
     pub(super) fn extras_of(&self, id: NodeId) -> Vec<Option<NodeId>> {
         let graph = &self.plan.graph;
-        let Op::Fused(body) = &graph.node(id).op else { return Vec::new() };
-        let mut out = vec![None; body.outputs().len().saturating_sub(1)];
+        let count = match &graph.node(id).op {
+            Op::Fused(body) => body.outputs().len().saturating_sub(1),
+            Op::Attention { .. } => 1,
+            _ => return Vec::new(),
+        };
+        let mut out = vec![None; count];
         for u in graph.users(id) {
             if let Op::Extra { output } = graph.node(u).op {
                 if let Some(slot) = output.checked_sub(1).and_then(|j| out.get_mut(j)) {

@@ -123,8 +123,9 @@ impl Lowering<'_> {
             Op::WriteAt { dim } => self.write_at(*dim, &ops, &node.shape, dst),
             Op::Collective { what, .. } => self.collective(*what, &ops[0], dst),
             Op::Attention { scale, causal, mask } => {
-                self.attention(&ops, *scale, *causal, *mask, &node.shape, dst)
+                self.attention(id, &ops, *scale, *causal, *mask, &node.shape, dst)
             }
+            Op::AttentionDelta => self.attention_delta(&ops, node.dtype, dst),
             Op::AttentionStats { scale, causal, mask } => {
                 self.attention_backward(&ops, *scale, *causal, *mask, None, dst)
             }

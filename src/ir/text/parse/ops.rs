@@ -125,6 +125,7 @@ pub(super) enum Kind {
     Assign,
     Attention,
     AttentionStats,
+    AttentionDelta,
     AttentionGrad,
     Cat,
     Fused,
@@ -156,6 +157,7 @@ const FIXED: &[(&str, Kind)] = &[
     ("assign", Kind::Assign),
     ("attention", Kind::Attention),
     ("attention_stats", Kind::AttentionStats),
+    ("attention_delta", Kind::AttentionDelta),
     ("attention_grad", Kind::AttentionGrad),
     ("cat", Kind::Cat),
     ("fused", Kind::Fused),
@@ -400,6 +402,7 @@ pub(super) fn build_op(
             }
         }
         Kind::Assign => Op::Assign,
+        Kind::AttentionDelta => Op::AttentionDelta,
         Kind::Extra => {
             let output = a.usize("output", m, "extra %f output=1")?;
             if output == 0 {
