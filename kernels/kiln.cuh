@@ -468,4 +468,78 @@ struct __align__(16) u16x8 {
   u32 w[4];
 };
 
+// ldsm_x4: four 8x8 tiles of 16-bit elements read along their rows, as
+// mma_16816's B operands of two column groups (r[0], r[1] and r[2], r[3])
+// or one A operand: lane l passes the address of row l % 8 of tile l / 8,
+// and lane 4 g + c gets r[m] = tile m's (row g, columns 2c, 2c + 1). On
+// sm_75 and later one `ldmatrix` (rows 16-byte aligned), where two 32-bit
+// loads an `mma` took it; elsewhere, and in the CPU emulator, the same
+// from the rows' addresses.
+__device__ __forceinline__ void ldsm_x4(u32* r, const unsigned short* row) {
+#if !defined(KILN_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+  const unsigned at = (unsigned)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(at));
+#else
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const unsigned long long mine = (unsigned long long)row;
+  for (int m = 0; m < 4; ++m) {
+    const unsigned short* p = (const unsigned short*)__shfl_sync(0xffffffffu, mine, 8 * m + g);
+    r[m] = (u32)p[2 * c] | ((u32)p[2 * c + 1] << 16);
+  }
+#endif
+}
+
+// ldsm_x4_trans: ldsm_x2_trans for four tiles (two column groups of a B
+// operand read down its columns): lane l passes the address of row l % 8
+// of tile l / 8, and lane 4 g + c gets r[m] = tile m's (row 2c, column g)
+// and (row 2c + 1, column g).
+__device__ __forceinline__ void ldsm_x4_trans(u32* r, const unsigned short* row) {
+#if !defined(KILN_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+  const unsigned at = (unsigned)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(at));
+#else
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const unsigned long long mine = (unsigned long long)row;
+  for (int m = 0; m < 4; ++m) {
+    const unsigned short* p0 = (const unsigned short*)__shfl_sync(0xffffffffu, mine, 8 * m + 2 * c);
+    const unsigned short* p1 = (const unsigned short*)__shfl_sync(0xffffffffu, mine, 8 * m + 2 * c + 1);
+    r[m] = (u32)p0[g] | ((u32)p1[g] << 16);
+  }
+#endif
+}
+
+// cp_async16: 16 bytes from global to shared memory without passing
+// through registers, or 16 zero bytes where `valid` is false (the source
+// address must still be a valid one); cp_async_commit closes the group of
+// copies issued so far, and cp_async_wait<N> waits until at most N groups
+// are in flight (then a __syncthreads makes them visible to the block).
+// One `cp.async.cg` on sm_80 and later, so a tile's loads run under the
+// previous tile's products; elsewhere, and in the CPU emulator, a plain
+// copy at issue, and the waits do nothing.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+#if !defined(KILN_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned at = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(at), "l"(gmem), "r"(valid ? 16 : 0));
+#else
+  u16x8 x = {{0u, 0u, 0u, 0u}};
+  if (valid) x = *(const u16x8*)gmem;
+  *(u16x8*)smem = x;
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if !defined(KILN_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if !defined(KILN_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+#endif
+}
+
 }  // namespace kiln

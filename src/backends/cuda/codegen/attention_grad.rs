@@ -20,11 +20,12 @@
 //!   separate kernels, so the results do not depend on scheduling.
 //!
 //! Tiles sit in shared memory row-major with rows padded by 8 elements
-//! (rows stay 16-byte aligned). The operands an `mma` reads along their
-//! rows (`k` for `S`, `v` for `dP`, `q` and `g` for the transposed
-//! products) are 32-bit loads; the ones it reads down a column (`k` for
-//! `dq`, `g` and `q` for `dv` and `dk`) are one `ldmatrix.trans` a
-//! fragment (`kiln::ldsm_x2_trans`), where four 16-bit loads took it.
+//! (rows stay 16-byte aligned), and the per-tile loop is double-buffered
+//! with `cp.async` where the tiles fit (`attention_tiles.rs`). The
+//! operands an `mma` reads along their rows (`k` for `S`, `v` for `dP`,
+//! `q` and `g` for the transposed products) are `ldmatrix` loads of four
+//! 8 × 8 tiles; the ones it reads down a column (`k` for `dq`, `g` and `q`
+//! for `dv` and `dk`) the same with `.trans`.
 //! Removed keys (past the end, causal, masked) and query rows past the
 //! end get `P = 0`; a query row with no key left has `lse = +inf`, so
 //! every `P` of it is 0 and so are its gradients, as the forward writes
@@ -35,19 +36,15 @@
 //! [`Op::AttentionGrad`]: crate::ir::Op::AttentionGrad
 
 use super::attention::{Spec, Strided};
-use super::attention_mma::tile_load;
+use super::attention_tiles::{
+    self as tiles, mma_columns, mma_rows, tile_load, tile_loop, vectorized, Tile, PAD, THREADS, TILE,
+};
 use super::{types, Kernel};
 use crate::ir::{AttnMask, AttnWrt};
 use std::fmt::Write;
 
 /// Rows (queries or keys) a block owns: 16 per warp.
 const ROWS: usize = 64;
-/// Rows of the other side per tile.
-const TILE: usize = 64;
-/// Threads of a block.
-const THREADS: usize = 128;
-/// Padding of a shared-memory row, in elements.
-const PAD: usize = 8;
 
 /// What the three kernels are generated for: the attention's own [`Spec`]
 /// (whose `v` is the forward's output `o` for the stats kernel) and the
@@ -125,40 +122,6 @@ impl GradSpec {
     }
 }
 
-/// (At the loop body's indent.) `count` products `acc[n] = a · b(n)` for `n < count`, `a` the A
-/// fragment array `af[kk]` and `b(n)` the B fragment read at `b_at`
-/// (row-major, along the row: two 32-bit loads), over `kk < ks`.
-fn mma_rows(s: &mut String, acc: &str, af: &str, count: usize, ks: usize, b_at: &str, tag: &str) {
-    let ind = "    ";
-    let _ = writeln!(s, "{ind}#pragma unroll\n{ind}for (int n = 0; n < {count}; ++n) {{");
-    let _ = writeln!(s, "{ind}  {acc}[n][0] = {acc}[n][1] = {acc}[n][2] = {acc}[n][3] = 0.f;");
-    let _ = writeln!(s, "{ind}  #pragma unroll\n{ind}  for (int kk = 0; kk < {ks}; ++kk) {{");
-    let _ = writeln!(s, "{ind}    const unsigned short* br = &{b_at};");
-    let _ = writeln!(s, "{ind}    const U bf[2] = {{*(const U*)br, *(const U*)(br + 8)}};");
-    let _ = writeln!(s, "{ind}    kiln::mma_16816({acc}[n], {af}[kk], bf, {tag});\n{ind}  }}\n{ind}}}");
-}
-
-/// `acc[n] += A · B` for `n < count`, with A the 16 × 64 tile held in the
-/// accumulator array `src` (rounded to the input type) and B read down
-/// the columns of the row-major shared tile `tile` (row stride `stride`):
-/// B[k][n] = `tile[k * stride + n]`.
-fn mma_columns(s: &mut String, acc: &str, src: &str, count: usize, tile: &str, stride: usize, tag: &str) {
-    let ind = "    ";
-    let _ = writeln!(s, "{ind}#pragma unroll\n{ind}for (int kk = 0; kk < {}; ++kk) {{", TILE / 16);
-    let _ = writeln!(
-        s,
-        "{ind}  const U pa[4] = {{kiln::pack2({src}[2 * kk][0], {src}[2 * kk][1], {tag}), \
-         kiln::pack2({src}[2 * kk][2], {src}[2 * kk][3], {tag}),\n{ind}    \
-         kiln::pack2({src}[2 * kk + 1][0], {src}[2 * kk + 1][1], {tag}), \
-         kiln::pack2({src}[2 * kk + 1][2], {src}[2 * kk + 1][3], {tag})}};"
-    );
-    let _ = writeln!(s, "{ind}  #pragma unroll\n{ind}  for (int n = 0; n < {count}; ++n) {{");
-    let _ = writeln!(s, "{ind}    U bf[2];");
-    let _ =
-        writeln!(s, "{ind}    kiln::ldsm_x2_trans(bf, &{tile}[(kk * 16 + (lane & 15)) * {stride} + n * 8]);");
-    let _ = writeln!(s, "{ind}    kiln::mma_16816({acc}[n], pa, bf, {tag});\n{ind}  }}\n{ind}}}");
-}
-
 /// Loads the A fragments `name[n / 16][4]` of this warp's 16 rows of the
 /// shared tile `tile` (stride `stride`, `n` columns).
 fn fragments(s: &mut String, name: &str, tile: &str, stride: usize, n: usize) {
@@ -190,29 +153,18 @@ pub(crate) fn stats(name: &str, spec: &GradSpec) -> Kernel {
     let tag = format!("{}()", types::storage(dtype));
     let kst = d + PAD;
     let mut s = spec.head(name, "float", false);
-    let _ = writeln!(s, "  __align__(16) __shared__ unsigned short ks[{}];", TILE * kst);
+    let tiles = [Tile { smem: "ks", x: "k", strided: &spec.attn.k, n: d }];
+    let pipelined = tiles::pipelined(&tiles, 0);
+    tiles::declare(&mut s, &tiles, pipelined);
     let grid = block_rows(&mut s, spec, sq);
-    tile_load(&mut s, "q", &spec.attn.q, d, "r_start", sq, |r, c| format!("ks[{r} * {kst} + {c}]"), true);
+    tile_load(&mut s, "q", &spec.attn.q, d, "r_start", sq, "ks", "0");
     s.push_str("  __syncthreads();\n");
     fragments(&mut s, "qf", "ks", kst, d);
     s.push_str("  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};\n");
     key_end(&mut s, spec);
-    let _ = writeln!(s, "  for (I j0 = 0; j0 < kend; j0 += {TILE}) {{");
-    s.push_str("    __syncthreads();\n");
-    indent(&mut s, "  ", |s| {
-        tile_load(s, "k", &spec.attn.k, d, "j0", sk, |r, c| format!("ks[{r} * {kst} + {c}]"), true)
-    });
-    s.push_str("    __syncthreads();\n");
+    let outer = std::mem::take(&mut s);
     let _ = writeln!(s, "    float sc[{}][4];", TILE / 8);
-    mma_rows(
-        &mut s,
-        "sc",
-        "qf",
-        TILE / 8,
-        d / 16,
-        &format!("ks[(n * 8 + g) * {kst} + kk * 16 + 2 * c]"),
-        &tag,
-    );
+    mma_rows(&mut s, "sc", "qf", TILE / 8, d / 16, "ks + ks_o", kst, &tag);
     s.push_str("    float mx[2] = {NEG_INF, NEG_INF};\n");
     scores_walk(
         &mut s,
@@ -229,7 +181,9 @@ pub(crate) fn stats(name: &str, spec: &GradSpec) -> Kernel {
     s.push_str("      if (mn != NEG_INF) { l[r] *= exp2f(m[r] - mn); m[r] = mn; }\n    }\n");
     let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n)", TILE / 8);
     s.push_str("      #pragma unroll\n      for (int e = 0; e < 4; ++e)\n");
-    s.push_str("        if (m[e / 2] != NEG_INF) l[e / 2] += exp2f(sc[n][e] - m[e / 2]);\n  }\n");
+    s.push_str("        if (m[e / 2] != NEG_INF) l[e / 2] += exp2f(sc[n][e] - m[e / 2]);\n");
+    let body = std::mem::replace(&mut s, outer);
+    tile_loop(&mut s, "j0", ("0", "kend"), sk, &tiles, pipelined, |_, _, _| {}, |s| s.push_str(&body));
     // lse (natural log) and delta = o · g per row; a row's 4 lanes split
     // its columns.
     s.push_str("  #pragma unroll\n  for (int r = 0; r < 2; ++r) {\n");
@@ -277,15 +231,6 @@ fn scores_walk(s: &mut String, spec: &GradSpec, ia: &str, ib: &str, j: &str, the
     let _ = writeln!(s, "        {then}\n      }}\n    }}");
 }
 
-/// Indents what `f` writes by `ind`.
-fn indent(s: &mut String, ind: &str, f: impl FnOnce(&mut String)) {
-    let mut part = String::new();
-    f(&mut part);
-    for line in part.lines() {
-        let _ = writeln!(s, "{ind}{line}");
-    }
-}
-
 /// The `wrt=q` or `wrt=kv` kernel.
 pub(crate) fn grad(name: &str, spec: &GradSpec, wrt: AttnWrt) -> Kernel {
     match wrt {
@@ -305,11 +250,15 @@ fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
     let tag = format!("{}()", types::storage(dtype));
     let (kst, vst) = (d + PAD, dv + PAD);
     let mut s = spec.head(name, types::storage(dtype), true);
-    let _ = writeln!(s, "  __align__(16) __shared__ unsigned short ks[{}];", TILE * kst);
-    let _ = writeln!(s, "  __align__(16) __shared__ unsigned short vs[{}];", TILE * vst);
+    let tiles = [
+        Tile { smem: "ks", x: "k", strided: &spec.attn.k, n: d },
+        Tile { smem: "vs", x: "v", strided: &spec.attn.v, n: dv },
+    ];
+    let pipelined = tiles::pipelined(&tiles, 0);
+    tiles::declare(&mut s, &tiles, pipelined);
     let grid = block_rows(&mut s, spec, sq);
-    tile_load(&mut s, "q", &spec.attn.q, d, "r_start", sq, |r, c| format!("ks[{r} * {kst} + {c}]"), true);
-    tile_load(&mut s, "dout", &spec.g, dv, "r_start", sq, |r, c| format!("vs[{r} * {vst} + {c}]"), true);
+    tile_load(&mut s, "q", &spec.attn.q, d, "r_start", sq, "ks", "0");
+    tile_load(&mut s, "dout", &spec.g, dv, "r_start", sq, "vs", "0");
     s.push_str("  __syncthreads();\n");
     fragments(&mut s, "qf", "ks", kst, d);
     fragments(&mut s, "gf", "vs", vst, dv);
@@ -321,32 +270,10 @@ fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
     let _ = writeln!(s, "  float acc[{}][4];", d / 8);
     let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;", d / 8);
     key_end(&mut s, spec);
-    let _ = writeln!(s, "  for (I j0 = 0; j0 < kend; j0 += {TILE}) {{");
-    s.push_str("    __syncthreads();\n");
-    indent(&mut s, "  ", |s| {
-        tile_load(s, "k", &spec.attn.k, d, "j0", sk, |r, c| format!("ks[{r} * {kst} + {c}]"), true);
-        tile_load(s, "v", &spec.attn.v, dv, "j0", sk, |r, c| format!("vs[{r} * {vst} + {c}]"), true);
-    });
-    s.push_str("    __syncthreads();\n");
+    let outer = std::mem::take(&mut s);
     let _ = writeln!(s, "    float sc[{}][4], dp[{}][4];", TILE / 8, TILE / 8);
-    mma_rows(
-        &mut s,
-        "sc",
-        "qf",
-        TILE / 8,
-        d / 16,
-        &format!("ks[(n * 8 + g) * {kst} + kk * 16 + 2 * c]"),
-        &tag,
-    );
-    mma_rows(
-        &mut s,
-        "dp",
-        "gf",
-        TILE / 8,
-        dv / 16,
-        &format!("vs[(n * 8 + g) * {vst} + kk * 16 + 2 * c]"),
-        &tag,
-    );
+    mma_rows(&mut s, "sc", "qf", TILE / 8, d / 16, "ks + ks_o", kst, &tag);
+    mma_rows(&mut s, "dp", "gf", TILE / 8, dv / 16, "vs + vs_o", vst, &tag);
     scores_walk(
         &mut s,
         spec,
@@ -355,8 +282,9 @@ fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
         "(int)j0 + n * 8 + 2 * c + (e & 1)",
         "const float p = sc[n][e] == NEG_INF ? 0.f : exp2f(sc[n][e] - lse[e / 2]);\n        sc[n][e] = p * (dp[n][e] - dl[e / 2]);",
     );
-    mma_columns(&mut s, "acc", "sc", d / 8, "ks", kst, &tag);
-    s.push_str("  }\n");
+    mma_columns(&mut s, "acc", "sc", d / 8, "ks + ks_o", kst, &tag);
+    let body = std::mem::replace(&mut s, outer);
+    tile_loop(&mut s, "j0", ("0", "kend"), sk, &tiles, pipelined, |_, _, _| {}, |s| s.push_str(&body));
     let scale = format!("{:?}f", spec.attn.scale as f32);
     let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) {{", d / 8);
     s.push_str("    #pragma unroll\n    for (int r = 0; r < 2; ++r) {\n");
@@ -374,13 +302,20 @@ fn grad_kv(name: &str, spec: &GradSpec) -> Kernel {
     let tag = format!("{}()", types::storage(dtype));
     let (qst, gst) = (d + PAD, dv + PAD);
     let mut s = spec.head(name, types::storage(dtype), true);
-    let _ = writeln!(s, "  __align__(16) __shared__ unsigned short qs[{}];", TILE * qst);
-    let _ = writeln!(s, "  __align__(16) __shared__ unsigned short gs[{}];", TILE * gst);
-    let _ = writeln!(s, "  __shared__ float slse[{TILE}], sdl[{TILE}];");
+    let tiles = [
+        Tile { smem: "qs", x: "q", strided: &spec.attn.q, n: d },
+        Tile { smem: "gs", x: "dout", strided: &spec.g, n: dv },
+    ];
+    // Each row's lse and delta beside the tiles, as many buffers.
+    let row_stats_bytes = 2 * 2 * TILE * 4;
+    let pipelined = tiles::pipelined(&tiles, row_stats_bytes);
+    tiles::declare(&mut s, &tiles, pipelined);
+    let buffers = if pipelined { 2 } else { 1 };
+    let _ = writeln!(s, "  __shared__ float slse[{}], sdl[{}];", buffers * TILE, buffers * TILE);
     let grid = block_rows(&mut s, spec, sk);
     // This block's keys and values, staged through the tiles once.
-    tile_load(&mut s, "k", &spec.attn.k, d, "r_start", sk, |r, c| format!("qs[{r} * {qst} + {c}]"), true);
-    tile_load(&mut s, "v", &spec.attn.v, dv, "r_start", sk, |r, c| format!("gs[{r} * {gst} + {c}]"), true);
+    tile_load(&mut s, "k", &spec.attn.k, d, "r_start", sk, "qs", "0");
+    tile_load(&mut s, "v", &spec.attn.v, dv, "r_start", sk, "gs", "0");
     s.push_str("  __syncthreads();\n");
     fragments(&mut s, "kf", "qs", qst, d);
     fragments(&mut s, "vf", "gs", gst, dv);
@@ -394,47 +329,44 @@ fn grad_kv(name: &str, spec: &GradSpec) -> Kernel {
     // Causal: query i sees key j <= i, so the rows before the block's
     // first key see none of its keys.
     let start = if spec.attn.causal { "r_start / 64 * 64" } else { "0" };
-    let _ = writeln!(s, "  for (I i0 = {start}; i0 < {sq}; i0 += {TILE}) {{");
-    s.push_str("    __syncthreads();\n");
-    indent(&mut s, "  ", |s| {
-        tile_load(s, "q", &spec.attn.q, d, "i0", sq, |r, c| format!("qs[{r} * {qst} + {c}]"), true);
-        tile_load(s, "dout", &spec.g, dv, "i0", sq, |r, c| format!("gs[{r} * {gst} + {c}]"), true);
-    });
-    let _ = writeln!(s, "    for (int e = t; e < {TILE}; e += {THREADS}) {{");
-    let _ = writeln!(s, "      const I i = i0 + e;\n      slse[e] = {};", row_stats("i", sq));
-    let _ = writeln!(s, "      sdl[e] = i < {sq} ? stats[(bh * {sq} + i) * 2 + 1] : 0.f;\n    }}");
-    s.push_str("    __syncthreads();\n");
+    // The query rows' lse and delta, into the buffer the tiles use.
+    let row_stats_load = |s: &mut String, buffer: &str, from: &str| {
+        let _ = writeln!(s, "  for (int e = t; e < {TILE}; e += {THREADS}) {{");
+        let _ = writeln!(
+            s,
+            "    const I i = {from} + e;\n    slse[{buffer} * {TILE} + e] = {};",
+            row_stats("i", sq)
+        );
+        let _ = writeln!(
+            s,
+            "    sdl[{buffer} * {TILE} + e] = i < {sq} ? stats[(bh * {sq} + i) * 2 + 1] : 0.f;\n  }}"
+        );
+    };
+    let outer = std::mem::take(&mut s);
+    let _ = writeln!(
+        s,
+        "    const float* const lse_t = slse + buf_rows;\n    const float* const dl_t = sdl + buf_rows;"
+    );
     // Sᵀ and dPᵀ: rows are this warp's keys, columns the tile's queries.
     let _ = writeln!(s, "    float sc[{}][4], dp[{}][4];", TILE / 8, TILE / 8);
-    mma_rows(
-        &mut s,
-        "sc",
-        "kf",
-        TILE / 8,
-        d / 16,
-        &format!("qs[(n * 8 + g) * {qst} + kk * 16 + 2 * c]"),
-        &tag,
-    );
-    mma_rows(
-        &mut s,
-        "dp",
-        "vf",
-        TILE / 8,
-        dv / 16,
-        &format!("gs[(n * 8 + g) * {gst} + kk * 16 + 2 * c]"),
-        &tag,
-    );
+    mma_rows(&mut s, "sc", "kf", TILE / 8, d / 16, "qs + qs_o", qst, &tag);
+    mma_rows(&mut s, "dp", "vf", TILE / 8, dv / 16, "gs + gs_o", gst, &tag);
     // Element (n, e): key ia/ib (e < 2 / e >= 2), query i0 + 8n + 2c + (e & 1).
     let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n) {{", TILE / 8);
     s.push_str("      #pragma unroll\n      for (int e = 0; e < 4; ++e) {\n");
     s.push_str("        const int q_at = n * 8 + 2 * c + (e & 1);\n");
     s.push_str("        const int i = (int)i0 + q_at, j = e < 2 ? ia : ib;\n");
     let _ = writeln!(s, "        {}", spec.score("sc[n][e]", "sc[n][e]"));
-    s.push_str("        const float p = sc[n][e] == NEG_INF ? 0.f : exp2f(sc[n][e] - slse[q_at]);\n");
-    s.push_str("        sc[n][e] = p;\n        dp[n][e] = p * (dp[n][e] - sdl[q_at]);\n      }\n    }\n");
-    mma_columns(&mut s, "dvv", "sc", dv / 8, "gs", gst, &tag);
-    mma_columns(&mut s, "dk", "dp", d / 8, "qs", qst, &tag);
-    s.push_str("  }\n");
+    s.push_str("        const float p = sc[n][e] == NEG_INF ? 0.f : exp2f(sc[n][e] - lse_t[q_at]);\n");
+    s.push_str("        sc[n][e] = p;\n        dp[n][e] = p * (dp[n][e] - dl_t[q_at]);\n      }\n    }\n");
+    mma_columns(&mut s, "dvv", "sc", dv / 8, "gs + gs_o", gst, &tag);
+    mma_columns(&mut s, "dk", "dp", d / 8, "qs + qs_o", qst, &tag);
+    let body = std::mem::replace(&mut s, outer);
+    let rows_at = if pipelined { format!("buf * {TILE}") } else { "0".to_string() };
+    tile_loop(&mut s, "i0", (start, &sq.to_string()), sq, &tiles, pipelined, row_stats_load, |s| {
+        let _ = writeln!(s, "    const int buf_rows = {rows_at};");
+        s.push_str(&body);
+    });
     let scale = format!("{:?}f", spec.attn.scale as f32);
     let w = d + dv;
     s.push_str("  #pragma unroll\n  for (int r = 0; r < 2; ++r) {\n");
@@ -490,7 +422,7 @@ pub(crate) fn delta(
     );
     let _ = writeln!(s, "  {acc} dl = 0;");
     let narrow = matches!(dtype, crate::ir::DType::F16 | crate::ir::DType::BF16);
-    if narrow && super::attention_mma::vectorized(o, dv) && super::attention_mma::vectorized(g, dv) {
+    if narrow && vectorized(o, dv) && vectorized(g, dv) {
         let _ =
             writeln!(s, "  if (live)\n    for (int c8 = part * 8; c8 < {dv}; c8 += {}) {{", 8 * DELTA_LANES);
         let _ = writeln!(

@@ -10,13 +10,13 @@
 //!   owns 16 of them. The block stages its queries through shared memory
 //!   once, and each warp keeps its 16×d query tile in registers as `mma`
 //!   fragments.
-//! - The block walks the keys in tiles of 64: it loads the tile's keys and
-//!   values into shared memory row-major, 16 bytes a thread, rows padded
-//!   by 8 elements so that a warp's fragment loads hit 32 distinct banks.
-//!   The keys' fragments are 32-bit loads along their rows; the values',
-//!   read down their columns, are one `ldmatrix.trans` a fragment
-//!   (`kiln::ldsm_x2_trans`). (The values were stored transposed, two bytes
-//!   a store with 8-way bank conflicts.)
+//! - The block walks the keys in tiles of 64 (`attention_tiles.rs`): the
+//!   tile's keys and values sit in shared memory row-major, rows padded by
+//!   8 elements, double-buffered where they fit, so that `cp.async` brings
+//!   the next tile during this one's products. The keys' fragments are
+//!   `ldmatrix` loads along their rows, the values' `ldmatrix.trans` down
+//!   their columns. (The values were stored transposed, two bytes a store
+//!   with 8-way bank conflicts, and every fragment took two 32-bit loads.)
 //! - Each warp computes its 16×64 scores with `mma` into registers, masks
 //!   them (bounds, causal, bool or additive mask), and updates the online
 //!   softmax per row: the row maximum and sum are spread over the 4 lanes
@@ -42,7 +42,10 @@
 //! contiguous and its other strides are multiples of 8 (heads of a
 //! projection, permuted or not); otherwise element by element.
 
-use super::attention::{Spec, Strided};
+use super::attention::Spec;
+use super::attention_tiles::{
+    self as tiles, mma_columns, mma_rows, tile_load, tile_loop, Tile, PAD, THREADS,
+};
 use super::{types, Kernel};
 use crate::ir::{AttnMask, DType};
 use std::fmt::Write;
@@ -51,10 +54,6 @@ use std::fmt::Write;
 const ROWS: usize = 64;
 /// Keys per tile.
 const KEYS: usize = 64;
-/// Threads of a block.
-const THREADS: usize = 128;
-/// Padding of a shared-memory row, in elements.
-const PAD: usize = 8;
 /// The largest head dim the kernel keeps in registers.
 pub(crate) const MAX_MMA_HEAD_DIM: usize = 128;
 
@@ -65,12 +64,6 @@ pub(crate) fn applies(spec: &Spec) -> bool {
         && spec.dv % 8 == 0
         && (16..=MAX_MMA_HEAD_DIM).contains(&spec.d)
         && (8..=MAX_MMA_HEAD_DIM).contains(&spec.dv)
-}
-
-/// Whether an operand's rows of `n` head-dim elements can be read 8 at a
-/// time (16 bytes, aligned: buffers are 64-byte aligned).
-pub(super) fn vectorized(x: &Strided, n: usize) -> bool {
-    x.strides[3] == 1 && n % 8 == 0 && x.offset % 8 == 0 && x.strides[..3].iter().all(|s| s % 8 == 0)
 }
 
 /// The kernel for `spec` (which [`applies`]); with `lse`, it also writes
@@ -88,9 +81,13 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     s.push_str("  typedef long long I;\n  typedef kiln::u32 U;\n");
     s.push_str("  const float NEG_INF = __int_as_float(0xff800000);\n");
     // Keys (and, before the first tile, the queries: ROWS == KEYS) and
-    // values, both row-major.
-    let _ = writeln!(s, "  __align__(16) __shared__ unsigned short ks[{}];", KEYS * kst);
-    let _ = writeln!(s, "  __align__(16) __shared__ unsigned short vs[{}];", KEYS * vst);
+    // values, both row-major, double-buffered where they fit.
+    let tiles = [
+        Tile { smem: "ks", x: "k", strided: &spec.k, n: d },
+        Tile { smem: "vs", x: "v", strided: &spec.v, n: dv },
+    ];
+    let pipelined = tiles::pipelined(&tiles, 0);
+    tiles::declare(&mut s, &tiles, pipelined);
     s.push_str("  const int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, c = lane % 4;\n");
     let _ = writeln!(s, "  const I qb = (I)blockIdx.x % {qblocks}, bh = (I)blockIdx.x / {qblocks};");
     let _ = writeln!(s, "  const I b = bh / {heads}, h = bh % {heads};", heads = heads.max(1));
@@ -99,7 +96,7 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     s.push_str("  const int r0 = w * 16 + g;\n  const int ia = (int)i0 + r0, ib = ia + 8;\n");
 
     // Queries: staged through `ks`, then held as A fragments.
-    tile_load(&mut s, "q", &spec.q, d, "i0", sq, |r, c| format!("ks[{r} * {kst} + {c}]"), true);
+    tile_load(&mut s, "q", &spec.q, d, "i0", sq, "ks", "0");
     s.push_str("  __syncthreads();\n");
     let _ = writeln!(s, "  U qf[{}][4];", d / 16);
     let _ = writeln!(s, "  #pragma unroll\n  for (int kk = 0; kk < {}; ++kk) {{", d / 16);
@@ -117,24 +114,11 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     let end =
         if spec.causal { format!("i0 + {ROWS} < {sk} ? i0 + {ROWS} : (I){sk}") } else { format!("(I){sk}") };
     let _ = writeln!(s, "  const I kend = {end};");
-    let _ = writeln!(s, "  for (I j0 = 0; j0 < kend; j0 += {KEYS}) {{");
-    s.push_str("    __syncthreads();  // the previous tile's (or the queries') readers are done\n");
-    let mut tiles = String::new();
-    tile_load(&mut tiles, "k", &spec.k, d, "j0", sk, |r, c| format!("ks[{r} * {kst} + {c}]"), true);
-    tile_load(&mut tiles, "v", &spec.v, dv, "j0", sk, |r, c| format!("vs[{r} * {vst} + {c}]"), true);
-    for line in tiles.lines() {
-        let _ = writeln!(s, "  {line}");
-    }
-    s.push_str("    __syncthreads();\n");
-
-    // Scores: s[n] is keys j0 + 8n .. j0 + 8n + 7.
+    // The loop body, built apart and handed to the tile loop.
+    let s_outer = std::mem::take(&mut s);
+    // Scores: sc[n] is keys j0 + 8n .. j0 + 8n + 7.
     let _ = writeln!(s, "    float sc[{}][4];", KEYS / 8);
-    let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n) {{", KEYS / 8);
-    s.push_str("      sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;\n");
-    let _ = writeln!(s, "      #pragma unroll\n      for (int kk = 0; kk < {}; ++kk) {{", d / 16);
-    let _ = writeln!(s, "        const unsigned short* kr = &ks[(n * 8 + g) * {kst} + kk * 16 + 2 * c];");
-    s.push_str("        const U bf[2] = {*(const U*)kr, *(const U*)(kr + 8)};\n");
-    let _ = writeln!(s, "        kiln::mma_16816(sc[n], qf[kk], bf, {tag});\n      }}\n    }}");
+    mma_rows(&mut s, "sc", "qf", KEYS / 8, d / 16, "ks + ks_o", kst, &tag);
 
     // Masks, the scale, and each row's tile maximum. Rows past the end
     // compute from zero queries and are never stored, so only keys are
@@ -146,19 +130,19 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     if spec.causal {
         removed.push_str(" || j > i");
     }
-    let mut body = String::new();
+    let mut check = String::new();
     let mut score = format!("sc[n][e] * {scale}");
     if let Some(mk) = &spec.m {
         let at = format!("mask[{}]", mk.at("b", "h", "i", "j"));
         let outside = format!("j >= {sk} || i >= {sq}");
         match spec.mask {
             AttnMask::Keep => {
-                let _ = writeln!(body, "const bool keep = ({outside}) ? false : {at};");
+                let _ = writeln!(check, "const bool keep = ({outside}) ? false : {at};");
                 removed = if spec.causal { "!keep || j > i".into() } else { "!keep".into() };
             }
             AttnMask::Additive => {
                 let _ = writeln!(
-                    body,
+                    check,
                     "const float add = ({outside}) ? 0.f : (float){};",
                     types::load(spec.mask_dtype, &at)
                 );
@@ -167,7 +151,7 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
             AttnMask::None => {}
         }
     }
-    let _ = writeln!(body, "sc[n][e] = ({removed}) ? NEG_INF : {score};");
+    let _ = writeln!(check, "sc[n][e] = ({removed}) ? NEG_INF : {score};");
     let walk = |s: &mut String, body: &str, ind: &str| {
         let _ = writeln!(s, "{ind}#pragma unroll\n{ind}for (int n = 0; n < {}; ++n) {{", KEYS / 8);
         let _ = writeln!(s, "{ind}  #pragma unroll\n{ind}  for (int e = 0; e < 4; ++e) {{");
@@ -179,7 +163,7 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
             "{ind}    mx[e / 2] = sc[n][e] > mx[e / 2] ? sc[n][e] : mx[e / 2];\n{ind}  }}\n{ind}}}"
         );
     };
-    let checked = format!("const int i = e < 2 ? ia : ib, j = (int)j0 + n * 8 + 2 * c + (e & 1);\n{body}");
+    let checked = format!("const int i = e < 2 ? ia : ib, j = (int)j0 + n * 8 + 2 * c + (e & 1);\n{check}");
     if spec.m.is_some() {
         walk(&mut s, &checked, "    ");
     } else {
@@ -214,18 +198,9 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
         "        sc[n][e] = exp2f(sc[n][e] - base[e / 2]);\n        l[e / 2] += sc[n][e];\n      }\n    }\n",
     );
     // p · v: the scores of keys 16kk .. 16kk + 15 are the A fragment.
-    let _ = writeln!(s, "    #pragma unroll\n    for (int kk = 0; kk < {}; ++kk) {{", KEYS / 16);
-    let _ = writeln!(
-        s,
-        "      const U pa[4] = {{kiln::pack2(sc[2 * kk][0], sc[2 * kk][1], {tag}), \
-         kiln::pack2(sc[2 * kk][2], sc[2 * kk][3], {tag}),\n        \
-         kiln::pack2(sc[2 * kk + 1][0], sc[2 * kk + 1][1], {tag}), \
-         kiln::pack2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], {tag})}};"
-    );
-    let _ = writeln!(s, "      #pragma unroll\n      for (int n = 0; n < {}; ++n) {{", dv / 8);
-    s.push_str("        U bf[2];\n");
-    let _ = writeln!(s, "        kiln::ldsm_x2_trans(bf, &vs[(kk * 16 + (lane & 15)) * {vst} + n * 8]);");
-    let _ = writeln!(s, "        kiln::mma_16816(o[n], pa, bf, {tag});\n      }}\n    }}\n  }}");
+    mma_columns(&mut s, "o", "sc", dv / 8, "vs + vs_o", vst, &tag);
+    let body = std::mem::replace(&mut s, s_outer);
+    tile_loop(&mut s, "j0", ("0", "kend"), sk, &tiles, pipelined, |_, _, _| {}, |s| s.push_str(&body));
 
     // The row sums, combined over a row's 4 lanes; the output, in pairs.
     s.push_str("  #pragma unroll\n  for (int r = 0; r < 2; ++r) {\n");
@@ -250,53 +225,4 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     );
     s.push_str("    }\n  }\n}\n");
     Kernel::new(name, s, grid as u32, THREADS as u32, spec.flash_reads())
-}
-
-/// Code that loads rows `start .. start + 64` (zeros past `len`) of
-/// operand `x` (`n` head-dim elements each) into shared memory at
-/// `dst(row, col)`; `contiguous` says `dst` holds 8 consecutive columns
-/// in one 16-byte slot (row-major tiles), so vector loads store whole.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn tile_load(
-    s: &mut String,
-    x: &str,
-    strided: &Strided,
-    n: usize,
-    start: &str,
-    len: usize,
-    dst: impl Fn(&str, &str) -> String,
-    contiguous: bool,
-) {
-    let rows = ROWS.max(KEYS);
-    if vectorized(strided, n) {
-        let per = n / 8;
-        let _ = writeln!(s, "  for (int e = t; e < {}; e += {THREADS}) {{", rows * per);
-        let _ = writeln!(s, "    const int r = e / {per}, c8 = e % {per} * 8;\n    const I j = {start} + r;");
-        s.push_str("    kiln::u16x8 x8 = {{0u, 0u, 0u, 0u}};\n");
-        let _ = writeln!(
-            s,
-            "    if (j < {len}) x8 = *(const kiln::u16x8*)&{x}[{}];",
-            strided.at("b", "h", "j", "c8")
-        );
-        if contiguous {
-            let _ = writeln!(s, "    *(kiln::u16x8*)&{} = x8;", dst("r", "c8"));
-        } else {
-            s.push_str("    #pragma unroll\n    for (int u = 0; u < 8; ++u)\n");
-            let _ = writeln!(
-                s,
-                "      {} = (unsigned short)(x8.w[u / 2] >> (16 * (u % 2)));",
-                dst("r", "c8 + u")
-            );
-        }
-        s.push_str("  }\n");
-    } else {
-        let _ = writeln!(s, "  for (int e = t; e < {}; e += {THREADS}) {{", rows * n);
-        let _ = writeln!(s, "    const int r = e / {n}, cc = e % {n};\n    const I j = {start} + r;");
-        let _ = writeln!(
-            s,
-            "    {} = j < {len} ? {x}[{}].bits : (unsigned short)0;\n  }}",
-            dst("r", "cc"),
-            strided.at("b", "h", "j", "cc")
-        );
-    }
 }

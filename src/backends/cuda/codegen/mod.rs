@@ -29,6 +29,7 @@ pub(crate) mod attention_decode;
 pub(crate) mod attention_grad;
 pub(crate) mod attention_mma;
 pub(crate) mod attention_simt;
+mod attention_tiles;
 pub(crate) mod body;
 pub(crate) mod columns;
 pub(crate) mod elementwise;

@@ -1,0 +1,280 @@
+//! What the tensor-core attention kernels (`attention_mma.rs`, forward;
+//! `attention_grad.rs`, backward) share: 64-row tiles of an operand in
+//! shared memory, the loop that walks the other side's tiles, and the
+//! warp-wide products that read them.
+//!
+//! - **Tiles** sit row-major with rows padded by 8 elements, so a row
+//!   starts 16-byte aligned and the 8 rows an `ldmatrix` phase reads fall
+//!   in distinct banks (a row of 64 + 8 halves is 36 words).
+//! - **The tile loop** ([`tile_loop`]) loads a tile of each operand per
+//!   iteration. Where every operand is read 16 bytes at a time and two
+//!   sets of tiles fit the 48 KiB of static shared memory, it is
+//!   double-buffered: the next iteration's tiles are requested with
+//!   `cp.async` before this iteration's products, so their latency hides
+//!   under the arithmetic (FlashAttention-2's pipeline); otherwise the
+//!   loads and the products alternate behind barriers.
+//! - **Products** read their B operand with `ldmatrix`: along the rows
+//!   ([`mma_rows`]: keys for `S = q kᵀ`) four 8 × 8 tiles a load, which
+//!   feed two `mma`s (two 32-bit loads an `mma` before), and down the
+//!   columns ([`mma_columns`]: values for `p v`) with `.trans`.
+
+use super::attention::Strided;
+use std::fmt::Write;
+
+/// Rows of a tile (and of the rows a block owns: 16 per warp).
+pub(super) const TILE: usize = 64;
+/// Threads of a block.
+pub(super) const THREADS: usize = 128;
+/// Padding of a shared-memory row, in elements.
+pub(super) const PAD: usize = 8;
+/// Static shared memory a block may declare.
+const SMEM_BYTES: usize = 48 * 1024;
+
+/// Whether an operand's rows of `n` head-dim elements can be read 8 at a
+/// time (16 bytes, aligned: buffers are 64-byte aligned).
+pub(crate) fn vectorized(x: &Strided, n: usize) -> bool {
+    x.strides[3] == 1 && n % 8 == 0 && x.offset % 8 == 0 && x.strides[..3].iter().all(|s| s % 8 == 0)
+}
+
+/// One operand loaded a tile per iteration of a [`tile_loop`]: rows of
+/// `n` elements of `x` (the kernel parameter) into the shared array
+/// `smem` (rows of `n + PAD`).
+pub(super) struct Tile<'a> {
+    pub smem: &'static str,
+    pub x: &'static str,
+    pub strided: &'a Strided,
+    pub n: usize,
+}
+
+impl Tile<'_> {
+    fn stride(&self) -> usize {
+        self.n + PAD
+    }
+}
+
+/// Whether a loop over `tiles` (beside `other` elements of shared memory
+/// the kernel declares) runs double-buffered (see the module docs).
+pub(super) fn pipelined(tiles: &[Tile<'_>], other_bytes: usize) -> bool {
+    let bytes: usize = tiles.iter().map(|t| 2 * 2 * TILE * t.stride()).sum();
+    tiles.iter().all(|t| vectorized(t.strided, t.n)) && bytes + other_bytes <= SMEM_BYTES
+}
+
+/// Declares the shared array of each tile, twice as long when
+/// `pipelined`. The first [`TILE`] rows (`smem[r * (n + PAD) + c]`) may
+/// stage an operand before the loop.
+pub(super) fn declare(s: &mut String, tiles: &[Tile<'_>], pipelined: bool) {
+    let buffers = if pipelined { 2 } else { 1 };
+    for t in tiles {
+        let _ = writeln!(
+            s,
+            "  __align__(16) __shared__ unsigned short {}[{}];",
+            t.smem,
+            buffers * TILE * t.stride()
+        );
+    }
+}
+
+/// Code that loads rows `start .. start + 64` (zeros past `len`) of
+/// operand `x` (`n` elements a row) into rows `0 .. 64` of `smem` at
+/// element offset `at` (a C expression): 16 bytes a thread where the
+/// operand allows it, else element by element.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn tile_load(
+    s: &mut String,
+    x: &str,
+    strided: &Strided,
+    n: usize,
+    start: &str,
+    len: usize,
+    smem: &str,
+    at: &str,
+) {
+    let stride = n + PAD;
+    if vectorized(strided, n) {
+        let per = n / 8;
+        let _ = writeln!(s, "  for (int e = t; e < {}; e += {THREADS}) {{", TILE * per);
+        let _ = writeln!(s, "    const int r = e / {per}, c8 = e % {per} * 8;\n    const I j = {start} + r;");
+        s.push_str("    kiln::u16x8 x8 = {{0u, 0u, 0u, 0u}};\n");
+        let _ = writeln!(
+            s,
+            "    if (j < {len}) x8 = *(const kiln::u16x8*)&{x}[{}];",
+            strided.at("b", "h", "j", "c8")
+        );
+        let _ = writeln!(s, "    *(kiln::u16x8*)&{smem}[{at} + r * {stride} + c8] = x8;\n  }}");
+    } else {
+        let _ = writeln!(s, "  for (int e = t; e < {}; e += {THREADS}) {{", TILE * n);
+        let _ = writeln!(s, "    const int r = e / {n}, cc = e % {n};\n    const I j = {start} + r;");
+        let _ = writeln!(
+            s,
+            "    {smem}[{at} + r * {stride} + cc] = j < {len} ? {x}[{}].bits : (unsigned short)0;\n  }}",
+            strided.at("b", "h", "j", "cc")
+        );
+    }
+}
+
+/// [`tile_load`] of a vectorized operand by `cp.async` (rows past `len`
+/// are zero-filled from row 0's address, which exists).
+fn tile_load_async(s: &mut String, t: &Tile<'_>, start: &str, len: usize, at: &str) {
+    let (per, stride) = (t.n / 8, t.stride());
+    let _ = writeln!(s, "  for (int e = t; e < {}; e += {THREADS}) {{", TILE * per);
+    let _ = writeln!(s, "    const int r = e / {per}, c8 = e % {per} * 8;\n    const I j = {start} + r;");
+    let _ = writeln!(
+        s,
+        "    kiln::cp_async16(&{}[{at} + r * {stride} + c8], &{}[{}], j < {len});\n  }}",
+        t.smem,
+        t.x,
+        t.strided.at("b", "h", &format!("(j < {len} ? j : 0)"), "c8")
+    );
+}
+
+/// Emits `for (I {var} = {start}; {var} < {end}; {var} += 64)` over the
+/// tiles `tiles` (rows of length `len`): each iteration has each tile's
+/// rows `var .. var + 64` in `smem` at the element offset `{smem}_o` (a
+/// C int in scope for `body`), then runs `body`. `extra(s, buffer,
+/// start)` adds the loop's own loads of the same rows into buffer
+/// `buffer` (0 or 1, a C expression) by plain stores. Pipelined (see
+/// [`pipelined`]), the loads of the next tiles are in flight during
+/// `body`; else each iteration loads, then computes.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn tile_loop(
+    s: &mut String,
+    var: &str,
+    (start, end): (&str, &str),
+    len: usize,
+    tiles: &[Tile<'_>],
+    pipelined: bool,
+    extra: impl Fn(&mut String, &str, &str),
+    body: impl FnOnce(&mut String),
+) {
+    let offsets = |s: &mut String, buffer: &str| {
+        let parts: Vec<String> =
+            tiles.iter().map(|t| format!("{}_o = {buffer} * {}", t.smem, TILE * t.stride())).collect();
+        let _ = writeln!(s, "    const int {};", parts.join(", "));
+    };
+    if !pipelined {
+        let _ = writeln!(s, "  for (I {var} = {start}; {var} < {end}; {var} += {TILE}) {{");
+        s.push_str(
+            "    __syncthreads();  // the previous tile's (or the staged operand's) readers are done\n",
+        );
+        let mut loads = String::new();
+        for t in tiles {
+            tile_load(&mut loads, t.x, t.strided, t.n, var, len, t.smem, "0");
+        }
+        extra(&mut loads, "0", var);
+        indent(s, "  ", &loads);
+        s.push_str("    __syncthreads();\n");
+        offsets(s, "0");
+        body(s);
+        s.push_str("  }\n");
+        return;
+    }
+    let issue = |buffer: &str, from: &str| {
+        let mut loads = String::new();
+        for t in tiles {
+            let at = format!("{buffer} * {}", TILE * t.stride());
+            tile_load_async(&mut loads, t, from, len, &at);
+        }
+        extra(&mut loads, buffer, from);
+        loads.push_str("  kiln::cp_async_commit();\n");
+        loads
+    };
+    s.push_str("  __syncthreads();  // the staged operand's readers are done with buffer 0\n");
+    s.push_str(&issue("0", start));
+    let _ =
+        writeln!(s, "  int buf = 0;\n  for (I {var} = {start}; {var} < {end}; {var} += {TILE}, buf ^= 1) {{");
+    let _ = writeln!(s, "    if ({var} + {TILE} < {end}) {{");
+    let next = issue("(buf ^ 1)", &format!("{var} + {TILE}"));
+    indent(s, "    ", &next);
+    s.push_str("      kiln::cp_async_wait<1>();\n    } else {\n      kiln::cp_async_wait<0>();\n    }\n");
+    s.push_str("    __syncthreads();  // this tile's copies are visible\n");
+    offsets(s, "buf");
+    body(s);
+    s.push_str("    __syncthreads();  // its readers are done before the buffer is refilled\n  }\n");
+}
+
+/// Appends `code`, each line indented by `ind` more.
+pub(super) fn indent(s: &mut String, ind: &str, code: &str) {
+    for line in code.lines() {
+        let _ = writeln!(s, "{ind}{line}");
+    }
+}
+
+/// (At the loop body's indent.) `acc[n] = a · B(n)` for `n < count`
+/// (even), `a` the A fragment array `af[kk]` over `kk < ks`, and `B(n)`
+/// the 16 × 8 operand whose column `j` is row `8n + j` of the shared
+/// tile at `tile` (a C pointer expression; row stride `stride`), read
+/// along that row: four tiles an `ldmatrix`, two products.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn mma_rows(
+    s: &mut String,
+    acc: &str,
+    af: &str,
+    count: usize,
+    ks: usize,
+    tile: &str,
+    stride: usize,
+    tag: &str,
+) {
+    debug_assert!(count % 2 == 0, "mma_rows pairs its column groups");
+    let ind = "    ";
+    let _ = writeln!(s, "{ind}#pragma unroll\n{ind}for (int n = 0; n < {count}; n += 2) {{");
+    let _ = writeln!(s, "{ind}  {acc}[n][0] = {acc}[n][1] = {acc}[n][2] = {acc}[n][3] = 0.f;");
+    let _ =
+        writeln!(s, "{ind}  {acc}[n + 1][0] = {acc}[n + 1][1] = {acc}[n + 1][2] = {acc}[n + 1][3] = 0.f;");
+    let _ = writeln!(s, "{ind}  #pragma unroll\n{ind}  for (int kk = 0; kk < {ks}; ++kk) {{");
+    let _ = writeln!(s, "{ind}    U bf[4];");
+    let _ = writeln!(
+        s,
+        "{ind}    kiln::ldsm_x4(bf, &({tile})[((n + (lane >> 4)) * 8 + (lane & 7)) * {stride} + kk * 16 + ((lane >> 3) & 1) * 8]);"
+    );
+    let _ = writeln!(s, "{ind}    kiln::mma_16816({acc}[n], {af}[kk], bf, {tag});");
+    let _ =
+        writeln!(s, "{ind}    kiln::mma_16816({acc}[n + 1], {af}[kk], bf + 2, {tag});\n{ind}  }}\n{ind}}}");
+}
+
+/// `acc[n] += A · B(n)` for `n < count`, with A the 16 × 64 tile held in
+/// the accumulator array `src` (rounded to the input type: `src[2kk]`,
+/// `src[2kk + 1]` are its columns `16kk .. 16kk + 15`) and `B(n)` columns
+/// `8n .. 8n + 7` of the shared tile at `tile` (rows `0 .. 64`, stride
+/// `stride`), read down the columns: four tiles an `ldmatrix.trans` (two
+/// for a last, odd column group).
+pub(super) fn mma_columns(
+    s: &mut String,
+    acc: &str,
+    src: &str,
+    count: usize,
+    tile: &str,
+    stride: usize,
+    tag: &str,
+) {
+    let ind = "    ";
+    let _ = writeln!(s, "{ind}#pragma unroll\n{ind}for (int kk = 0; kk < {}; ++kk) {{", TILE / 16);
+    let _ = writeln!(
+        s,
+        "{ind}  const U pa[4] = {{kiln::pack2({src}[2 * kk][0], {src}[2 * kk][1], {tag}), \
+         kiln::pack2({src}[2 * kk][2], {src}[2 * kk][3], {tag}),\n{ind}    \
+         kiln::pack2({src}[2 * kk + 1][0], {src}[2 * kk + 1][1], {tag}), \
+         kiln::pack2({src}[2 * kk + 1][2], {src}[2 * kk + 1][3], {tag})}};"
+    );
+    if count >= 2 {
+        let _ =
+            writeln!(s, "{ind}  #pragma unroll\n{ind}  for (int n = 0; n < {}; n += 2) {{", count / 2 * 2);
+        let _ = writeln!(s, "{ind}    U bf[4];");
+        let _ = writeln!(
+            s,
+            "{ind}    kiln::ldsm_x4_trans(bf, &({tile})[(kk * 16 + (lane & 15)) * {stride} + (n + (lane >> 4)) * 8]);"
+        );
+        let _ = writeln!(s, "{ind}    kiln::mma_16816({acc}[n], pa, bf, {tag});");
+        let _ = writeln!(s, "{ind}    kiln::mma_16816({acc}[n + 1], pa, bf + 2, {tag});\n{ind}  }}");
+    }
+    if count % 2 == 1 {
+        let n = count - 1;
+        let _ = writeln!(s, "{ind}  {{\n{ind}    U bf[2];");
+        let _ = writeln!(
+            s,
+            "{ind}    kiln::ldsm_x2_trans(bf, &({tile})[(kk * 16 + (lane & 15)) * {stride} + {n} * 8]);"
+        );
+        let _ = writeln!(s, "{ind}    kiln::mma_16816({acc}[{n}], pa, bf, {tag});\n{ind}  }}");
+    }
+    let _ = writeln!(s, "{ind}}}");
+}
