@@ -210,12 +210,18 @@ impl Builder<'_> {
     /// Sums a value of `expand`'s output shape back to the operand shape
     /// `to`: over the leading dims `expand` added and over the dims where
     /// it repeated a size-1 dim. The vector-Jacobian product of `expand`.
+    ///
+    /// The sum keeps its dims, so that a row value's gradient (a layer
+    /// norm's mean or deviation, `[rows, 1]`) is the reduction itself,
+    /// which a fused row kernel may compute and read on (fused bodies
+    /// drop reduced dims only at their output); the reshape to `to` is
+    /// then the identity, or drops leading 1s as a view.
     pub(super) fn sum_to(&mut self, x: NodeId, to: &Shape) -> Built {
         let from = self.shape(x);
         let lead = from.rank() - to.rank();
         let dims: Vec<usize> =
             (0..from.rank()).filter(|&d| d < lead || (to.0[d - lead] == 1 && from.0[d] != 1)).collect();
-        let summed = if dims.is_empty() { x } else { self.reduce(ReduceOp::Sum, x, &dims, false)? };
+        let summed = if dims.is_empty() { x } else { self.reduce(ReduceOp::Sum, x, &dims, true)? };
         self.reshape(summed, to)
     }
 
