@@ -174,14 +174,11 @@ pub(crate) fn generate(
     let _ = writeln!(s, "    const I c = t0 + lane * {w};");
     layout.accumulate(&mut s, "    ", &format!("(I)warp"), &format!("(I){rows}"), warps, &combine, &load);
     s.push_str("    __syncthreads();\n");
-    let _ = writeln!(s, "    if (warp == 0 && c < {cols}) {{");
-    let _ = writeln!(s, "      #pragma unroll\n      for (int u = 0; u < {w}; ++u) {{\n        {acc_ty} t = part[0][lane * {w} + u];");
-    let _ = writeln!(
-        s,
-        "        for (int x = 1; x < {warps}; ++x) t = {};",
-        combine("t", &format!("part[x][lane * {w} + u]"))
-    );
-    let _ = writeln!(s, "        out[c + u] = {};\n      }}\n    }}", types::store(out_dtype, &value));
+    // Every thread combines the warps' partials of one column.
+    let _ = writeln!(s, "    for (int cc = threadIdx.x; cc < {span}; cc += {}) {{", warps * 32);
+    let _ = writeln!(s, "      if (t0 + cc >= {cols}) break;\n      {acc_ty} t = part[0][cc];");
+    let _ = writeln!(s, "      for (int x = 1; x < {warps}; ++x) t = {};", combine("t", "part[x][cc]"));
+    let _ = writeln!(s, "      out[t0 + cc] = {};\n    }}", types::store(out_dtype, &value));
     s.push_str("    __syncthreads();\n  }\n}\n");
     Kernel::new(name, s, grid_for(cols.div_ceil(span), 1), (warps * 32) as u32, vec![0])
 }
@@ -273,21 +270,23 @@ impl Split<'_> {
         let _ = writeln!(s, "  const I c = tile * {span} + lane * {w}, r_end = chunk * {per} + {per} < {rows} ? chunk * {per} + {per} : (I){rows};");
         self.layout.accumulate(&mut s, "  ", &format!("chunk * {per} + warp"), "r_end", warps, combine, load);
         s.push_str("  __syncthreads();\n");
-        let _ = writeln!(s, "  if (warp == 0 && c < {cols}) {{\n    #pragma unroll\n    for (int u = 0; u < {w}; ++u) {{\n      {acc_ty} t = part[0][lane * {w} + u];");
-        let _ = writeln!(
-            s,
-            "      for (int x = 1; x < {warps}; ++x) t = {};",
-            combine("t", &format!("part[x][lane * {w} + u]"))
-        );
-        let _ = writeln!(s, "      ws[chunk * {cols} + c + u] = t;\n    }}\n  }}");
+        // Every thread combines the warps' partials of one column (one
+        // warp doing all of a wide tile's columns serialized them).
+        let threads = warps * 32;
+        let _ = writeln!(s, "  for (int cc = threadIdx.x; cc < {span}; cc += {threads}) {{");
+        let _ = writeln!(s, "    if (tile * {span} + cc >= {cols}) break;\n    {acc_ty} t = part[0][cc];");
+        let _ = writeln!(s, "    for (int x = 1; x < {warps}; ++x) t = {};", combine("t", "part[x][cc]"));
+        let _ = writeln!(s, "    ws[chunk * {cols} + tile * {span} + cc] = t;\n  }}");
         super::last_to_arrive(&mut s, "threadIdx.x", "counts[tile]", chunks);
-        let _ = writeln!(s, "  if (warp == 0 && c < {cols}) {{\n    #pragma unroll\n    for (int u = 0; u < {w}; ++u) {{\n      {acc_ty} t = __ldcg(&ws[c + u]);");
+        let _ = writeln!(s, "  for (int cc = threadIdx.x; cc < {span}; cc += {threads}) {{");
+        let _ = writeln!(s, "    const I col = tile * {span} + cc;\n    if (col >= {cols}) break;");
+        let _ = writeln!(s, "    {acc_ty} t = __ldcg(&ws[col]);\n    #pragma unroll 8");
         let _ = writeln!(
             s,
-            "      for (int x = 1; x < {chunks}; ++x) t = {};",
-            combine("t", &format!("__ldcg(&ws[x * {cols} + c + u])"))
+            "    for (int x = 1; x < {chunks}; ++x) t = {};",
+            combine("t", &format!("__ldcg(&ws[x * {cols} + col])"))
         );
-        let _ = writeln!(s, "      out[c + u] = {};\n    }}\n  }}", types::store(out_dtype, value));
+        let _ = writeln!(s, "    out[col] = {};\n  }}", types::store(out_dtype, value));
         s.push_str("  if (threadIdx.x == 0) counts[tile] = 0u;\n}\n");
         Kernel::new(name, s, (tiles * chunks) as u32, (warps * 32) as u32, Vec::new())
     }

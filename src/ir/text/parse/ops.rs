@@ -406,7 +406,7 @@ pub(super) fn build_op(
         Kind::Extra => {
             let output = a.usize("output", m, "extra %f output=1")?;
             if output == 0 {
-                return Err("extra output=0 is the fused node itself; extras are outputs 1 and up".into());
+                return Err("extra output=0 is the node itself; extras are outputs 1 and up".into());
             }
             Op::Extra { output }
         }
