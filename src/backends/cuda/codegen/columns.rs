@@ -18,14 +18,6 @@
 //! wrap, as in the row kernel; the order of additions is fixed by the
 //! shape alone, so a plan gives the same bits every run.
 //!
-//! *Wide loads.* A lane reads adjacent columns 16 bytes at a time where
-//! the columns and the base allow it (8 of bf16 or f16, 4 of f32), so a
-//! warp reads 512 bytes of a row per load where it read 64 (bf16) or 128
-//! (f32), and a lane has several loads in flight: the bias and layer-norm
-//! sums of GPT-2 small's bf16 step took 0.97 ms for 99 sums, about 2.5x
-//! the time their bytes take at the copy bandwidth. Each column's
-//! additions keep their order.
-//!
 //! *Split rows.* GPT-2's 768 columns are 24 column tiles: 24 blocks on an
 //! H100's 132 multiprocessors, so its 72 layer-norm and bias sums of
 //! `[4096, 768]` took 11 µs each where the read takes 4 (and the 2304-
@@ -41,44 +33,26 @@ use super::{grid_for, types, Kernel};
 use crate::ir::{DType, ReduceOp};
 use std::fmt::Write;
 
-/// Lanes of a warp, each with its own column (or [`width`] of them).
+/// Columns a block handles at a time: one per lane of a warp.
 const COLUMNS: usize = 32;
 
-/// Adjacent columns a lane reads with one 16-byte load: 8 of a 2-byte
-/// float, 4 of f32, else 1 (other types, or columns or a base that do not
-/// keep the loads aligned: buffers are 64-byte aligned).
-fn width(x: &Operand, cols: usize) -> usize {
-    let w = match x.dtype {
-        DType::F16 | DType::BF16 => 8,
-        DType::F32 => 4,
-        _ => 1,
-    };
-    let base = x.access.dense_base().unwrap_or(1);
-    if cols % w == 0 && base % w == 0 {
-        w
-    } else {
-        1
-    }
-}
-
-/// Warps per block for `rows` x `cols` read `w` columns a lane: 32 (1024
-/// threads) while there are fewer column tiles than about two per
-/// multiprocessor of an H100, so that a narrow sum (GPT-2's 768) still
-/// has enough loads in flight, 8 beyond or with wide loads (their partial
-/// sums fill shared memory faster); never more than there are rows.
-fn warps_for(rows: usize, cols: usize, w: usize) -> usize {
-    let most = if w == 1 && cols.div_ceil(COLUMNS) < 256 { 32 } else { 8 };
+/// Warps per block for `rows` x `cols`: 32 (1024 threads) while there are
+/// fewer column tiles than about two per multiprocessor of an H100, so
+/// that a narrow sum (GPT-2's 768) still has enough loads in flight, 8
+/// beyond; never more than there are rows.
+fn warps_for(rows: usize, cols: usize) -> usize {
+    let most = if cols.div_ceil(COLUMNS) < 256 { 32 } else { 8 };
     most.min(rows).max(1)
 }
 
 /// Blocks to aim for: two per multiprocessor of an H100 (132).
 const TARGET_BLOCKS: usize = 264;
 
-/// Row chunks for `x` (`rows` x `cols`): a power of two, 1 unless the
-/// column tiles alone give fewer than [`TARGET_BLOCKS`] blocks, and never
-/// fewer than 64 rows a chunk.
-pub(crate) fn chunks(x: &Operand, rows: usize, cols: usize) -> usize {
-    let tiles = cols.div_ceil(COLUMNS * width(x, cols));
+/// Row chunks for `rows` x `cols`: a power of two, 1 unless the column
+/// tiles alone give fewer than [`TARGET_BLOCKS`] blocks, and never fewer
+/// than 64 rows a chunk.
+pub(crate) fn chunks(rows: usize, cols: usize) -> usize {
+    let tiles = cols.div_ceil(COLUMNS);
     let mut chunks = 1;
     while tiles * chunks < TARGET_BLOCKS && rows / (2 * chunks) >= 64 {
         chunks *= 2;
@@ -88,29 +62,13 @@ pub(crate) fn chunks(x: &Operand, rows: usize, cols: usize) -> usize {
 
 /// The workspace of a split kernel: one 8-byte partial per chunk and
 /// column.
-pub(crate) fn workspace_bytes(x: &Operand, rows: usize, cols: usize) -> u64 {
-    (chunks(x, rows, cols) * cols * 8) as u64
+pub(crate) fn workspace_bytes(rows: usize, cols: usize) -> u64 {
+    (chunks(rows, cols) * cols * 8) as u64
 }
 
 /// The arrival counters of a split kernel: one per column tile.
-pub(crate) fn counters(x: &Operand, cols: usize) -> usize {
-    cols.div_ceil(COLUMNS * width(x, cols))
-}
-
-/// Code that sets `v[u]` (`u < w`, declared by the caller as the compute
-/// type) to columns `c .. c + w` of row `r` of `in0` (base `base`).
-fn load_row(xd: DType, w: usize, base: usize, cols: usize) -> String {
-    let at = format!("in0[{base} + r * {cols} + c]");
-    match (w, xd) {
-        (1, _) => format!("v[0] = {};", types::load(xd, &at)),
-        (_, DType::F32) => {
-            format!("{{ const kiln::u16x8 x8 = *(const kiln::u16x8*)&{at};\n          #pragma unroll\n          for (int u = 0; u < 4; ++u) v[u] = __int_as_float((int)x8.w[u]); }}")
-        }
-        _ => format!(
-            "{{ const kiln::u16x8 x8 = *(const kiln::u16x8*)&{at};\n          #pragma unroll\n          for (int u = 0; u < 8; ++u) v[u] = kiln::half_at(x8.w[u / 2], u % 2, {}()); }}",
-            types::storage(xd)
-        ),
-    }
+pub(crate) fn counters(cols: usize) -> usize {
+    cols.div_ceil(COLUMNS)
 }
 
 /// Whether a column kernel computes `op` over `rows` x `cols`: a dense
@@ -155,88 +113,44 @@ pub(crate) fn generate(
     };
     let base = x.access.dense_base().unwrap_or(0);
     let index = index_type(rows * cols, std::slice::from_ref(x));
-    let w = width(x, cols);
-    let load = load_row(xd, w, base, cols);
-    let chunks = chunks(x, rows, cols);
-    let layout = Layout { rows, cols, w, acc_ty: &acc_ty, init: &init, index, ct };
+    let chunks = chunks(rows, cols);
     if chunks > 1 {
-        return Split { layout, chunks }.generate(name, xd, out_dtype, &combine, &load, &value);
+        let load = types::load(xd, &format!("in0[{base} + r * {cols} + c]"));
+        let split = Split { rows, cols, chunks, acc_ty: &acc_ty, init: &init, index };
+        return split.generate(name, xd, out_dtype, &combine, &load, &value);
     }
-    let warps = warps_for(rows, cols, w);
-    let span = COLUMNS * w;
+    let warps = warps_for(rows, cols);
     let mut s = format!(
         "extern \"C\" __global__ void {name}({}* __restrict__ out, const {}* __restrict__ in0) {{\n",
         types::storage(out_dtype),
         types::storage(xd)
     );
-    layout.opening(&mut s, warps);
-    let _ = writeln!(s, "  for (I t0 = (I)blockIdx.x * {span}; t0 < {cols}; t0 += (I)gridDim.x * {span}) {{");
-    let _ = writeln!(s, "    const I c = t0 + lane * {w};");
-    layout.accumulate(&mut s, "    ", &format!("(I)warp"), &format!("(I){rows}"), warps, &combine, &load);
-    s.push_str("    __syncthreads();\n");
-    // Every thread combines the warps' partials of one column.
-    let _ = writeln!(s, "    for (int cc = threadIdx.x; cc < {span}; cc += {}) {{", warps * 32);
-    let _ = writeln!(s, "      if (t0 + cc >= {cols}) break;\n      {acc_ty} t = part[0][cc];");
-    let _ = writeln!(s, "      for (int x = 1; x < {warps}; ++x) t = {};", combine("t", "part[x][cc]"));
-    let _ = writeln!(s, "      out[t0 + cc] = {};\n    }}", types::store(out_dtype, &value));
+    let _ = writeln!(s, "  typedef {index} I;\n  __shared__ {acc_ty} part[{warps}][{COLUMNS}];");
+    s.push_str("  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n");
+    let _ = writeln!(
+        s,
+        "  for (I c0 = (I)blockIdx.x * {COLUMNS}; c0 < {cols}; c0 += (I)gridDim.x * {COLUMNS}) {{"
+    );
+    let _ = writeln!(s, "    const I c = c0 + lane;\n    {acc_ty} acc = {init};");
+    let _ = writeln!(s, "    if (c < {cols}) {{");
+    let load = types::load(xd, &format!("in0[{base} + r * {cols} + c]"));
+    let _ = writeln!(s, "      for (I r = warp; r < {rows}; r += {warps}) acc = {};", combine("acc", &load));
+    s.push_str("    }\n    part[warp][lane] = acc;\n    __syncthreads();\n");
+    let _ = writeln!(s, "    if (warp == 0 && c < {cols}) {{\n      {acc_ty} t = part[0][lane];");
+    let _ = writeln!(s, "      for (int w = 1; w < {warps}; ++w) t = {};", combine("t", "part[w][lane]"));
+    let _ = writeln!(s, "      out[c] = {};\n    }}", types::store(out_dtype, &value));
     s.push_str("    __syncthreads();\n  }\n}\n");
-    Kernel::new(name, s, grid_for(cols.div_ceil(span), 1), (warps * 32) as u32, vec![0])
-}
-
-/// How a column kernel walks its input: `w` adjacent columns a lane, the
-/// accumulator type and its start, the index type and the compute type.
-struct Layout<'a> {
-    rows: usize,
-    cols: usize,
-    w: usize,
-    acc_ty: &'a str,
-    init: &'a str,
-    index: &'static str,
-    ct: &'static str,
-}
-
-impl Layout<'_> {
-    /// The index typedef, the warps' shared partial sums and the lane.
-    fn opening(&self, s: &mut String, warps: usize) {
-        let (acc_ty, index) = (self.acc_ty, self.index);
-        let _ =
-            writeln!(s, "  typedef {index} I;\n  __shared__ {acc_ty} part[{warps}][{}];", COLUMNS * self.w);
-        s.push_str("  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n");
-    }
-
-    /// At `ind`: each lane's sums of its `w` columns from `c` over rows
-    /// `first, first + warps, ..` before `end`, stored to `part[warp]`.
-    #[allow(clippy::too_many_arguments)]
-    fn accumulate(
-        &self,
-        s: &mut String,
-        ind: &str,
-        first: &str,
-        end: &str,
-        warps: usize,
-        combine: &dyn Fn(&str, &str) -> String,
-        load: &str,
-    ) {
-        let Layout { cols, w, acc_ty, init, ct, .. } = *self;
-        let _ = writeln!(s, "{ind}{acc_ty} acc[{w}];\n{ind}#pragma unroll\n{ind}for (int u = 0; u < {w}; ++u) acc[u] = {init};");
-        let _ = writeln!(s, "{ind}if (c < {cols})\n{ind}  for (I r = {first}; r < {end}; r += {warps}) {{");
-        let _ = writeln!(s, "{ind}    {ct} v[{w}];\n{ind}    {load}");
-        let _ = writeln!(
-            s,
-            "{ind}    #pragma unroll\n{ind}    for (int u = 0; u < {w}; ++u) acc[u] = {};\n{ind}  }}",
-            combine("acc[u]", "v[u]")
-        );
-        let _ = writeln!(
-            s,
-            "{ind}#pragma unroll\n{ind}for (int u = 0; u < {w}; ++u) part[warp][lane * {w} + u] = acc[u];"
-        );
-    }
+    Kernel::new(name, s, grid_for(cols.div_ceil(COLUMNS), 1), (warps * 32) as u32, vec![0])
 }
 
 /// A column reduction with its rows split into chunks (module docs).
 struct Split<'a> {
-    layout: Layout<'a>,
+    rows: usize,
+    cols: usize,
     chunks: usize,
+    acc_ty: &'a str,
+    init: &'a str,
+    index: &'static str,
 }
 
 impl Split<'_> {
@@ -254,39 +168,37 @@ impl Split<'_> {
         load: &str,
         value: &str,
     ) -> Kernel {
-        let Layout { rows, cols, w, acc_ty, .. } = self.layout;
-        let chunks = self.chunks;
-        let warps = Self::WARPS.min(rows).max(1);
-        let span = COLUMNS * w;
-        let tiles = cols.div_ceil(span);
+        let Split { rows, cols, chunks, acc_ty, init, index } = *self;
+        let warps = Self::WARPS;
+        let tiles = cols.div_ceil(COLUMNS);
         let per = rows.div_ceil(chunks);
         let mut s = format!(
             "extern \"C\" __global__ void {name}({}* __restrict__ out, {acc_ty}* __restrict__ ws, unsigned* __restrict__ counts, const {}* __restrict__ in0) {{\n",
             types::storage(out_dtype),
             types::storage(xd)
         );
-        self.layout.opening(&mut s, warps);
+        let _ = writeln!(s, "  typedef {index} I;\n  __shared__ {acc_ty} part[{warps}][{COLUMNS}];");
+        s.push_str("  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n");
         let _ = writeln!(s, "  const I tile = (I)blockIdx.x % {tiles}, chunk = (I)blockIdx.x / {tiles};");
-        let _ = writeln!(s, "  const I c = tile * {span} + lane * {w}, r_end = chunk * {per} + {per} < {rows} ? chunk * {per} + {per} : (I){rows};");
-        self.layout.accumulate(&mut s, "  ", &format!("chunk * {per} + warp"), "r_end", warps, combine, load);
-        s.push_str("  __syncthreads();\n");
-        // Every thread combines the warps' partials of one column (one
-        // warp doing all of a wide tile's columns serialized them).
-        let threads = warps * 32;
-        let _ = writeln!(s, "  for (int cc = threadIdx.x; cc < {span}; cc += {threads}) {{");
-        let _ = writeln!(s, "    if (tile * {span} + cc >= {cols}) break;\n    {acc_ty} t = part[0][cc];");
-        let _ = writeln!(s, "    for (int x = 1; x < {warps}; ++x) t = {};", combine("t", "part[x][cc]"));
-        let _ = writeln!(s, "    ws[chunk * {cols} + tile * {span} + cc] = t;\n  }}");
+        let _ = writeln!(s, "  const I c = tile * {COLUMNS} + lane, r_end = chunk * {per} + {per} < {rows} ? chunk * {per} + {per} : (I){rows};");
+        let _ = writeln!(s, "  {acc_ty} acc = {init};");
+        let _ = writeln!(
+            s,
+            "  if (c < {cols})\n    for (I r = chunk * {per} + warp; r < r_end; r += {warps}) acc = {};",
+            combine("acc", load)
+        );
+        s.push_str("  part[warp][lane] = acc;\n  __syncthreads();\n");
+        let _ = writeln!(s, "  if (warp == 0 && c < {cols}) {{\n    {acc_ty} t = part[0][lane];");
+        let _ = writeln!(s, "    for (int w = 1; w < {warps}; ++w) t = {};", combine("t", "part[w][lane]"));
+        let _ = writeln!(s, "    ws[chunk * {cols} + c] = t;\n  }}");
         super::last_to_arrive(&mut s, "threadIdx.x", "counts[tile]", chunks);
-        let _ = writeln!(s, "  for (int cc = threadIdx.x; cc < {span}; cc += {threads}) {{");
-        let _ = writeln!(s, "    const I col = tile * {span} + cc;\n    if (col >= {cols}) break;");
-        let _ = writeln!(s, "    {acc_ty} t = __ldcg(&ws[col]);\n    #pragma unroll 8");
+        let _ = writeln!(s, "  if (warp == 0 && c < {cols}) {{\n    {acc_ty} t = __ldcg(&ws[c]);");
         let _ = writeln!(
             s,
             "    for (int x = 1; x < {chunks}; ++x) t = {};",
-            combine("t", &format!("__ldcg(&ws[x * {cols} + col])"))
+            combine("t", &format!("__ldcg(&ws[x * {cols} + c])"))
         );
-        let _ = writeln!(s, "    out[col] = {};\n  }}", types::store(out_dtype, value));
+        let _ = writeln!(s, "    out[c] = {};\n  }}", types::store(out_dtype, value));
         s.push_str("  if (threadIdx.x == 0) counts[tile] = 0u;\n}\n");
         Kernel::new(name, s, (tiles * chunks) as u32, (warps * 32) as u32, Vec::new())
     }

@@ -48,9 +48,9 @@ impl Lowering<'_> {
                             Ok(columns::generate(n, &xo, *op, rows, cols, node.dtype))
                         })?;
                         let mut args = vec![dst];
-                        if columns::chunks(&xo, rows, cols) > 1 {
-                            args.push(self.new_scratch(columns::workspace_bytes(&xo, rows, cols)));
-                            args.push(self.new_counters(columns::counters(&xo, cols)));
+                        if columns::chunks(rows, cols) > 1 {
+                            args.push(self.new_scratch(columns::workspace_bytes(rows, cols)));
+                            args.push(self.new_counters(columns::counters(cols)));
                         }
                         args.extend(buffer_locs(&ops));
                         self.launches.push(Launch::Kernel { kernel: k, args });
