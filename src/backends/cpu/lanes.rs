@@ -69,6 +69,27 @@ pub(crate) fn sum_f64<T: Elem>(lane: &[T]) -> f64 {
     sum_slice(lane)
 }
 
+/// The sum of `f(v)` over a dense `f32` lane, in `f64`, in the order of
+/// [`sum_f64`]: the bits of `sum_f64` of the mapped lane, without storing
+/// it (a row kernel's sum of a value it computes, as layer norm's squared
+/// deviations). Inlined into the caller, so it runs in the caller's
+/// vector width.
+#[inline(always)]
+pub(crate) fn sum_f64_of(lane: &[f32], f: impl Fn(f32) -> f32) -> f64 {
+    let mut p = [0f64; LANES];
+    let chunks = lane.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for j in 0..LANES {
+            p[j] += f(c[j]) as f64;
+        }
+    }
+    for (j, &v) in rest.iter().enumerate() {
+        p[j] += f(v) as f64;
+    }
+    combine(p)
+}
+
 /// The sums of columns `j0 .. j0 + out.len()` of a dense row-major
 /// block of `rows` rows (row `i` starts at `x[i * stride]`), in `f64`,
 /// each the bits of [`sum_f64_iter`] down its column (row `i` into
@@ -234,7 +255,12 @@ pub(crate) fn extreme<T: Elem>(lane: &[T], want_max: bool) -> T {
 }
 
 /// [`extreme_lanes`] for `f32` with AVX2: `max_ps(v, m)` is `v > m ? v :
-/// m` lane by lane, the same select, and NaNs are flagged per lane.
+/// m` lane by lane, the same select, and NaNs are flagged per lane. Four
+/// accumulators, 32 elements an iteration: one `max_ps` chain waits out
+/// its latency at every vector (a softmax row's max took a quarter of the
+/// kernel), and the extreme of a lane without NaN is the same whichever
+/// way it is grouped (a zero result, where the sign could differ, goes to
+/// the scalar definition).
 ///
 /// # Safety
 /// The CPU must support `avx2`.
@@ -242,16 +268,28 @@ pub(crate) fn extreme<T: Elem>(lane: &[T], want_max: bool) -> T {
 #[target_feature(enable = "avx2")]
 unsafe fn extreme_f32_avx2(lane: &[f32], want_max: bool) -> (f32, bool) {
     use std::arch::x86_64::*;
-    let chunks = lane.chunks_exact(MAX_LANES);
-    let rest = chunks.remainder();
-    let mut m = _mm256_set1_ps(lane[0]);
-    let mut nan = _mm256_setzero_ps();
-    for c in chunks {
+    let pick = |v: __m256, m: __m256| if want_max { _mm256_max_ps(v, m) } else { _mm256_min_ps(v, m) };
+    let wide = lane.chunks_exact(4 * MAX_LANES);
+    let narrow = wide.remainder().chunks_exact(MAX_LANES);
+    let rest = narrow.remainder();
+    let mut m = [_mm256_set1_ps(lane[0]); 4];
+    let mut nan = [_mm256_setzero_ps(); 2];
+    for c in wide {
+        for k in 0..4 {
+            // SAFETY: `c` has 32 elements: `8k..8k+8` is inside it.
+            let v = unsafe { _mm256_loadu_ps(c.as_ptr().add(MAX_LANES * k)) };
+            nan[k % 2] = _mm256_or_ps(nan[k % 2], _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+            m[k] = pick(v, m[k]);
+        }
+    }
+    for c in narrow {
         // SAFETY: `c` has 8 elements.
         let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
-        nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
-        m = if want_max { _mm256_max_ps(v, m) } else { _mm256_min_ps(v, m) };
+        nan[0] = _mm256_or_ps(nan[0], _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+        m[0] = pick(v, m[0]);
     }
+    let m = pick(pick(m[0], m[1]), pick(m[2], m[3]));
+    let nan = _mm256_or_ps(nan[0], nan[1]);
     let mut lanes = [0f32; MAX_LANES];
     // SAFETY: `lanes` is eight f32s.
     unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), m) };
@@ -317,6 +355,17 @@ mod tests {
         nan[33] = f32::from_bits(0x7fc0_0001);
         nan[37] = f32::NAN;
         cases.push(nan);
+        // Past the 32-wide loop: a NaN in each of its four accumulators,
+        // in the 8-wide loop and in the tail; a zero maximum.
+        for at in [3, 12, 21, 30, 70, 99] {
+            let mut l: Vec<f32> = (0..101).map(|i| ((i * 7919 % 113) as f32 - 56.0) * 0.37).collect();
+            l[at] = f32::NAN;
+            cases.push(l);
+        }
+        let mut zeros: Vec<f32> = (0..77).map(|i| -1.0 - i as f32).collect();
+        zeros[40] = -0.0;
+        zeros[50] = 0.0;
+        cases.push(zeros);
         for l in &cases {
             for want_max in [true, false] {
                 let want = extreme_iter(l.iter().copied(), want_max);

@@ -65,6 +65,7 @@
 mod jit;
 mod leaf;
 mod ops;
+mod rows;
 mod run;
 mod stream;
 
@@ -173,12 +174,17 @@ pub(crate) struct FusedKernel {
     jit: Option<jit::Jit>,
     /// Else generated code for runs of its steps (by first step).
     segments: Vec<jit::Segment>,
+    /// A softmax or layer norm body, run by a hand-fused row kernel
+    /// (`rows.rs`) instead of the interpreter's walk.
+    row_kernel: Option<rows::Rows>,
 }
 
 /// One task's scratch: a vector per step (empty until a block needs it).
 #[derive(Debug)]
 struct Scratch {
     vals: Vec<HostData>,
+    /// A row kernel's row of intermediates (`rows.rs`).
+    row: Vec<f32>,
 }
 
 impl FusedKernel {
@@ -354,8 +360,9 @@ impl FusedKernel {
             })
             .collect();
         let block_rows = (BLOCK / cols.max(1)).clamp(1, rows.max(1));
+        let row_kernel = rows::recognize(codegen, &instrs, output, &extras, cols);
         let jit = jit::Jit::new(codegen, node, &instrs, output, &extras, cols);
-        let segments = if jit.is_none() {
+        let segments = if jit.is_none() && row_kernel.is_none() {
             jit::segments(codegen, node, &instrs, output, &extras, cols)
         } else {
             Vec::new()
@@ -381,6 +388,7 @@ impl FusedKernel {
             product: Mutex::new(None),
             jit,
             segments,
+            row_kernel,
         })
     }
 
@@ -394,6 +402,15 @@ impl FusedKernel {
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn generated_segments(&self) -> usize {
         self.segments.len()
+    }
+
+    /// Which hand-fused row kernel runs the body, if one does (`rows.rs`).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn row_kernel_name(&self) -> Option<&'static str> {
+        self.row_kernel.map(|r| match r {
+            rows::Rows::Softmax { .. } => "softmax",
+            rows::Rows::LayerNorm { .. } => "layer_norm",
+        })
     }
 
     /// Whether operand `k` may be computed in place (`run(.., Some(k), ..)`):

@@ -117,7 +117,7 @@ impl<'v, T: Copy> TArg<'v, T> {
 
     /// Row `r` of a block with `cols` columns.
     #[inline(always)]
-    fn row(self, r: usize, cols: usize) -> Seg<'v, T> {
+    pub(super) fn row(self, r: usize, cols: usize) -> Seg<'v, T> {
         match self {
             TArg::Flat(x) => Seg::S(&x[r * cols..(r + 1) * cols]),
             TArg::Splat(v) => Seg::C(v),

@@ -195,6 +195,7 @@ impl FusedKernel {
         let pooled = self.pool.lock().ok().and_then(|mut p| p.pop());
         let scratch = pooled.unwrap_or_else(|| Scratch {
             vals: self.instrs.iter().map(|ins| ops::scratch(ins.dtype)).collect(),
+            row: Vec::new(),
         });
         let vals = Vals { leaves: vec![Val::Scratch; self.leaves.len()], product: Val::Scratch };
         Lease { kernel: self, scratch: Some(scratch), vals }
@@ -218,6 +219,35 @@ impl FusedKernel {
         let nb = chunk.len() / per_row;
         let mut extras = extras;
         let r0 = i * self.block_rows;
+        if let Some(rows) = self.row_kernel {
+            // The interpreter resolves the leaves; the row kernel does the rest.
+            self.block(ready, scratch, &mut lease.vals, r0, nb, chunk, false, Pass::Leaves)?;
+            let len = chunk.len();
+            let mut own = std::mem::replace(&mut scratch.vals[self.output], HostData::U8(Vec::new()));
+            let mut row = std::mem::take(&mut scratch.row);
+            let (vals, s) = (&lease.vals, &*scratch);
+            let arg = |a| self.arg(vals, s, a);
+            let done = if stream {
+                // Into the output step's scratch, then streamed out.
+                let mut done = false;
+                ops::with_out::<f32>(&mut own, len, |o| {
+                    done = self.rows_block(rows, arg, nb, o, &mut row)?;
+                    if done {
+                        stream::stream_copy(Out::new(&mut *chunk).get::<f32>()?, o);
+                        stream::stream_fence();
+                    }
+                    Ok(())
+                })?;
+                done
+            } else {
+                self.rows_block(rows, arg, nb, Out::new(&mut *chunk).get::<f32>()?, &mut row)?
+            };
+            scratch.vals[self.output] = own;
+            scratch.row = row;
+            if done {
+                return Ok(());
+            }
+        }
         if let (Some(jit), false) = (&self.jit, stream) {
             // The interpreter resolves the leaves; generated code does the rest.
             self.block(ready, scratch, &mut lease.vals, r0, nb, chunk, false, Pass::Leaves)?;

@@ -84,6 +84,7 @@ fn assert_close(got: &HostData, want: &[f64], t: f64, what: &str) {
 mod codegen;
 mod fused;
 mod kernels;
+mod rows;
 
 const FLOATS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];
 const INTS: [DType; 3] = [DType::U8, DType::I32, DType::I64];
