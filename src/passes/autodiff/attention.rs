@@ -18,7 +18,10 @@
 //! where a fused kernel runs them (f16 and bf16 heads the tensor-core
 //! kernels take) and replaces the rest by their definition with the IR's
 //! own ops ([`expand`]; fused into a few kernels by the fusion pass, f32
-//! products then run on cuBLAS, which beats a CUDA-core fused kernel). An
+//! products then run on cuBLAS, which beats a CUDA-core fused kernel).
+//! Of a kept stats node, the multi-output pass later has the forward write
+//! the `lse` (`extra %attention output=1`) and leaves only `delta` to
+//! compute ([`Op::AttentionDelta`](crate::ir::Op::AttentionDelta)). An
 //! additive mask whose gradient is wanted takes the materialized form
 //! (`P` as a softmax, `delta = rowsum(dP ⊙ P)`) directly: its gradient is
 //! `dS` itself, a `[sq, sk]` matrix.
