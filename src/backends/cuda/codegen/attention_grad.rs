@@ -43,8 +43,9 @@ use super::{types, Kernel};
 use crate::ir::{AttnMask, AttnWrt};
 use std::fmt::Write;
 
-/// Rows (queries or keys) a block owns: 16 per warp.
-const ROWS: usize = 64;
+/// Rows (queries or keys) a block owns, 16 per warp: they are staged
+/// through the first tile of a tile array, so they are one tile.
+const ROWS: usize = TILE;
 
 /// What the three kernels are generated for: the attention's own [`Spec`]
 /// (whose `v` is the forward's output `o` for the stats kernel) and the

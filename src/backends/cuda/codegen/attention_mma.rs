@@ -44,16 +44,17 @@
 
 use super::attention::Spec;
 use super::attention_tiles::{
-    self as tiles, mma_columns, mma_rows, tile_load, tile_loop, Tile, PAD, THREADS,
+    self as tiles, mma_columns, mma_rows, tile_load, tile_loop, Tile, PAD, THREADS, TILE,
 };
 use super::{types, Kernel};
 use crate::ir::{AttnMask, DType};
 use std::fmt::Write;
 
-/// Query rows of a block (16 per warp).
-const ROWS: usize = 64;
-/// Keys per tile.
-const KEYS: usize = 64;
+/// Query rows of a block (16 per warp): the queries are staged through
+/// the first tile of `ks`, so a block's rows are one tile.
+const ROWS: usize = TILE;
+/// Keys per tile: the tile loop's step.
+const KEYS: usize = TILE;
 /// The largest head dim the kernel keeps in registers.
 pub(crate) const MAX_MMA_HEAD_DIM: usize = 128;
 
