@@ -126,6 +126,58 @@ fn two_and_three_streams_give_the_cpu_values() -> Result<()> {
     Ok(())
 }
 
+/// Heads of `[b, s, h, d]` tensors through matmuls on two streams: every
+/// matmul's operand is copied dense for cuBLAS into its stream's
+/// transient memory, which every such step of the stream reuses.
+fn heads(ctx: &Context, b: usize, seed: u64) -> Result<(Vec<f32>, Vec<f32>)> {
+    let x = ctx.tensor(&data(b * 4 * 3 * 16, seed), [b, 4, 3, 16]);
+    let y = ctx.tensor(&data(b * 4 * 3 * 16, seed + 1), [b, 4, 3, 16]);
+    let w = ctx.tensor(&data(16 * 5, 7), [16, 5]);
+    let v = ctx.tensor(&data(5 * 16, 8), [5, 16]);
+    let (xh, yh) = (x.permute(&[0, 2, 1, 3]), y.permute(&[0, 2, 1, 3]));
+    let s = xh.matmul(&w) + yh.matmul(&w);
+    let d = s.matmul(&v).permute(&[0, 2, 1, 3]) + &x;
+    // Scores of two copied operands: two copies in one step.
+    let scores = xh.matmul(&yh.transpose(2, 3));
+    let e = d.permute(&[0, 2, 1, 3]).matmul(&w) + &s + scores.matmul(&s);
+    Ok((s.permute(&[0, 2, 1, 3]).to_vec()?, e.to_vec()?))
+}
+
+/// Transient memory (each stream's region, which every step of the stream
+/// takes from offset 0) holds no value past its step: two plans of
+/// different sizes interleaved over many iterations, eager and replayed,
+/// on one and two streams, give the CPU's values with fresh inputs every
+/// time (`s` is read again after later steps made dense copies).
+fn transient_memory_checks(device: &dyn Fn() -> Result<Context>, iterations: u64) -> Result<()> {
+    let cpu = Context::cpu();
+    for (streams, graphs) in [(1, true), (2, true), (2, false)] {
+        let ctx = device()?.with_streams(streams).with_cuda_graphs(graphs);
+        for it in 0..iterations {
+            for b in [2, 3] {
+                let seed = 100 * it + b as u64;
+                let (got, want) = (heads(&ctx, b, seed)?, heads(&cpu, b, seed)?);
+                let what = format!("streams={streams}, graphs={graphs}, iteration {it}, batch {b}");
+                close(&got.0, &want.0, 1e-4, &what);
+                close(&got.1, &want.1, 1e-4, &what);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn transient_memory_shared_by_steps_keeps_every_value() -> Result<()> {
+    let _serial = serial();
+    let Some(_) = gpu() else { return Ok(()) };
+    transient_memory_checks(&|| Context::cuda(0), 20)
+}
+
+#[cfg(feature = "cuda-emulator")]
+#[test]
+fn transient_memory_shared_by_steps_keeps_every_value_emulated() -> Result<()> {
+    transient_memory_checks(&|| Ok(Context::cuda_emulated()), 3)
+}
+
 #[cfg(feature = "cuda-backend")]
 #[test]
 fn device_memory_returns_to_its_baseline() -> Result<()> {

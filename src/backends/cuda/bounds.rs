@@ -18,6 +18,7 @@ impl Program {
         match region {
             Region::Arena => Some(self.arena_bytes),
             Region::Scratch => Some(self.scratch_bytes),
+            Region::Transient(s) => self.transient_bytes.get(s as usize).copied(),
             Region::Params => Some(self.params_bytes),
             Region::Counters => Some(self.counter_bytes),
             Region::Input(k) => {

@@ -52,6 +52,8 @@ pub(crate) struct CudaExecutable {
     launches: u64,
     arena: Option<DeviceAlloc>,
     scratch: Option<DeviceAlloc>,
+    /// Every stream's [`Region::Transient`], one after another.
+    transient: Option<DeviceAlloc>,
     /// [`Region::Counters`], zeroed when made.
     counters: Option<DeviceAlloc>,
     params: DeviceAlloc,
@@ -72,6 +74,8 @@ pub(crate) struct CudaExecutable {
 pub(crate) struct Bindings {
     pub arena: u64,
     pub scratch: u64,
+    /// Where each stream's [`Region::Transient`] starts.
+    pub transient: Vec<u64>,
     pub counters: u64,
     pub params: u64,
     pub inputs: Vec<u64>,
@@ -83,6 +87,7 @@ impl Bindings {
         let base = match l.region {
             Region::Arena => self.arena,
             Region::Scratch => self.scratch,
+            Region::Transient(s) => self.transient.get(s as usize).copied().unwrap_or(0),
             Region::Params => self.params,
             Region::Counters => self.counters,
             Region::Input(k) => self.inputs.get(k as usize).copied().unwrap_or(0),
@@ -167,6 +172,7 @@ impl CudaExecutable {
         };
         let arena = alloc(program.arena_bytes)?;
         let scratch = alloc(program.scratch_bytes)?;
+        let transient = alloc(program.transient_total())?;
         let params = dev.pool.alloc(program.params_bytes.max(8))?;
         let counters = alloc(program.counter_bytes)?;
         let mut ls = dev.launch()?;
@@ -214,6 +220,7 @@ impl CudaExecutable {
             lts,
             arena,
             scratch,
+            transient,
             counters,
             params,
             events,
@@ -233,6 +240,11 @@ impl CudaExecutable {
         Bindings {
             arena: self.arena.as_ref().map_or(0, DeviceAlloc::ptr),
             scratch: self.scratch.as_ref().map_or(0, DeviceAlloc::ptr),
+            transient: {
+                let base = self.transient.as_ref().map_or(0, DeviceAlloc::ptr);
+                let streams = self.program.transient_bytes.len() as u32;
+                (0..streams).map(|s| base + self.program.transient_base(s)).collect()
+            },
             counters: self.counters.as_ref().map_or(0, DeviceAlloc::ptr),
             params: self.params.ptr(),
             inputs,

@@ -15,9 +15,18 @@ use std::fmt;
 pub enum Region {
     /// The plan's arena (the memory pass's offsets).
     Arena,
-    /// Memory of the executable beyond the arena: values of plans without
-    /// a memory plan, operands made dense for a library.
+    /// Memory of the executable beyond the arena for values that outlive
+    /// their step: values of plans without a memory plan.
     Scratch,
+    /// Memory one step uses only while it runs, on stream `s`: operands
+    /// made dense for a library, a GEMM's product before its epilogue,
+    /// workspaces, extra outputs nothing reads. Every step of a stream
+    /// starts at offset 0 again, so the region is as large as the largest
+    /// step's need, not the sum of them all (GPT-2 small's f32 training
+    /// step held 462 MB of scratch, 36 dense copies of attention operands,
+    /// where 13 MB does): the steps of one stream run in order, and each
+    /// stream has a region of its own.
+    Transient(u32),
     /// Input slot `k` (the bound buffer, or its static copy in a graph).
     Input(u32),
     /// Output slot `k`: a fresh buffer per run (or per output set).
@@ -296,6 +305,8 @@ pub struct Program {
     pub arena_bytes: u64,
     /// Bytes of scratch.
     pub scratch_bytes: u64,
+    /// Bytes of each stream's [`Region::Transient`] (index: stream).
+    pub transient_bytes: Vec<u64>,
     /// Bytes of the parameter block.
     pub params_bytes: u64,
     /// Bytes of [`Region::Counters`].
@@ -324,11 +335,25 @@ pub struct Program {
     pub grouped: u64,
 }
 
+impl Program {
+    /// Where stream `s`'s [`Region::Transient`] starts in the one block
+    /// that holds every stream's, each 256-byte aligned.
+    pub fn transient_base(&self, s: u32) -> u64 {
+        self.transient_bytes.iter().take(s as usize).map(|b| b.next_multiple_of(256)).sum()
+    }
+
+    /// Bytes of the block that holds every stream's [`Region::Transient`].
+    pub fn transient_total(&self) -> u64 {
+        self.transient_base(self.transient_bytes.len() as u32)
+    }
+}
+
 impl fmt::Display for Loc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.region {
             Region::Arena => write!(f, "arena+{}", self.offset),
             Region::Scratch => write!(f, "scratch+{}", self.offset),
+            Region::Transient(s) => write!(f, "transient{s}+{}", self.offset),
             Region::Input(k) => write!(f, "in{k}+{}", self.offset),
             Region::Out(k) => write!(f, "out{k}+{}", self.offset),
             Region::Params => write!(f, "params+{}", self.offset),
@@ -461,6 +486,9 @@ impl fmt::Display for Program {
         )?;
         if self.counter_bytes > 0 {
             writeln!(f, "counters={}", self.counter_bytes)?;
+        }
+        if self.transient_bytes.iter().any(|&b| b > 0) {
+            writeln!(f, "transient={:?}", self.transient_bytes)?;
         }
         for l in &self.prelude {
             write!(f, "prelude: ")?;

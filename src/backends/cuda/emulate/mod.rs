@@ -221,6 +221,7 @@ impl Emulated {
         let p = &self.program;
         let arena = Region256::new(p.arena_bytes)?;
         let scratch = Region256::new(p.scratch_bytes)?;
+        let transient = Region256::new(p.transient_total())?;
         let params = Region256::new(p.params_bytes.max(8))?;
         // Zero, as the GPU's are when its executable is made; checked below
         // to be zero again after the run, as the next run relies on.
@@ -238,6 +239,7 @@ impl Emulated {
             let base = match l.region {
                 Region::Arena => arena.addr(),
                 Region::Scratch => scratch.addr(),
+                Region::Transient(s) => transient.addr() + p.transient_base(s),
                 Region::Params => params.addr(),
                 Region::Counters => counters.addr(),
                 Region::Input(k) => ins.get(k as usize).map_or(0, |r| r.addr()),

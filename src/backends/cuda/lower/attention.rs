@@ -110,7 +110,7 @@ impl Lowering<'_> {
             let kernel = self.add_kernel("attention_decode", |n| Ok(attention_decode::partial(n, &spec)))?;
             let mut args = vec![dst];
             if attention_decode::chunks(&spec) > 1 {
-                args.push(self.new_scratch(attention_decode::workspace_bytes(&spec)));
+                args.push(self.transient(attention_decode::workspace_bytes(&spec)));
                 args.push(self.new_counters(attention_decode::rows(&spec)));
             }
             args.extend(buffer_locs(&vals));
@@ -121,7 +121,7 @@ impl Lowering<'_> {
         let mut args = vec![dst];
         if attention_simt::uses(&spec) && attention_simt::splits(&spec) > 1 {
             // The register-tiled f32 kernel with its keys split over blocks.
-            args.push(self.new_scratch(attention_simt::workspace_bytes(&spec)));
+            args.push(self.transient(attention_simt::workspace_bytes(&spec)));
             args.push(self.new_counters(attention_simt::counters(&spec)));
         }
         args.extend(buffer_locs(&vals));

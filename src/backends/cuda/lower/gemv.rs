@@ -94,7 +94,7 @@ impl Lowering<'_> {
         let cg = epi.as_ref().map(|e| gemv::Epilogue { g: e.g, operands: &operands, product: e.product });
         let mut args = vec![dst];
         let name = if spec.splits() > 1 {
-            args.push(self.new_scratch(spec.workspace_bytes()));
+            args.push(self.transient(spec.workspace_bytes()));
             args.push(self.new_counters(spec.tiles()));
             "gemv_split"
         } else {

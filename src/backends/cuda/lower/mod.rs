@@ -74,6 +74,12 @@ pub(crate) struct Lowering<'p> {
     pub values: HashMap<NodeId, Value>,
     pub kernels: Vec<Kernel>,
     pub scratch: u64,
+    /// The stream of the step being lowered, and how many bytes of its
+    /// [`Region::Transient`] the step has taken.
+    stream: u32,
+    cursor: u64,
+    /// Each stream's [`Region::Transient`] bytes: its largest step's need.
+    transient: Vec<u64>,
     /// Bytes of [`Region::Counters`] so far.
     pub counters: u64,
     pub out_slots: Vec<u64>,
@@ -107,6 +113,9 @@ fn lower_checked(plan: &Plan, tf32: bool) -> Result<Program> {
         values: HashMap::new(),
         kernels: Vec::new(),
         scratch: 0,
+        stream: 0,
+        cursor: 0,
+        transient: Vec::new(),
         counters: 0,
         out_slots: Vec::new(),
         checks: Vec::new(),
@@ -128,6 +137,11 @@ fn lower_checked(plan: &Plan, tf32: bool) -> Result<Program> {
     for &id in &plan.order {
         let node = graph.node(id);
         l.launches.clear();
+        let stream = tables.streams.as_ref().and_then(|s| s.stream_of.get(&id)).map_or(0, |s| s.0);
+        if held.is_empty() {
+            // A new step (a launch group's members share the last one's).
+            (l.stream, l.cursor) = (stream, 0);
+        }
         let lowering =
             |e: String| Error::Backend(format!("cuda: lowering {id} ({}): {e}", node.op.mnemonic()));
         match last_member.get(&id) {
@@ -140,7 +154,6 @@ fn lower_checked(plan: &Plan, tf32: bool) -> Result<Program> {
             }
             None => l.lower_node(id).map_err(lowering)?,
         }
-        let stream = tables.streams.as_ref().and_then(|s| s.stream_of.get(&id)).map_or(0, |s| s.0);
         steps.push(Step {
             node: id,
             op: node.op.mnemonic(),
@@ -253,6 +266,7 @@ fn lower_checked(plan: &Plan, tf32: bool) -> Result<Program> {
         steps,
         arena_bytes: tables.memory.as_ref().map_or(0, |m| m.arena_bytes),
         scratch_bytes: l.scratch,
+        transient_bytes: l.transient,
         counter_bytes: l.counters,
         params_bytes,
         inputs,
@@ -291,11 +305,25 @@ impl Lowering<'_> {
         (self.out_slots.len() - 1) as u32
     }
 
-    /// Bytes of scratch for a new value.
+    /// Bytes of scratch for a value that outlives its step.
     pub fn new_scratch(&mut self, bytes: u64) -> Loc {
         let at = self.scratch.div_ceil(ALIGN) * ALIGN;
         self.scratch = at + bytes.max(1);
         Loc::new(Region::Scratch, at)
+    }
+
+    /// Bytes that only the step being lowered uses, while it runs: in its
+    /// stream's [`Region::Transient`], which the next step of the stream
+    /// takes again from offset 0.
+    pub fn transient(&mut self, bytes: u64) -> Loc {
+        let at = self.cursor.div_ceil(ALIGN) * ALIGN;
+        self.cursor = at + bytes.max(1);
+        let s = self.stream as usize;
+        if self.transient.len() <= s {
+            self.transient.resize(s + 1, 0);
+        }
+        self.transient[s] = self.transient[s].max(self.cursor);
+        Loc::new(Region::Transient(self.stream), at)
     }
 
     /// `n` fresh arrival counters (u32, zero at every launch; see
@@ -426,7 +454,7 @@ impl Lowering<'_> {
                     self.values.insert(e, Value::dense(loc, out.shape.clone(), out.dtype));
                     loc
                 }
-                None => self.new_scratch(bytes(&out.shape, out.dtype)),
+                None => self.transient(bytes(&out.shape, out.dtype)),
             };
             locs.push(loc);
         }

@@ -49,7 +49,7 @@ impl Lowering<'_> {
                         })?;
                         let mut args = vec![dst];
                         if columns::chunks(rows, cols) > 1 {
-                            args.push(self.new_scratch(columns::workspace_bytes(rows, cols)));
+                            args.push(self.transient(columns::workspace_bytes(rows, cols)));
                             args.push(self.new_counters(columns::counters(cols)));
                         }
                         args.extend(buffer_locs(&ops));
@@ -263,7 +263,7 @@ impl Lowering<'_> {
                 // does not fit `dst`, whose bytes the memory plan sized for
                 // the output, so it goes to scratch.
                 let in_place = out.shape == node.shape && out.dtype.size() == node.dtype.size();
-                let product = if in_place { dst } else { self.new_scratch(bytes(&node.shape, node.dtype)) };
+                let product = if in_place { dst } else { self.transient(bytes(&node.shape, node.dtype)) };
                 self.matmul(&a, &b, &node.shape, node.dtype, node.dtype, product, epilogue)?;
                 let mut epi_ops = ops.to_vec();
                 epi_ops.push(Value::dense(product, node.shape.clone(), node.dtype));
@@ -307,7 +307,7 @@ impl Lowering<'_> {
                     Some(layout) => Ok(Value { layout, ..from }),
                     None => {
                         let access = Access::strided(from.layout.clone()).view(op);
-                        let dst = self.new_scratch(bytes(&node.shape, node.dtype));
+                        let dst = self.transient(bytes(&node.shape, node.dtype));
                         self.copy_access(&from, access, &node.shape, node.dtype, dst)?;
                         Ok(Value::dense(dst, node.shape.clone(), node.dtype))
                     }
@@ -353,7 +353,7 @@ impl Lowering<'_> {
     /// `value` as a dense tensor in scratch.
     pub(super) fn materialize(&mut self, value: &Value) -> Result<Value, String> {
         let shape = value.layout.shape.clone();
-        let dst = self.new_scratch(bytes(&shape, value.dtype));
+        let dst = self.transient(bytes(&shape, value.dtype));
         self.copy_into(value, &shape, dst)?;
         Ok(Value::dense(dst, shape, value.dtype))
     }
@@ -512,7 +512,7 @@ impl Lowering<'_> {
         if !trailing || !x.layout.is_contiguous() || !argmax::applies(x.dtype, rows, cols) {
             return Ok(false);
         }
-        let ws = self.new_scratch(argmax::workspace_bytes(rows, cols));
+        let ws = self.transient(argmax::workspace_bytes(rows, cols));
         let counts = self.new_counters(rows);
         let (dtype, offset) = (x.dtype, x.layout.offset);
         let kernel = self.add_kernel("argmax", |n| Ok(argmax::kernel(n, dtype, rows, cols, offset)))?;
