@@ -38,6 +38,19 @@
 //! before it one row kernel that writes the output, the sum, and the
 //! rows' statistics.
 //!
+//! *Siblings* first, before any producer: an elementwise node `S` merges
+//! into a fused node `C` that reads every computed value `S` reads (`S`
+//! may add sources: parameters, constants) and something more, where
+//! neither leads to the other. `S`'s output becomes an extra output of
+//! `C`, computed at `C`'s time. This is where `remat`'s copies for a
+//! backward matmul go: the copy of GELU's output joins GELU's derivative,
+//! which reads the same product and the backward's gradient (one kernel,
+//! one more write, where the forward value was kept in memory). `C` must
+//! read something more, or the copy would join the forward kernel it
+//! copies. A copy no sibling takes in is *dropped* for that forward kernel
+//! (same body, same operands), whose value its readers then read, as
+//! before `remat`: no kernel of its own in the backward pass.
+//!
 //! The same idea for an attention: its backward's statistics read the
 //! log-sum-exp the forward computed, which the forward writes as its
 //! extra output 1 (`attention_lse.rs`).
@@ -106,6 +119,26 @@ impl Pass for MultiOutput {
             cx.note(format!("{lse} attention(s) write their log-sum-exp for the backward"));
             cx.rewrite();
         }
+        // Siblings first: a kernel that recomputes forward values for the
+        // backward pass (`remat`) joins a backward kernel that reads them
+        // too, before a forward producer of those values could take it
+        // in (which would compute it in the forward pass and keep it live
+        // until the backward reads it).
+        let mut siblings = 0usize;
+        for s in graph.topo_order() {
+            if !graph.contains(s) {
+                continue;
+            }
+            if sibling_hosts(graph, s).into_iter().find_map(|c| merge(graph, c, s)).is_some() {
+                siblings += 1;
+                cx.rewrite();
+            }
+        }
+        let refolded = refold_lone_copies(graph);
+        if refolded > 0 {
+            cx.note(format!("{refolded} copies with no kernel to join read their forward value"));
+            cx.rewrite();
+        }
         let mut merged = 0usize;
         for c in graph.topo_order() {
             let mut c = c;
@@ -119,8 +152,11 @@ impl Pass for MultiOutput {
             }
         }
         cx.note(format!("{merged} producer(s) merged into their readers"));
-        tracing::debug!(merged, lse, "multi-output");
-        Ok(Changed::from(merged + lse > 0))
+        if siblings > 0 {
+            cx.note(format!("{siblings} sibling(s) merged into a kernel that reads what they read"));
+        }
+        tracing::debug!(merged, siblings, refolded, lse, "multi-output");
+        Ok(Changed::from(merged + siblings + refolded + lse > 0))
     }
 }
 
@@ -174,6 +210,101 @@ fn producers(graph: &Graph, c: NodeId) -> Vec<NodeId> {
         }
     }
     out
+}
+
+/// The fused nodes that elementwise node `s` may be merged into as a
+/// sibling, in topological order (see the module docs): each reads every
+/// computed value `s` reads (`s` adds only sources, parameters and
+/// constants, to its reads), neither leads to the other, and the merged
+/// node stays within [`MAX_OPERANDS`] and [`MAX_BODY_NODES`]. Whether the
+/// merged body is legal is left to [`merge`].
+fn sibling_hosts(graph: &Graph, s: NodeId) -> Vec<NodeId> {
+    let Some(sb) = mergeable(graph, s) else { return Vec::new() };
+    if !matches!(sb.kind(), FusedKind::Elementwise) || graph.outputs().contains(&s) {
+        return Vec::new();
+    }
+    let s_ops = graph.operands(s);
+    let computed: Vec<NodeId> = s_ops.iter().copied().filter(|&o| !is_source(graph, o)).collect();
+    let Some(&first) = computed.first() else { return Vec::new() };
+    let mut out = Vec::new();
+    for c in graph.users(first) {
+        if c == s || out.contains(&c) {
+            continue;
+        }
+        let Some(cb) = mergeable(graph, c) else { continue };
+        let c_ops = graph.operands(c);
+        // C reads all S reads, and something more: it runs no earlier
+        // than S would. (A copy reading what the forward kernel it
+        // recomputes reads would otherwise join that kernel, and be
+        // computed in the forward pass again.)
+        let more = c_ops.iter().any(|&o| !is_source(graph, o) && !computed.contains(&o));
+        if !more || !computed.iter().all(|o| c_ops.contains(o)) {
+            continue;
+        }
+        let mut all = c_ops.clone();
+        all.extend(&s_ops);
+        all.sort_unstable();
+        all.dedup();
+        if all.len() > MAX_OPERANDS || cb.graph().len() + sb.graph().len() > MAX_BODY_NODES {
+            continue;
+        }
+        if graph.reaches(s, c) || graph.reaches(c, s) {
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A backward kernel that is a forward kernel again (the same body over the
+/// same operands: a copy `remat` made for a matmul of the backward pass,
+/// which no sibling took in) is dropped, and its readers read the forward
+/// kernel's value, kept until then as it was before `remat`: one kernel
+/// fewer, and no more memory than without the copy. (A ReLU's output
+/// read by its weight gradient's matmul is such a copy: the mask its
+/// backward reads is a kernel of its own, which reads nothing more.)
+/// Returns how many were dropped.
+fn refold_lone_copies(graph: &mut Graph) -> usize {
+    let Some(grad) = graph.find_region("grad") else { return 0 };
+    let key = |graph: &Graph, id: NodeId| {
+        let node = graph.node(id);
+        match &node.op {
+            Op::Fused(b) if matches!(b.kind(), FusedKind::Elementwise) && b.outputs().len() == 1 => {
+                Some((b.to_string(), graph.operands(id), node.dtype, node.shape.clone()))
+            }
+            _ => None,
+        }
+    };
+    let mut forward = HashMap::new();
+    let mut copies = Vec::new();
+    for id in graph.topo_order() {
+        let Some(k) = key(graph, id) else { continue };
+        if graph.within(graph.node(id).region, grad) {
+            copies.push((id, k));
+        } else {
+            forward.entry(k).or_insert(id);
+        }
+    }
+    let mut dropped = 0;
+    for (id, k) in copies {
+        if let Some(&f) = forward.get(&k) {
+            if !graph.outputs().contains(&id) {
+                graph.replace_all_uses(id, f);
+                graph.remove(id);
+                dropped += 1;
+            }
+        }
+    }
+    dropped
+}
+
+/// Whether `id` (through views) is a graph input or a constant: live
+/// throughout, so reading it adds no lifetime.
+fn is_source(graph: &Graph, mut id: NodeId) -> bool {
+    while graph.node(id).op.is_view() {
+        id = graph.operands(id)[0];
+    }
+    matches!(graph.node(id).op, Op::Input(_) | Op::Full(_))
 }
 
 /// Merges producer `p` into reader `c`; returns the merged node (`None`,

@@ -84,6 +84,18 @@ impl Graph {
             .try_fold(RegionId::ROOT, |r, name| self.child_region(r, name))
     }
 
+    /// Whether region `id` is `ancestor` or lies inside it.
+    pub fn within(&self, id: RegionId, ancestor: RegionId) -> bool {
+        let mut cur = Some(id);
+        while let Some(r) = cur {
+            if r == ancestor {
+                return true;
+            }
+            cur = self.regions.get(r.0 as usize).and_then(|r| r.parent);
+        }
+        false
+    }
+
     /// The child of `parent` called `name`, if the graph has it.
     fn child_region(&self, parent: RegionId, name: &str) -> Option<RegionId> {
         self.regions
