@@ -312,12 +312,12 @@ fn read_through_views(
     in_grad: &dyn Fn(RegionId) -> bool,
 ) -> Vec<(NodeId, NodeId)> {
     let mut out = Vec::new();
-    let mut stack: Vec<NodeId> = forward.iter().copied().filter(|&u| is_view(&graph.node(u).op)).collect();
+    let mut stack: Vec<NodeId> = forward.iter().copied().filter(|&u| graph.node(u).op.is_view()).collect();
     while let Some(w) = stack.pop() {
         for r in graph.users(w) {
             if in_grad(graph.node(r).region) {
                 out.push((r, w));
-            } else if is_view(&graph.node(r).op) {
+            } else if graph.node(r).op.is_view() {
                 stack.push(r);
             }
         }
@@ -345,13 +345,9 @@ fn copy_views(
     c
 }
 
-fn is_view(op: &Op) -> bool {
-    matches!(op, Op::Reshape(_) | Op::Permute(_) | Op::Expand(_) | Op::Slice { .. })
-}
-
 /// The value `id` views (itself when it is no view).
 fn base(graph: &Graph, mut id: NodeId) -> NodeId {
-    while is_view(&graph.node(id).op) {
+    while graph.node(id).op.is_view() {
         id = graph.operands(id)[0];
     }
     id
@@ -360,7 +356,7 @@ fn base(graph: &Graph, mut id: NodeId) -> NodeId {
 /// The bytes reading `id` touches: a view reads at most its source.
 fn read_bytes(graph: &Graph, mut id: NodeId) -> usize {
     let mut least = bytes(graph, id);
-    while is_view(&graph.node(id).op) {
+    while graph.node(id).op.is_view() {
         id = graph.operands(id)[0];
         least = least.min(bytes(graph, id));
     }
