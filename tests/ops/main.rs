@@ -14,6 +14,7 @@ mod errors;
 mod in_place;
 mod index;
 mod linalg;
+mod long_rows;
 mod nonfinite;
 mod reduce;
 mod slots;
