@@ -1,0 +1,243 @@
+"""Variants of two generated kernels timed alone on the GPU (CuPy, NVRTC
+with kiln's options, CUDA events, median of 30): GPT-2 small's loss row
+kernel over [4096, 50257] bf16 logits (rows 50264 apart, the padded LM
+head) and a bias gradient's column sum of [4096, C] bf16 into f32.
+
+    python3 benches/probes/row_kernels.py   # from the checkout, on the GPU machine
+
+Each variant is the kernel text codegen emits, or would emit, for one
+loop shape; see benches/RESULTS.md for what was kept.
+"""
+import sys
+import cupy as cp
+import numpy as np
+
+R, C, LD = 4096, 50257, 50264
+OPTS = ("--fmad=false", "--std=c++17", "-default-device", "--diag-suppress=177,128,550", "-Ikernels",
+        "--gpu-architecture=sm_90")
+HEAD = '#include "kiln.cuh"\n'
+SIG = ("(kiln::bf16* __restrict__ out, float* __restrict__ out1, const kiln::bf16* __restrict__ in0, "
+       "const kiln::i64* __restrict__ in1, const kiln::i64* __restrict__ in2, const kiln::bf16* __restrict__ in3)")
+PRE = f"""  typedef int I;
+  const I R = {R}, C = {C};
+  const int lane = threadIdx.x % 1024;
+  for (I row = (I)blockIdx.x; row < R; row += (I)gridDim.x) {{
+    const I rb0 = row * {LD};
+"""
+OUT_BODY = """        const float v14 = (x - r8);
+        const float v15 = expf(v14);
+        const float v17 = (v15 * 0.5f);
+        const bool v23 = (in1[row] == in2[col]);
+        const float v25 = (v17 - (float)(v23));
+        out[row * C + col] = kiln::bf16_from(kiln::rnd_bf16(v25));
+"""
+TAIL = """    const float r6 = (float)(double)(a6);
+    const float r8 = (logf(r6) + r2);
+    const float r11 = (r8 - kiln::to_float(in3[row]));
+{out_pass}
+    if (lane == 0) out1[row] = r11;
+  }}
+}}
+"""
+SIMPLE_OUT = """    for (I col = lane; col < C; col += 1024) {
+        const float x = kiln::to_float(in0[rb0 + col]);
+""" + OUT_BODY + "    }"
+CHUNK_OUT = """    for (I c0 = lane; c0 < C; c0 += 8192)
+#pragma unroll
+    for (int it = 0; it < 8; ++it) {
+      const I col = c0 + it * 1024;
+      if (col < C) {
+        const float x = kiln::to_float(in0[rb0 + col]);
+""" + OUT_BODY + "      }\n    }"
+LOADED_OUT = """    for (I c0 = lane; c0 < C; c0 += {step}) {{
+      float xs[{n}];
+#pragma unroll
+      for (int it = 0; it < {n}; ++it) {{ const I col = c0 + it * 1024; xs[it] = col < C ? kiln::to_float(in0[rb0 + col]) : 0.f; }}
+#pragma unroll
+      for (int it = 0; it < {n}; ++it) {{
+        const I col = c0 + it * 1024;
+        if (col < C) {{
+        const float x = xs[it];
+""" + OUT_BODY.replace("{", "{{").replace("}", "}}") + "        }}\n      }}\n    }}"
+
+def three_pass(out_pass):
+    return PRE + """    float a2 = (-kiln::inf_f32());
+    for (I col = lane; col < C; col += 1024) a2 = kiln::Max()(a2, kiln::to_float(in0[rb0 + col]));
+    a2 = kiln::group_reduce<1024>(a2, kiln::Max());
+    const float r2 = a2;
+    double a6 = -0.0;
+    for (I col = lane; col < C; col += 1024) a6 += (double)expf(kiln::to_float(in0[rb0 + col]) - r2);
+    a6 = kiln::group_reduce<1024>(a6, kiln::Sum());
+""" + TAIL.format(out_pass=out_pass)
+
+ONLINE_BRANCH = PRE + """    float a2 = (-kiln::inf_f32());
+    double a6 = -0.0;
+    for (I c0 = lane; c0 < C; c0 += 8192)
+#pragma unroll
+    for (int it = 0; it < 8; ++it) {
+      const I col = c0 + it * 1024;
+      if (col < C) {
+        const float x = kiln::to_float(in0[rb0 + col]), mx = kiln::Max()(a2, x);
+        if (mx != a2) { a6 *= (double)expf(a2 - mx); a2 = mx; }
+        if (x != (-kiln::inf_f32())) a6 += (double)expf(x - a2);
+      }
+    }
+    const float r2 = kiln::group_reduce<1024>(a2, kiln::Max());
+    a6 *= (double)expf(a2 - r2);
+    a6 = kiln::group_reduce<1024>(a6, kiln::Sum());
+"""
+
+def online_loaded(n, out_pass, float_chunk=True):
+    acc = "float cs = 0.f;" if float_chunk else "double cs = 0.0;"
+    add = "cs += t;" if float_chunk else "cs += (double)t;"
+    return PRE + f"""    float a2 = (-kiln::inf_f32());
+    double a6 = -0.0;
+    for (I c0 = lane; c0 < C; c0 += {n * 1024}) {{
+      float xs[{n}];
+#pragma unroll
+      for (int it = 0; it < {n}; ++it) {{ const I col = c0 + it * 1024; xs[it] = col < C ? kiln::to_float(in0[rb0 + col]) : (-kiln::inf_f32()); }}
+      float cm = xs[0];
+#pragma unroll
+      for (int it = 1; it < {n}; ++it) cm = kiln::Max()(cm, xs[it]);
+      const float mx = kiln::Max()(a2, cm);
+      a6 *= (double)(mx == a2 ? 1.f : expf(a2 - mx));
+      a2 = mx;
+      {acc}
+#pragma unroll
+      for (int it = 0; it < {n}; ++it) {{ const float t = xs[it] == (-kiln::inf_f32()) ? 0.f : expf(xs[it] - mx); {add} }}
+      a6 += (double)cs;
+    }}
+    const float r2 = kiln::group_reduce<1024>(a2, kiln::Max());
+    a6 *= (double)(a2 == r2 ? 1.f : expf(a2 - r2));
+    a6 = kiln::group_reduce<1024>(a6, kiln::Sum());
+""" + TAIL.format(out_pass=out_pass)
+
+LOSS = {
+    "3-pass (before)": three_pass(SIMPLE_OUT),
+    "online, branch, chunk 8 (call 1)": ONLINE_BRANCH + TAIL.format(out_pass=CHUNK_OUT),
+    "online, branch, simple out": ONLINE_BRANCH + TAIL.format(out_pass=SIMPLE_OUT),
+    "online loaded 8, loaded out 8": online_loaded(8, LOADED_OUT.format(step=8192, n=8)),
+    "online loaded 4, loaded out 4": online_loaded(4, LOADED_OUT.format(step=4096, n=4)),
+    "online loaded 8, simple out": online_loaded(8, SIMPLE_OUT),
+    "online loaded 8 (double), loaded out 8": online_loaded(8, LOADED_OUT.format(step=8192, n=8), False),
+    "online loaded 16, loaded out 8": online_loaded(16, LOADED_OUT.format(step=8192, n=8)),
+    "online loaded 8, simple out, arange inline": online_loaded(8, SIMPLE_OUT.replace("in2[col]", "(kiln::i64)col")),
+}
+
+def time_kernel(fn, grid, block, args, reps=30):
+    fn(grid, block, args)
+    cp.cuda.Device().synchronize()
+    s, e = cp.cuda.Event(), cp.cuda.Event()
+    ts = []
+    for _ in range(reps):
+        s.record()
+        fn(grid, block, args)
+        e.record()
+        e.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(s, e))
+    return float(np.median(ts))
+
+def bf16(a):
+    u = a.astype(np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+def loss():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((R, LD), dtype=np.float32) * 2
+    t = rng.integers(0, C, R)
+    d_in0 = cp.asarray(bf16(x))
+    d_in1 = cp.asarray(t.astype(np.int64))
+    d_in2 = cp.arange(C, dtype=cp.int64)
+    d_in3 = cp.asarray(bf16(x[np.arange(R), t]))
+    ref = None
+    print(f"loss row kernel [{R}, {C}] bf16 (rows {LD} apart), 1024 threads a row:")
+    for name, body in LOSS.items():
+        src = HEAD + 'extern "C" __global__ void k' + SIG + " {\n" + body
+        try:
+            fn = cp.RawKernel(src, "k", options=OPTS)
+            out = cp.zeros((R, C), dtype=cp.uint16)
+            out1 = cp.zeros(R, dtype=cp.float32)
+            ms = time_kernel(fn, (R,), (1024,), (out, out1, d_in0, d_in1, d_in2, d_in3))
+        except Exception as e:  # noqa: BLE001 - report and go on
+            print(f"  {name:<44} failed: {str(e)[:300]}")
+            continue
+        o1 = cp.asnumpy(out1)
+        if ref is None:
+            ref = (o1, cp.asnumpy(out[:4]))
+        dl = np.abs(o1 - ref[0]).max()
+        dg = (cp.asnumpy(out[:4]) != ref[1]).mean()
+        print(f"  {name:<44} {ms * 1000:8.1f} us   loss max diff {dl:.2e}, grad bits differing {dg:.4f}")
+
+def columns(cols, chunks, warps, unroll, reps=30):
+    tiles = (cols + 31) // 32
+    per = (R + chunks - 1) // chunks
+    if unroll:
+        loop = f"""  if (c < {cols}) {{
+    for (I r0 = chunk * {per} + warp; r0 < r_end; r0 += {warps * unroll}) {{
+      float v[{unroll}];
+#pragma unroll
+      for (int u = 0; u < {unroll}; ++u) {{ const I r = r0 + u * {warps}; v[u] = r < r_end ? kiln::to_float(in0[r * {cols} + c]) : 0.f; }}
+#pragma unroll
+      for (int u = 0; u < {unroll}; ++u) if (r0 + u * {warps} < r_end) acc = acc + (double)(v[u]);
+    }}
+  }}"""
+    else:
+        loop = f"""  if (c < {cols})
+    for (I r = chunk * {per} + warp; r < r_end; r += {warps}) acc = acc + (double)(kiln::to_float(in0[r * {cols} + c]));"""
+    src = HEAD + f"""extern "C" __global__ void k(float* __restrict__ out, double* __restrict__ ws, unsigned* __restrict__ counts, const kiln::bf16* __restrict__ in0) {{
+  typedef int I;
+  __shared__ double part[{warps}][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const I tile = (I)blockIdx.x % {tiles}, chunk = (I)blockIdx.x / {tiles};
+  const I c = tile * 32 + lane, r_end = chunk * {per} + {per} < {R} ? chunk * {per} + {per} : (I){R};
+  double acc = -0.0;
+{loop}
+  part[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0 && c < {cols}) {{
+    double t = part[0][lane];
+    for (int w = 1; w < {warps}; ++w) t = t + part[w][lane];
+    ws[chunk * {cols} + c] = t;
+  }}
+  __threadfence();
+  __syncthreads();
+  __shared__ unsigned ticket;
+  if (threadIdx.x == 0) ticket = atomicAdd(&counts[tile], 1u);
+  __syncthreads();
+  if (ticket != {chunks - 1}u) return;
+  __threadfence();
+  if (warp == 0 && c < {cols}) {{
+    double t = __ldcg(&ws[c]);
+    for (int x = 1; x < {chunks}; ++x) t = t + __ldcg(&ws[x * {cols} + c]);
+    out[c] = (float)t;
+  }}
+  if (threadIdx.x == 0) counts[tile] = 0u;
+}}
+"""
+    fn = cp.RawKernel(src, "k", options=OPTS)
+    x = cp.asarray(bf16(np.random.default_rng(2).standard_normal((R, cols), dtype=np.float32)))
+    out = cp.zeros(cols, dtype=cp.float32)
+    ws = cp.zeros(chunks * cols, dtype=cp.float64)
+    counts = cp.zeros(tiles, dtype=cp.uint32)
+    ms = time_kernel(fn, (tiles * chunks,), (warps * 32,), (out, ws, counts, x), reps)
+    return ms, cp.asnumpy(out)
+
+def column_sums():
+    for cols in (768, 2304, 3072):
+        print(f"column sum [{R}, {cols}] bf16 -> f32:")
+        ref = None
+        for chunks in (4, 16, 32, 64):
+            for warps in (8, 16):
+                for unroll in (0, 8):
+                    tiles = (cols + 31) // 32
+                    ms, out = columns(cols, chunks, warps, unroll)
+                    ref = out if ref is None else ref
+                    same = np.array_equal(out, ref)
+                    print(f"  chunks {chunks:>3} ({tiles * chunks:>5} blocks) warps {warps:>2} unroll {unroll}: {ms * 1000:7.1f} us{'' if same else '  (bits differ)'}")
+
+if __name__ == "__main__":
+    what = sys.argv[1:] or ["loss", "columns"]
+    if "loss" in what:
+        loss()
+    if "columns" in what:
+        column_sums()
