@@ -21,7 +21,8 @@
 //! `bf16_compress_hook`) on the rows with several GPUs.
 //!
 //!     cargo bench --features cuda --bench gpu_ddp_gpt [-- --bf16] [--buckets 4,25] [--reduce-bf16]
-//!     cargo bench ... -- --profile   # also rank 0's node times by op (the all-reduces' own time), eager
+//!     cargo bench ... -- --profile   # also rank 0's node times by op (the all-reduces' own time), eager,
+//!                                    # and each stream's timeline of one step (KILN_BENCH_TRACE=f.json: a Chrome trace)
 //!
 //! Without two GPUs it says so and exits 0 (`KILN_REQUIRE_GPUS=2`: 1).
 
@@ -162,7 +163,58 @@ fn profile(gpus: usize, autocast: &dyn Fn(Context) -> Context, mib: usize) -> Re
     for r in p.by_op().iter().take(14) {
         println!("    {:<40} {:>7.1} nodes {:>9.4} ms", r.key, r.calls as f64 / 3.0, r.total_ms / 3.0);
     }
+    // The last step's runs: where each stream is busy, and how much of the
+    // all-reduces runs after the last compute node (what the backward did
+    // not hide).
+    let per_step = p.runs.len() / 3;
+    for run in &p.runs[p.runs.len() - per_step..] {
+        timeline(run);
+    }
+    if let Ok(path) = std::env::var("KILN_BENCH_TRACE") {
+        p.write_chrome_trace(&path)?;
+        println!("chrome trace of rank 0's profiled runs: {path}");
+    }
     Ok(())
+}
+
+/// One run's per-stream timeline (module docs): each stream's span and
+/// busy time, each collective's start and length, and the collectives'
+/// time after the last compute node ends.
+fn timeline(run: &kiln::profile::RunProfile) {
+    let is_collective = |op: &str| op.starts_with("all_") || op.starts_with("reduce_scatter") || op == "collective";
+    let mut streams: std::collections::BTreeMap<u32, (f64, f64, f64, usize)> = Default::default();
+    for n in &run.nodes {
+        let e = streams.entry(n.stream).or_insert((f64::MAX, 0.0, 0.0, 0));
+        e.0 = e.0.min(n.start_us);
+        e.1 = e.1.max(n.start_us + n.dur_us);
+        e.2 += n.dur_us;
+        e.3 += 1;
+    }
+    let compute_end =
+        run.nodes.iter().filter(|n| !is_collective(&n.op)).map(|n| n.start_us + n.dur_us).fold(0.0, f64::max);
+    println!("  timeline of one run (plan {:016x}, {} nodes, wall {:.3} ms):", run.plan, run.nodes.len(), run.wall_us / 1e3);
+    for (s, (first, last, busy, count)) in &streams {
+        println!(
+            "    stream {s}: {count} nodes, {:.3} to {:.3} ms, busy {:.3} ms",
+            first / 1e3,
+            last / 1e3,
+            busy / 1e3
+        );
+    }
+    let mut after = 0.0;
+    for n in run.nodes.iter().filter(|n| is_collective(&n.op)) {
+        let end = n.start_us + n.dur_us;
+        after += (end - n.start_us.max(compute_end)).max(0.0);
+        println!(
+            "    %{:<5} {:<16} stream {} {:>8.3} ms +{:.3} ms",
+            n.node,
+            n.op,
+            n.stream,
+            n.start_us / 1e3,
+            n.dur_us / 1e3
+        );
+    }
+    println!("    compute ends at {:.3} ms; collective time after it: {:.3} ms", compute_end / 1e3, after / 1e3);
 }
 
 fn arg(name: &str) -> Option<String> {

@@ -25,6 +25,16 @@
 //! Collectives keep their recorded order (`seq`): each waits for the one
 //! before it as for an operand, so every rank issues them in one order
 //! whatever its constants did to the rest of its graph.
+//! A node that reads a collective's result (directly or through views)
+//! and leads to no other collective is taken only when no other node is
+//! ready: its stream would wait there for the collective to finish, where
+//! the compute still to come could run meanwhile. Data parallelism's
+//! optimizer update of a bucket took the free bytes of its averaged
+//! gradient as soon as the all-reduce was issued: on two H200s every
+//! bucket of GPT-2 small stalled the backward for its all-reduce, 13 times
+//! a step (the per-stream timeline of `benches/gpu_ddp_gpt.rs --profile`).
+//! A reader that leads to another collective (ZeRO's shard update before
+//! its all-gather) is not held back, so that collective is not either.
 //! A fused update marked to write over an input (`over`, see the assign
 //! pass) waits for every other reader of that input (views included) as
 //! for an operand, unless such a reader needs the update's own result:
@@ -119,6 +129,9 @@ struct Dag {
     collective: Vec<bool>,
     /// Whether the node is an `extra` output (taken as soon as it is ready).
     extra: Vec<bool>,
+    /// Whether the node reads a collective's result and leads to no other
+    /// collective (taken only when nothing else is ready).
+    after_collective: Vec<bool>,
     /// The collective recorded right after this one (which waits for it).
     next_collective: Vec<Option<usize>>,
     /// The updates marked `over` an input that wait for this reader of it.
@@ -175,6 +188,15 @@ impl Dag {
             .filter_map(|(i, &id)| graph.node(id).op.effect_seq().map(|s| (s, i)))
             .collect();
         recorded.sort_unstable();
+        // Whether a node leads to a collective (itself excluded), in reverse
+        // topological order.
+        let mut leads = vec![false; n];
+        for i in (0..n).rev() {
+            leads[i] = users[i].iter().any(|&u| collective[u] || leads[u]);
+        }
+        let after_collective: Vec<bool> = (0..n)
+            .map(|i| !collective[i] && !leads[i] && roots_read[i].iter().any(|&r| collective[r]))
+            .collect();
         let mut next_collective = vec![None; n];
         for pair in recorded.windows(2) {
             next_collective[pair[0].1] = Some(pair[1].1);
@@ -207,6 +229,7 @@ impl Dag {
             freeable,
             collective,
             extra,
+            after_collective,
             next_collective,
             updates_after,
         }
@@ -225,12 +248,13 @@ impl Dag {
         }
         let mut pending: Vec<usize> = self.readers.iter().map(Vec::len).collect();
         let mut done = vec![false; n];
-        let mut score = vec![(false, 0i64); n];
-        let mut heap: BinaryHeap<((bool, i64), Reverse<usize>)> = BinaryHeap::new();
-        // (taken now rather than deferred, bytes freed − allocated); see the module docs.
-        let score_of = |i: usize, pending: &[usize], waiting: &[usize]| -> (bool, i64) {
+        let mut score = vec![(false, false, 0i64); n];
+        let mut heap: BinaryHeap<((bool, bool, i64), Reverse<usize>)> = BinaryHeap::new();
+        // (not held behind a collective, taken now rather than deferred,
+        // bytes freed − allocated); see the module docs.
+        let score_of = |i: usize, pending: &[usize], waiting: &[usize]| -> (bool, bool, i64) {
             if self.collective[i] || self.extra[i] {
-                return (true, i64::MAX);
+                return (true, true, i64::MAX);
             }
             let freed: u64 = self.roots_read[i]
                 .iter()
@@ -241,7 +265,7 @@ impl Dag {
             // Leaves one reader of a root, which can then free it.
             let progresses = self.roots_read[i].iter().any(|&r| self.freeable[r] && pending[r] == 2);
             let now = freed > 0 || self.alloc[i] == 0 || completes || progresses || self.users[i].is_empty();
-            (now, freed as i64 - self.alloc[i] as i64)
+            (!self.after_collective[i], now, freed as i64 - self.alloc[i] as i64)
         };
         for i in 0..n {
             if waiting[i] == 0 {
