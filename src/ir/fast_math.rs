@@ -168,7 +168,7 @@ pub fn erf_f32(x: f32) -> f32 {
         .mul_add(u, -1.367_967_4e-5)
         .mul_add(u, 8.119_2e-5)
         .mul_add(u, -4.394_331_8e-4)
-        .mul_add(u, 2.251_079_1e-3)
+        .mul_add(u, 2.251_079e-3)
         .mul_add(u, -1.121_159_3e-2)
         .mul_add(u, 5.743_044e-2)
         .mul_add(u, -3.572_219e-1)
