@@ -137,7 +137,7 @@ macro_rules! real {
     };
 }
 
-real!(f32, fast_math::exp_f32, fast_math::tanh_f32, libm::erff);
+real!(f32, fast_math::exp_f32, fast_math::tanh_f32, fast_math::erf_f32);
 real!(f64, f64::exp, f64::tanh, libm::erf);
 
 /// A unary op on an integer, in `i64`; the caller wraps to its dtype.

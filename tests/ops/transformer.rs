@@ -327,9 +327,13 @@ fn attention_matches_f64_on_every_float_dtype() {
         // Lengths past one key tile and one query block of both kernels;
         // the second shape has value rows of one full register chunk of
         // the CPU kernel (32) and a part of another, and two full key
-        // blocks (64) and a part.
+        // blocks (64) and a part; the third has three blocks of query rows
+        // (48) and three of keys (128) of the CPU's f32 kernel, the last
+        // of each short, and a head dim that is not a multiple of 16.
         for ((b, h, sq, sk, d, dv), dtype) in
-            [(2, 3, 37, 70, 8, 12), (1, 2, 19, 130, 32, 40)].into_iter().flat_map(|s| FLOATS.map(|d| (s, d)))
+            [(2, 3, 37, 70, 8, 12), (1, 2, 19, 130, 32, 40), (1, 2, 101, 300, 20, 24)]
+                .into_iter()
+                .flat_map(|s| FLOATS.map(|d| (s, d)))
         {
             let q = rand_f(&mut rng, dtype, &[b, h, sq, d], 1.0);
             let k = rand_f(&mut rng, dtype, &[b, h, sk, d], 1.0);

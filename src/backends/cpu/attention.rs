@@ -33,6 +33,12 @@
 //! queries): queries, keys and values are copied to dense accumulator-type
 //! scratch (linear in their size), the mask is read through its strides
 //! so an expanded mask costs nothing.
+//!
+//! `f32` on AVX2+FMA CPUs takes `gemm.rs` instead: the same online
+//! softmax, with the scores and `p v` of each block as products on the
+//! sgemm register kernel and the operands packed from their strides (no
+//! dense copies). The blocks below stay the reference for the other
+//! dtypes and CPUs.
 
 use super::elementwise::contiguous;
 use super::storage::{dispatch, Elem, Out};
@@ -40,6 +46,8 @@ use super::CpuBuffer;
 use crate::ir::{AttnMask, DType};
 use crate::{Error, Result};
 use rayon::prelude::*;
+
+mod gemm;
 
 /// Query rows per block (one task's rows share each key block).
 const QB: usize = 16;
@@ -130,6 +138,22 @@ impl<'a, A: Acc> MaskRead<'a, A> {
         Ok(read)
     }
 
+    /// True when every `(b, h, i, j)` of `n` reads inside the mask's
+    /// storage (or there is no mask), so reading them cannot panic.
+    fn covers(&self, n: &Dims) -> bool {
+        let len = match self.kind {
+            AttnMask::None => return true,
+            AttnMask::Keep => self.keep.len(),
+            AttnMask::Additive => self.add.len(),
+        };
+        let sizes = [n.b, n.h, n.sq, n.sk];
+        let last = sizes
+            .iter()
+            .zip(&self.strides)
+            .try_fold(self.offset, |at, (&len, &st)| at.checked_add(len.saturating_sub(1).checked_mul(st)?));
+        sizes.contains(&0) || last.is_some_and(|last| last < len)
+    }
+
     /// The mask's term for `(b, h, i, j)`: `Some` of 0 or the additive
     /// value, or `None` for a removed key (whose score is `-inf`, not its
     /// product plus `-inf`: a NaN product of a removed key stays out, as
@@ -172,6 +196,20 @@ pub(crate) fn attention(
     }
     if kind != AttnMask::None && mask.is_none() {
         return Err(Error::Backend("cpu: attention lacks its mask operand".into()));
+    }
+    let sizes = [dims.b, dims.h, dims.sq, dims.sk, dims.d, dims.dv];
+    if q.dtype() == DType::F32 && gemm::available() && !sizes.contains(&0) {
+        let read = MaskRead::<f32>::new(mask, kind)?;
+        let out = out.get::<f32>()?;
+        let mut scratch = Vec::new();
+        let lse: &mut [f32] = match lse {
+            Some(l) => l.get::<f32>()?,
+            None => {
+                scratch.resize(dims.b * dims.h * dims.sq, 0.0);
+                &mut scratch
+            }
+        };
+        return gemm::run(q, k, v, &read, scale as f32, causal, &dims, out, lse);
     }
     match q.dtype() {
         DType::F64 => run::<f64, f64>(q, k, v, mask, kind, scale, causal, &dims, out, lse),

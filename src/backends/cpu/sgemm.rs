@@ -39,6 +39,7 @@
 //! number of threads, with or without AVX-512.
 
 mod avx512;
+pub(crate) mod blocks;
 mod pack;
 
 use pack::{pack_a, pack_a_into, pack_b};
