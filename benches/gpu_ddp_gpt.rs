@@ -181,7 +181,8 @@ fn profile(gpus: usize, autocast: &dyn Fn(Context) -> Context, mib: usize) -> Re
 /// busy time, each collective's start and length, and the collectives'
 /// time after the last compute node ends.
 fn timeline(run: &kiln::profile::RunProfile) {
-    let is_collective = |op: &str| op.starts_with("all_") || op.starts_with("reduce_scatter") || op == "collective";
+    let is_collective =
+        |op: &str| op.starts_with("all_") || op.starts_with("reduce_scatter") || op == "collective";
     let mut streams: std::collections::BTreeMap<u32, (f64, f64, f64, usize)> = Default::default();
     for n in &run.nodes {
         let e = streams.entry(n.stream).or_insert((f64::MAX, 0.0, 0.0, 0));
@@ -192,7 +193,12 @@ fn timeline(run: &kiln::profile::RunProfile) {
     }
     let compute_end =
         run.nodes.iter().filter(|n| !is_collective(&n.op)).map(|n| n.start_us + n.dur_us).fold(0.0, f64::max);
-    println!("  timeline of one run (plan {:016x}, {} nodes, wall {:.3} ms):", run.plan, run.nodes.len(), run.wall_us / 1e3);
+    println!(
+        "  timeline of one run (plan {:016x}, {} nodes, wall {:.3} ms):",
+        run.plan,
+        run.nodes.len(),
+        run.wall_us / 1e3
+    );
     for (s, (first, last, busy, count)) in &streams {
         println!(
             "    stream {s}: {count} nodes, {:.3} to {:.3} ms, busy {:.3} ms",
@@ -214,7 +220,11 @@ fn timeline(run: &kiln::profile::RunProfile) {
             n.dur_us / 1e3
         );
     }
-    println!("    compute ends at {:.3} ms; collective time after it: {:.3} ms", compute_end / 1e3, after / 1e3);
+    println!(
+        "    compute ends at {:.3} ms; collective time after it: {:.3} ms",
+        compute_end / 1e3,
+        after / 1e3
+    );
 }
 
 fn arg(name: &str) -> Option<String> {

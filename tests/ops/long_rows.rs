@@ -73,9 +73,19 @@ fn softmax_of_rows_longer_than_registers_hold() {
                 let got = &got_sm[r * COLS..(r + 1) * COLS];
                 // Relative: the probabilities are about 1 / COLS.
                 let scaled = |v: &[f64]| v.iter().map(|p| p * COLS as f64).collect::<Vec<f64>>();
-                failures.extend(expect(&format!("{what} softmax · cols"), &scaled(got), &scaled(&want_sm), 8.0 * t));
+                failures.extend(expect(
+                    &format!("{what} softmax · cols"),
+                    &scaled(got),
+                    &scaled(&want_sm),
+                    8.0 * t,
+                ));
                 let want_sum = if want[0].is_nan() { NAN } else { 1.0 };
-                failures.extend(expect(&format!("{what} softmax row sum"), &[got_sums[r]], &[want_sum], 1e-4));
+                failures.extend(expect(
+                    &format!("{what} softmax row sum"),
+                    &[got_sums[r]],
+                    &[want_sum],
+                    1e-4,
+                ));
                 let want_lse = log_sum_exp(&rows[r]);
                 failures.extend(expect(&format!("{what} log-sum-exp"), &[got_lse[r]], &[want_lse], t));
             }

@@ -26,8 +26,8 @@
 //! the backward pass next to its output.
 
 use super::body::{buffer_operands, out_name, params_named, Body, Leaf, Operand};
-use super::{types, Kernel};
 use super::expr;
+use super::{types, Kernel};
 use crate::ir::{BinaryOp, DType, Graph, NodeId, Op, ReduceOp, Shape, UnaryOp};
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -428,8 +428,12 @@ impl Gen<'_, '_> {
         let (g, n) = (self.group, CHUNK);
         let _ = writeln!(src, "    float {m} = {neg_inf};\n    double {s} = -0.0;");
         let _ = writeln!(src, "    for (I c0 = lane; c0 < C; c0 += {}) {{", n * g);
-        let _ = writeln!(src, "      float xs[{n}];\n#pragma unroll\n      for (int it = 0; it < {n}; ++it) {{");
-        let _ = writeln!(src, "        const I col = c0 + it * {g};\n        xs[it] = {neg_inf};\n        if (col < C) {{");
+        let _ =
+            writeln!(src, "      float xs[{n}];\n#pragma unroll\n      for (int it = 0; it < {n}; ++it) {{");
+        let _ = writeln!(
+            src,
+            "        const I col = c0 + it * {g};\n        xs[it] = {neg_inf};\n        if (col < C) {{"
+        );
         for id in pass_cone(self.body, &[a], self.class) {
             let st = self.body.statement(id, &format!("v{}", id.index()), &|o| self.col_operand(o))?;
             let _ = writeln!(src, "          {st}");
@@ -438,7 +442,11 @@ impl Gen<'_, '_> {
         let _ = writeln!(src, "      float cm = xs[0];\n#pragma unroll");
         let _ = writeln!(src, "      for (int it = 1; it < {n}; ++it) cm = kiln::Max()(cm, xs[it]);");
         let _ = writeln!(src, "      const float mx = kiln::Max()({m}, cm);");
-        let _ = writeln!(src, "      {s} *= (double)(mx == {m} ? 1.f : {});\n      {m} = mx;", exp(&format!("{m} - mx")));
+        let _ = writeln!(
+            src,
+            "      {s} *= (double)(mx == {m} ? 1.f : {});\n      {m} = mx;",
+            exp(&format!("{m} - mx"))
+        );
         let _ = writeln!(src, "      float cs = 0.f;\n#pragma unroll");
         let _ = writeln!(
             src,
@@ -453,7 +461,12 @@ impl Gen<'_, '_> {
         // A row of only -inf: every rescale was skipped as "no change", so
         // nothing met the two-pass sum's `exp(-inf - -inf)`.
         let _ = writeln!(src, "    if ({r} == {neg_inf}) {s} = kiln::nan_f64();");
-        let _ = writeln!(src, "    const float r{} = {};", pair.sum.index(), types::cast(DType::F64, DType::F32, &s));
+        let _ = writeln!(
+            src,
+            "    const float r{} = {};",
+            pair.sum.index(),
+            types::cast(DType::F64, DType::F32, &s)
+        );
         Ok(())
     }
 
