@@ -290,6 +290,8 @@ fn online_pairs(body: &Body<'_>) -> Vec<OnlinePair> {
             && matches!(g.node(max).op, Op::Reduce { op: ReduceOp::Max, .. })
             && g.operands(max)[0] == operand
             && g.node(operand).dtype == DType::F32
+            // One sum a max: its pass settles that one sum.
+            && !pairs.iter().any(|p: &OnlinePair| p.max == max)
         {
             pairs.push(OnlinePair { max, sum, operand });
         }
