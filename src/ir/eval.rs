@@ -104,7 +104,9 @@ macro_rules! real {
                     BinaryOp::GeluTanhGrad => {
                         let (k, c) = (GELU_TANH_K as $t, GELU_TANH_C as $t);
                         let x_sq = a * a;
-                        let t = $tanh(k * (a + c * x_sq * a));
+                        // The forward's tanh argument, associated as
+                        // `UnaryOp::GeluTanh` (and kiln.cuh) write it.
+                        let t = $tanh(k * (a + c * a * a * a));
                         let left = 0.5 * a;
                         let right = 1.0 + t;
                         let left_derivative = 0.5 * right;
