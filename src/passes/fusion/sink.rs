@@ -44,7 +44,7 @@ pub(super) fn sink_reshapes(graph: &mut Graph) -> usize {
                 || !users.into_iter().all(joins)
                 || graph.users(p) != [id]
                 || graph.outputs().contains(&p)
-                || epilogue(graph, p)
+                || (epilogue(graph, p) && !widens_product(graph, p))
             {
                 continue;
             }
@@ -97,6 +97,22 @@ fn epilogue(graph: &Graph, p: NodeId) -> bool {
         }
     }
     false
+}
+
+/// Whether `p` only widens a matmul's product (bf16 or f16 to f32 or
+/// f64, f32 to f64). That is no epilogue worth the GEMM's shape: fusion
+/// recomputes a widening cast in each reader's body from the narrow value
+/// (`group.rs`, `duplicate`), so once the reshape moves above it the GEMM
+/// writes its narrow product, half the bytes, and its readers widen as
+/// they read. Kept as the GEMM's epilogue, the cast made cuBLAS store
+/// f32: GPT-2 small's `[4096, 768] x [768, 768]` bf16 products took
+/// 20.6 µs each storing f32 and take 12.5 storing bf16, its `[4096, 3072]
+/// x [3072, 768]` ones 31.1 and 29.0 (H200, 2026-11-29).
+fn widens_product(graph: &Graph, p: NodeId) -> bool {
+    let Op::Cast(to) = graph.node(p).op else { return false };
+    let [o] = graph.operands(p)[..] else { return false };
+    let from = graph.node(o).dtype;
+    matches!(graph.node(o).op, Op::MatMul) && from.is_float() && to.is_float() && to.size() > from.size()
 }
 
 /// Ops that compute each element from the same position of their

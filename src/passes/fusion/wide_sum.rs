@@ -50,12 +50,6 @@ pub(super) fn widen_in_column_sums(graph: &mut Graph) -> usize {
         if !(from.is_float() && to.is_float() && to.size() > from.size()) {
             continue;
         }
-        // A matmul's widening cast is its epilogue: the GEMM writes the
-        // wide value itself and its readers need it, so the sum keeps
-        // reading it rather than split the epilogue off the GEMM.
-        if matches!(graph.node(narrow).op, Op::MatMul) {
-            continue;
-        }
         let mut src = narrow;
         for &v in views.iter().rev() {
             let node = Node { dtype: from, ..graph.node(v).clone() };
