@@ -168,36 +168,58 @@ def loss():
         dg = (cp.asnumpy(out[:4]) != ref[1]).mean()
         print(f"  {name:<44} {ms * 1000:8.1f} us   loss max diff {dl:.2e}, grad bits differing {dg:.4f}")
 
-def columns(cols, chunks, warps, unroll, reps=30):
-    tiles = (cols + 31) // 32
+def columns(cols, chunks, warps, unroll, reps=30, vec=1, dtype="bf16", launches=20):
+    """One column-sum kernel, timed over `launches` back-to-back launches
+    (the launch cost amortized; the kernel resets its counters itself).
+    `vec` adjacent columns a lane (one vector load), `unroll` rows loaded
+    together (0: one at a time)."""
+    span = 32 * vec
+    tiles = (cols + span - 1) // span
     per = (R + chunks - 1) // chunks
+    ty = "kiln::bf16" if dtype == "bf16" else "float"
+    conv = "kiln::to_float" if dtype == "bf16" else ""
+    if vec == 1:
+        load1 = lambda r: f"(double)({conv}(in0[{r} * {cols} + c]))"
+        body = f"acc[0] = acc[0] + {load1('r')};"
+    else:
+        # a vector of `vec` elements: bf16 x2 = 4 bytes, x4 = 8; f32 x2 = 8, x4 = 16
+        nbytes = vec * (2 if dtype == "bf16" else 4)
+        vt = {4: "unsigned", 8: "uint2", 16: "uint4"}[nbytes]
+        body = f"const {vt} w = *reinterpret_cast<const {vt}*>(&in0[r * {cols} + c]);\n"
+        body += f"      const {ty}* e = reinterpret_cast<const {ty}*>(&w);\n"
+        for j in range(vec):
+            body += f"      acc[{j}] = acc[{j}] + (double)({conv}(e[{j}]));\n"
     if unroll:
         loop = f"""  if (c < {cols}) {{
     for (I r0 = chunk * {per} + warp; r0 < r_end; r0 += {warps * unroll}) {{
       float v[{unroll}];
 #pragma unroll
-      for (int u = 0; u < {unroll}; ++u) {{ const I r = r0 + u * {warps}; v[u] = r < r_end ? kiln::to_float(in0[r * {cols} + c]) : 0.f; }}
+      for (int u = 0; u < {unroll}; ++u) {{ const I r = r0 + u * {warps}; v[u] = r < r_end ? {conv}(in0[r * {cols} + c]) : 0.f; }}
 #pragma unroll
-      for (int u = 0; u < {unroll}; ++u) if (r0 + u * {warps} < r_end) acc = acc + (double)(v[u]);
+      for (int u = 0; u < {unroll}; ++u) if (r0 + u * {warps} < r_end) acc[0] = acc[0] + (double)(v[u]);
     }}
   }}"""
     else:
         loop = f"""  if (c < {cols})
-    for (I r = chunk * {per} + warp; r < r_end; r += {warps}) acc = acc + (double)(kiln::to_float(in0[r * {cols} + c]));"""
-    src = HEAD + f"""extern "C" __global__ void k(float* __restrict__ out, double* __restrict__ ws, unsigned* __restrict__ counts, const kiln::bf16* __restrict__ in0) {{
+    for (I r = chunk * {per} + warp; r < r_end; r += {warps}) {{
+      {body}
+    }}"""
+    src = HEAD + f"""extern "C" __global__ void k(float* __restrict__ out, double* __restrict__ ws, unsigned* __restrict__ counts, const {ty}* __restrict__ in0) {{
   typedef int I;
-  __shared__ double part[{warps}][32];
+  __shared__ double part[{warps}][{span}];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const I tile = (I)blockIdx.x % {tiles}, chunk = (I)blockIdx.x / {tiles};
-  const I c = tile * 32 + lane, r_end = chunk * {per} + {per} < {R} ? chunk * {per} + {per} : (I){R};
-  double acc = -0.0;
+  const I c = tile * {span} + lane * {vec}, r_end = chunk * {per} + {per} < {R} ? chunk * {per} + {per} : (I){R};
+  double acc[{vec}];
+  for (int j = 0; j < {vec}; ++j) acc[j] = -0.0;
 {loop}
-  part[warp][lane] = acc;
+  for (int j = 0; j < {vec}; ++j) part[warp][lane * {vec} + j] = acc[j];
   __syncthreads();
-  if (warp == 0 && c < {cols}) {{
-    double t = part[0][lane];
-    for (int w = 1; w < {warps}; ++w) t = t + part[w][lane];
-    ws[chunk * {cols} + c] = t;
+  for (int cc = threadIdx.x; cc < {span}; cc += blockDim.x) {{
+    if (tile * {span} + cc >= {cols}) break;
+    double t = part[0][cc];
+    for (int w = 1; w < {warps}; ++w) t = t + part[w][cc];
+    ws[chunk * {cols} + tile * {span} + cc] = t;
   }}
   __threadfence();
   __syncthreads();
@@ -206,34 +228,47 @@ def columns(cols, chunks, warps, unroll, reps=30):
   __syncthreads();
   if (ticket != {chunks - 1}u) return;
   __threadfence();
-  if (warp == 0 && c < {cols}) {{
-    double t = __ldcg(&ws[c]);
-    for (int x = 1; x < {chunks}; ++x) t = t + __ldcg(&ws[x * {cols} + c]);
-    out[c] = (float)t;
+  for (int cc = threadIdx.x; cc < {span}; cc += blockDim.x) {{
+    const I col = tile * {span} + cc;
+    if (col >= {cols}) break;
+    double t = __ldcg(&ws[col]);
+    for (int x = 1; x < {chunks}; ++x) t = t + __ldcg(&ws[x * {cols} + col]);
+    out[col] = (float)t;
   }}
   if (threadIdx.x == 0) counts[tile] = 0u;
 }}
 """
     fn = cp.RawKernel(src, "k", options=OPTS)
-    x = cp.asarray(bf16(np.random.default_rng(2).standard_normal((R, cols), dtype=np.float32)))
+    host = np.random.default_rng(2).standard_normal((R, cols), dtype=np.float32)
+    x = cp.asarray(bf16(host)) if dtype == "bf16" else cp.asarray(host)
     out = cp.zeros(cols, dtype=cp.float32)
     ws = cp.zeros(chunks * cols, dtype=cp.float64)
     counts = cp.zeros(tiles, dtype=cp.uint32)
-    ms = time_kernel(fn, (tiles * chunks,), (warps * 32,), (out, ws, counts, x), reps)
+    args = (out, ws, counts, x)
+    many = lambda g, b, a: [fn(g, b, a) for _ in range(launches)]
+    ms = time_kernel(many, (tiles * chunks,), (warps * 32,), args, reps) / launches
     return ms, cp.asnumpy(out)
 
 def column_sums():
-    for cols in (768, 2304, 3072):
-        print(f"column sum [{R}, {cols}] bf16 -> f32:")
-        ref = None
-        for chunks in (4, 16, 32, 64):
-            for warps in (8, 16):
-                for unroll in (0, 8):
-                    tiles = (cols + 31) // 32
-                    ms, out = columns(cols, chunks, warps, unroll)
-                    ref = out if ref is None else ref
-                    same = np.array_equal(out, ref)
-                    print(f"  chunks {chunks:>3} ({tiles * chunks:>5} blocks) warps {warps:>2} unroll {unroll}: {ms * 1000:7.1f} us{'' if same else '  (bits differ)'}")
+    """The bias and layer-norm parameter gradients of GPT-2 small's step:
+    [4096, C] in bf16 and f32, each shape's variants against the first
+    (bits must match: the order of additions is the same)."""
+    for dtype, shapes in (("f32", (768,)), ("bf16", (768, 2304, 3072))):
+        for cols in shapes:
+            nbytes = R * cols * (2 if dtype == "bf16" else 4)
+            print(f"column sum [{R}, {cols}] {dtype} -> f32 ({nbytes / 1e6:.1f} MB), 20 launches back to back:")
+            ref = None
+            for vec in (1, 2, 4):
+                for chunks in (8, 16, 32, 64):
+                    for warps in (8, 16):
+                        tiles = (cols + 32 * vec - 1) // (32 * vec)
+                        if tiles * chunks > 4096:
+                            continue
+                        ms, out = columns(cols, chunks, warps, 0, vec=vec, dtype=dtype)
+                        ref = out if ref is None else ref
+                        diff = float(np.abs(out - ref).max())
+                        gbs = nbytes / (ms * 1e-3) / 1e9
+                        print(f"  vec {vec} chunks {chunks:>3} ({tiles * chunks:>5} blocks) warps {warps:>2}: {ms * 1000:7.2f} us {gbs:7.0f} GB/s  max diff {diff:.1e}")
 
 if __name__ == "__main__":
     what = sys.argv[1:] or ["loss", "columns"]
