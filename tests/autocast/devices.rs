@@ -80,3 +80,62 @@ fn mixed_precision_steps_agree_across_backends() -> Result<()> {
     }
     Ok(())
 }
+
+/// Loss and gradients of a pre-norm MLP block under bf16 autocast: a layer
+/// norm, a bf16 product, `tanh`, a second product reshaped back and added
+/// to the f32 residual. The second product reaches the residual only
+/// widened (`reshape(cast(mm))`), and the layer norm's backward reads the
+/// first product's input gradient widened, as does its `dβ` column sum.
+/// No bias or GELU follows a product: on a GPU those become cuBLASLt
+/// epilogues, which round once where the unfused graph rounds after each
+/// op (by design, and not what this test is about).
+fn block_gradients(ctx: Context) -> Result<Vec<Vec<f32>>> {
+    let ctx = ctx.with_autocast(DType::BF16);
+    // Drawn on the host: the same numbers on every backend and plan.
+    let mut rng = super::splitmix::Rng(5);
+    let mut draw = |name: &str, shape: &[usize], scale: f64, shift: f64| -> Result<Variable> {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|_| (rng.normal() * scale + shift) as f32).collect();
+        ctx.variable(name, ctx.tensor(&v, shape.to_vec()))
+    };
+    let x = draw("x", &[2, 8, 32], 1.0, 0.0)?;
+    let gamma = draw("gamma", &[32], 0.1, 1.0)?;
+    let beta = draw("beta", &[32], 0.1, 0.0)?;
+    let w = draw("w", &[32, 48], 0.2, 0.0)?;
+    let w2 = draw("w2", &[48, 32], 0.2, 0.0)?;
+    let h = x.layer_norm(&gamma, &beta, 1e-5).reshape([16, 32]);
+    let u = h.matmul(&w).tanh();
+    let y = &*x + &u.matmul(&w2).reshape([2, 8, 32]);
+    let loss = (&y * &y).mean(&[0, 1, 2], false);
+    let grads = loss.backward()?;
+    let mut out = vec![loss.to_vec::<f32>()?];
+    for v in [&x, &gamma, &beta] {
+        out.push(grads.get(v).expect("every variable has a gradient").to_vec::<f32>()?);
+    }
+    Ok(out)
+}
+
+/// Fusion changes no bit of an autocast block's loss and activation-side
+/// gradients on any backend: a matmul's product that is only widened is
+/// stored in bf16 by the GEMM and widened by each reader (the residual
+/// add, the layer norm's backward, the `dβ` column sum), as the unfused
+/// graph rounds it. (A GEMM that stored its f32 accumulator instead, as
+/// the widening cast fused into its epilogue did before, gave other
+/// bits.) The weights' gradients are left out on purpose: a bf16 weight
+/// gradient widened to its f32 variable is returned as it is computed,
+/// and there the GEMM does store its f32 accumulator
+/// (`tests/cuda/fused/matmul-widen.kir`), more precise than the unfused
+/// graph's rounding.
+#[test]
+fn fusion_keeps_the_bits_of_an_autocast_block() -> Result<()> {
+    let names = ["the loss", "x's gradient", "gamma's", "beta's"];
+    for (name, make) in devices() {
+        let fused = block_gradients(make())?;
+        let unfused = block_gradients(make().with_passes("-fusion"))?;
+        for (k, what) in names.iter().enumerate() {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+            assert_eq!(bits(&fused[k]), bits(&unfused[k]), "{name}: {what} differs with fusion");
+        }
+    }
+    Ok(())
+}
