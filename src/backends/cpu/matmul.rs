@@ -254,8 +254,12 @@ fn gemm_rows<T: GemmFloat>(
         if super::sgemm::available() {
             let ma = super::sgemm::Mat { data: a32, base: a.base, rs: a.rs, cs: a.cs };
             let mb = super::sgemm::Mat { data: b32, base: b.base, rs: b.rs, cs: b.cs };
-            let parallel = parallel && m * n * k >= SGEMM_PAR_WORK;
-            match b_storage.and_then(|s| super::sgemm::cache::packed(s, mb, k, n, parallel)) {
+            // Products below SGEMM_PAR_WORK (a small MLP's training step,
+            // whose weights change every step anyway) skip the cache's lock
+            // and lookups; their packing is a few microseconds.
+            let big = m * n * k >= SGEMM_PAR_WORK;
+            let parallel = parallel && big;
+            match b_storage.filter(|_| big).and_then(|s| super::sgemm::cache::packed(s, mb, k, n, parallel)) {
                 Some(packed) => super::sgemm::sgemm_packed(m, ma, &packed, d32, parallel),
                 None => super::sgemm::sgemm(m, k, n, ma, mb, d32, parallel),
             }

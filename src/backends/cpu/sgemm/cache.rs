@@ -19,8 +19,11 @@
 //! matrix lies in them (base, strides) and its size. A key is packed into
 //! the cache only the second time it is seen (its bytes unchanged in
 //! between): a training step's weights change every step and an
-//! activation is read once, so they are only remembered, in a short list
-//! of recent keys, and packed as before. Packing copies the same floats
+//! activation is read once, so they are only remembered (the last 256
+//! keys: a second sight must come before 256 other first sights) and
+//! packed as before. Products under 2^20
+//! multiply-adds do not ask (`matmul.rs`): their packing costs less than
+//! the lookup is worth. Packing copies the same floats
 //! into the same layout, so a cached product has the bits of an uncached
 //! one.
 //!
@@ -38,7 +41,7 @@
 use super::Mat;
 use crate::backends::cpu::Storage;
 use crate::backends::Contents;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// All of a `k x n` B packed as the product reads it: for each slice of
@@ -75,7 +78,7 @@ impl PackedB {
 const SEEN: usize = 256;
 
 /// A packed B's identity: its bytes, where the matrix lies in them, its size.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Key {
     contents: Contents,
     base: usize,
@@ -85,18 +88,21 @@ struct Key {
     n: usize,
 }
 
-/// The packed operands kept, the keys seen once, and the budget.
+/// The packed operands kept, the keys seen once (in order, and as a set:
+/// a training step's every product is a first sight, so that check is
+/// one hash lookup, not a scan), and the budget.
 pub(crate) struct Cache {
     packed: Vec<(Key, Weak<Storage>, Arc<PackedB>)>,
     seen: VecDeque<Key>,
+    seen_set: HashSet<Key>,
     bytes: usize,
     budget: usize,
 }
 
 impl Cache {
     /// An empty cache that holds at most `budget` bytes.
-    pub(crate) const fn new(budget: usize) -> Cache {
-        Cache { packed: Vec::new(), seen: VecDeque::new(), bytes: 0, budget }
+    pub(crate) fn new(budget: usize) -> Cache {
+        Cache { packed: Vec::new(), seen: VecDeque::new(), seen_set: HashSet::new(), bytes: 0, budget }
     }
 
     /// Bytes of the packed operands it holds.
@@ -135,13 +141,16 @@ impl Cache {
         if let Some((_, _, p)) = self.packed.iter().find(|(k, _, _)| *k == key) {
             return Some(p.clone());
         }
-        let Some(at) = self.seen.iter().position(|k| *k == key) else {
+        if !self.seen_set.contains(&key) {
             if self.seen.len() == SEEN {
-                self.seen.pop_front();
+                if let Some(old) = self.seen.pop_front() {
+                    self.seen_set.remove(&old);
+                }
             }
             self.seen.push_back(key);
+            self.seen_set.insert(key);
             return None;
-        };
+        }
         let size = key.n.div_ceil(super::NR) * super::NR * key.k * 4;
         if self.bytes + size > self.budget {
             // Entries of storages written since (their contents moved on)
@@ -158,7 +167,8 @@ impl Cache {
                 return None;
             }
         }
-        self.seen.remove(at);
+        self.seen.retain(|k| *k != key);
+        self.seen_set.remove(&key);
         let packed = Arc::new(PackedB::new(key.k, key.n, b, parallel));
         self.bytes += packed.bytes();
         self.packed.push((key, Arc::downgrade(storage), packed.clone()));
