@@ -123,23 +123,16 @@ impl Cache {
         });
     }
 
-    /// The cached packing of `b` (`k x n`, inside `storage`'s elements,
-    /// which are `b.data`), or, the second time this key is asked for,
-    /// `b` packed now and kept when it fits; `None` when `b` is to be
-    /// packed as usual (first sight, over budget).
-    fn lookup(
-        &mut self,
-        key: Key,
-        storage: &Arc<Storage>,
-        b: Mat<'_>,
-        parallel: bool,
-    ) -> Option<Arc<PackedB>> {
+    /// What to do for `key`: a kept packing, pack it now (its second
+    /// sight, and it fits), or `None`: pack as usual (first sight, over
+    /// budget, the cache off).
+    fn decide(&mut self, key: Key) -> Option<Step> {
         if self.budget == 0 {
             return None;
         }
         self.drop_dead();
         if let Some((_, _, p)) = self.packed.iter().find(|(k, _, _)| *k == key) {
-            return Some(p.clone());
+            return Some(Step::Hit(p.clone()));
         }
         if !self.seen_set.contains(&key) {
             if self.seen.len() == SEEN {
@@ -151,10 +144,20 @@ impl Cache {
             self.seen_set.insert(key);
             return None;
         }
+        if !self.fits(key) {
+            return None;
+        }
+        self.seen.retain(|k| *k != key);
+        self.seen_set.remove(&key);
+        Some(Step::Pack)
+    }
+
+    /// Whether `key`'s packing fits the budget, after dropping the
+    /// entries of storages written since (their contents moved on: they
+    /// will never be asked for again) when it does not.
+    fn fits(&mut self, key: Key) -> bool {
         let size = key.n.div_ceil(super::NR) * super::NR * key.k * 4;
         if self.bytes + size > self.budget {
-            // Entries of storages written since (their contents moved on)
-            // will never be asked for again.
             let bytes = &mut self.bytes;
             self.packed.retain(|(k, storage, p)| {
                 let current = storage.upgrade().is_some_and(|s| s.contents() == k.contents);
@@ -163,16 +166,55 @@ impl Cache {
                 }
                 current
             });
-            if self.bytes + size > self.budget {
-                return None;
-            }
         }
-        self.seen.retain(|k| *k != key);
-        self.seen_set.remove(&key);
-        let packed = Arc::new(PackedB::new(key.k, key.n, b, parallel));
-        self.bytes += packed.bytes();
-        self.packed.push((key, Arc::downgrade(storage), packed.clone()));
-        Some(packed)
+        self.bytes + size <= self.budget
+    }
+
+    /// Keeps `packed` for `key` when it still fits (another thread may have
+    /// kept one meanwhile: then that one), and returns what to multiply by.
+    fn keep(&mut self, key: Key, storage: &Arc<Storage>, packed: Arc<PackedB>) -> Arc<PackedB> {
+        if let Some((_, _, p)) = self.packed.iter().find(|(k, _, _)| *k == key) {
+            return p.clone();
+        }
+        if self.fits(key) {
+            self.bytes += packed.bytes();
+            self.packed.push((key, Arc::downgrade(storage), packed.clone()));
+        }
+        packed
+    }
+}
+
+/// [`Cache::decide`]'s answer when there is something to use.
+enum Step {
+    /// The kept packing.
+    Hit(Arc<PackedB>),
+    /// Pack now, then [`Cache::keep`].
+    Pack,
+}
+
+/// The cached packing of `b` (`k x n`, inside `storage`'s elements, which
+/// are `b.data`), or, the second time its key is asked for, `b` packed
+/// now and kept when it fits; `None` when `b` is to be packed as usual.
+/// The lock is not held while packing: the packing forks rayon tasks, and
+/// a worker waiting on them may run another product's task, which asks
+/// the cache again (a second lock on the same thread would deadlock).
+fn lookup(
+    cache: &Mutex<Cache>,
+    storage: &Arc<Storage>,
+    b: Mat<'_>,
+    k: usize,
+    n: usize,
+    parallel: bool,
+) -> Option<Arc<PackedB>> {
+    let key = Key { contents: storage.contents(), base: b.base, rs: b.rs, cs: b.cs, k, n };
+    let lock = || cache.lock().unwrap_or_else(|e| e.into_inner());
+    let step = lock().decide(key)?;
+    match step {
+        Step::Hit(p) => Some(p),
+        Step::Pack => {
+            let packed = Arc::new(PackedB::new(k, n, b, parallel));
+            Some(lock().keep(key, storage, packed))
+        }
     }
 }
 
@@ -186,12 +228,10 @@ fn cache() -> &'static Mutex<Cache> {
     })
 }
 
-/// `b` packed, from the process's cache (see [`Cache::lookup`]), when
-/// `storage` holds `b`'s elements (`b.data` is its slice) and this is at
-/// least the second product to read these bytes as this B. Every element
-/// of the `k x n` matrix must be inside `b.data` (as for `sgemm`). The
-/// lock is held while a new entry is packed, so two threads asking for
-/// one weight pack it once.
+/// `b` packed, from the process's cache (see [`lookup`]), when `storage`
+/// holds `b`'s elements (`b.data` is its slice) and this is at least the
+/// second product to read these bytes as this B. Every element of the
+/// `k x n` matrix must be inside `b.data` (as for `sgemm`).
 pub(crate) fn packed(
     storage: &Arc<Storage>,
     b: Mat<'_>,
@@ -199,9 +239,7 @@ pub(crate) fn packed(
     n: usize,
     parallel: bool,
 ) -> Option<Arc<PackedB>> {
-    let key = Key { contents: storage.contents(), base: b.base, rs: b.rs, cs: b.cs, k, n };
-    let mut cache = cache().lock().unwrap_or_else(|e| e.into_inner());
-    cache.lookup(key, storage, b, parallel)
+    lookup(cache(), storage, b, k, n, parallel)
 }
 
 #[cfg(test)]
@@ -231,12 +269,12 @@ mod tests {
         let (am, bm) = (Mat { data: &a, base: 0, rs: k, cs: 1 }, Mat { data, base: 0, rs: 1, cs: k });
         let mut want = vec![0f32; m * n];
         super::super::sgemm(m, k, n, am, bm, &mut want, true);
-        let mut cache = Cache::new(1 << 20);
-        let key = Key { contents: s.contents(), base: 0, rs: 1, cs: k, k, n };
-        assert!(cache.lookup(key, &s, bm, true).is_none(), "first sight");
-        let packed = cache.lookup(key, &s, bm, true).expect("second sight packs");
-        assert_eq!(cache.bytes(), 48 * k * 4);
-        assert!(Arc::ptr_eq(&packed, &cache.lookup(key, &s, bm, true).expect("hit")));
+        let cache = Mutex::new(Cache::new(1 << 20));
+        let bytes = |c: &Mutex<Cache>| c.lock().expect("lock").bytes();
+        assert!(lookup(&cache, &s, bm, k, n, true).is_none(), "first sight");
+        let packed = lookup(&cache, &s, bm, k, n, true).expect("second sight packs");
+        assert_eq!(bytes(&cache), 48 * k * 4);
+        assert!(Arc::ptr_eq(&packed, &lookup(&cache, &s, bm, k, n, true).expect("hit")));
         for parallel in [false, true] {
             let mut got = vec![f32::NAN; m * n];
             super::super::sgemm_packed(m, am, &packed, &mut got, parallel);
@@ -253,19 +291,17 @@ mod tests {
         // The same values in a new storage: new bytes, a new key.
         let other = storage(w);
         let bm = Mat { data: other.slice::<f32>().expect("f32"), ..bm };
-        let key2 = Key { contents: other.contents(), ..key };
-        assert!(cache.lookup(key2, &other, bm, true).is_none(), "new contents are a first sight");
+        assert!(lookup(&cache, &other, bm, k, n, true).is_none(), "new contents are a first sight");
         drop(packed);
         drop(s);
-        assert!(cache.lookup(key2, &other, bm, true).is_some());
-        assert_eq!(cache.bytes(), 48 * k * 4, "the dropped storage's entry is gone");
+        assert!(lookup(&cache, &other, bm, k, n, true).is_some());
+        assert_eq!(bytes(&cache), 48 * k * 4, "the dropped storage's entry is gone");
         // Over budget: remembered, never kept.
-        let mut small = Cache::new(1000);
-        assert!(small.lookup(key2, &other, bm, true).is_none());
-        assert!(small.lookup(key2, &other, bm, true).is_none());
-        assert_eq!(small.bytes(), 0);
+        let small = Mutex::new(Cache::new(1000));
+        assert!((0..3).all(|_| lookup(&small, &other, bm, k, n, true).is_none()));
+        assert_eq!(bytes(&small), 0);
         // Off.
-        let mut off = Cache::new(0);
-        assert!((0..3).all(|_| off.lookup(key2, &other, bm, true).is_none()));
+        let off = Mutex::new(Cache::new(0));
+        assert!((0..3).all(|_| lookup(&off, &other, bm, k, n, true).is_none()));
     }
 }
