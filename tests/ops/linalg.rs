@@ -2,7 +2,7 @@
 //! conv2d with stride, padding, dilation and groups; max and average pooling.
 
 use crate::reference::*;
-use kiln::prelude::DType;
+use kiln::prelude::{DType, Tensor};
 
 /// `torch.matmul` on host arrays: 1-D operands promoted and the added dim removed.
 fn matmul_host<T: Copy>(a: &Nd<T>, b: &Nd<T>, zero: T, acc: impl FnMut(T, T, T) -> T) -> Nd<T> {
@@ -144,6 +144,47 @@ fn matmul_of_non_contiguous_operands() {
                 _ => unreachable!(),
             }
         }
+    });
+}
+
+/// A weight read again by a product as a linear layer reads it
+/// (`x @ w.t()`): from the second call on, the CPU keeps its packing
+/// (`sgemm/cache.rs`, keyed by the bytes' identity; products of 2^20
+/// multiply-adds and up, as this one). Every call gives the
+/// first call's bits, and after the weight is written in place
+/// (`write_at`) or assigned, the product reads the new values.
+#[test]
+fn a_weight_read_again_keeps_its_bits_and_sees_its_writes() {
+    each_backend(|| {
+        let ctx = dev();
+        let mut rng = Rng::new(35);
+        let dt = DType::F32;
+        let a = rand_f(&mut rng, dt, &[130, 300], 1.0);
+        let w0 = rand_f(&mut rng, dt, &[40, 300], 1.0);
+        let x = tensor_f(&ctx, dt, &a);
+        let w = ctx.variable("w", tensor_f(&ctx, dt, &w0)).expect("variable");
+        let product = || x.matmul(&w.t());
+        let bits =
+            |t: Tensor| t.to_vec::<f32>().expect("product").iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let check = |wh: &Nd<f64>, what: &str| {
+            let want = matmul_host(&a, &wh.transpose(0, 1), 0.0, |s, x, y| s + x * y);
+            let scale = 300f64.sqrt() * max_abs(&a) * max_abs(wh);
+            for call in 0..3 {
+                check_f(&product(), dt, &want, scale, &format!("{what}, call {call}"));
+            }
+        };
+        let first = bits(product());
+        for call in 1..4 {
+            assert_eq!(bits(product()), first, "call {call} changed bits");
+        }
+        check(&w0, "the weight as created");
+        let row = rand_f(&mut rng, dt, &[1, 300], 1.0);
+        w.write_at(0, 7, &tensor_f(&ctx, dt, &row)).expect("write");
+        let w1 = Nd::from_fn(&[40, 300], |i| if i[0] == 7 { row.get(&[0, i[1]]) } else { w0.get(i) });
+        check(&w1, "row 7 written");
+        let w2 = rand_f(&mut rng, dt, &[40, 300], 1.0);
+        w.assign(tensor_f(&ctx, dt, &w2)).expect("assign");
+        check(&w2, "assigned");
     });
 }
 

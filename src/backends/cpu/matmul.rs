@@ -14,13 +14,14 @@
 //! wrapping in the dtype).
 
 use super::elementwise::{map1, PAR_THRESHOLD};
-use super::storage::{Elem, Out, View};
+use super::storage::{Elem, Out, Storage, View};
 use super::CpuBuffer;
 use crate::backends::layout::Layout;
 use crate::ir::{DType, Shape};
 use crate::{Error, Result};
 use half::{bf16, f16};
 use rayon::prelude::*;
+use std::sync::Arc;
 
 /// Below this many multiply-adds a product of at most `FEW_ROWS` rows
 /// (decode's GEMVs), or one of another dtype than f32 (matrixmultiply),
@@ -228,6 +229,10 @@ const DOT_LANES: usize = 16;
 /// Callers guarantee (checked by `check_fits` / lengths) that every
 /// element `base + i*rs + j*cs` of both operands, for indices inside the
 /// problem, is inside its `data`; `dst.len() == m * n`; m, k, n > 0.
+/// `b_storage` is the storage whose elements `b.data` is, when B may be
+/// read again with the same bytes (a weight): the packed f32 GEMM then
+/// keeps its packing (`sgemm/cache.rs`).
+#[allow(clippy::too_many_arguments)]
 fn gemm_rows<T: GemmFloat>(
     m: usize,
     k: usize,
@@ -236,6 +241,7 @@ fn gemm_rows<T: GemmFloat>(
     b: Operand<'_, T>,
     dst: &mut [T],
     parallel: bool,
+    b_storage: Option<&Arc<Storage>>,
 ) {
     debug_assert_eq!(dst.len(), m * n);
     if let (Some(a32), Some(b32), Some(d32)) = (as_f32(a.data), as_f32(b.data), as_f32_mut(dst)) {
@@ -248,7 +254,15 @@ fn gemm_rows<T: GemmFloat>(
         if super::sgemm::available() {
             let ma = super::sgemm::Mat { data: a32, base: a.base, rs: a.rs, cs: a.cs };
             let mb = super::sgemm::Mat { data: b32, base: b.base, rs: b.rs, cs: b.cs };
-            super::sgemm::sgemm(m, k, n, ma, mb, d32, parallel && m * n * k >= SGEMM_PAR_WORK);
+            // Products below SGEMM_PAR_WORK (a small MLP's training step,
+            // whose weights change every step anyway) skip the cache's lock
+            // and lookups; their packing is a few microseconds.
+            let big = m * n * k >= SGEMM_PAR_WORK;
+            let parallel = parallel && big;
+            match b_storage.filter(|_| big).and_then(|s| super::sgemm::cache::packed(s, mb, k, n, parallel)) {
+                Some(packed) => super::sgemm::sgemm_packed(m, ma, &packed, d32, parallel),
+                None => super::sgemm::sgemm(m, k, n, ma, mb, d32, parallel),
+            }
             return;
         }
     }
@@ -365,8 +379,15 @@ fn check_fits<T>(v: &View<'_, T>) -> Result<()> {
     Ok(())
 }
 
-/// `C = A x B` through `matrixmultiply` (`T` is f32 or f64).
-fn gemm_float<T: GemmFloat>(a: View<'_, T>, b: View<'_, T>, out: &mut [T]) -> Result<()> {
+/// `C = A x B` through `matrixmultiply` (`T` is f32 or f64), or the packed
+/// f32 GEMM; `b_storage` as for [`gemm_rows`] (B's storage, when it is one
+/// a later call may read again: not an arena range).
+fn gemm_float<T: GemmFloat>(
+    a: View<'_, T>,
+    b: View<'_, T>,
+    out: &mut [T],
+    b_storage: Option<&Arc<Storage>>,
+) -> Result<()> {
     check_fits(&a)?;
     check_fits(&b)?;
     let p = Problem::new(a.layout, b.layout)?;
@@ -387,7 +408,7 @@ fn gemm_float<T: GemmFloat>(a: View<'_, T>, b: View<'_, T>, out: &mut [T]) -> Re
         // One weight for every batch item: one GEMM of `nb * m` rows.
         let a = Operand { data: a.data, base: p.a_base[0], rs: rows, cs: p.a_cs };
         let b = Operand { data: b.data, base: p.b_base[0], rs: p.b_rs, cs: p.b_cs };
-        gemm_rows(nb * m, k, n, a, b, out, true);
+        gemm_rows(nb * m, k, n, a, b, out, true, b_storage);
         return Ok(());
     }
     let opa = |i: usize| Operand { data: a.data, base: p.a_base[i], rs: p.a_rs, cs: p.a_cs };
@@ -396,11 +417,11 @@ fn gemm_float<T: GemmFloat>(a: View<'_, T>, b: View<'_, T>, out: &mut [T]) -> Re
         // many small problems: one single-threaded GEMM per batch item
         out.par_chunks_mut(m * n)
             .enumerate()
-            .for_each(|(i, dst)| gemm_rows(m, k, n, opa(i), opb(i), dst, false));
+            .for_each(|(i, dst)| gemm_rows(m, k, n, opa(i), opb(i), dst, false, None));
     } else {
         // few large problems: each split into row blocks across rayon
         for (i, dst) in out.chunks_mut(m * n).enumerate() {
-            gemm_rows(m, k, n, opa(i), opb(i), dst, true);
+            gemm_rows(m, k, n, opa(i), opb(i), dst, true, b_storage.filter(|_| nb == 1));
         }
     }
     Ok(())
@@ -463,7 +484,7 @@ fn widened<T: Elem>(
     map1(va, &mut wa, to_f32);
     map1(vb, &mut wb, to_f32);
     let mut c = vec![0f32; out.len()];
-    gemm_float(View { data: &wa, layout: &la }, View { data: &wb, layout: &lb }, &mut c)?;
+    gemm_float(View { data: &wa, layout: &la }, View { data: &wb, layout: &lb }, &mut c, None)?;
     for (o, v) in out.iter_mut().zip(c) {
         *o = from_f32(v);
     }
@@ -473,8 +494,13 @@ fn widened<T: Elem>(
 /// `[.., m, k] x [.., k, n]` with equal batch dims, any strides, into `out`.
 pub(crate) fn matmul(a: &CpuBuffer, b: &CpuBuffer, out: Out<'_>) -> Result<()> {
     match a.dtype() {
-        DType::F32 => gemm_float(a.view::<f32>()?, b.view::<f32>()?, out.get()?),
-        DType::F64 => gemm_float(a.view::<f64>()?, b.view::<f64>()?, out.get()?),
+        DType::F32 => {
+            // B's bytes, when they outlive this run (a weight; an arena
+            // range is rewritten by the next run).
+            let b_storage = Some(&b.storage).filter(|s| !s.is_arena());
+            gemm_float(a.view::<f32>()?, b.view::<f32>()?, out.get()?, b_storage)
+        }
+        DType::F64 => gemm_float(a.view::<f64>()?, b.view::<f64>()?, out.get()?, None),
         DType::F16 => widened(a.view::<f16>()?, b.view::<f16>()?, out.get()?, f16::to_f32, f16::from_f32),
         DType::BF16 => {
             widened(a.view::<bf16>()?, b.view::<bf16>()?, out.get()?, bf16::to_f32, bf16::from_f32)
@@ -505,6 +531,6 @@ pub(crate) fn gemm_rowmajor<T: GemmFloat>(
     // The lengths were checked just above for dense row-major operands.
     let a = Operand { data: a, base: 0, rs: k, cs: 1 };
     let b = Operand { data: b, base: 0, rs: n, cs: 1 };
-    gemm_rows(m, k, n, a, b, &mut dst[..m * n], parallel);
+    gemm_rows(m, k, n, a, b, &mut dst[..m * n], parallel, None);
     Ok(())
 }

@@ -40,9 +40,11 @@
 
 mod avx512;
 pub(crate) mod blocks;
+pub(crate) mod cache;
 mod pack;
 
-use pack::{pack_a, pack_a_into, pack_b};
+pub(crate) use cache::PackedB;
+use pack::{pack_a, pack_a_into, pack_b, pack_b_into};
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -138,7 +140,29 @@ unsafe impl Sync for CPtr {}
 ///
 /// Call only when [`available`] is true.
 pub(crate) fn sgemm(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, c: &mut [f32], parallel: bool) {
-    sgemm_with(m, k, n, a, b, c, parallel, avx512::available());
+    sgemm_with(m, k, n, a, BSrc::Mat(b), c, parallel, avx512::available());
+}
+
+/// [`sgemm`] with B already packed, every slice of it ([`PackedB`], a
+/// weight read again: see `cache.rs`). The same bits as packing B here.
+pub(crate) fn sgemm_packed(m: usize, a: Mat<'_>, b: &PackedB, c: &mut [f32], parallel: bool) {
+    sgemm_with(m, b.k, b.n, a, BSrc::Packed(&b.data), c, parallel, avx512::available());
+}
+
+/// Where the kernel's B slivers come from.
+#[derive(Clone, Copy)]
+enum BSrc<'a> {
+    /// The operand itself, packed slice by slice during the product.
+    Mat(Mat<'a>),
+    /// [`PackedB::data`]: every slice packed, in order.
+    Packed(&'a [f32]),
+}
+
+/// Depth of each slice of an inner dimension of `k`: as even as they can
+/// be, at most `KC` (784 is three of 262/262/260, not 256/256/256/16: a
+/// 16-deep slice reads and writes all of C for a sixteenth of the work).
+fn slice_depth(k: usize) -> usize {
+    k.div_ceil(k.div_ceil(KC))
 }
 
 /// [`sgemm`] with the 6x32 AVX-512 kernel (`wide`, where available) or
@@ -149,12 +173,15 @@ fn sgemm_with(
     k: usize,
     n: usize,
     a: Mat<'_>,
-    b: Mat<'_>,
+    b: BSrc<'_>,
     c: &mut [f32],
     parallel: bool,
     wide: bool,
 ) {
     assert!(available(), "sgemm needs avx2 and fma");
+    if let BSrc::Packed(all) = b {
+        assert_eq!(all.len(), n.div_ceil(NR) * NR * k, "sgemm: packed B of the wrong size");
+    }
     assert!(!wide || avx512::available(), "the wide kernel needs avx512f");
     assert_eq!(c.len(), m * n, "sgemm: C has the wrong length");
     if m == 0 || n == 0 {
@@ -183,10 +210,7 @@ fn sgemm_with(
     let tiles: Vec<(usize, usize)> =
         (0..m_blocks).flat_map(|mb| (0..n_slivers.div_ceil(chunk_slivers)).map(move |nc| (mb, nc))).collect();
     let cp = CPtr(c.as_mut_ptr());
-    // Slices as even as they can be, at most KC deep: 784 is three of
-    // 262/262/260, not 256/256/256/16 (a 16-deep slice reads and writes
-    // all of C for a sixteenth of the work).
-    let depth = k.div_ceil(k.div_ceil(KC));
+    let depth = slice_depth(k);
     if m_blocks == 1 && threads > 1 && tiles.len() > 1 && m.div_ceil(MR) * MR * k <= FEW_ROWS_PACKED_A {
         few_rows(m, k, n, a, b, cp, depth, chunk_slivers * NR, wide);
         return;
@@ -194,8 +218,13 @@ fn sgemm_with(
     with_buffer(&PACK_B, |pb| {
         for (slice, p0) in (0..k).step_by(depth).enumerate() {
             let kc = depth.min(k - p0);
-            pack_b(b, p0, kc, n, pb, threads > 1);
-            let packed_b: &[f32] = pb;
+            let packed_b: &[f32] = match b {
+                BSrc::Mat(b) => {
+                    pack_b(b, p0, kc, n, pb, threads > 1);
+                    pb
+                }
+                BSrc::Packed(all) => &all[n_slivers * NR * p0..][..n_slivers * NR * kc],
+            };
             let run = |&(mb, nc): &(usize, usize)| {
                 let (i0, j0) = (row_start(mb), nc * chunk_slivers * NR);
                 let (mc, nw) = (row_start(mb + 1).min(m) - i0, (chunk_slivers * NR).min(n - j0));
@@ -245,7 +274,7 @@ fn few_rows(
     k: usize,
     n: usize,
     a: Mat<'_>,
-    b: Mat<'_>,
+    b: BSrc<'_>,
     cp: CPtr,
     depth: usize,
     span: usize,
@@ -268,8 +297,35 @@ fn few_rows(
         parts.par_iter_mut().for_each(|(p0, kc, part)| pack_a_into(a, 0, m, *p0, *kc, part));
         let packed_a: &[f32] = pa;
         let spans: Vec<usize> = (0..n).step_by(span).collect();
+        let n16 = n.div_ceil(NR) * NR;
         spans.par_iter().for_each(|&j0| {
             let nw = span.min(n - j0);
+            let b = match b {
+                BSrc::Mat(b) => b,
+                BSrc::Packed(all) => {
+                    for (slice, &(p0, kc)) in slices.iter().enumerate() {
+                        let pa = &packed_a[a_len * p0..a_len * (p0 + kc)];
+                        // SAFETY: as below; `j0` is a multiple of 16 (the
+                        // span is whole slivers), so the tile reads this
+                        // span's slivers of the packed slice.
+                        unsafe {
+                            tile(
+                                pa,
+                                &all[n16 * p0..][..n16 * kc],
+                                kc,
+                                m,
+                                nw,
+                                j0,
+                                cp.at(0),
+                                n,
+                                slice > 0,
+                                wide,
+                            )
+                        };
+                    }
+                    return;
+                }
+            };
             let cols = Mat { base: b.base + j0 * b.cs, ..b };
             with_buffer(&PACK_B, |pb| {
                 for (slice, &(p0, kc)) in slices.iter().enumerate() {
@@ -518,7 +574,7 @@ mod tests {
                 // The AVX2 kernel alone, where `sgemm` ran the AVX-512 one.
                 if avx512::available() {
                     let mut narrow = vec![0f32; m * n];
-                    sgemm_with(m, k, n, ma, mb, &mut narrow, true, false);
+                    sgemm_with(m, k, n, ma, BSrc::Mat(mb), &mut narrow, true, false);
                     assert!(
                         c.iter().zip(&narrow).all(|(x, y)| x.to_bits() == y.to_bits()),
                         "{m}x{k}x{n}: the AVX-512 kernel changed bits"

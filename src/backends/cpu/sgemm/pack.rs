@@ -9,11 +9,17 @@ use rayon::prelude::*;
 /// Packs rows `p0..p0+kc` of B, all `n` columns, as 16-column slivers:
 /// sliver `s` holds, for each row `p`, columns `16s..16s+16` (zeros past `n`).
 pub(super) fn pack_b(b: Mat<'_>, p0: usize, kc: usize, n: usize, out: &mut Vec<f32>, parallel: bool) {
-    let slivers = n.div_ceil(NR);
-    let need = slivers * kc * NR;
+    let need = n.div_ceil(NR) * kc * NR;
     if out.len() < need {
         out.resize(need, 0.0);
     }
+    pack_b_into(b, p0, kc, n, &mut out[..need], parallel);
+}
+
+/// [`pack_b`] into `out`, which holds exactly `ceil(n / 16) * kc * 16` floats.
+pub(super) fn pack_b_into(b: Mat<'_>, p0: usize, kc: usize, n: usize, out: &mut [f32], parallel: bool) {
+    let slivers = n.div_ceil(NR);
+    assert_eq!(out.len(), slivers * kc * NR, "pack_b: output of the wrong size");
     // Groups of slivers, each filled row by row: a row of B is read as one
     // run of up to 256 floats (reading a sliver's 16 floats from each of
     // `kc` rows would touch a new page per row).
@@ -62,7 +68,6 @@ pub(super) fn pack_b(b: Mat<'_>, p0: usize, kc: usize, n: usize, out: &mut Vec<f
             }
         }
     };
-    let out = &mut out[..need];
     if parallel && slivers > PACK_GROUP {
         out.par_chunks_mut(group).enumerate().for_each(one);
     } else {
