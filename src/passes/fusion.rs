@@ -96,7 +96,7 @@ mod sink;
 mod wide_sum;
 
 use super::{Changed, Pass, PassCtx};
-use crate::ir::{Graph, Phase};
+use crate::ir::{DType, Graph, Phase};
 use crate::Result;
 
 /// Groups elementwise work, row reductions and matmul epilogues into fused
@@ -146,3 +146,11 @@ impl Pass for Fusion {
 
 #[cfg(test)]
 mod tests;
+
+/// Whether a cast from `from` to `to` widens one float type to a wider
+/// one (exact: every value of `from` is a value of `to`), the casts
+/// fusion lets readers redo from the narrow value (`wide_sum.rs`,
+/// `sink.rs`).
+fn widens_float(from: DType, to: DType) -> bool {
+    from.is_float() && to.is_float() && to.size() > from.size()
+}

@@ -111,8 +111,7 @@ fn epilogue(graph: &Graph, p: NodeId) -> bool {
 fn widens_product(graph: &Graph, p: NodeId) -> bool {
     let Op::Cast(to) = graph.node(p).op else { return false };
     let [o] = graph.operands(p)[..] else { return false };
-    let from = graph.node(o).dtype;
-    matches!(graph.node(o).op, Op::MatMul) && from.is_float() && to.is_float() && to.size() > from.size()
+    matches!(graph.node(o).op, Op::MatMul) && super::widens_float(graph.node(o).dtype, to)
 }
 
 /// Ops that compute each element from the same position of their

@@ -47,7 +47,7 @@ pub(super) fn widen_in_column_sums(graph: &mut Graph) -> usize {
         let Some((cast, views)) = super::gather_cast::cast_under_views(graph, operand) else { continue };
         let narrow = graph.operands(cast)[0];
         let (from, to) = (graph.node(narrow).dtype, graph.node(cast).dtype);
-        if !(from.is_float() && to.is_float() && to.size() > from.size()) {
+        if !super::widens_float(from, to) {
             continue;
         }
         let mut src = narrow;
