@@ -36,10 +36,19 @@
 //! read is written by the kernel that computes it, not recomputed or
 //! written by a kernel of its own and read back (AdamW's moments and its
 //! parameter update become one kernel).
+//!
+//! A row kernel over the last dim may write its output 0 *padded*: the
+//! body's output 0 is then `cat %v, %full.. dim=last`, its rows followed
+//! by constant columns, so that a slice's zero-padded gradient is written
+//! where it is computed ([`padded`]).
+
+mod padded;
 
 use super::{Graph, NodeId, Op, ReduceOp, Shape};
 use std::collections::HashMap;
 use std::fmt;
+
+pub use padded::{padded_output, without_cat, Padded};
 
 /// The body of a `fused` node. Compared by its printed text, so two fused
 /// nodes are equal exactly when their bodies print the same.
@@ -255,6 +264,12 @@ fn classify(graph: &Graph) -> Result<(FusedKind, usize), String> {
         }
     }
     super::verify(graph).map_err(|e| format!("the body is not a valid graph: {e}"))?;
+    if let Some(p) = padded::form(graph)? {
+        let inner = padded::without_cat(graph, p.value);
+        let (kind, inputs) = classify(&inner)?;
+        padded::check_kind(graph, &p, &kind)?;
+        return Ok((kind, inputs));
+    }
     let order = graph.topo_order();
     let out = graph.outputs()[0];
     let out_shape = &graph.node(out).shape;

@@ -53,7 +53,7 @@ pub mod text;
 mod verify;
 
 pub use dtype::{DType, Element, HostData, Scalar};
-pub use fused::{FusedBody, FusedKind};
+pub use fused::{FusedBody, FusedKind, Padded};
 pub use graph::{Graph, Node, NodeId, NodeSet, Phase, Region, RegionAutocast, RegionId};
 pub use infer::{infer, mixed, window_out};
 pub use op::{

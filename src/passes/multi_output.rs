@@ -55,6 +55,11 @@
 //! log-sum-exp the forward computed, which the forward writes as its
 //! extra output 1 (`attention_lse.rs`).
 //!
+//! And for a copy: last, a `cat` that pads a row kernel's value with
+//! constant columns (a slice's gradient; GPT-2's padded LM head) becomes
+//! that kernel's output, its rows written in place in the wider buffer
+//! (`pad.rs`).
+//!
 //! *Does not.* Merge matmul epilogues (one output each), duplicate
 //! compute, or reorder anything: every body op is the one the fused graph
 //! ran, so values are bit for bit those of the unmerged graph.
@@ -67,6 +72,7 @@
 //! candidate for the reachability check.
 
 mod attention_lse;
+mod pad;
 mod redomain;
 
 use super::{Changed, Pass, PassCtx};
@@ -102,14 +108,15 @@ impl Pass for MultiOutput {
     /// Only where a fused elementwise node reads another of its shape, or
     /// an attention's gradient has its statistics.
     fn applies(&self, _options: &super::PassOptions, graph: &Graph) -> bool {
-        graph.node_ids().into_iter().any(|c| {
-            matches!(graph.node(c).op, Op::AttentionStats { .. })
-                || mergeable(graph, c).is_some()
-                    && graph.operands(c).into_iter().any(|o| {
-                        let p = source(graph, o);
-                        p != c && mergeable(graph, p).is_some()
-                    })
-        })
+        pad::any(graph)
+            || graph.node_ids().into_iter().any(|c| {
+                matches!(graph.node(c).op, Op::AttentionStats { .. })
+                    || mergeable(graph, c).is_some()
+                        && graph.operands(c).into_iter().any(|o| {
+                            let p = source(graph, o);
+                            p != c && mergeable(graph, p).is_some()
+                        })
+            })
     }
 
     fn run(&self, graph: &mut Graph, cx: &mut PassCtx) -> Result<Changed> {
@@ -152,18 +159,30 @@ impl Pass for MultiOutput {
             }
         }
         cx.note(format!("{merged} producer(s) merged into their readers"));
+        // Last, on the merged kernels: a row kernel's value is final once
+        // nothing more merges into it.
+        let padded = pad::rows_write_their_padding(graph);
+        if padded > 0 {
+            cx.note(format!("{padded} row kernel(s) write the padded copy a cat made"));
+            cx.rewrite();
+        }
         if siblings > 0 {
             cx.note(format!("{siblings} sibling(s) merged into a kernel that reads what they read"));
         }
-        tracing::debug!(merged, siblings, refolded, lse, "multi-output");
-        Ok(Changed::from(merged + siblings + refolded + lse > 0))
+        tracing::debug!(merged, siblings, refolded, lse, padded, "multi-output");
+        Ok(Changed::from(merged + siblings + refolded + lse + padded > 0))
     }
 }
 
 /// The fused body of `id`, if it is an elementwise or reduction one.
 fn mergeable(graph: &Graph, id: NodeId) -> Option<&Arc<FusedBody>> {
     match &graph.node(id).op {
-        Op::Fused(b) if matches!(b.kind(), FusedKind::Elementwise | FusedKind::Reduction { .. }) => Some(b),
+        Op::Fused(b)
+            if matches!(b.kind(), FusedKind::Elementwise | FusedKind::Reduction { .. })
+                && b.padded().is_none() =>
+        {
+            Some(b)
+        }
         _ => None,
     }
 }

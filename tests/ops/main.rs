@@ -16,6 +16,7 @@ mod index;
 mod linalg;
 mod long_rows;
 mod nonfinite;
+mod padded_rows;
 mod reduce;
 mod slots;
 mod transformer;

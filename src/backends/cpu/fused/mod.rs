@@ -65,6 +65,7 @@
 mod jit;
 mod leaf;
 mod ops;
+mod padded;
 mod rows;
 mod run;
 mod stream;
@@ -177,6 +178,9 @@ pub(crate) struct FusedKernel {
     /// A softmax or layer norm body, run by a hand-fused row kernel
     /// (`rows.rs`) instead of the interpreter's walk.
     row_kernel: Option<rows::Rows>,
+    /// A padded output 0: the steps compute the unpadded body, and each
+    /// row is written into the wider output (`padded.rs`).
+    pad: Option<crate::ir::Padded>,
 }
 
 /// One task's scratch: a vector per step (empty until a block needs it).
@@ -194,6 +198,10 @@ impl FusedKernel {
     /// qualifies runs as generated code (`jit.rs`); the interpreter is the
     /// reference and the fallback.
     pub(crate) fn compile(body: &FusedBody, node: NodeId, codegen: Codegen) -> Result<FusedKernel> {
+        if let Some(pad) = body.padded() {
+            let inner = FusedKernel::compile(&body.unpadded(), node, codegen)?;
+            return Ok(FusedKernel { pad: Some(pad), ..inner });
+        }
         let err = |m: String| Error::Backend(format!("cpu: fused {node}: {m}"));
         let g = body.graph();
         let out_id = body.output();
@@ -389,6 +397,7 @@ impl FusedKernel {
             jit,
             segments,
             row_kernel,
+            pad: None,
         })
     }
 
@@ -416,6 +425,6 @@ impl FusedKernel {
     /// Whether operand `k` may be computed in place (`run(.., Some(k), ..)`):
     /// the body reads it with identity indexing at the output's type.
     pub(crate) fn can_run_in_place(&self, k: usize) -> bool {
-        self.in_place_ok.get(k).copied().unwrap_or(false)
+        self.pad.is_none() && self.in_place_ok.get(k).copied().unwrap_or(false)
     }
 }

@@ -99,6 +99,20 @@ impl FusedKernel {
         out: &mut [T],
         extras: Vec<Out<'_>>,
     ) -> Result<()> {
+        match &self.pad {
+            Some(pad) => self.run_padded(pad, args, in_place, out, extras),
+            None => self.run_dense(args, in_place, out, extras),
+        }
+    }
+
+    /// [`FusedKernel::run`] of an unpadded body.
+    pub(super) fn run_dense<T: Elem>(
+        &self,
+        args: &[Option<&CpuBuffer>],
+        in_place: Option<usize>,
+        out: &mut [T],
+        extras: Vec<Out<'_>>,
+    ) -> Result<()> {
         let err = |m: String| Error::Backend(format!("cpu: fused {}: {m}", self.node));
         if T::DTYPE != self.out_dtype || out.len() != self.out_shape.numel() {
             return Err(err(format!(

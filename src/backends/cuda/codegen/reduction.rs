@@ -28,7 +28,7 @@
 use super::body::{buffer_operands, out_name, params_named, Body, Leaf, Operand};
 use super::expr;
 use super::{types, Kernel};
-use crate::ir::{BinaryOp, DType, Graph, NodeId, Op, ReduceOp, Shape, UnaryOp};
+use crate::ir::{BinaryOp, DType, Graph, NodeId, Op, Padded, ReduceOp, Shape, UnaryOp};
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -80,9 +80,21 @@ pub(crate) fn generate(
     split: usize,
     in_place: bool,
 ) -> Result<Kernel, String> {
+    // A padded output 0 (`ir::Padded`): the body computes the unpadded
+    // value, whose rows are stored `width` apart with the fills after.
+    let pad = crate::ir::fused::padded_output(g);
+    let unpadded;
+    let g = match &pad {
+        Some(p) => {
+            unpadded = crate::ir::fused::without_cat(g, p.value);
+            &unpadded
+        }
+        None => g,
+    };
     let body = Body::new(g, operands)?;
     let rows: usize = domain.0[..split].iter().product();
     let cols: usize = domain.0[split..].iter().product();
+    let width = pad.as_ref().map_or(cols, |p| p.width);
     let class = classify(&body, domain);
     // Leaves read directly (the rest are only viewed further).
     let read: Vec<NodeId> = body
@@ -99,7 +111,7 @@ pub(crate) fn generate(
     let (block, rows_per_block) = if group >= 128 { (group, 1) } else { (256, 256 / group) };
     let items = cols.div_ceil(group);
     let unrolled = items <= MAX_ITEMS;
-    let index = body.index_type(rows * cols.max(1), operands);
+    let index = body.index_type(rows * width.max(1), operands);
     let outputs = g.outputs();
     let out_dtypes: Vec<DType> = outputs.iter().map(|&o| g.node(o).dtype).collect();
     // Outputs per element (written in the last column pass) and per row.
@@ -143,6 +155,9 @@ pub(crate) fn generate(
     let p = params_named(&out_dtypes, operands, in_place, "");
     let _ = writeln!(src, "extern \"C\" __global__ void {name}({p}) {{");
     let _ = writeln!(src, "  typedef {index} I;\n  const I R = {rows}, C = {cols};");
+    if pad.is_some() {
+        let _ = writeln!(src, "  const I W = {width};");
+    }
     let _ = writeln!(src, "  const int lane = threadIdx.x % {group};");
     let mut gen = Gen {
         body: &body,
@@ -199,9 +214,13 @@ pub(crate) fn generate(
         gen.column_pass(&mut src, &targets, &|gen, src, col_value| {
             for &j in &full {
                 let v = types::store(out_dtypes[j], &col_value(gen, outputs[j]));
-                let _ = writeln!(src, "        {}[row * C + col] = {v};", out_name(j));
+                let at = if j == 0 && pad.is_some() { "row * W + col" } else { "row * C + col" };
+                let _ = writeln!(src, "        {}[{at}] = {v};", out_name(j));
             }
         })?;
+    }
+    if let Some(p) = &pad {
+        pad_columns(&mut src, p, out_dtypes[0], group);
     }
     for &j in &per_row {
         let v = types::store(out_dtypes[j], &gen.row_operand(outputs[j]));
@@ -210,6 +229,22 @@ pub(crate) fn generate(
     src.push_str("  }\n}\n");
     let grid = super::grid_for(rows, rows_per_block);
     Ok(Kernel::new(name, src, grid, block as u32, buffer_operands(operands)))
+}
+
+/// The constant columns `C..W` of a padded output's row, after its
+/// value's columns (the lanes of the row's group take them in turn).
+fn pad_columns(src: &mut String, pad: &Padded, dtype: DType, group: usize) {
+    let _ = writeln!(src, "    for (I col = C + lane; col < W; col += {group}) {{");
+    let mut end = pad.cols;
+    let (last, init) = pad.fills.split_last().expect("a padded output has a fill");
+    let mut value = String::new();
+    for &(n, v) in init {
+        end += n;
+        let _ = write!(value, "col < {end} ? {} : ", types::literal(dtype, v));
+    }
+    value.push_str(&types::literal(dtype, last.1));
+    let v = types::store(dtype, &format!("({value})"));
+    let _ = writeln!(src, "      out[row * W + col] = {v};\n    }}");
 }
 
 /// Per-row or per-element, decided by structure (see the module docs of

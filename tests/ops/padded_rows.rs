@@ -1,0 +1,95 @@
+//! A slice's zero-padded gradient, written by the row kernel that
+//! computes it (`passes/multi_output/pad.rs`, `ir::Padded`): logits of a
+//! head padded to aligned rows and narrowed to the vocabulary, under a
+//! cross-entropy loss, as GPT-2's LM head is. The gradient of the padded
+//! logits is checked against f64 and, bit for bit, against the plan
+//! without the rewrite (`-multi-output`, which leaves the `cat`), on
+//! every backend, for rows the row kernel keeps in registers and rows it
+//! reads in chunks, with a NaN row (its padding stays 0).
+
+use crate::nonfinite::{backends, expect, read, report, tensor, tol};
+use crate::reference::{round, Rng};
+use kiln::prelude::*;
+
+/// The gradient of `cross_entropy(logits[:, ..vocab], targets)` with
+/// respect to the `[rows, padded]` logits, and the optimized graph's text.
+fn padded_gradient(
+    ctx: &Context,
+    logits: &[f64],
+    targets: &[i64],
+    shape: [usize; 3],
+    dtype: DType,
+) -> (Tensor, String) {
+    let [rows, vocab, padded] = shape;
+    let var = ctx.variable("logits", tensor(ctx, logits, &[rows, padded], dtype)).expect("a variable");
+    let y = var.tensor().narrow(1, 0, vocab);
+    let t = ctx.tensor(targets, [rows]);
+    let loss = kiln::nn::cross_entropy(&y.cast(DType::F32), &t).expect("a loss");
+    let grads = loss.backward().expect("backward");
+    let g = grads.get(&var).expect("a gradient").clone();
+    let text = ctx.explain(&[&g]).expect("explain");
+    (g, text)
+}
+
+/// PyTorch's gradient in f64: `(softmax(row) - onehot) / rows` at the
+/// vocabulary's columns (NaN across a row with a NaN), 0 at the padding.
+fn reference(logits: &[f64], targets: &[i64], [rows, vocab, padded]: [usize; 3]) -> Vec<f64> {
+    let mut out = vec![0.0; rows * padded];
+    for r in 0..rows {
+        let row = &logits[r * padded..r * padded + vocab];
+        let m =
+            row.iter()
+                .fold(f64::NEG_INFINITY, |m, &x| if m.is_nan() || x.is_nan() { f64::NAN } else { m.max(x) });
+        let sum: f64 = row.iter().map(|&x| (x - m).exp()).sum();
+        for c in 0..vocab {
+            let onehot = if c as i64 == targets[r] { 1.0 } else { 0.0 };
+            out[r * padded + c] = ((row[c] - m).exp() / sum - onehot) / rows as f64;
+        }
+    }
+    out
+}
+
+/// Whether the optimized graph has a fused body whose output is a `cat`
+/// (an indented `cat` line: inside a body).
+fn writes_padded_rows(text: &str) -> bool {
+    text.lines().any(|l| l.starts_with("    ") && l.contains(" = cat "))
+}
+
+#[test]
+fn a_row_kernel_writes_the_padded_gradient_of_a_slice() {
+    let mut failures = Vec::new();
+    let mut rng = Rng::new(0x5eed_0035);
+    // Rows in registers (37 of 40 columns), and rows read in chunks
+    // (past 16384 columns), padded to a multiple of 8 as GPT-2's head.
+    for shape in [[5, 37, 40], [3, 17_001, 17_008]] {
+        let [rows, vocab, padded] = shape;
+        for (name, make) in backends() {
+            for dtype in [DType::F32, DType::BF16] {
+                let mut logits: Vec<f64> =
+                    (0..rows * padded).map(|_| round(dtype, rng.normal() * 2.0)).collect();
+                logits[padded + 3] = f64::NAN;
+                let targets: Vec<i64> = (0..rows).map(|_| rng.range(0, vocab as i64)).collect();
+                let what = format!("{name} {dtype} {rows}x{vocab} padded to {padded}");
+                let (g, text) = padded_gradient(&make(), &logits, &targets, shape, dtype);
+                let (plain, plain_text) =
+                    padded_gradient(&make().with_passes("-multi-output"), &logits, &targets, shape, dtype);
+                if !writes_padded_rows(&text) || writes_padded_rows(&plain_text) {
+                    failures.push(format!("{what}: the row kernel does not write the cat:\n{text}"));
+                    continue;
+                }
+                let (got, want) = (read(&g), reference(&logits, &targets, shape));
+                // Scaled by the rows: the gradient's entries are O(1 / rows).
+                let scaled = |v: &[f64]| v.iter().map(|x| x * rows as f64).collect::<Vec<f64>>();
+                failures.extend(expect(&what, &scaled(&got), &scaled(&want), 4.0 * tol(dtype)));
+                let same_bits = got
+                    .iter()
+                    .zip(read(&plain))
+                    .all(|(a, b)| a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan());
+                if !same_bits {
+                    failures.push(format!("{what}: the padded row kernel's bits differ from the cat's"));
+                }
+            }
+        }
+    }
+    report(&failures);
+}
