@@ -94,7 +94,9 @@ impl Pass for Horizontal {
 /// True for a node this pass defers: small fused elementwise work.
 fn candidate(graph: &Graph, id: NodeId) -> bool {
     let node = graph.node(id);
-    matches!(&node.op, Op::Fused(b) if *b.kind() == FusedKind::Elementwise) && node.shape.numel() <= SMALL
+    // A padded body writes past its loop (`ir::Padded`): a kernel of its own.
+    matches!(&node.op, Op::Fused(b) if *b.kind() == FusedKind::Elementwise && b.padded().is_none())
+        && node.shape.numel() <= SMALL
 }
 
 /// The inputs a node writes over: a fused node's `over` operands (one per

@@ -93,3 +93,42 @@ fn a_row_kernel_writes_the_padded_gradient_of_a_slice() {
     }
     report(&failures);
 }
+
+/// GPT-2's embedding for its LM head under autocast: the f32 weight cast
+/// to bf16 (an elementwise kernel) and padded with zero rows (`cat` along
+/// dim 0). The cast's kernel writes the rows and the zeros after them;
+/// bit for bit the cat's values, on every backend, with a NaN and an
+/// infinity among the weights.
+#[test]
+fn an_elementwise_kernel_writes_the_zero_rows_after_it() {
+    let mut failures = Vec::new();
+    let mut rng = Rng::new(0x5eed_0036);
+    let (rows, width, pad) = (37, 24, 3);
+    for (name, make) in backends() {
+        for dtype in [DType::BF16, DType::F16] {
+            let mut w: Vec<f64> = (0..rows * width).map(|_| rng.normal() * 2.0).collect();
+            w[5] = f64::NAN;
+            w[77] = f64::INFINITY;
+            let what = format!("{name} {dtype} [{rows}, {width}] + {pad} zero rows");
+            let padded = |ctx: &Context| {
+                let x = tensor(ctx, &w, &[rows, width], DType::F32);
+                let y = Tensor::cat(&[&x.cast(dtype), &ctx.zeros_dtype([pad, width], dtype)], 0);
+                let text = ctx.explain(&[&y]).expect("explain");
+                (read(&y), text)
+            };
+            let (got, text) = padded(&make());
+            let (plain, plain_text) = padded(&make().with_passes("-multi-output"));
+            if !writes_padded_rows(&text) || writes_padded_rows(&plain_text) {
+                failures.push(format!("{what}: the cast's kernel does not write the cat:\n{text}"));
+                continue;
+            }
+            let mut want: Vec<f64> = w.iter().map(|&v| round(dtype, round(DType::F32, v))).collect();
+            want.extend(vec![0.0; pad * width]);
+            failures.extend(expect(&what, &got, &want, 0.0));
+            if !got.iter().zip(&plain).all(|(a, b)| a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan()) {
+                failures.push(format!("{what}: the padded kernel's bits differ from the cat's"));
+            }
+        }
+    }
+    report(&failures);
+}

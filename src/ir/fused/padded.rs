@@ -19,7 +19,10 @@
 //! `full` of `%v`'s dtype with the domain's shape but for its last dim.
 //! The fused node's value is the cat's, `[.., C + P]`; the domain stays
 //! `[.., C]`, and the body without the cat ([`FusedBody::unpadded`]) is
-//! a plain reduction body. `%v` is no other output.
+//! a plain reduction body. `%v` is no other output. An elementwise body
+//! may be padded along dim 0 the same way: its value, then the fills,
+//! one after the other in memory (the bf16 copy of GPT-2's embedding,
+//! padded with zero rows for the LM head's product).
 
 use super::{FusedBody, FusedKind};
 use crate::ir::{Graph, NodeId, Op, Scalar};
@@ -29,7 +32,11 @@ use crate::ir::{Graph, NodeId, Op, Scalar};
 pub struct Padded {
     /// The computed value: the first columns of each output row.
     pub value: NodeId,
-    /// Columns of the value's rows (the domain's last dim).
+    /// The dim the cat joins along: a *row* is an index of the dims
+    /// before it, its *columns* the elements from it on (a row kernel's
+    /// rows; one row for dim 0).
+    pub dim: usize,
+    /// Columns of the value's rows.
     pub cols: usize,
     /// Columns of the output's rows: `cols` plus every fill's.
     pub width: usize,
@@ -58,29 +65,26 @@ impl Padded {
 pub(super) fn form(graph: &Graph) -> Result<Option<Padded>, String> {
     let Some(&out) = graph.outputs().first() else { return Ok(None) };
     let Op::Cat { dim } = graph.node(out).op else { return Ok(None) };
-    let node = graph.node(out);
-    let rank = node.shape.rank();
     let bad = |why: &str| Err(format!("{out} (cat): a padded output {why}"));
-    if rank == 0 || dim != rank - 1 {
-        return bad("concatenates along the last dim");
-    }
     let parts = graph.operands(out);
     let value = parts[0];
     if super::is_leaf_or_leaf_view(graph, value) {
         return bad("starts with a computed value, not a leaf");
     }
     let v = graph.node(value);
-    let cols = v.shape.0[dim];
+    // Elements of one row from `dim` on: a row is everything before it.
+    let per_row = |s: &crate::ir::Shape| s.0[dim..].iter().product::<usize>();
+    let cols = per_row(&v.shape);
     let mut fills = Vec::new();
     let mut width = cols;
     for &f in &parts[1..] {
         let fill = graph.node(f);
         let Op::Full(c) = fill.op else { return bad("pads with `full` constants only") };
-        if fill.dtype != v.dtype || fill.shape.0[..dim] != v.shape.0[..dim] {
-            return bad("pads with constants of its value's dtype and rows");
+        if fill.dtype != v.dtype {
+            return bad("pads with constants of its value's dtype");
         }
-        fills.push((fill.shape.0[dim], c));
-        width += fill.shape.0[dim];
+        fills.push((per_row(&fill.shape), c));
+        width += per_row(&fill.shape);
     }
     if fills.is_empty() {
         return bad("has padding after its value");
@@ -88,20 +92,24 @@ pub(super) fn form(graph: &Graph) -> Result<Option<Padded>, String> {
     if graph.outputs()[1..].contains(&value) {
         return bad("is its value's only output");
     }
-    Ok(Some(Padded { value, cols, width, fills }))
+    Ok(Some(Padded { value, dim, cols, width, fills }))
 }
 
-/// Whether the body without its cat (of kind `kind`) may pad its rows:
-/// a reduction over the last dim only, whose value has the domain's shape.
+/// Whether the body without its cat (of kind `kind`) may pad so: a
+/// reduction over the last dim only, padded along it, or an elementwise
+/// body padded along dim 0 (one row: the value, then the fills); the
+/// value has the domain's shape.
 pub(super) fn check_kind(graph: &Graph, padded: &Padded, kind: &FusedKind) -> Result<(), String> {
+    let shape = &graph.node(padded.value).shape;
     match kind {
         FusedKind::Reduction { domain, split }
-            if *split + 1 == domain.rank() && graph.node(padded.value).shape == *domain =>
+            if *split + 1 == domain.rank() && padded.dim == *split && shape == domain =>
         {
             Ok(())
         }
+        FusedKind::Elementwise if padded.dim == 0 => Ok(()),
         _ => Err(format!(
-            "{} (cat): only a row kernel over the last dim pads its output, at its domain's shape",
+            "{} (cat): only a row kernel over the last dim pads along it, and an elementwise body along dim 0",
             graph.outputs()[0]
         )),
     }
@@ -189,9 +197,14 @@ mod tests {
         let elementwise = "%x: f32[4,3] = input 0\n%e: f32[4,3] = exp %x\n%z: f32[4,1] = full 0\n\
             %p: f32[4,4] = cat %e, %z dim=1\nreturn %p\n";
         assert!(body(elementwise).unwrap_err().contains("only a row kernel over the last dim"));
+        let rows_of_elementwise = "%x: f32[4,3] = input 0\n%e: f32[4,3] = exp %x\n%z: f32[2,3] = full 0\n\
+            %p: f32[6,3] = cat %e, %z dim=0\nreturn %p\n";
+        let b = body(rows_of_elementwise).expect("an elementwise body pads along dim 0");
+        let p = b.padded().expect("padded");
+        assert_eq!((p.dim, p.cols, p.width, p.fills.clone()), (0, 12, 18, vec![(6, Scalar::Float(0.0))]));
         let leading = "%x: f32[4,3] = input 0\n%s: f32[4,1] = sum %x dims=[1] keepdim\n\
             %sb: f32[4,3] = expand %s\n%y: f32[4,3] = div %x, %sb\n%z: f32[1,3] = full 0\n\
             %p: f32[5,3] = cat %y, %z dim=0\nreturn %p\n";
-        assert!(body(leading).unwrap_err().contains("along the last dim"));
+        assert!(body(leading).unwrap_err().contains("only a row kernel over the last dim pads along it"));
     }
 }

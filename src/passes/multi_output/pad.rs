@@ -19,16 +19,20 @@
 //! reads `F`'s value (its `extra` outputs may have readers) and it is no
 //! graph output: `F` becomes `F'` whose body's output 0 is that cat at
 //! `F`'s domain (`full`s of the domain's rows), and the cat becomes a
-//! reshape of `F'` (or `F'` itself). `F`'s extras read `F'`.
+//! reshape of `F'` (or `F'` itself). `F`'s extras read `F'`. The same
+//! for `cat %v, %f1, .. dim=0` of an elementwise kernel `F` itself: its
+//! value, then the constants (GPT-2's bf16 embedding padded with zero
+//! rows for the LM head, 77 MB copied again by the cat).
 //!
-//! *Does not.* Pad an elementwise kernel (its loop is over the output;
-//! left for when a model needs it), a cat along another dim, or a cat
+//! *Does not.* Pad a row kernel along another dim than its rows', an
+//! elementwise kernel along another dim than 0 (its loop would have to
+//! skip the padding), a kernel marked to write over a variable, or a cat
 //! whose padding comes first.
 //!
 //! *Preserves.* Every value: the same body computes each row, and the
 //! cat's constants are written beside it.
 
-use crate::ir::{FusedBody, FusedKind, Graph, Node, NodeId, Op, RegionId, Shape};
+use crate::ir::{FusedBody, FusedKind, Graph, Node, NodeId, Op, RegionId};
 use std::sync::Arc;
 
 /// Rewrites every cat a row kernel can write (module docs); gives how
@@ -61,8 +65,10 @@ struct Found {
 fn paddable(graph: &Graph, cat: NodeId) -> Option<Found> {
     let Op::Cat { dim } = graph.node(cat).op else { return None };
     let parts = graph.operands(cat);
-    let shape = &graph.node(cat).shape;
-    if dim + 1 != shape.rank() || !parts[1..].iter().all(|&p| matches!(graph.node(p).op, Op::Full(_))) {
+    let same_type = parts[1..]
+        .iter()
+        .all(|&p| matches!(graph.node(p).op, Op::Full(_)) && graph.node(p).dtype == graph.node(cat).dtype);
+    if !same_type {
         return None;
     }
     // Reshapes down to the kernel, each read only by the next.
@@ -76,21 +82,29 @@ fn paddable(graph: &Graph, cat: NodeId) -> Option<Found> {
         cur = graph.operands(cur)[0];
     }
     let Op::Fused(body) = &graph.node(cur).op else { return None };
-    let FusedKind::Reduction { domain, split } = body.kind() else { return None };
-    let cols = *domain.0.last()?;
-    let value = &graph.node(parts[0]).shape;
     let value_read_once = graph
         .users(cur)
         .into_iter()
         .all(|u| u == *chain.last().unwrap_or(&cat) || matches!(graph.node(u).op, Op::Extra { .. }));
-    let ok = *split + 1 == domain.rank()
-        && body.padded().is_none()
-        && graph.node(cur).shape == *domain
-        && value.0[dim] == cols
+    let plain = body.padded().is_none()
+        && (0..body.outputs().len()).all(|j| body.output_over(j).is_none())
         && value_read_once
-        && !graph.outputs().contains(&cur)
-        && parts[1..].iter().all(|&p| graph.node(p).dtype == graph.node(cur).dtype);
-    ok.then_some(Found { kernel: cur, chain })
+        && !graph.outputs().contains(&cur);
+    let shape = &graph.node(cur).shape;
+    let fits = match body.kind() {
+        // Rows stay rows: the cat's last dim is the domain's.
+        FusedKind::Reduction { domain, split } => {
+            let last = &graph.node(parts[0]).shape.0[dim];
+            *split + 1 == domain.rank()
+                && dim + 1 == graph.node(cat).shape.rank()
+                && shape == domain
+                && domain.0.last() == Some(last)
+        }
+        // The value, then the fills: the kernel's own shape along dim 0.
+        FusedKind::Elementwise => dim == 0 && chain.is_empty(),
+        FusedKind::MatMul { .. } => false,
+    };
+    (plain && fits).then_some(Found { kernel: cur, chain })
 }
 
 /// Replaces the kernel by one that writes the cat (module docs); `None`
@@ -98,21 +112,24 @@ fn paddable(graph: &Graph, cat: NodeId) -> Option<Found> {
 fn rewrite(graph: &mut Graph, cat: NodeId, Found { kernel, chain }: Found) -> Option<()> {
     let Op::Fused(body) = &graph.node(kernel).op else { return None };
     let node = graph.node(kernel).clone();
+    let Op::Cat { dim } = graph.node(cat).op else { return None };
+    // The cat at the kernel's shape: along its last dim (a row kernel,
+    // whose rows the reshapes kept) or along dim 0 (no reshapes).
+    let at = if chain.is_empty() { dim } else { node.shape.rank() - 1 };
     let mut g = body.graph().clone();
-    let rows = &node.shape.0[..node.shape.rank() - 1];
     let value = body.output();
     let mut parts = vec![value];
-    let mut width = node.shape.0[rows.len()];
+    let mut padded_shape = node.shape.clone();
     for &f in &graph.operands(cat)[1..] {
         let fill = graph.node(f);
-        let n = *fill.shape.0.last()?;
-        width += n;
-        let shape = Shape(rows.iter().copied().chain([n]).collect());
+        let n = fill.shape.0[dim];
+        padded_shape.0[at] += n;
+        let mut shape = node.shape.clone();
+        shape.0[at] = n;
         parts.push(g.add_unchecked(Node { shape, region: RegionId::ROOT, ..fill.clone() }, &[]));
     }
-    let padded_shape = Shape(rows.iter().copied().chain([width]).collect());
     let cat_node = Node {
-        op: Op::Cat { dim: rows.len() },
+        op: Op::Cat { dim: at },
         shape: padded_shape.clone(),
         dtype: node.dtype,
         region: RegionId::ROOT,

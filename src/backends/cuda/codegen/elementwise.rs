@@ -15,7 +15,7 @@
 
 use super::body::{buffer_operands, out_name, params_named, Body, Operand};
 use super::{types, Kernel, BLOCK};
-use crate::ir::{Graph, NodeId};
+use crate::ir::{DType, Graph, NodeId, Padded};
 
 /// Elements per thread when vector access is possible.
 const VEC: usize = 4;
@@ -54,12 +54,24 @@ pub(crate) fn function(
     in_place: bool,
     frame: Frame,
 ) -> Result<(String, usize), String> {
+    // A padded output 0 (`ir::Padded`, along dim 0): the loop computes
+    // the value, then the fills follow it in memory.
+    let pad = crate::ir::fused::padded_output(g);
+    let unpadded;
+    let g = match &pad {
+        Some(p) if frame == Frame::Kernel => {
+            unpadded = crate::ir::fused::without_cat(g, p.value);
+            &unpadded
+        }
+        Some(_) => return Err("a multi-tensor member is never padded".into()),
+        None => g,
+    };
     let body = Body::new(g, operands)?;
     let outputs = g.outputs();
     let out_dtypes: Vec<_> = outputs.iter().map(|&o| g.node(o).dtype).collect();
     let numel = g.node(body.output).shape.numel();
     let computed = cone(&body, outputs);
-    let index = body.index_type(numel, operands);
+    let index = body.index_type(pad.as_ref().map_or(numel, |p| p.width), operands);
     let vec = numel % VEC == 0
         && numel >= VEC
         && body.leaves.values().all(|l| l.is_uniform() || l.access.dense_base().is_none_or(|b| b % VEC == 0));
@@ -160,8 +172,29 @@ pub(crate) fn function(
             src.push_str(&format!("    kiln::store4({} + base, {});\n", out_name(j), vec_name(j)));
         }
     }
-    src.push_str("  }\n}\n");
+    src.push_str("  }\n");
+    if let Some(p) = &pad {
+        tail_fills(&mut src, p, out_dtypes[0]);
+    }
+    src.push_str("}\n");
     Ok((src, numel.div_ceil(step)))
+}
+
+/// The fills of a padded output after its value's `n` elements, one
+/// element a thread in a grid-stride loop.
+fn tail_fills(src: &mut String, pad: &Padded, dtype: DType) {
+    let (width, mut end) = (pad.width, pad.cols);
+    src.push_str(&format!(
+        "  for (I i = n + (I)blockIdx.x * blockDim.x + threadIdx.x; i < (I){width}; i += (I)gridDim.x * blockDim.x) {{\n"
+    ));
+    let (last, init) = pad.fills.split_last().expect("a padded output has a fill");
+    let mut value = String::new();
+    for &(k, v) in init {
+        end += k;
+        value.push_str(&format!("i < {end} ? {} : ", types::literal(dtype, v)));
+    }
+    value.push_str(&types::literal(dtype, last.1));
+    src.push_str(&format!("    out[i] = {};\n  }}\n", types::store(dtype, &format!("({value})"))));
 }
 
 /// The vector that collects output `j`'s four elements: `o`, `o1`, ...
