@@ -346,6 +346,15 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
             match wrt {
                 AttnWrt::Query => (q.0.clone(), a.dtype),
                 AttnWrt::KeyValue => (Shape(vec![a.b, a.h, a.sk, a.d + a.dv]), a.dtype),
+                AttnWrt::QueryKeyValue if a.sq == a.sk && a.d == a.dv => {
+                    (Shape(vec![a.b, a.sq, 3, a.h, a.d]), a.dtype)
+                }
+                AttnWrt::QueryKeyValue => {
+                    return Err(format!(
+                        "attention_grad wrt=qkv lays out queries, keys and values of one length and head size, got {} queries and {} keys, heads of {} and {}",
+                        a.sq, a.sk, a.d, a.dv
+                    ))
+                }
             }
         }
         Op::Cat { dim } => {

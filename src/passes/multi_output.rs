@@ -58,7 +58,9 @@
 //! And for a copy: last, a `cat` that pads a row kernel's value with
 //! constant columns (a slice's gradient; GPT-2's padded LM head) becomes
 //! that kernel's output, its rows written in place in the wider buffer
-//! (`pad.rs`).
+//! (`pad.rs`), and a `cat` of an attention's `q` and `kv` gradients into
+//! a fused QKV projection's layout becomes one `attention_grad wrt=qkv`
+//! whose kernels write there (`qkv.rs`).
 //!
 //! *Does not.* Merge matmul epilogues (one output each), duplicate
 //! compute, or reorder anything: every body op is the one the fused graph
@@ -73,6 +75,7 @@
 
 mod attention_lse;
 mod pad;
+mod qkv;
 mod redomain;
 
 use super::{Changed, Pass, PassCtx};
@@ -109,6 +112,7 @@ impl Pass for MultiOutput {
     /// an attention's gradient has its statistics.
     fn applies(&self, _options: &super::PassOptions, graph: &Graph) -> bool {
         pad::any(graph)
+            || qkv::any(graph)
             || graph.node_ids().into_iter().any(|c| {
                 matches!(graph.node(c).op, Op::AttentionStats { .. })
                     || mergeable(graph, c).is_some()
@@ -166,11 +170,16 @@ impl Pass for MultiOutput {
             cx.note(format!("{padded} row kernel(s) write the padded copy a cat made"));
             cx.rewrite();
         }
+        let packed = qkv::gradients_in_projection_layout(graph);
+        if packed > 0 {
+            cx.note(format!("{packed} attention backward(s) write their projection's layout"));
+            cx.rewrite();
+        }
         if siblings > 0 {
             cx.note(format!("{siblings} sibling(s) merged into a kernel that reads what they read"));
         }
-        tracing::debug!(merged, siblings, refolded, lse, padded, "multi-output");
-        Ok(Changed::from(merged + siblings + refolded + lse + padded > 0))
+        tracing::debug!(merged, siblings, refolded, lse, padded, packed, "multi-output");
+        Ok(Changed::from(merged + siblings + refolded + lse + padded + packed > 0))
     }
 }
 

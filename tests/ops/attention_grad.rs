@@ -160,6 +160,70 @@ fn attention_gradients_of_permuted_heads_match_f64() {
     });
 }
 
+/// The gradient of a fused QKV projection's output, `[b, s, 3, h, d]`
+/// sliced into heads as GPT-2 does: the `multi-output` pass writes the
+/// three gradients into that layout (`attention_grad wrt=qkv`) where a
+/// `cat` joined them. Against f64, and bit for bit against the same heads
+/// as three variables of their own (`wrt=q` and `wrt=kv`, unpacked), on
+/// every backend.
+#[test]
+fn attention_gradients_in_a_fused_projections_layout() {
+    each_backend(|| {
+        let mut rng = Rng::new(3039);
+        let (b, s, h, d) = (2, 70, 3, 32);
+        for dtype in [DType::BF16, DType::F16] {
+            let qkv = rand_f(&mut rng, dtype, &[b, s, 3, h, d], 1.0);
+            let g = rand_f(&mut rng, dtype, &[b, h, s, d], 1.0);
+            let ctx = dev();
+            let var = ctx.variable("qkv", tensor_f(&ctx, dtype, &qkv)).expect("a variable");
+            let part = |i: usize| var.tensor().narrow(2, i, 1).reshape([b, s, h, d]).permute(&[0, 2, 1, 3]);
+            let out = part(0).scaled_dot_product_attention(&part(1), &part(2), None, true, None);
+            let loss = (&out * &tensor_f(&ctx, dtype, &g)).sum_all();
+            let got = loss.backward().expect("backward").get(&var).expect("a gradient").clone();
+            let text = ctx.explain(&[&got]).expect("explain");
+            assert!(text.contains("wrt=qkv") && !text.contains(" = cat "), "{dtype}: the cat stays:\n{text}");
+            // The same heads as variables `[b, s, h, d]` of their own.
+            let bshd = |i: usize| Nd::new(qkv.slice(2, i, 1, 1).to_vec(), &[b, s, h, d]);
+            let m = Masks { keep: None, add: None, causal: true };
+            let apart = grads_kiln(dev(), dtype, [&bshd(0), &bshd(1), &bshd(2), &g], &m, true);
+            let heads = |x: &Nd<f64>| x.permute(&[0, 2, 1, 3]).contiguous();
+            let want = grads_ref(
+                &heads(&bshd(0)),
+                &heads(&bshd(1)),
+                &heads(&bshd(2)),
+                &g,
+                &m,
+                1.0 / (d as f64).sqrt(),
+            );
+            // Each `[b, h, s, d]` gradient into `[b, s, 3, h, d]`.
+            let pack = |parts: [Vec<f64>; 3]| {
+                let mut out = vec![0.0; b * s * 3 * h * d];
+                for (p, x) in parts.iter().enumerate() {
+                    let x = heads(&Nd::new(x.clone(), &[b, h, s, d])).to_vec();
+                    for (row, chunk) in x.chunks(h * d).enumerate() {
+                        out[(row * 3 + p) * h * d..][..h * d].copy_from_slice(chunk);
+                    }
+                }
+                Nd::new(out, &[b, s, 3, h, d])
+            };
+            let want = pack(want.map(|x| x.to_vec()));
+            check_f(
+                &got,
+                dtype,
+                &want,
+                2.0 * largest(&want),
+                &format!("packed q, k, v gradients on {dtype}"),
+            );
+            let apart = pack([0, 1, 2].map(|i| read_f(&apart[i]).to_vec()));
+            let bits = |v: Vec<f64>| v.into_iter().map(f64::to_bits).collect::<Vec<_>>();
+            assert!(
+                bits(read_f(&got).to_vec()) == bits(apart.to_vec()),
+                "{dtype}: the packed kernels' bits differ from the unpacked ones"
+            );
+        }
+    });
+}
+
 /// The tensor-core backward kernels on the CPU emulator in every CI run
 /// (the tests above cover them there with `KILN_TEST_EMULATE=1`, and on a
 /// GPU): bf16 heads of 32 with values of 16, two query blocks and two key

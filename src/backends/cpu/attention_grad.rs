@@ -204,49 +204,73 @@ fn grad_run<T: Elem, A: Acc + Elem>(
         let dp = dot(&g[(bh * sq + i) * dv..][..dv], &v[(bh * sk + j) * dv..][..dv]);
         Some((p, p * (dp - delta)))
     };
+    let (b, h) = (ops.n.b, ops.n.h);
+    let want = match wrt {
+        AttnWrt::Query => b * h * sq * d,
+        AttnWrt::KeyValue => b * h * sk * (d + dv),
+        AttnWrt::QueryKeyValue => 3 * b * h * sq * d,
+    };
+    if out.len() != want || wrt == AttnWrt::QueryKeyValue && (sq != sk || d != dv) {
+        return Err(Error::Backend("cpu: attention_grad output of the wrong size".into()));
+    }
+    let query = |out: &mut [T]| {
+        out.par_chunks_mut(d.max(1)).enumerate().for_each(|(row, dq)| {
+            let (bh, i) = (row / sq.max(1), row % sq.max(1));
+            let mut acc = vec![A::ZERO; d];
+            for j in 0..sk {
+                let Some((_, ds)) = weights(bh, i, j) else { continue };
+                for (a, &kc) in acc.iter_mut().zip(&ops.k[(bh * sk + j) * d..][..d]) {
+                    *a = *a + ds * kc;
+                }
+            }
+            for (o, a) in dq.iter_mut().zip(acc) {
+                *o = T::from_f64((a * ops.scale).wide());
+            }
+        });
+    };
+    let key_value = |out: &mut [T]| {
+        let w = d + dv;
+        out.par_chunks_mut(w.max(1)).enumerate().for_each(|(key, dkv)| {
+            let (bh, j) = (key / sk.max(1), key % sk.max(1));
+            let (mut dk, mut dvs) = (vec![A::ZERO; d], vec![A::ZERO; dv]);
+            for i in 0..sq {
+                let Some((p, ds)) = weights(bh, i, j) else { continue };
+                for (a, &qc) in dk.iter_mut().zip(&ops.q[(bh * sq + i) * d..][..d]) {
+                    *a = *a + ds * qc;
+                }
+                for (a, &gc) in dvs.iter_mut().zip(&g[(bh * sq + i) * dv..][..dv]) {
+                    *a = *a + p * gc;
+                }
+            }
+            for (o, a) in dkv[..d].iter_mut().zip(dk) {
+                *o = T::from_f64((a * ops.scale).wide());
+            }
+            for (o, a) in dkv[d..].iter_mut().zip(dvs) {
+                *o = T::from_f64(a.wide());
+            }
+        });
+    };
     match wrt {
-        AttnWrt::Query => {
-            if out.len() != ops.n.b * ops.n.h * sq * d {
-                return Err(Error::Backend("cpu: attention_grad output of the wrong size".into()));
+        AttnWrt::Query => query(out),
+        AttnWrt::KeyValue => key_value(out),
+        AttnWrt::QueryKeyValue => {
+            // `[b, h, s, d]` and `[b, h, s, 2d]`, then each row of d to
+            // its place in `[b, s, 3, h, d]`.
+            let (mut dq, mut dkv) =
+                (vec![T::default(); b * h * sq * d], vec![T::default(); b * h * sk * 2 * d]);
+            query(&mut dq);
+            key_value(&mut dkv);
+            for (row, x) in dq.chunks_exact(d.max(1)).enumerate() {
+                let (bh, i) = (row / sq, row % sq);
+                let at = ((bh / h * sq + i) * 3 * h + bh % h) * d;
+                out[at..at + d].copy_from_slice(x);
             }
-            out.par_chunks_mut(d.max(1)).enumerate().for_each(|(row, dq)| {
-                let (bh, i) = (row / sq.max(1), row % sq.max(1));
-                let mut acc = vec![A::ZERO; d];
-                for j in 0..sk {
-                    let Some((_, ds)) = weights(bh, i, j) else { continue };
-                    for (a, &kc) in acc.iter_mut().zip(&ops.k[(bh * sk + j) * d..][..d]) {
-                        *a = *a + ds * kc;
-                    }
-                }
-                for (o, a) in dq.iter_mut().zip(acc) {
-                    *o = T::from_f64((a * ops.scale).wide());
-                }
-            });
-        }
-        AttnWrt::KeyValue => {
-            let w = d + dv;
-            if out.len() != ops.n.b * ops.n.h * sk * w {
-                return Err(Error::Backend("cpu: attention_grad output of the wrong size".into()));
+            for (row, x) in dkv.chunks_exact(2 * d.max(1)).enumerate() {
+                let (bh, j) = (row / sk, row % sk);
+                let at = ((bh / h * sk + j) * 3 * h + h + bh % h) * d;
+                out[at..at + d].copy_from_slice(&x[..d]);
+                out[at + h * d..at + h * d + d].copy_from_slice(&x[d..]);
             }
-            out.par_chunks_mut(w.max(1)).enumerate().for_each(|(key, dkv)| {
-                let (bh, j) = (key / sk.max(1), key % sk.max(1));
-                let (mut dk, mut dvs) = (vec![A::ZERO; d], vec![A::ZERO; dv]);
-                for i in 0..sq {
-                    let Some((p, ds)) = weights(bh, i, j) else { continue };
-                    for (a, &qc) in dk.iter_mut().zip(&ops.q[(bh * sq + i) * d..][..d]) {
-                        *a = *a + ds * qc;
-                    }
-                    for (a, &gc) in dvs.iter_mut().zip(&g[(bh * sq + i) * dv..][..dv]) {
-                        *a = *a + p * gc;
-                    }
-                }
-                for (o, a) in dkv[..d].iter_mut().zip(dk) {
-                    *o = T::from_f64((a * ops.scale).wide());
-                }
-                for (o, a) in dkv[d..].iter_mut().zip(dvs) {
-                    *o = T::from_f64(a.wide());
-                }
-            });
         }
     }
     Ok(())

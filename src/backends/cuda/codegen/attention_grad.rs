@@ -55,6 +55,10 @@ pub(crate) struct GradSpec {
     pub attn: Spec,
     /// The output's gradient.
     pub g: Strided,
+    /// Whether the gradients go to `[b, s, 3, h, d]` (`wrt=qkv`: a fused
+    /// QKV projection's layout, each kernel writing its part) rather than
+    /// `[b, h, sq, d]` (`wrt=q`) or `[b, h, sk, d + dv]` (`wrt=kv`).
+    pub packed: bool,
 }
 
 /// Whether the kernels take `spec`: the rule of the `attention-grad` pass.
@@ -232,11 +236,29 @@ fn scores_walk(s: &mut String, spec: &GradSpec, ia: &str, ib: &str, j: &str, the
     let _ = writeln!(s, "        {then}\n      }}\n    }}");
 }
 
-/// The `wrt=q` or `wrt=kv` kernel.
-pub(crate) fn grad(name: &str, spec: &GradSpec, wrt: AttnWrt) -> Kernel {
+/// The `wrt=q` or `wrt=kv` kernel (`spec.packed`: its part of `wrt=qkv`,
+/// which launches both).
+pub(crate) fn grad(name: &str, spec: &GradSpec, wrt: AttnWrt) -> Result<Kernel, String> {
     match wrt {
-        AttnWrt::Query => grad_q(name, spec),
-        AttnWrt::KeyValue => grad_kv(name, spec),
+        AttnWrt::Query => Ok(grad_q(name, spec)),
+        AttnWrt::KeyValue => Ok(grad_kv(name, spec)),
+        AttnWrt::QueryKeyValue => Err("wrt=qkv launches the q and kv kernels, packed".into()),
+    }
+}
+
+/// Where row `row` (a query for `part` 0, a key for 1 and 2) of the
+/// `(b, h) = bh` head's gradient `part` (q, k, v) starts in `out`; `w`
+/// is a dense row's width (`d`, or `d + dv` for k and v side by side).
+fn out_row(spec: &GradSpec, part: usize, row: &str, w: usize) -> String {
+    let Spec { heads, sq, sk, d, .. } = spec.attn;
+    if spec.packed {
+        let h3 = 3 * heads;
+        return format!("((bh / {heads} * {sq} + {row}) * {h3} + {} + bh % {heads}) * {d}", part * heads);
+    }
+    match part {
+        0 => format!("(bh * {sq} + {row}) * {w}"),
+        1 => format!("(bh * {sk} + {row}) * {w}"),
+        _ => format!("(bh * {sk} + {row}) * {w} + {d}"),
     }
 }
 
@@ -292,7 +314,8 @@ fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
     let _ = writeln!(s, "      const int i = r == 0 ? ia : ib;\n      if (i >= {sq}) continue;");
     let _ = writeln!(
         s,
-        "      *(U*)&out[(bh * {sq} + i) * {d} + n * 8 + 2 * c] = kiln::pack2(acc[n][2 * r] * {scale}, acc[n][2 * r + 1] * {scale}, {tag});"
+        "      *(U*)&out[{} + n * 8 + 2 * c] = kiln::pack2(acc[n][2 * r] * {scale}, acc[n][2 * r + 1] * {scale}, {tag});",
+        out_row(spec, 0, "i", d)
     );
     s.push_str("    }\n  }\n}\n");
     Kernel::new(name, s, grid as u32, THREADS as u32, spec.reads(true))
@@ -375,12 +398,14 @@ fn grad_kv(name: &str, spec: &GradSpec) -> Kernel {
     let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n)", d / 8);
     let _ = writeln!(
         s,
-        "      *(U*)&out[(bh * {sk} + j) * {w} + n * 8 + 2 * c] = kiln::pack2(dk[n][2 * r] * {scale}, dk[n][2 * r + 1] * {scale}, {tag});"
+        "      *(U*)&out[{} + n * 8 + 2 * c] = kiln::pack2(dk[n][2 * r] * {scale}, dk[n][2 * r + 1] * {scale}, {tag});",
+        out_row(spec, 1, "j", w)
     );
     let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n)", dv / 8);
     let _ = writeln!(
         s,
-        "      *(U*)&out[(bh * {sk} + j) * {w} + {d} + n * 8 + 2 * c] = kiln::pack2(dvv[n][2 * r], dvv[n][2 * r + 1], {tag});"
+        "      *(U*)&out[{} + n * 8 + 2 * c] = kiln::pack2(dvv[n][2 * r], dvv[n][2 * r + 1], {tag});",
+        out_row(spec, 2, "j", w)
     );
     s.push_str("  }\n}\n");
     Kernel::new(name, s, grid as u32, THREADS as u32, spec.reads(true))

@@ -146,7 +146,8 @@ impl Lowering<'_> {
         // Operands: q, k, v (o for the stats), g, [stats], [mask].
         let mask_at = if wrt.is_some() { 5 } else { 4 };
         let attn = spec_of(&vals, mask_at, (scale, causal, mask));
-        let spec = GradSpec { attn, g: strided(&vals[3]) };
+        let packed = wrt == Some(AttnWrt::QueryKeyValue);
+        let spec = GradSpec { attn, g: strided(&vals[3]), packed };
         if !attention_grad::applies(&spec) {
             return Err(format!(
                 "the CUDA attention backward runs f16 and bf16 heads of 16 to {} (multiples of 16), got {} heads of {} and {}; the attention-grad pass expands the others",
@@ -159,13 +160,20 @@ impl Lowering<'_> {
         if wrt.is_some() && !(vals[4].layout.is_contiguous() && vals[4].layout.offset == 0) {
             return Err("attention_grad reads its stats contiguous".into());
         }
-        let kernel = match wrt {
-            None => self.add_kernel("attention_stats", |n| Ok(attention_grad::stats(n, &spec)))?,
-            Some(wrt) => self.add_kernel("attention_grad", |n| Ok(attention_grad::grad(n, &spec, wrt)))?,
+        let kernels = match wrt {
+            None => vec![self.add_kernel("attention_stats", |n| Ok(attention_grad::stats(n, &spec)))?],
+            // Both kernels, each writing its gradients into the packed layout.
+            Some(AttnWrt::QueryKeyValue) => vec![
+                self.add_kernel("attention_grad", |n| attention_grad::grad(n, &spec, AttnWrt::Query))?,
+                self.add_kernel("attention_grad", |n| attention_grad::grad(n, &spec, AttnWrt::KeyValue))?,
+            ],
+            Some(wrt) => vec![self.add_kernel("attention_grad", |n| attention_grad::grad(n, &spec, wrt))?],
         };
-        let mut args = vec![dst];
-        args.extend(buffer_locs(&vals));
-        self.launches.push(Launch::Kernel { kernel, args });
+        for kernel in kernels {
+            let mut args = vec![dst];
+            args.extend(buffer_locs(&vals));
+            self.launches.push(Launch::Kernel { kernel, args });
+        }
         Ok(())
     }
 

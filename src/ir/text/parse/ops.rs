@@ -382,7 +382,8 @@ pub(super) fn build_op(
                 Kind::AttentionGrad => Some(match a.word("wrt", m, ex)? {
                     "q" => AttnWrt::Query,
                     "kv" => AttnWrt::KeyValue,
-                    other => return Err(format!("wrt must be q or kv, found '{}'", clip(other))),
+                    "qkv" => AttnWrt::QueryKeyValue,
+                    other => return Err(format!("wrt must be q, kv or qkv, found '{}'", clip(other))),
                 }),
                 _ => None,
             };
