@@ -34,7 +34,8 @@ pub(crate) fn fill_chunks<O: Send>(out: &mut [O], f: impl Fn(usize, &mut [O]) + 
     }
 }
 
-fn dense<'a, T>(v: &View<'a, T>) -> Option<&'a [T]> {
+/// The elements of a row-major dense view, in order.
+pub(crate) fn dense<'a, T>(v: &View<'a, T>) -> Option<&'a [T]> {
     let n = v.layout.numel();
     if v.layout.is_contiguous() {
         v.data.get(v.layout.offset..v.layout.offset + n)
@@ -45,7 +46,7 @@ fn dense<'a, T>(v: &View<'a, T>) -> Option<&'a [T]> {
 
 /// The one value of a view that broadcasts a single element (every
 /// stride 0), e.g. a constant or an expanded scalar.
-fn splat<T: Copy>(v: &View<'_, T>) -> Option<T> {
+pub(crate) fn splat<T: Copy>(v: &View<'_, T>) -> Option<T> {
     if v.layout.numel() > 0 && v.layout.strides.iter().all(|&s| s == 0) {
         v.data.get(v.layout.offset).copied()
     } else {
