@@ -13,7 +13,7 @@
 //! `f64` compute in their own type. Pooling reads the input in place and
 //! computes each window in `f64` (exact for max, one rounding for avg).
 
-use super::elementwise::{contiguous, map1, PAR_THRESHOLD};
+use super::elementwise::{contiguous, copy_short, map1, PAR_THRESHOLD};
 use super::matmul::{gemm_rowmajor, GemmFloat};
 use super::pool;
 use super::storage::{cast_elem, Elem, Out, View};
@@ -120,29 +120,6 @@ fn conv_in<T: Elem, R: GemmFloat>(
         }
     }
     Ok(())
-}
-
-/// `dst = src` for the short runs of a small image's rows (a 3x3 window
-/// over 4- to 8-wide rows): in fixed-size pieces, which compile to a few
-/// moves, where `copy_from_slice` of a run-time length is a `memmove`
-/// call (a third of the digits CNN's im2col time).
-fn copy_short<R: Copy>(dst: &mut [R], src: &[R]) {
-    let (n, mut i) = (dst.len().min(src.len()), 0);
-    while n - i >= 8 {
-        dst[i..i + 8].copy_from_slice(&src[i..i + 8]);
-        i += 8;
-    }
-    if n - i >= 4 {
-        dst[i..i + 4].copy_from_slice(&src[i..i + 4]);
-        i += 4;
-    }
-    if n - i >= 2 {
-        dst[i..i + 2].copy_from_slice(&src[i..i + 2]);
-        i += 2;
-    }
-    if n > i {
-        dst[i] = src[i];
-    }
 }
 
 /// Most elements of one column matrix (16 MB of `f32`): a batch of small

@@ -225,6 +225,30 @@ fn copy_strided<T: Elem>(a: View<'_, T>, out: &mut [T]) {
     });
 }
 
+/// `dst = src` (over the shorter of the two) in fixed-size pieces, which
+/// compile to a few moves, where `copy_from_slice` of a run-time length
+/// is a `memmove` call: for the short runs of small images (an im2col's
+/// window rows, a max-pool gradient's joins of 2-element blocks), where
+/// the call was a third of the copying time (issue 38).
+pub(crate) fn copy_short<R: Copy>(dst: &mut [R], src: &[R]) {
+    let (n, mut i) = (dst.len().min(src.len()), 0);
+    while n - i >= 8 {
+        dst[i..i + 8].copy_from_slice(&src[i..i + 8]);
+        i += 8;
+    }
+    if n - i >= 4 {
+        dst[i..i + 4].copy_from_slice(&src[i..i + 4]);
+        i += 4;
+    }
+    if n - i >= 2 {
+        dst[i..i + 2].copy_from_slice(&src[i..i + 2]);
+        i += 2;
+    }
+    if n > i {
+        dst[i] = src[i];
+    }
+}
+
 /// A row-major dense copy of a view (scratch for kernels that need one).
 pub(crate) fn contiguous<T: Elem>(a: View<'_, T>) -> Result<Vec<T>> {
     if let Some(s) = dense(&a) {

@@ -4,7 +4,7 @@
 //! element is read; a bad one is an [`Error::Runtime`] naming the index,
 //! the dimension, its size and the node, never a panic.
 
-use super::elementwise::{contiguous, dense, fill_chunks, splat, CHUNK};
+use super::elementwise::{contiguous, copy_short, dense, fill_chunks, splat, CHUNK};
 use super::storage::View;
 use super::storage::{dispatch, Elem, Out};
 use super::CpuBuffer;
@@ -217,7 +217,12 @@ impl<'a, T: Elem> Source<'a, T> {
             Source::Dense(s) => {
                 for (i, b) in blocks.enumerate() {
                     let n = b.len();
-                    b.copy_from_slice(&s[(o0 + i) * n..][..n]);
+                    let src = &s[(o0 + i) * n..][..n];
+                    if n < 32 {
+                        copy_short(b, src);
+                    } else {
+                        b.copy_from_slice(src);
+                    }
                 }
             }
             Source::Runs { view, lead, run } => {
@@ -234,7 +239,11 @@ impl<'a, T: Elem> Source<'a, T> {
                     } else {
                         for r in b.chunks_mut(*run) {
                             let at = starts.next_offset();
-                            r.copy_from_slice(&view.data[at..at + run]);
+                            if *run < 32 {
+                                copy_short(r, &view.data[at..at + run]);
+                            } else {
+                                r.copy_from_slice(&view.data[at..at + run]);
+                            }
                         }
                     }
                 }
