@@ -181,7 +181,7 @@ impl Geometry {
 /// of zeros around each.
 fn padded<R: Copy + Default>(xs: &[R], h: usize, w: usize, ph: usize, pw: usize) -> Vec<R> {
     let (hp, wp) = (h + 2 * ph, w + 2 * pw);
-    let planes = if h * w == 0 { 0 } else { xs.len() / (h * w) };
+    let planes = xs.len().checked_div(h * w).unwrap_or(0);
     let mut xp = vec![R::default(); planes * hp * wp];
     for (src, dst) in xs.chunks(h * w.max(1)).zip(xp.chunks_mut(hp * wp)) {
         for y in 0..h {
