@@ -1,11 +1,21 @@
-//! 2-D convolution (im2col + GEMM per batch item and group) and pooling.
+//! 2-D convolution (im2col + GEMM) and pooling.
+//!
+//! A convolution is one product per group and batch of images: the
+//! group's weights `[og, kk]` by the column matrix of every image of the
+//! batch side by side `[kk, images * oh * ow]` (as many images as fit
+//! [`COL_BUDGET`]). Each output element is the GEMM's chain over `kk`,
+//! which does not depend on how many columns the product has, so the
+//! bits are those of one product per image (the layout before issue 38,
+//! whose per-image products and their packing were most of the digits
+//! CNN's convolution time).
 //!
 //! `f16`/`bf16` compute in `f32` and round once at the end; `f32` and
 //! `f64` compute in their own type. Pooling reads the input in place and
 //! computes each window in `f64` (exact for max, one rounding for avg).
 
-use super::elementwise::{contiguous, map1, PAR_THRESHOLD};
+use super::elementwise::{contiguous, copy_short, map1, PAR_THRESHOLD};
 use super::matmul::{gemm_rowmajor, GemmFloat};
+use super::pool;
 use super::storage::{cast_elem, Elem, Out, View};
 use super::CpuBuffer;
 use crate::ir::{window_out, DType, PoolKind};
@@ -72,48 +82,113 @@ fn conv_in<T: Elem, R: GemmFloat>(
     if dst.len() != n * o * pp {
         return Err(bad(format!("conv2d output of {} elements, {} expected", dst.len(), n * o * pp)));
     }
-    let mut out = vec![R::default(); n * o * pp];
-    if out.is_empty() {
+    if dst.is_empty() {
         return Ok(());
     }
-    let task = |i: usize, dst: &mut [R], inner_parallel: bool| -> Result<()> {
-        let (b, gi) = (i / g, i % g);
-        let mut col = vec![R::default(); kk * pp];
-        for ci in 0..cg {
-            let plane = &xs[((b * c + gi * cg + ci) * h) * wi..][..h * wi];
-            for ky in 0..kh {
-                for kx in 0..kw {
-                    let row = &mut col[((ci * kh + ky) * kw + kx) * pp..][..pp];
-                    for oy in 0..oh {
-                        let iy = (oy * sh + ky * dh) as isize - ph as isize;
-                        if iy < 0 || iy >= h as isize {
-                            continue;
-                        }
-                        let src = &plane[iy as usize * wi..][..wi];
-                        for ox in 0..ow {
-                            let ix = (ox * sw + kx * dw) as isize - pw as isize;
-                            if ix >= 0 && ix < wi as isize {
-                                row[oy * ow + ox] = src[ix as usize];
-                            }
+    if kk == 0 {
+        dst.fill(cast_elem::<R, T>(R::default()));
+        return Ok(());
+    }
+    // Images per product: as many as keep the column matrix within
+    // COL_BUDGET, at least one.
+    let per = (COL_BUDGET / (kk * pp)).clamp(1, n);
+    let xp = padded(&xs, h, wi, ph, pw);
+    let geom =
+        Geometry { c, h, wi, cg, kh, kw, oh, ow, stride: p.stride, padding: p.padding, dilation: p.dilation };
+    for gi in 0..g {
+        let wg = &ws[gi * og * kk..][..og * kk];
+        for b0 in (0..n).step_by(per) {
+            let nb = per.min(n - b0);
+            let cols = nb * pp;
+            // Pooled scratch (stale contents: both are written whole), so
+            // a large column matrix does not fault in fresh pages per call.
+            let mut col = pool::vec_for_overwrite::<R>(kk * cols)?;
+            geom.im2col(&xp, gi, b0, nb, &mut col);
+            let mut prod = pool::vec_for_overwrite::<R>(og * cols)?;
+            gemm_rowmajor(og, kk, cols, wg, &col, &mut prod, true)?;
+            // prod is [og, nb, pp]; the output is [n, o, pp].
+            for (oc, row) in prod.chunks(cols).enumerate() {
+                for (bi, px) in row.chunks(pp).enumerate() {
+                    let at = ((b0 + bi) * o + gi * og + oc) * pp;
+                    for (d, &v) in dst[at..at + pp].iter_mut().zip(px) {
+                        *d = cast_elem::<R, T>(v);
+                    }
+                }
+            }
+            pool::give_back(R::into_host(col));
+            pool::give_back(R::into_host(prod));
+        }
+    }
+    Ok(())
+}
+
+/// Most elements of one column matrix (16 MB of `f32`): a batch of small
+/// images is one product, a batch of large ones several.
+const COL_BUDGET: usize = 1 << 22;
+
+/// The shapes an im2col needs.
+struct Geometry {
+    c: usize,
+    h: usize,
+    wi: usize,
+    cg: usize,
+    kh: usize,
+    kw: usize,
+    oh: usize,
+    ow: usize,
+    stride: [usize; 2],
+    padding: [usize; 2],
+    dilation: [usize; 2],
+}
+
+impl Geometry {
+    /// The column matrix of images `b0..b0 + nb`, group `gi`, into `col`
+    /// (every element written): row `(ci, ky, kx)`, column `(b, oy, ox)`,
+    /// so one product by the group's `[og, kk]` weights gives every
+    /// image's outputs. `xp` holds the input's planes with their padding
+    /// written out as zeros (`[n, c, h + 2 ph, w + 2 pw]`), so every
+    /// window row is a plain copy. Rows split across threads when large.
+    fn im2col<R: Copy + Send + Sync>(&self, xp: &[R], gi: usize, b0: usize, nb: usize, col: &mut [R]) {
+        let (pp, cols) = (self.oh * self.ow, nb * self.oh * self.ow);
+        let (hp, wp) = (self.h + 2 * self.padding[0], self.wi + 2 * self.padding[1]);
+        let [sh, sw] = self.stride;
+        let [dh, dw] = self.dilation;
+        let fill = |r: usize, row: &mut [R]| {
+            let (ci, ky, kx) = (r / (self.kh * self.kw), (r / self.kw) % self.kh, r % self.kw);
+            for bi in 0..nb {
+                let plane = &xp[((b0 + bi) * self.c + gi * self.cg + ci) * hp * wp..][..hp * wp];
+                for (oy, out) in row[bi * pp..][..pp].chunks_mut(self.ow).enumerate() {
+                    let src = &plane[(oy * sh + ky * dh) * wp + kx * dw..];
+                    if sw == 1 {
+                        copy_short(out, &src[..self.ow]);
+                    } else {
+                        for (j, d) in out.iter_mut().enumerate() {
+                            *d = src[j * sw];
                         }
                     }
                 }
             }
-        }
-        let wg = &ws[gi * og * kk..][..og * kk];
-        gemm_rowmajor(og, kk, pp, wg, &col, dst, inner_parallel)
-    };
-    if n * g >= 2 && out.len() * kk >= PAR_THRESHOLD {
-        out.par_chunks_mut(og * pp).enumerate().try_for_each(|(i, dst)| task(i, dst, false))?;
-    } else {
-        for (i, dst) in out.chunks_mut(og * pp).enumerate() {
-            task(i, dst, true)?;
+        };
+        if col.len() >= super::index::COPY_PAR_THRESHOLD {
+            col.par_chunks_mut(cols).enumerate().for_each(|(r, row)| fill(r, row));
+        } else {
+            col.chunks_mut(cols).enumerate().for_each(|(r, row)| fill(r, row));
         }
     }
-    for (d, v) in dst.iter_mut().zip(out) {
-        *d = cast_elem::<R, T>(v);
+}
+
+/// `x`'s planes (`[n * c, h, w]`, dense) with `ph` rows and `pw` columns
+/// of zeros around each.
+fn padded<R: Copy + Default>(xs: &[R], h: usize, w: usize, ph: usize, pw: usize) -> Vec<R> {
+    let (hp, wp) = (h + 2 * ph, w + 2 * pw);
+    let planes = xs.len().checked_div(h * w).unwrap_or(0);
+    let mut xp = vec![R::default(); planes * hp * wp];
+    for (src, dst) in xs.chunks(h * w.max(1)).zip(xp.chunks_mut(hp * wp)) {
+        for y in 0..h {
+            dst[(y + ph) * wp + pw..][..w].copy_from_slice(&src[y * w..][..w]);
+        }
     }
-    Ok(())
+    xp
 }
 
 /// Pooling window parameters, as on `Op::Pool2d`.

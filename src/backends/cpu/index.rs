@@ -4,13 +4,15 @@
 //! element is read; a bad one is an [`Error::Runtime`] naming the index,
 //! the dimension, its size and the node, never a panic.
 
-use super::elementwise::{contiguous, fill_chunks};
+use super::elementwise::{contiguous, copy_short, dense, fill_chunks, splat, CHUNK};
+use super::storage::View;
 use super::storage::{dispatch, Elem, Out};
 use super::CpuBuffer;
-use crate::backends::layout::Layout;
+use crate::backends::layout::{Layout, Offsets};
 use crate::ir::Element;
 use crate::ir::{DType, NodeId, Shape};
 use crate::{Error, Result};
+use rayon::prelude::*;
 
 /// The index operand as row-major `i64`s.
 fn indices(idx: &CpuBuffer) -> Result<Vec<i64>> {
@@ -103,40 +105,151 @@ fn fits(have: usize, want: usize, op: &str) -> Result<()> {
 }
 
 /// The operands joined along `dim`, into `out`.
+///
+/// Each operand is written straight from its own layout into its blocks
+/// of the output (one block of `size(dim) * inner` elements per outer
+/// index): a broadcast value (a constant, all strides 0) as a fill, a
+/// dense operand block by block, any other view in runs of its trailing
+/// contiguous dimensions. The operands used to be copied dense into
+/// scratch first (a constant's zeros element by element through the
+/// odometer), and that copy and the scratch were a third of the digits
+/// CNN's step, whose max-pool backward joins small blocks of zeros
+/// (issue 38). A copy either way: the same elements land in the same
+/// places. Outputs of [`COPY_PAR_THRESHOLD`] elements and more split their
+/// outer blocks across threads.
 pub(crate) fn cat(parts: &[&CpuBuffer], dim: usize, out_shape: &Shape, out: Out<'_>) -> Result<()> {
     if parts.is_empty() {
         return Err(Error::Backend("cpu: cat of nothing".into()));
     }
-    if dim >= out_shape.rank() {
+    let rank = out_shape.rank();
+    if dim >= rank {
         return Err(Error::Backend("cpu: cat dim out of range".into()));
     }
     let outer: usize = out_shape.0[..dim].iter().product();
     let inner: usize = out_shape.0[dim + 1..].iter().product();
     let total = out_shape.0[dim];
     fits(out.len(), out_shape.numel(), "cat")?;
-    let dtype = out.dtype();
-    dispatch!(dtype, T => {
+    // Where each operand's blocks start in an outer row of the output.
+    let mut starts = Vec::with_capacity(parts.len());
+    let mut at = 0;
+    for p in parts {
+        let d = p.shape().0.get(dim).copied().unwrap_or(0);
+        if p.shape().rank() != rank || p.shape().numel() != outer * d * inner || at + d > total {
+            return Err(Error::Backend(format!("cpu: cat operand {} does not fit {out_shape}", p.shape())));
+        }
+        starts.push((at * inner, d * inner));
+        at += d;
+    }
+    if at != total {
+        return Err(Error::Backend(format!("cpu: cat operands do not fill {out_shape}")));
+    }
+    let row = total * inner;
+    if outer == 0 || row == 0 {
+        return Ok(());
+    }
+    dispatch!(out.dtype(), T => {
         let out = out.get::<T>()?;
-        let mut at = 0;
-        for p in parts {
-            let d = p.shape().0.get(dim).copied().unwrap_or(0);
-            let block = d * inner;
-            let src = contiguous(p.view::<T>()?)?;
-            if src.len() != outer * block || at + d > total {
-                return Err(Error::Backend(format!("cpu: cat operand {} does not fit {out_shape}", p.shape())));
-            }
-            if block > 0 {
-                for (o, chunk) in src.chunks(block).enumerate() {
-                    out[(o * total + at) * inner..][..block].copy_from_slice(chunk);
+        let views = parts.iter().map(|p| p.view::<T>()).collect::<Result<Vec<_>>>()?;
+        let sources: Vec<Source<'_, T>> = views.iter().zip(&starts).map(|(v, &(_, block))| Source::of(v, dim, block)).collect();
+        // Outer rows `o0..` into `dst` (whole rows of the output).
+        let rows = |o0: usize, dst: &mut [T]| {
+            for (src, &(start, block)) in sources.iter().zip(&starts) {
+                if block > 0 {
+                    src.write(o0, dst.chunks_mut(row).map(|r| &mut r[start..start + block]));
                 }
             }
-            at += d;
-        }
-        if at != total {
-            return Err(Error::Backend(format!("cpu: cat operands do not fill {out_shape}")));
+        };
+        if out.len() >= COPY_PAR_THRESHOLD && outer > 1 {
+            let per_task = CHUNK.div_ceil(row).max(1);
+            out.par_chunks_mut(per_task * row).enumerate().for_each(|(t, dst)| rows(t * per_task, dst));
+        } else {
+            rows(0, out);
         }
         Ok(())
     })
+}
+
+/// Elements of a copy (a join, an im2col) below which it runs on the
+/// calling thread. A copy moves each element once, so a rayon split pays
+/// for itself later than an arithmetic kernel's
+/// ([`super::elementwise::PAR_THRESHOLD`]): the digits CNN's joins of 16-64K elements spent
+/// more in wake-ups than in copying when split (issue 38).
+pub(crate) const COPY_PAR_THRESHOLD: usize = 1 << 18;
+
+/// How [`cat`] reads one operand.
+enum Source<'a, T> {
+    /// Every element is this one value.
+    Splat(T),
+    /// Row-major and dense.
+    Dense(&'a [T]),
+    /// Runs of `run` contiguous elements whose starts an odometer over
+    /// the leading dimensions gives (`run` divides a block).
+    Runs { view: &'a View<'a, T>, lead: usize, run: usize },
+}
+
+impl<'a, T: Elem> Source<'a, T> {
+    fn of(v: &'a View<'a, T>, dim: usize, block: usize) -> Source<'a, T> {
+        if let Some(x) = splat(v) {
+            return Source::Splat(x);
+        }
+        if let Some(s) = dense(v) {
+            return Source::Dense(s);
+        }
+        // Trailing dimensions (from `dim` on, so a run stays inside a
+        // block) that are contiguous in storage make one run.
+        let (shape, strides) = (&v.layout.shape.0, &v.layout.strides);
+        let (mut lead, mut run) = (shape.len(), 1);
+        while lead > dim && (strides[lead - 1] == run || shape[lead - 1] == 1) {
+            run *= shape[lead - 1];
+            lead -= 1;
+        }
+        debug_assert!(block % run == 0);
+        Source::Runs { view: v, lead, run }
+    }
+
+    /// Writes the blocks of outer rows `o0..` into `blocks`, in order.
+    fn write<'o>(&self, o0: usize, blocks: impl Iterator<Item = &'o mut [T]>)
+    where
+        T: 'o,
+    {
+        match self {
+            Source::Splat(x) => blocks.for_each(|b| b.fill(*x)),
+            Source::Dense(s) => {
+                for (i, b) in blocks.enumerate() {
+                    let n = b.len();
+                    let src = &s[(o0 + i) * n..][..n];
+                    if n < 32 {
+                        copy_short(b, src);
+                    } else {
+                        b.copy_from_slice(src);
+                    }
+                }
+            }
+            Source::Runs { view, lead, run } => {
+                let l = view.layout;
+                let mut blocks = blocks.peekable();
+                let Some(first) = blocks.peek() else { return };
+                let start = o0 * first.len() / run;
+                let mut starts = Offsets::new(&l.shape.0[..*lead], &l.strides[..*lead], l.offset, start);
+                for b in blocks {
+                    if *run == 1 {
+                        for x in b.iter_mut() {
+                            *x = view.data[starts.next_offset()];
+                        }
+                    } else {
+                        for r in b.chunks_mut(*run) {
+                            let at = starts.next_offset();
+                            if *run < 32 {
+                                copy_short(r, &view.data[at..at + run]);
+                            } else {
+                                r.copy_from_slice(&view.data[at..at + run]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// `x` with `src[.., i, ..]` added at `index[i]` along `dim`, in index

@@ -27,6 +27,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+/// Elements a launch group's members write, together, below which they
+/// run one after another on the calling thread (the fused kernels' own
+/// threshold for one kernel: [`super::elementwise::PAR_THRESHOLD`]).
+const GROUP_PAR_WORK: usize = super::elementwise::PAR_THRESHOLD;
+
 /// The values of one run and how many reads each has left.
 struct Values {
     values: Vec<Option<CpuBuffer>>,
@@ -146,8 +151,18 @@ impl CpuExecutable {
         self.stats.grouped_nodes.fetch_add(members.len() as u64, Ordering::Relaxed);
         let args = members.iter().map(|&i| self.take_operands(i, st)).collect::<Result<Vec<_>>>()?;
         let started = self.profile.as_ref().map(|_| std::time::Instant::now());
-        let outs: Vec<Result<CpuBuffer>> =
-            members.par_iter().zip(args).map(|(&i, args)| self.compute(i, args, st)).collect();
+        // A group whose members together write fewer elements than one
+        // kernel would split runs on this thread, member after member: a
+        // small model's optimizer update (the digits MLP's and CNN's,
+        // 17-19K parameters) cost more in rayon's wake-ups and joins than
+        // in arithmetic (issue 38). Each member computes the same values
+        // either way.
+        let work: usize = members.iter().map(|&i| self.plan.graph.node(self.steps[i].id).shape.numel()).sum();
+        let outs: Vec<Result<CpuBuffer>> = if work < GROUP_PAR_WORK {
+            members.iter().zip(args).map(|(&i, args)| self.compute(i, args, st)).collect()
+        } else {
+            members.par_iter().zip(args).map(|(&i, args)| self.compute(i, args, st)).collect()
+        };
         for (&i, out) in members.iter().zip(outs) {
             self.store(i, out?, st, started);
         }

@@ -507,9 +507,10 @@ pub(super) fn reduce(op: ReduceOp, dtype: DType, a: Arg<'_>, dst: &mut Dst<'_, '
 }
 
 /// Elements `start .. start + dst.len()` (row-major logical order) of a
-/// strided view, copied into `dst`. Walks the innermost dim as runs (a
-/// slice copy at stride 1, a fill at stride 0), so an expanded bias or a
-/// sliced row costs little more than a copy.
+/// strided view, copied into `dst`. Walks the innermost dims as runs (a
+/// slice copy at stride 1, a fill at stride 0; trailing dims that step as
+/// one make one run), so an expanded bias or a sliced row costs little
+/// more than a copy.
 ///
 /// The caller has checked `l.extent() <= data.len()` and that the range
 /// lies inside the view, so indexing cannot fail.
@@ -522,9 +523,18 @@ pub(super) fn gather<T: Copy>(data: &[T], l: &Layout, start: usize, dst: &mut [T
         dst.fill(data[l.offset]);
         return;
     }
-    let inner = l.shape.0[rank - 1];
-    let s = l.strides[rank - 1];
-    let mut outer = Offsets::new(&l.shape.0[..rank - 1], &l.strides[..rank - 1], l.offset, start / inner);
+    // Trailing dims that step through storage as one (an expanded bias's
+    // `[.., 8, 8]` at strides 0, 0; a dense tail) walk as one run: the
+    // odometer steps once a run, not once an innermost row.
+    let (mut lead, mut inner, s) = (rank - 1, l.shape.0[rank - 1], l.strides[rank - 1]);
+    while lead > 0 && l.strides[lead - 1] == s * inner {
+        inner *= l.shape.0[lead - 1];
+        lead -= 1;
+    }
+    if inner == 0 {
+        return;
+    }
+    let mut outer = Offsets::new(&l.shape.0[..lead], &l.strides[..lead], l.offset, start / inner);
     let mut j = start % inner;
     let mut done = 0;
     while done < dst.len() {
@@ -542,5 +552,43 @@ pub(super) fn gather<T: Copy>(data: &[T], l: &Layout, start: usize, dst: &mut [T
         }
         done += take;
         j = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::Shape;
+
+    /// `gather` of every range of views whose trailing dims merge into runs
+    /// (stride 0, stride 1, stride 2) or do not, against the odometer
+    /// element by element.
+    #[test]
+    fn gather_matches_the_odometer_on_merged_and_unmerged_tails() {
+        let data: Vec<f32> = (0..400).map(|i| i as f32).collect();
+        let layouts = [
+            (vec![3, 4, 2, 2], vec![0, 1, 0, 0], 5),
+            (vec![3, 4, 2, 2], vec![16, 4, 2, 1], 1),
+            (vec![2, 3, 5], vec![40, 10, 2], 3),
+            (vec![2, 3, 5], vec![1, 2, 6], 0),
+            (vec![4, 1, 3], vec![3, 7, 1], 2),
+            (vec![6], vec![0], 9),
+            (vec![2, 3], vec![0, 0], 4),
+        ];
+        for (shape, strides, offset) in layouts {
+            let l = Layout { shape: Shape::new(shape.clone()), strides: strides.clone(), offset };
+            let n = l.numel();
+            let want: Vec<f32> = {
+                let mut it = l.offsets(0);
+                (0..n).map(|_| data[it.next_offset()]).collect()
+            };
+            for start in 0..n {
+                for len in 0..=n - start {
+                    let mut got = vec![f32::NAN; len];
+                    gather(&data, &l, start, &mut got);
+                    assert_eq!(got, want[start..start + len], "{shape:?} {strides:?} from {start} for {len}");
+                }
+            }
+        }
     }
 }
