@@ -422,6 +422,31 @@ impl FusedKernel {
         })
     }
 
+    /// Computes the node's value into `out` (dense row-major, the node's
+    /// dtype `T`; the loop is `run.rs`, a padded output's copy `padded.rs`).
+    ///
+    /// `in_place`: `Some(k)` when the memory plan computes the output in
+    /// the bytes of operand `k`; then `args[k]` is `None` and the kernel
+    /// reads operand `k`'s elements from `out` itself (legal only where
+    /// [`FusedKernel::can_run_in_place`] says so; otherwise an error). Each
+    /// block copies its part of the operand out of `out` before it writes
+    /// that part, so no element is read after it was overwritten.
+    ///
+    /// `extras`: the destinations of body outputs 1.. (dense, their own
+    /// bytes), written block by block with the output.
+    pub(crate) fn run<T: super::storage::Elem>(
+        &self,
+        args: &[Option<&super::CpuBuffer>],
+        in_place: Option<usize>,
+        out: &mut [T],
+        extras: Vec<super::storage::Out<'_>>,
+    ) -> Result<()> {
+        match &self.pad {
+            Some(pad) => self.run_padded(pad, args, in_place, out, extras),
+            None => self.run_dense(args, in_place, out, extras),
+        }
+    }
+
     /// Whether operand `k` may be computed in place (`run(.., Some(k), ..)`):
     /// the body reads it with identity indexing at the output's type.
     pub(crate) fn can_run_in_place(&self, k: usize) -> bool {

@@ -80,31 +80,6 @@ impl Drop for Lease<'_, '_> {
 }
 
 impl FusedKernel {
-    /// Computes the node's value into `out` (dense row-major, the node's
-    /// dtype `T`).
-    ///
-    /// `in_place`: `Some(k)` when the memory plan computes the output in
-    /// the bytes of operand `k`; then `args[k]` is `None` and the kernel
-    /// reads operand `k`'s elements from `out` itself (legal only where
-    /// [`FusedKernel::can_run_in_place`] says so; otherwise an error). Each
-    /// block copies its part of the operand out of `out` before it writes
-    /// that part, so no element is read after it was overwritten.
-    ///
-    /// `extras`: the destinations of body outputs 1.. (dense, their own
-    /// bytes), written block by block with the output.
-    pub(crate) fn run<T: Elem>(
-        &self,
-        args: &[Option<&CpuBuffer>],
-        in_place: Option<usize>,
-        out: &mut [T],
-        extras: Vec<Out<'_>>,
-    ) -> Result<()> {
-        match &self.pad {
-            Some(pad) => self.run_padded(pad, args, in_place, out, extras),
-            None => self.run_dense(args, in_place, out, extras),
-        }
-    }
-
     /// [`FusedKernel::run`] of an unpadded body.
     pub(super) fn run_dense<T: Elem>(
         &self,
