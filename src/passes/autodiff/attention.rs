@@ -101,6 +101,21 @@ pub(crate) fn expand(graph: &mut Graph, id: NodeId) -> Result<usize, String> {
         Op::AttentionGrad { scale, causal, mask, wrt } => (scale, causal, mask, wrt),
         _ => return Err(format!("{id} is not an attention_stats or attention_grad")),
     };
+    if wrt == AttnWrt::QueryKeyValue {
+        // The three gradients, each `[b, h, s, d]`, into `[b, s, 3, h, d]`.
+        let (dq, _, _) = expand_grad(&mut b, &ops, scale, causal, mask, AttnWrt::Query)?;
+        let (_, dk, dv) = expand_grad(&mut b, &ops, scale, causal, mask, AttnWrt::KeyValue)?;
+        let mut parts = Vec::new();
+        for x in [dq, dk, dv] {
+            let x = x.ok_or_else(|| "the expanded attention gradient lacks a part".to_string())?;
+            let x = b.permute(x, &[0, 2, 1, 3])?;
+            let [bs, s, h, d] = b.shape(x).0[..] else { return Err("a rank-4 attention gradient".into()) };
+            parts.push(b.reshape(x, &Shape(vec![bs, s, 1, h, d]))?);
+        }
+        let packed = b.cat(&parts, 2)?;
+        graph.replace_all_uses(id, packed);
+        return Ok(1);
+    }
     let (dq, dk, dv) = expand_grad(&mut b, &ops, scale, causal, mask, wrt)?;
     if let Some(dq) = dq {
         graph.replace_all_uses(id, dq);
