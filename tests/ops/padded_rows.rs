@@ -21,7 +21,11 @@ fn padded_gradient(
     dtype: DType,
 ) -> (Tensor, String) {
     let [rows, vocab, padded] = shape;
-    let var = ctx.variable("logits", tensor(ctx, logits, &[rows, padded], dtype)).expect("a variable");
+    let name = format!("logits{rows}x{padded}");
+    let value = tensor(ctx, logits, &[rows, padded], dtype);
+    let var = ctx.variable(&name, value.clone()).expect("a variable");
+    // A later call with the same shape gets the same variable: new logits.
+    var.assign(&value).expect("assign");
     let y = var.tensor().narrow(1, 0, vocab);
     let t = ctx.tensor(targets, [rows]);
     let loss = kiln::nn::cross_entropy(&y.cast(DType::F32), &t).expect("a loss");
@@ -128,6 +132,38 @@ fn an_elementwise_kernel_writes_the_zero_rows_after_it() {
             if !got.iter().zip(&plain).all(|(a, b)| a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan()) {
                 failures.push(format!("{what}: the padded kernel's bits differ from the cat's"));
             }
+        }
+    }
+    report(&failures);
+}
+
+/// The padded kernel keeps buffers between runs (the CPU its unpadded
+/// rows, a replayed plan its slots): two plans of different shapes,
+/// interleaved over several runs with fresh logits each, every gradient
+/// against f64.
+#[test]
+fn padded_gradients_stay_right_over_interleaved_runs() {
+    let mut failures = Vec::new();
+    let mut rng = Rng::new(0x5eed_0037);
+    for (name, make) in backends() {
+        let ctx = make();
+        for run in 0..6 {
+            let shape = if run % 2 == 0 { [5, 37, 40] } else { [4, 21, 24] };
+            let [rows, vocab, padded] = shape;
+            let logits: Vec<f64> =
+                (0..rows * padded).map(|_| round(DType::F32, rng.normal() * 2.0)).collect();
+            let targets: Vec<i64> = (0..rows).map(|_| rng.range(0, vocab as i64)).collect();
+            // Gradients accumulate in the context's variables: each run's own.
+            ctx.zero_grad();
+            let (g, _) = padded_gradient(&ctx, &logits, &targets, shape, DType::F32);
+            let scaled = |v: &[f64]| v.iter().map(|x| x * rows as f64).collect::<Vec<f64>>();
+            let want = reference(&logits, &targets, shape);
+            failures.extend(expect(
+                &format!("{name} run {run}"),
+                &scaled(&read(&g)),
+                &scaled(&want),
+                4.0 * tol(DType::F32),
+            ));
         }
     }
     report(&failures);

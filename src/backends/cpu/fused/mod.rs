@@ -181,6 +181,8 @@ pub(crate) struct FusedKernel {
     /// A padded output 0: the steps compute the unpadded body, and each
     /// row is written into the wider output (`padded.rs`).
     pad: Option<crate::ir::Padded>,
+    /// A padded output's unpadded rows, between runs (as `product`).
+    unpadded: Mutex<Option<HostData>>,
 }
 
 /// One task's scratch: a vector per step (empty until a block needs it).
@@ -398,6 +400,7 @@ impl FusedKernel {
             segments,
             row_kernel,
             pad: None,
+            unpadded: Mutex::new(None),
         })
     }
 

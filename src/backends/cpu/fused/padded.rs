@@ -8,10 +8,10 @@
 //! keeps the bits of each. Writing the rows in place would need every
 //! row path to take an output row stride.
 
-use super::super::storage::{Elem, Out};
+use super::super::storage::{from_scalar, Elem, Out};
 use super::super::CpuBuffer;
 use super::FusedKernel;
-use crate::ir::{Padded, Scalar};
+use crate::ir::Padded;
 use crate::{Error, Result};
 
 impl FusedKernel {
@@ -37,15 +37,13 @@ impl FusedKernel {
                 pad.width
             )));
         }
-        let mut dense = vec![T::default(); self.out_shape.numel()];
+        // The unpadded rows' buffer is the kernel's, kept between runs.
+        let reuse = self.unpadded.lock().ok().and_then(|mut b| b.take());
+        let mut dense = reuse.and_then(T::from_host).unwrap_or_default();
+        dense.resize(self.out_shape.numel(), T::default());
         self.run_dense(args, None, &mut dense, extras)?;
-        let fill = |s: Scalar| match s {
-            Scalar::Float(v) => T::from_f64(v),
-            Scalar::Int(v) => T::from_i64(v),
-            Scalar::Bool(v) => T::from_bool(v),
-        };
         let fills: Vec<T> =
-            (pad.cols..pad.width).map(|c| pad.fill_at(c).map_or(T::default(), fill)).collect();
+            (pad.cols..pad.width).map(|c| pad.fill_at(c).map_or(T::default(), from_scalar)).collect();
         if pad.cols == 0 {
             for row in out.chunks_exact_mut(pad.width) {
                 row.copy_from_slice(&fills);
@@ -56,6 +54,9 @@ impl FusedKernel {
             let (head, tail) = row.split_at_mut(pad.cols);
             head.copy_from_slice(value);
             tail.copy_from_slice(&fills);
+        }
+        if let Ok(mut slot) = self.unpadded.lock() {
+            *slot = Some(T::into_host(dense));
         }
         Ok(())
     }
