@@ -258,11 +258,11 @@ def column_sums():
             nbytes = R * cols * (2 if dtype == "bf16" else 4)
             print(f"column sum [{R}, {cols}] {dtype} -> f32 ({nbytes / 1e6:.1f} MB), 20 launches back to back:")
             ref = None
-            for vec in (1, 2, 4):
-                for chunks in (8, 16, 32, 64):
-                    for warps in (8, 16):
+            for vec in (1, 2, 4, 8):
+                for chunks in (8, 16, 32, 64, 128):
+                    for warps in (4, 8, 16):
                         tiles = (cols + 32 * vec - 1) // (32 * vec)
-                        if tiles * chunks > 4096:
+                        if tiles * chunks > 4096 or vec * (2 if dtype == "bf16" else 4) > 16 or cols % (32 * vec):
                             continue
                         ms, out = columns(cols, chunks, warps, 0, vec=vec, dtype=dtype)
                         ref = out if ref is None else ref

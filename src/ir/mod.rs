@@ -61,7 +61,8 @@ pub use op::{
     UnaryOp,
 };
 pub use plan::{
-    Event, EventId, LaunchGroup, MemoryPlan, Placement, Plan, PlanTables, StreamId, StreamPlan, ValueMemory,
+    Event, EventId, GroupKind, LaunchGroup, MemoryPlan, Placement, Plan, PlanTables, StreamId, StreamPlan,
+    ValueMemory,
 };
 pub use shape::Shape;
 pub use verify::{extra_type, verify};

@@ -52,7 +52,7 @@
 //! computed in place of it count once): no layout of these windows uses
 //! less.
 
-use super::{Graph, NodeId, Op};
+use super::{FusedKind, Graph, NodeId, Op, ReduceOp};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -158,14 +158,16 @@ pub struct PlanTables {
     pub groups: Vec<LaunchGroup>,
 }
 
-/// Fused elementwise nodes that a backend runs as one launch (a CUDA
-/// multi-tensor kernel, one parallel loop on the CPU): the optimizer's
-/// update of every parameter, the scaler's checks. The `horizontal` pass
+/// Fused elementwise nodes, or column reductions, that a backend runs as
+/// one launch (a CUDA multi-tensor kernel, one parallel loop on the CPU):
+/// the optimizer's update of every parameter, the scaler's checks, a
+/// layer norm's parameter gradients. The `horizontal` pass
 /// makes them; [`crate::ir::verify`] holds them to this contract:
 ///
 /// - the members are at least two consecutive steps of the schedule, in
 ///   schedule order, on one stream, and each node is in one group at most;
-/// - every member is a `fused` node of kind elementwise;
+/// - every member is a `fused` node of kind elementwise, or every member
+///   is a column reduction (see [`GroupKind`]);
 /// - no member reads another (they are independent).
 ///
 /// Memory is planned as if every member ran at once, anywhere between the
@@ -178,6 +180,35 @@ pub struct PlanTables {
 pub struct LaunchGroup {
     /// The members, in schedule order.
     pub members: Vec<NodeId>,
+}
+
+/// The kinds of launch group members; a group's members are of one kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupKind {
+    /// `fused` nodes of kind elementwise.
+    Elementwise,
+    /// Column reductions: a `sum`, `mean`, `max` or `min` over a value's
+    /// leading dims that keeps at least its last (`[rows, cols] →
+    /// [cols]`: a bias's gradient). A backend runs them as one kernel
+    /// whose blocks each take a member's columns.
+    Columns,
+}
+
+impl GroupKind {
+    /// The kind of group node `id` may be a member of, if any.
+    pub fn of(graph: &Graph, id: NodeId) -> Option<GroupKind> {
+        match &graph.node(id).op {
+            Op::Fused(b) if *b.kind() == FusedKind::Elementwise => Some(GroupKind::Elementwise),
+            Op::Reduce { op, dims, .. } => {
+                let rank = graph.operands(id).first().map_or(0, |&x| graph.node(x).shape.rank());
+                let leading =
+                    !dims.is_empty() && dims.len() < rank && dims.iter().enumerate().all(|(i, &d)| i == d);
+                let column = matches!(op, ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Max | ReduceOp::Min);
+                (leading && column).then_some(GroupKind::Columns)
+            }
+            _ => None,
+        }
+    }
 }
 
 impl PlanTables {

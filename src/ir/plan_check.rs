@@ -96,8 +96,8 @@ fn check_schedule(graph: &Graph, schedule: &[NodeId]) -> Result<(), String> {
     Ok(())
 }
 
-/// Launch groups are runs of consecutive independent fused elementwise
-/// steps on one stream (see [`super::LaunchGroup`]).
+/// Launch groups are runs of consecutive independent steps of one kind
+/// (fused elementwise, or column reductions) on one stream (see [`super::LaunchGroup`]).
 fn check_groups(
     graph: &Graph,
     schedule: &[NodeId],
@@ -130,11 +130,18 @@ fn check_groups(
             if !grouped.insert(id) {
                 return Err(format!("groups: {} is in two groups", name(graph, id)));
             }
-            let elementwise = matches!(&graph.node(id).op, super::Op::Fused(b) if *b.kind() == super::FusedKind::Elementwise);
-            if !elementwise {
+            let kind = super::GroupKind::of(graph, id);
+            if kind.is_none() {
                 return Err(format!(
-                    "groups: group {g}: {} is not a fused elementwise node",
+                    "groups: group {g}: {} is neither a fused elementwise node nor a column reduction",
                     name(graph, id)
+                ));
+            }
+            if kind != super::GroupKind::of(graph, group.members[0]) {
+                return Err(format!(
+                    "groups: group {g}: {} is not of the kind of {}",
+                    name(graph, id),
+                    name(graph, group.members[0])
                 ));
             }
             if let Some(o) = graph.operands(id).into_iter().find(|o| members.contains(o)) {

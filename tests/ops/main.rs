@@ -7,6 +7,7 @@ mod reference;
 mod attention_grad;
 mod attention_nonfinite;
 mod cache;
+mod column_groups;
 mod creation;
 mod decode;
 mod elementwise;

@@ -65,6 +65,17 @@ const MAX_GRID: usize = 65_536;
 /// ([`Region::Counters`](crate::backends::cuda::program::Region)).
 pub(crate) fn last_to_arrive(s: &mut String, thread: &str, counter: &str, arrivals: usize) {
     s.push_str("  __threadfence();\n  __syncthreads();\n  __shared__ unsigned ticket;\n");
+    take_ticket(s, thread, counter, arrivals);
+}
+
+/// [`last_to_arrive`] with `ticket` (a `__shared__ unsigned`) declared by
+/// the caller: a kernel running several reductions declares it once.
+pub(crate) fn arrive(s: &mut String, thread: &str, counter: &str, arrivals: usize) {
+    s.push_str("  __threadfence();\n  __syncthreads();\n");
+    take_ticket(s, thread, counter, arrivals);
+}
+
+fn take_ticket(s: &mut String, thread: &str, counter: &str, arrivals: usize) {
     s.push_str(&format!("  if ({thread} == 0) ticket = atomicAdd(&{counter}, 1u);\n  __syncthreads();\n"));
     s.push_str(&format!("  if (ticket != {}u) return;\n  __threadfence();\n", arrivals - 1));
 }
