@@ -18,7 +18,7 @@ use crate::ir::{FusedKind, Graph, NodeId, Op};
 
 /// A member whose value is placed but not computed yet.
 pub(super) enum Held {
-    Elementwise(HeldBody),
+    Elementwise(Box<HeldBody>),
     /// A column reduction and its `out, in0`.
     Column(columns::Member, [Loc; 2]),
 }
@@ -68,19 +68,21 @@ impl Lowering<'_> {
         args.extend(extras);
         args.extend(buffer_locs(&ops));
         let in_place = self.in_place(id) || self.extras_of(id).iter().flatten().any(|&e| self.in_place(e));
-        Ok(Some(Held::Elementwise(HeldBody {
+        Ok(Some(Held::Elementwise(Box::new(HeldBody {
             body: body.graph().clone(),
             operands: ops.iter().map(operand).collect(),
             in_place,
             args,
-        })))
+        }))))
     }
 
     /// The launches of a group's held members: multi-tensor kernels, each
     /// over a run of members whose pointers fit the parameter space.
     pub(super) fn launch_group(&mut self, held: &[Held]) -> Result<(), String> {
-        let bodies: Vec<&HeldBody> =
-            held.iter().filter_map(|h| if let Held::Elementwise(b) = h { Some(b) } else { None }).collect();
+        let bodies: Vec<&HeldBody> = held
+            .iter()
+            .filter_map(|h| if let Held::Elementwise(b) = h { Some(&**b) } else { None })
+            .collect();
         let sums: Vec<(&columns::Member, &[Loc; 2])> = held
             .iter()
             .filter_map(|h| if let Held::Column(m, l) = h { Some((m, l)) } else { None })
