@@ -41,7 +41,10 @@
 //! overlaps their latencies. A deferred column reduction keeps its operand
 //! (a gradient of the activations' size) alive, so it waits for at most
 //! [`COLUMN_WINDOW`] launching nodes that are no candidates; the next one
-//! flushes every deferred column reduction first.
+//! flushes every deferred column reduction first. A small candidate that
+//! reads a deferred column reduction (a bias's optimizer update reads its
+//! gradient, and the schedule puts it right after) does not flush it: the
+//! reduction is emitted when the small node is, or earlier.
 //!
 //! *Does not.* Change the graph, move a node earlier or past a reader of
 //! its value, or group nodes of different streams (it runs before the
