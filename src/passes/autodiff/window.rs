@@ -16,10 +16,20 @@
 //!   the kernel, cropped to it.
 //!
 //! Average pooling is a depthwise convolution with a constant kernel, so
-//! its rule is the convolution's input gradient. Max pooling sends `g` to
-//! the first maximum of each window (PyTorch's choice), one kernel offset
-//! at a time: the strided slice of the padded input at that offset is
-//! compared with the result, and the hits are placed back at the offset.
+//! its rule is the convolution's input gradient. Max pooling's is its own
+//! op, `max_pool2d_grad` (one pass over the gradient; see
+//! [`Op::MaxPool2dGrad`] for where each window's gradient goes). Written
+//! with views it took, per kernel offset, a compare, a select and a
+//! padded placement joined with `cat`: the digits CNN's 2x2 pooling
+//! recorded 32 joins a step, the largest cost of its CPU epoch.
+//!
+//! The second derivative (a gradient penalty through a CNN) goes through
+//! `max_pool2d_grad`'s own rule: linear in `g`, so the gradient of `g` is
+//! the incoming gradient read back at each window's maximum, one kernel
+//! offset at a time (the strided slice of the padded input at that offset
+//! compared with the pooled value, the first hit of a window taken). A
+//! window whose maximum is NaN gets 0 there (no element equals NaN),
+//! where PyTorch would read its last NaN.
 
 use super::build::{Builder, Built};
 use crate::ir::{BinaryOp, CompareOp, NodeId, Op, PoolKind, Shape};
@@ -92,8 +102,8 @@ pub(super) struct Pool {
 }
 
 impl Pool {
-    /// The gradient with respect to the input `x` (`y` is the result).
-    pub(super) fn input_grad(&self, b: &mut Builder, x: NodeId, y: NodeId, g: NodeId) -> Built {
+    /// The gradient with respect to the input `x`.
+    pub(super) fn input_grad(&self, b: &mut Builder, x: NodeId, g: NodeId) -> Built {
         let xs = b.shape(x);
         let Pool { kind, kernel, stride, padding } = *self;
         match kind {
@@ -109,40 +119,43 @@ impl Pool {
                 let dx = conv.input_grad(b, g1, k, &Shape::new([n * c, 1, h, w]))?;
                 b.reshape(dx, &xs)
             }
-            PoolKind::Max => max_pool_grad(b, self, x, y, g),
+            PoolKind::Max => b.op(Op::MaxPool2dGrad { kernel, stride, padding }, &[x, g]),
         }
     }
-}
 
-fn max_pool_grad(b: &mut Builder, pool: &Pool, x: NodeId, y: NodeId, g: NodeId) -> Built {
-    let Pool { kernel, stride, padding, .. } = *pool;
-    let xs = b.shape(x);
-    let ys = b.shape(y);
-    let (hp, wp) = (xs.0[2] + 2 * padding[0], xs.0[3] + 2 * padding[1]);
-    // Padding never wins: pad with -inf.
-    let xp = b.place(x, 2, padding[0], 1, hp, f64::NEG_INFINITY)?;
-    let xp = b.place(xp, 3, padding[1], 1, wp, f64::NEG_INFINITY)?;
-    let yes = b.full(1.0, &ys, crate::ir::DType::Bool)?;
-    let mut free = yes; // windows whose maximum has not been claimed yet
-    let mut total: Option<NodeId> = None;
-    for i in 0..kernel[0] {
-        for j in 0..kernel[1] {
-            let at = b.slice(xp, 2, i, stride[0], ys.0[2])?;
-            let at = b.slice(at, 3, j, stride[1], ys.0[3])?;
-            let is_max = b.compare(CompareOp::Eq, at, y)?;
-            let hit = b.and(is_max, free)?;
-            let other = b.compare(CompareOp::Ne, at, y)?;
-            free = b.and(free, other)?;
-            let part = b.keep_where(hit, g)?;
-            let part = b.place(part, 2, i, stride[0], hp, 0.0)?;
-            let part = b.place(part, 3, j, stride[1], wp, 0.0)?;
-            total = Some(match total {
-                Some(t) => b.binary(BinaryOp::Add, t, part)?,
-                None => part,
-            });
+    /// The gradient with respect to `g` of `max_pool2d_grad(x, g)`, given
+    /// `h`, the gradient of its result (x's shape): `h` read at each
+    /// window's first maximum.
+    pub(super) fn max_grad_grad(&self, b: &mut Builder, x: NodeId, h: NodeId) -> Built {
+        let Pool { kernel, stride, padding, .. } = *self;
+        let xs = b.shape(x);
+        let y = b.op(Op::Pool2d { kind: PoolKind::Max, kernel, stride, padding }, &[x])?;
+        let ys = b.shape(y);
+        let (hp, wp) = (xs.0[2] + 2 * padding[0], xs.0[3] + 2 * padding[1]);
+        // Padding never wins: pad x with -inf (and h with zeros).
+        let xp = b.place(x, 2, padding[0], 1, hp, f64::NEG_INFINITY)?;
+        let xp = b.place(xp, 3, padding[1], 1, wp, f64::NEG_INFINITY)?;
+        let hpad = b.place(h, 2, padding[0], 1, hp, 0.0)?;
+        let hpad = b.place(hpad, 3, padding[1], 1, wp, 0.0)?;
+        let mut free = b.full(1.0, &ys, crate::ir::DType::Bool)?; // windows not claimed yet
+        let mut total: Option<NodeId> = None;
+        for i in 0..kernel[0] {
+            for j in 0..kernel[1] {
+                let at = b.slice(xp, 2, i, stride[0], ys.0[2])?;
+                let at = b.slice(at, 3, j, stride[1], ys.0[3])?;
+                let is_max = b.compare(CompareOp::Eq, at, y)?;
+                let hit = b.and(is_max, free)?;
+                let other = b.compare(CompareOp::Ne, at, y)?;
+                free = b.and(free, other)?;
+                let hs = b.slice(hpad, 2, i, stride[0], ys.0[2])?;
+                let hs = b.slice(hs, 3, j, stride[1], ys.0[3])?;
+                let part = b.keep_where(hit, hs)?;
+                total = Some(match total {
+                    Some(t) => b.binary(BinaryOp::Add, t, part)?,
+                    None => part,
+                });
+            }
         }
+        Ok(total.ok_or("max_pool2d with an empty kernel")?)
     }
-    let total = total.ok_or("max_pool2d with an empty kernel")?;
-    let rows = b.slice(total, 2, padding[0], 1, xs.0[2])?;
-    b.slice(rows, 3, padding[1], 1, xs.0[3])
 }
