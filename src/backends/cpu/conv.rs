@@ -15,9 +15,9 @@
 
 use super::elementwise::{contiguous, copy_short, map1};
 use super::matmul::{gemm_rowmajor, GemmFloat};
-use super::{pool, pool_grad};
 use super::storage::{cast_elem, Elem, Out, View};
 use super::CpuBuffer;
+use super::{pool, pool_grad};
 use crate::ir::{window_out, DType, PoolKind};
 use crate::{Error, Result};
 use half::{bf16, f16};
@@ -240,45 +240,39 @@ fn pool_in<T: Elem>(x: View<'_, T>, p: PoolParams, out: &mut [T]) -> Result<()> 
     if out.is_empty() {
         return Ok(());
     }
-    let geo = pool_grad::Windows { h, w, ow, kernel: p.kernel, stride: p.stride, padding: p.padding };
-    let plane = |i: usize, dst: &mut [T], best: &mut Vec<f64>, at: &mut Vec<usize>| {
+    let plane = |i: usize, dst: &mut [T]| {
         let src = &xs[i * h * w..][..h * w];
-        for (oy, out) in dst.chunks_mut(ow).enumerate() {
-            match p.kind {
-                // NaN wins (as the backward finds it).
-                PoolKind::Max => {
-                    geo.row_max(src, oy, best, at);
-                    for (d, &v) in out.iter_mut().zip(best.iter()) {
-                        *d = T::from_f64(v);
-                    }
-                }
-                PoolKind::Avg => {
-                    for (ox, d) in out.iter_mut().enumerate() {
-                        let y0 = (oy * sh) as isize - ph as isize;
-                        let (y0, y1) = (y0.max(0) as usize, ((y0 + kh as isize) as usize).min(h));
-                        let x0 = (ox * sw) as isize - pw as isize;
-                        let (x0, x1) = (x0.max(0) as usize, ((x0 + kw as isize) as usize).min(w));
+        for oy in 0..oh {
+            let y0 = (oy * sh) as isize - ph as isize;
+            let (y0, y1) = (y0.max(0) as usize, ((y0 + kh as isize) as usize).min(h));
+            for ox in 0..ow {
+                let x0 = (ox * sw) as isize - pw as isize;
+                let (x0, x1) = (x0.max(0) as usize, ((x0 + kw as isize) as usize).min(w));
+                let v = match p.kind {
+                    // NaN wins (found as the backward finds its place).
+                    PoolKind::Max => pool_grad::window_max(src, w, (y0, y1), (x0, x1)).0,
+                    PoolKind::Avg => {
                         let sum = (y0..y1)
                             .flat_map(|iy| src[iy * w + x0..iy * w + x1].iter())
                             .fold(0.0, |acc, v| acc + v.to_f64());
-                        *d = T::from_f64(sum / (kh * kw) as f64);
+                        sum / (kh * kw) as f64
                     }
-                }
+                };
+                dst[oy * ow + ox] = T::from_f64(v);
             }
         }
     };
     // Runs of whole planes per task, as the backward's (`pool_grad.rs`).
     let per = (pool_grad::PAR_CHUNK / (oh * ow)).max(1);
-    let planes = |first: usize, dst: &mut [T], (best, at): &mut (Vec<f64>, Vec<usize>)| {
+    let planes = |first: usize, dst: &mut [T]| {
         for (j, d) in dst.chunks_mut(oh * ow).enumerate() {
-            plane(first + j, d, best, at);
+            plane(first + j, d);
         }
     };
-    let scratch = || (vec![0.0; ow], vec![0; ow]);
     if out.len() * (1 + kh * kw) >= pool_grad::POOL_PAR_THRESHOLD && out.len() > per * oh * ow {
-        out.par_chunks_mut(per * oh * ow).enumerate().for_each_init(scratch, |sc, (k, d)| planes(k * per, d, sc));
+        out.par_chunks_mut(per * oh * ow).enumerate().for_each(|(k, d)| planes(k * per, d));
     } else {
-        planes(0, out, &mut scratch());
+        planes(0, out);
     }
     Ok(())
 }

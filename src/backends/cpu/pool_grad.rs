@@ -26,9 +26,11 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 /// Elements read and written from which the planes split across
-/// threads: a pass over the windows is a few loads and compares per
-/// element, so below this the wake-ups cost more than they save (the
-/// digits CNN's 32K-element gradients ran 20% slower split per plane).
+/// threads, as copies do (`index::COPY_PAR_THRESHOLD`): a pass over the
+/// windows is a few loads and compares an element. Before, pooling split
+/// into a task per plane from 32K (the digits CNN's planes are 16-64
+/// elements); the two were not measured apart (see RESULTS.md, issue 38,
+/// ninth session).
 pub(crate) const POOL_PAR_THRESHOLD: usize = 1 << 18;
 
 /// Elements of a task when they split.
@@ -85,13 +87,16 @@ fn grad_in<T: Elem>(x: View<'_, T>, g: View<'_, T>, p: PoolParams, out: &mut [T]
     let (mut xo, mut go) = (Vec::new(), Vec::new());
     let xs = elements(x, &mut xo)?;
     let gs = elements(g, &mut go)?;
-    let geo = Windows { h, w, ow, kernel: p.kernel, stride: p.stride, padding: p.padding };
+    // The first row (column) of window `o` inside the input, and the end.
+    let span = |o: usize, s: usize, pad: usize, k: usize, size: usize| {
+        let start = (o * s) as isize - pad as isize;
+        (start.max(0) as usize, ((start + k as isize) as usize).min(size))
+    };
     // Windows that tile (stride at least the window) give each element
     // at most one term: written straight, no sums.
     let tiles = sh >= kh && sw >= kw;
-    let plane = |i: usize, dst: &mut [T], scratch: &mut Scratch| {
+    let plane = |i: usize, dst: &mut [T], acc: &mut Vec<f64>| {
         let (src, gp) = (&xs[i * h * w..][..h * w], &gs[i * oh * ow..][..oh * ow]);
-        let Scratch { acc, best, at } = scratch;
         if tiles {
             dst.fill(T::from_f64(0.0));
         } else {
@@ -99,14 +104,16 @@ fn grad_in<T: Elem>(x: View<'_, T>, g: View<'_, T>, p: PoolParams, out: &mut [T]
             acc.resize(h * w, 0.0);
         }
         for oy in 0..oh {
-            geo.row_max(src, oy, best, at);
+            let (y0, y1) = span(oy, sh, ph, kh, h);
             for ox in 0..ow {
+                let (x0, x1) = span(ox, sw, pw, kw, w);
+                let (_, at) = window_max(src, w, (y0, y1), (x0, x1));
                 // `0 + g`, as the sum into zeros would be (-0 becomes 0).
                 let gv = gp[oy * ow + ox].to_f64();
                 if tiles {
-                    dst[at[ox]] = T::from_f64(0.0 + gv);
+                    dst[at] = T::from_f64(0.0 + gv);
                 } else {
-                    acc[at[ox]] += gv;
+                    acc[at] += gv;
                 }
             }
         }
@@ -116,86 +123,42 @@ fn grad_in<T: Elem>(x: View<'_, T>, g: View<'_, T>, p: PoolParams, out: &mut [T]
             }
         }
     };
-    // Whole planes per task, at least `PAR_CHUNK` elements: the digits
-    // CNN's planes are 16-64 elements, and a task per plane spent more in
-    // rayon's wake-ups than in the windows.
+    // Whole planes per task, at least `PAR_CHUNK` elements.
     let per = (PAR_CHUNK / (h * w)).max(1);
-    let planes = |first: usize, dst: &mut [T], scratch: &mut Scratch| {
+    let planes = |first: usize, dst: &mut [T], acc: &mut Vec<f64>| {
         for (j, d) in dst.chunks_mut(h * w).enumerate() {
-            plane(first + j, d, scratch);
+            plane(first + j, d, acc);
         }
     };
     if out.len() + gs.len() * kh * kw >= POOL_PAR_THRESHOLD && out.len() > per * h * w {
-        let init = || Scratch::new(ow);
-        out.par_chunks_mut(per * h * w).enumerate().for_each_init(init, |sc, (k, d)| planes(k * per, d, sc));
+        out.par_chunks_mut(per * h * w)
+            .enumerate()
+            .for_each_init(Vec::new, |acc, (k, d)| planes(k * per, d, acc));
     } else {
-        planes(0, out, &mut Scratch::new(ow));
+        planes(0, out, &mut Vec::new());
     }
     Ok(())
 }
 
-/// A task's scratch: a plane's sums (overlapping windows) and a row of
-/// windows' maxima and their places.
-struct Scratch {
-    acc: Vec<f64>,
-    best: Vec<f64>,
-    at: Vec<usize>,
-}
-
-impl Scratch {
-    fn new(ow: usize) -> Scratch {
-        Scratch { acc: Vec::new(), best: vec![0.0; ow], at: vec![0; ow] }
-    }
-}
-
-/// One plane's pooling windows (`h x w` input, `ow` windows a row).
-#[derive(Clone, Copy)]
-pub(crate) struct Windows {
-    pub h: usize,
-    pub w: usize,
-    pub ow: usize,
-    pub kernel: [usize; 2],
-    pub stride: [usize; 2],
-    pub padding: [usize; 2],
-}
-
-impl Windows {
-    /// The maximum of each window of output row `oy` (`best[ox]`, NaN if
-    /// the window holds one) and its place in the plane (`at[ox]`, by the
-    /// module docs' rule), for `src`, one plane.
-    ///
-    /// The row's windows advance together, one kernel offset at a time:
-    /// a window's compares depend on each other (the running maximum),
-    /// so one window at a time waited on each compare and select (about
-    /// 10 cycles an element); across the row they are independent.
-    pub(crate) fn row_max<T: Elem>(&self, src: &[T], oy: usize, best: &mut [f64], at: &mut [usize]) {
-        let Windows { h, w, ow, kernel: [kh, kw], stride: [sh, sw], padding: [ph, pw] } = *self;
-        let (best, at) = (&mut best[..ow], &mut at[..ow]);
-        let y0 = (oy * sh) as isize - ph as isize;
-        for (ox, (b, a)) in best.iter_mut().zip(at.iter_mut()).enumerate() {
-            let x0 = ((ox * sw) as isize - pw as isize).max(0) as usize;
-            *b = f64::NEG_INFINITY;
-            *a = y0.max(0) as usize * w + x0;
-        }
-        for ky in 0..kh {
-            let iy = y0 + ky as isize;
-            if iy < 0 || iy >= h as isize {
-                continue;
-            }
-            let row = &src[iy as usize * w..][..w];
-            for kx in 0..kw {
-                // The windows whose column `ox * sw + kx - pw` is inside.
-                let lo = pw.saturating_sub(kx).div_ceil(sw);
-                let hi = ((w + pw).saturating_sub(kx).div_ceil(sw)).min(ow);
-                for ox in lo..hi {
-                    let ix = ox * sw + kx - pw;
-                    let v = row[ix].to_f64();
-                    // Selects, not branches: which element wins is data.
-                    let wins = (v > best[ox]) | v.is_nan();
-                    best[ox] = if wins { v } else { best[ox] };
-                    at[ox] = if wins { iy as usize * w + ix } else { at[ox] };
-                }
-            }
+/// The maximum of the window of rows `y0..y1` and columns `x0..x1` of a
+/// plane `src` (`w` wide), NaN if it holds one, and its place by the
+/// module docs' rule. The running maximum goes through selects, not
+/// branches: which element wins is data, and the mispredicted jumps were
+/// most of the loop's time (the digits CNN's pooling, forward and back).
+pub(crate) fn window_max<T: Elem>(
+    src: &[T],
+    w: usize,
+    (y0, y1): (usize, usize),
+    (x0, x1): (usize, usize),
+) -> (f64, usize) {
+    let (mut best, mut at) = (f64::NEG_INFINITY, y0 * w + x0);
+    for iy in y0..y1 {
+        for (ix, v) in src[iy * w + x0..iy * w + x1].iter().enumerate() {
+            let v = v.to_f64();
+            let wins = (v > best) | v.is_nan();
+            best = if wins { v } else { best };
+            at = if wins { iy * w + x0 + ix } else { at };
         }
     }
+    (best, at)
 }
