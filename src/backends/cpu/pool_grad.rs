@@ -142,23 +142,29 @@ fn grad_in<T: Elem>(x: View<'_, T>, g: View<'_, T>, p: PoolParams, out: &mut [T]
 
 /// The maximum of the window of rows `y0..y1` and columns `x0..x1` of a
 /// plane `src` (`w` wide), NaN if it holds one, and its place by the
-/// module docs' rule. The running maximum goes through selects, not
-/// branches: which element wins is data, and the mispredicted jumps were
-/// most of the loop's time (the digits CNN's pooling, forward and back).
+/// module docs' rule.
+///
+/// No branch depends on the data: the place moves by an integer select,
+/// the running maximum is `f64::max` (which skips NaN) with NaN kept
+/// aside, so after a NaN only a later NaN moves the place, as after
+/// PyTorch's `maxval = NaN`. Written as `if wins { v } else { best }` the
+/// float select compiled to a jump, whose mispredictions were most of the
+/// loop's time (the digits CNN's pooling, forward and back).
 pub(crate) fn window_max<T: Elem>(
     src: &[T],
     w: usize,
     (y0, y1): (usize, usize),
     (x0, x1): (usize, usize),
 ) -> (f64, usize) {
-    let (mut best, mut at) = (f64::NEG_INFINITY, y0 * w + x0);
+    let (mut best, mut at, mut nan) = (f64::NEG_INFINITY, y0 * w + x0, false);
     for iy in y0..y1 {
         for (ix, v) in src[iy * w + x0..iy * w + x1].iter().enumerate() {
             let v = v.to_f64();
-            let wins = (v > best) | v.is_nan();
-            best = if wins { v } else { best };
+            let wins = v.is_nan() | (!nan & (v > best));
             at = if wins { iy * w + x0 + ix } else { at };
+            nan |= v.is_nan();
+            best = best.max(v);
         }
     }
-    (best, at)
+    (if nan { f64::NAN } else { best }, at)
 }
