@@ -108,6 +108,7 @@ fn own_files_cover_every_op_and_dtype() {
         "conv2d",
         "max_pool2d",
         "avg_pool2d",
+        "max_pool2d_grad",
         "gather",
         "index_select",
         "cat",

@@ -291,6 +291,11 @@ fn encode(graph: &Graph, id: NodeId, operands: &[NodeId], marks: &[(u32, u32)], 
                 put(w, *v as u64);
             }
         }
+        Op::MaxPool2dGrad { kernel, stride, padding } => {
+            for v in kernel.iter().chain(stride).chain(padding) {
+                put(w, *v as u64);
+            }
+        }
         Op::Gather { dim }
         | Op::IndexSelect { dim }
         | Op::IndexAdd { dim }
@@ -371,6 +376,7 @@ fn op_tag(op: &Op) -> u64 {
         Op::AttentionGrad { .. } => 29,
         Op::Extra { .. } => 30,
         Op::AttentionDelta => 31,
+        Op::MaxPool2dGrad { .. } => 32,
     }
 }
 

@@ -214,23 +214,20 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
         }
         Op::Pool2d { kernel, stride, padding, .. } => {
             let (x, d) = ty(0);
-            if !d.is_float() {
-                return Err(format!("{name} needs a float tensor, got {d}; cast it first"));
+            (pool_out(name, x, d, *kernel, *stride, *padding)?, d)
+        }
+        Op::MaxPool2dGrad { kernel, stride, padding } => {
+            let ((x, d), (g, dg)) = (ty(0), ty(1));
+            if dg != d {
+                return Err(mixed(name, d, dg));
             }
-            if x.rank() != 4 {
-                return Err(format!("{name} needs an NCHW input, got {x}"));
+            let want = pool_out(name, x, d, *kernel, *stride, *padding)?;
+            if *g != want {
+                return Err(format!(
+                    "{name} needs the gradient of the pooling's result {want} (of input {x}), got {g}"
+                ));
             }
-            if kernel.contains(&0) || stride.contains(&0) {
-                return Err(format!("{name} kernel and stride must be at least 1"));
-            }
-            if padding[0] > kernel[0] / 2 || padding[1] > kernel[1] / 2 {
-                return Err(format!("{name} padding {padding:?} must be at most half the kernel {kernel:?}"));
-            }
-            let h = window_out(x.0[2], kernel[0], stride[0], padding[0], 1)
-                .ok_or_else(|| format!("{name} window {kernel:?} is larger than the padded input {x}"))?;
-            let w = window_out(x.0[3], kernel[1], stride[1], padding[1], 1)
-                .ok_or_else(|| format!("{name} window {kernel:?} is larger than the padded input {x}"))?;
-            (Shape(vec![x.0[0], x.0[1], h, w]), d)
+            (x.clone(), d)
         }
         Op::Gather { dim } => {
             let ((x, d), (idx, di)) = (ty(0), ty(1));
@@ -452,6 +449,36 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
         }
     };
     Ok(Some(out))
+}
+
+/// The result shape of a pooling (and the gradient shape its backward
+/// takes): a float NCHW input, windows of at least 1, padding at most half
+/// the window (so that every window holds an element of the input).
+fn pool_out(
+    name: &str,
+    x: &Shape,
+    d: DType,
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 2],
+) -> Result<Shape, String> {
+    if !d.is_float() {
+        return Err(format!("{name} needs a float tensor, got {d}; cast it first"));
+    }
+    if x.rank() != 4 {
+        return Err(format!("{name} needs an NCHW input, got {x}"));
+    }
+    if kernel.contains(&0) || stride.contains(&0) {
+        return Err(format!("{name} kernel and stride must be at least 1"));
+    }
+    if padding[0] > kernel[0] / 2 || padding[1] > kernel[1] / 2 {
+        return Err(format!("{name} padding {padding:?} must be at most half the kernel {kernel:?}"));
+    }
+    let h = window_out(x.0[2], kernel[0], stride[0], padding[0], 1)
+        .ok_or_else(|| format!("{name} window {kernel:?} is larger than the padded input {x}"))?;
+    let w = window_out(x.0[3], kernel[1], stride[1], padding[1], 1)
+        .ok_or_else(|| format!("{name} window {kernel:?} is larger than the padded input {x}"))?;
+    Ok(Shape(vec![x.0[0], x.0[1], h, w]))
 }
 
 /// Output size of a sliding window, `None` if the window does not fit.

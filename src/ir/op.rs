@@ -273,6 +273,26 @@ pub enum Op {
         /// Padding on each side (height, width).
         padding: [usize; 2],
     },
+    /// The input gradient of a max pooling: operands x (the pooling's
+    /// NCHW input) and g (the gradient of its result, `[n, c, oh, ow]`);
+    /// the result has x's shape and dtype. Each window's gradient goes to
+    /// the window's maximum, found again from x as the forward found it:
+    /// the first of tied maxima, the last NaN of a window holding any
+    /// (PyTorch's kernels update the index on every NaN), the window's
+    /// first element inside the input when every element is `-inf`;
+    /// overlapping windows add. PyTorch's
+    /// `max_pool2d_with_indices_backward` without the indices. Autodiff
+    /// records it for [`Op::Pool2d`] of [`PoolKind::Max`]: one pass over
+    /// the gradient, where the rule written with views, selects and joins
+    /// ran `kernel²` of each (the digits CNN's 32 `cat` nodes a step).
+    MaxPool2dGrad {
+        /// Window (height, width), as the forward's.
+        kernel: [usize; 2],
+        /// Stride (height, width), as the forward's.
+        stride: [usize; 2],
+        /// Padding on each side (height, width), as the forward's.
+        padding: [usize; 2],
+    },
     /// `torch.gather(input, dim, index)`: operands input, index (i64/i32,
     /// same rank); the result has the index's shape.
     Gather {
@@ -434,6 +454,7 @@ impl Op {
             Op::Conv2d { .. } => "conv2d",
             Op::Pool2d { kind: PoolKind::Max, .. } => "max_pool2d",
             Op::Pool2d { kind: PoolKind::Avg, .. } => "avg_pool2d",
+            Op::MaxPool2dGrad { .. } => "max_pool2d_grad",
             Op::Gather { .. } => "gather",
             Op::IndexSelect { .. } => "index_select",
             Op::IndexAdd { .. } => "index_add",
@@ -506,6 +527,7 @@ impl Op {
             | Op::Compare(_)
             | Op::MatMul
             | Op::Conv2d { .. }
+            | Op::MaxPool2dGrad { .. }
             | Op::Gather { .. }
             | Op::IndexSelect { .. }
             | Op::Assign => 2,

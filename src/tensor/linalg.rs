@@ -111,6 +111,28 @@ impl Tensor {
         self.pool_at(PoolKind::Max, kernel, stride, padding, Location::caller())
     }
 
+    /// The gradient of [`Tensor::max_pool2d`] with respect to its input
+    /// `self`, given `grad`, the gradient of its result: each window's
+    /// gradient added at the window's maximum (the first of tied maxima,
+    /// the last NaN of a window holding any, as PyTorch's
+    /// `max_pool2d_with_indices_backward` routes it), zeros elsewhere.
+    /// What `backward` records for a max pooling; exposed for custom
+    /// gradients and for testing.
+    ///
+    /// ```
+    /// use kiln::prelude::*;
+    /// let ctx = Context::cpu();
+    /// let x = ctx.tensor(&[1.0f32, 3.0, 3.0, 2.0], [1, 1, 2, 2]);
+    /// let g = ctx.tensor(&[5.0f32], [1, 1, 1, 1]);
+    /// assert_eq!(x.max_pool2d_grad(&g, 2, 2, 0).to_vec::<f32>()?, vec![0.0, 5.0, 0.0, 0.0]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn max_pool2d_grad(&self, grad: &Tensor, kernel: usize, stride: usize, padding: usize) -> Tensor {
+        let op = Op::MaxPool2dGrad { kernel: [kernel; 2], stride: [stride; 2], padding: [padding; 2] };
+        Tensor::record(&[self, grad], op, None, Location::caller())
+    }
+
     /// Average pooling over `kernel x kernel` windows of an NCHW input;
     /// padding counts as zeros (PyTorch's `count_include_pad=True`).
     #[track_caller]

@@ -115,7 +115,20 @@ static CASES: &[Case] = &[
     case("conv2d-stride-leaves-rows", &[(&[1, 1, 6, 6], Any), (&[2, 1, 2, 2], Any)], |_, x| {
         x[0].conv2d(&x[1], 3, 0, 1, 1)
     }),
+    // Padding wider than the window, strided: the input gradient's
+    // correlation keeps at least one row of its own (autodiff trims the
+    // padding's rows from it only as far as that allows).
+    case("conv2d-padding-wider-than-window", &[(&[1, 2, 3, 4], Any), (&[2, 2, 2, 3], Any)], |_, x| {
+        x[0].conv2d(&x[1], 3, 3, 1, 1)
+    }),
     case("max-pool2d-padded", &[(&[1, 2, 5, 5], Any)], |_, x| x[0].max_pool2d(3, 2, 1)),
+    case("max-pool2d-tiling", &[(&[2, 2, 4, 6], Any)], |_, x| x[0].max_pool2d(2, 2, 0)),
+    case("max-pool2d-overlapping", &[(&[1, 2, 5, 4], Any)], |_, x| x[0].max_pool2d(3, 1, 1)),
+    // Its gradient's own rule (a second derivative through a CNN): linear
+    // in the gradient, flat in x (the product gives x a gradient to check).
+    case("max-pool2d-grad", &[(&[1, 2, 5, 5], Any), (&[1, 2, 3, 3], Any)], |_, x| {
+        x[0].max_pool2d_grad(&x[1], 3, 2, 1) * &x[0]
+    }),
     case("avg-pool2d", &[(&[2, 1, 4, 4], Any)], |_, x| x[0].avg_pool2d(2, 2, 0)),
     case("avg-pool2d-padded", &[(&[1, 2, 5, 4], Any)], |_, x| x[0].avg_pool2d(3, 1, 1)),
     // Indexing.
@@ -323,6 +336,7 @@ fn the_table_covers_every_differentiable_op() {
         "layer-norm",
         "conv2d",
         "max-pool2d",
+        "max-pool2d-grad",
         "avg-pool2d",
         "gather",
         "index-select",

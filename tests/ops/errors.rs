@@ -223,6 +223,14 @@ fn other_shape_errors() {
         snap("gather_index_dtype", &read_err(&ctx.zeros([2]).gather(0, &ctx.zeros([2]))));
         snap("max_pool_padding_too_large", &read_err(&x.max_pool2d(2, 2, 2)));
         snap("slice_backwards", &read_err(&ctx.zeros([5]).slice(0, 3, 1, 1)));
+        // The gradient of a pooling whose result is [1, 4, 2, 2].
+        let g = ctx.zeros([1, 4, 2, 2]);
+        snap("max_pool_grad_wrong_gradient_shape", &read_err(&x.max_pool2d_grad(&g, 3, 1, 1)));
+        let g64 = g.cast(DType::F64);
+        snap("max_pool_grad_mixed_dtypes", &read_err(&x.max_pool2d_grad(&g64, 2, 2, 0)));
+        let xi = x.cast(DType::I32);
+        snap("max_pool_grad_integer_input", &read_err(&xi.max_pool2d_grad(&g.cast(DType::I32), 2, 2, 0)));
+        snap("max_pool_grad_zero_stride", &read_err(&x.max_pool2d_grad(&g, 2, 0, 0)));
     });
 }
 

@@ -18,6 +18,7 @@ mod linalg;
 mod long_rows;
 mod nonfinite;
 mod padded_rows;
+mod pool_grad;
 mod reduce;
 mod slots;
 mod transformer;

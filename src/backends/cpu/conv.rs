@@ -13,11 +13,11 @@
 //! `f64` compute in their own type. Pooling reads the input in place and
 //! computes each window in `f64` (exact for max, one rounding for avg).
 
-use super::elementwise::{contiguous, copy_short, map1, PAR_THRESHOLD};
+use super::elementwise::{contiguous, copy_short, map1};
 use super::matmul::{gemm_rowmajor, GemmFloat};
-use super::pool;
 use super::storage::{cast_elem, Elem, Out, View};
 use super::CpuBuffer;
+use super::{pool, pool_grad};
 use crate::ir::{window_out, DType, PoolKind};
 use crate::{Error, Result};
 use half::{bf16, f16};
@@ -226,7 +226,14 @@ fn pool_in<T: Elem>(x: View<'_, T>, p: PoolParams, out: &mut [T]) -> Result<()> 
     let [ph, pw] = p.padding;
     let oh = window_out(h, kh, sh, ph, 1).ok_or_else(|| bad("pool2d window does not fit".into()))?;
     let ow = window_out(w, kw, sw, pw, 1).ok_or_else(|| bad("pool2d window does not fit".into()))?;
-    let xs = contiguous(x)?;
+    let own;
+    let xs = match super::elementwise::dense(&x) {
+        Some(s) => s,
+        None => {
+            own = contiguous(x)?;
+            &own[..]
+        }
+    };
     if out.len() != n * c * oh * ow {
         return Err(bad(format!("pool2d output of {} elements, {} expected", out.len(), n * c * oh * ow)));
     }
@@ -236,44 +243,36 @@ fn pool_in<T: Elem>(x: View<'_, T>, p: PoolParams, out: &mut [T]) -> Result<()> 
     let plane = |i: usize, dst: &mut [T]| {
         let src = &xs[i * h * w..][..h * w];
         for oy in 0..oh {
+            let y0 = (oy * sh) as isize - ph as isize;
+            let (y0, y1) = (y0.max(0) as usize, ((y0 + kh as isize) as usize).min(h));
             for ox in 0..ow {
-                let mut acc = match p.kind {
-                    PoolKind::Max => f64::NEG_INFINITY,
-                    PoolKind::Avg => 0.0,
+                let x0 = (ox * sw) as isize - pw as isize;
+                let (x0, x1) = (x0.max(0) as usize, ((x0 + kw as isize) as usize).min(w));
+                let v = match p.kind {
+                    // NaN wins (found as the backward finds its place).
+                    PoolKind::Max => pool_grad::window_max(src, w, (y0, y1), (x0, x1)).0,
+                    PoolKind::Avg => {
+                        let sum = (y0..y1)
+                            .flat_map(|iy| src[iy * w + x0..iy * w + x1].iter())
+                            .fold(0.0, |acc, v| acc + v.to_f64());
+                        sum / (kh * kw) as f64
+                    }
                 };
-                'win: for ky in 0..kh {
-                    let iy = (oy * sh + ky) as isize - ph as isize;
-                    if iy < 0 || iy >= h as isize {
-                        continue;
-                    }
-                    for kx in 0..kw {
-                        let ix = (ox * sw + kx) as isize - pw as isize;
-                        if ix < 0 || ix >= w as isize {
-                            continue;
-                        }
-                        let v = src[iy as usize * w + ix as usize].to_f64();
-                        match p.kind {
-                            PoolKind::Max if v.is_nan() => {
-                                acc = v;
-                                break 'win;
-                            }
-                            PoolKind::Max if v > acc => acc = v,
-                            PoolKind::Max => {}
-                            PoolKind::Avg => acc += v,
-                        }
-                    }
-                }
-                if p.kind == PoolKind::Avg {
-                    acc /= (kh * kw) as f64;
-                }
-                dst[oy * ow + ox] = T::from_f64(acc);
+                dst[oy * ow + ox] = T::from_f64(v);
             }
         }
     };
-    if out.len() * kh * kw >= PAR_THRESHOLD {
-        out.par_chunks_mut(oh * ow).enumerate().for_each(|(i, d)| plane(i, d));
+    // Runs of whole planes per task, as the backward's (`pool_grad.rs`).
+    let per = (pool_grad::PAR_CHUNK / (oh * ow)).max(1);
+    let planes = |first: usize, dst: &mut [T]| {
+        for (j, d) in dst.chunks_mut(oh * ow).enumerate() {
+            plane(first + j, d);
+        }
+    };
+    if out.len() * (1 + kh * kw) >= pool_grad::POOL_PAR_THRESHOLD && out.len() > per * oh * ow {
+        out.par_chunks_mut(per * oh * ow).enumerate().for_each(|(k, d)| planes(k * per, d));
     } else {
-        out.chunks_mut(oh * ow).enumerate().for_each(|(i, d)| plane(i, d));
+        planes(0, out);
     }
     Ok(())
 }

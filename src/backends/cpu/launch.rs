@@ -4,7 +4,9 @@
 use super::arena::Arena;
 use super::exec::{CpuExecutable, Place, Step};
 use super::storage::{dispatch, Elem, Out, Storage};
-use super::{attention, attention_grad, conv, elementwise, index, pool, reduce, source, CpuBuffer, Layout};
+use super::{
+    attention, attention_grad, conv, elementwise, index, pool, pool_grad, reduce, source, CpuBuffer, Layout,
+};
 use crate::backends::RngArgs;
 use crate::ir::{DType, Element, HostData, NodeId, Op, Shape};
 use crate::{Error, Result};
@@ -144,6 +146,11 @@ impl CpuExecutable {
             Op::Pool2d { kind, kernel, stride, padding } => {
                 let p = conv::PoolParams { kind: *kind, kernel: *kernel, stride: *stride, padding: *padding };
                 write!(|out| conv::pool2d(x()?, p, out))
+            }
+            Op::MaxPool2dGrad { kernel, stride, padding } => {
+                let kind = crate::ir::PoolKind::Max;
+                let p = conv::PoolParams { kind, kernel: *kernel, stride: *stride, padding: *padding };
+                write!(|out| pool_grad::max_pool2d_grad(x()?, y()?, p, out))
             }
             Op::Gather { dim } => write!(|out| index::gather(x()?, y()?, *dim, step.id, out)),
             Op::IndexSelect { dim } => write!(|out| index::index_select(x()?, y()?, *dim, step.id, out)),

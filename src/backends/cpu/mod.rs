@@ -30,6 +30,7 @@ mod launch;
 mod matmul;
 mod place;
 mod pool;
+mod pool_grad;
 mod reduce;
 mod run;
 mod sgemm;

@@ -217,7 +217,7 @@ fn attrs(op: &Op, dtype: crate::ir::DType) -> String {
             list(padding),
             list(dilation)
         ),
-        Op::Pool2d { kernel, stride, padding, .. } => {
+        Op::Pool2d { kernel, stride, padding, .. } | Op::MaxPool2dGrad { kernel, stride, padding } => {
             format!(" kernel={} stride={} padding={}", list(kernel), list(stride), list(padding))
         }
         Op::Gather { dim }

@@ -149,8 +149,18 @@ pub(super) fn vjp(
             ])
         }
         Op::Pool2d { kind, kernel, stride, padding } => {
-            one(window::Pool { kind, kernel, stride, padding }.input_grad(b, xs[0], y, g))
+            one(window::Pool { kind, kernel, stride, padding }.input_grad(b, xs[0], g))
         }
+        // Piecewise constant in x; linear in g.
+        Op::MaxPool2dGrad { kernel, stride, padding } => Ok(vec![
+            None,
+            if wanted[1] {
+                let pool = window::Pool { kind: crate::ir::PoolKind::Max, kernel, stride, padding };
+                Some(pool.max_grad_grad(b, xs[0], g)?)
+            } else {
+                None
+            },
+        ]),
         Op::Compare(_) => Ok(vec![None; xs.len()]),
         // The loss is the sum of every rank's: each rank's operand reaches
         // every rank's result, so its gradient is the sum (mean) of every

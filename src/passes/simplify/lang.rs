@@ -91,6 +91,11 @@ pub enum OpKey {
         stride: [usize; 2],
         padding: [usize; 2],
     },
+    MaxPool2dGrad {
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+    },
     Gather {
         dim: usize,
     },
@@ -191,6 +196,9 @@ impl From<&Op> for OpKey {
             Op::Pool2d { kind, kernel, stride, padding } => {
                 OpKey::Pool2d { kind: *kind, kernel: *kernel, stride: *stride, padding: *padding }
             }
+            Op::MaxPool2dGrad { kernel, stride, padding } => {
+                OpKey::MaxPool2dGrad { kernel: *kernel, stride: *stride, padding: *padding }
+            }
             Op::Gather { dim } => OpKey::Gather { dim: *dim },
             Op::IndexSelect { dim } => OpKey::IndexSelect { dim: *dim },
             Op::IndexAdd { dim } => OpKey::IndexAdd { dim: *dim },
@@ -243,6 +251,9 @@ impl OpKey {
             }
             OpKey::Pool2d { kind, kernel, stride, padding } => {
                 Op::Pool2d { kind: *kind, kernel: *kernel, stride: *stride, padding: *padding }
+            }
+            OpKey::MaxPool2dGrad { kernel, stride, padding } => {
+                Op::MaxPool2dGrad { kernel: *kernel, stride: *stride, padding: *padding }
             }
             OpKey::Fused(key) => Op::Fused(key.0.clone()),
             OpKey::Gather { dim } => Op::Gather { dim: *dim },

@@ -10,7 +10,7 @@
 //!   unfused reduction: a thread, warp or block per row.
 //! - [`ops`]: the ops no library runs and that are no body: random numbers,
 //!   ranges, fills, gather, index_select, index_add, concatenation,
-//!   integer matmul.
+//!   integer matmul; [`pool_grad`]: a max pooling's input gradient.
 //! - [`attention`]: the flash-style attention kernel (CUDA cores), and
 //!   [`attention_mma`]: its tensor-core form for f16/bf16, and
 //!   [`attention_decode`]: the split-key form for a few query rows.
@@ -39,6 +39,7 @@ pub(crate) mod index;
 pub(crate) mod index_add;
 pub(crate) mod multi;
 pub(crate) mod ops;
+pub(crate) mod pool_grad;
 pub(crate) mod reduction;
 pub(crate) mod types;
 

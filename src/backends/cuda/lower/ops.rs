@@ -7,7 +7,7 @@ use super::matmul::LtEpilogue;
 use super::{bytes, Lowering, Storage, Value};
 use crate::backends::cuda::codegen::body::{Operand, Source};
 use crate::backends::cuda::codegen::index::Access;
-use crate::backends::cuda::codegen::{argmax, columns, elementwise, ops, reduction, Kernel};
+use crate::backends::cuda::codegen::{argmax, columns, elementwise, ops, pool_grad, reduction, Kernel};
 use crate::backends::cuda::program::{Conv, IndexCheck, Launch, Loc, Pool, Region, Tensor4};
 use crate::backends::Layout;
 use crate::ir::{DType, FusedBody, FusedKind, Graph, Node, NodeId, Op, Placement, ReduceOp, RegionId, Shape};
@@ -113,6 +113,16 @@ impl Lowering<'_> {
                     stride: *stride,
                     padding: *padding,
                 }));
+                Ok(())
+            }
+            Op::MaxPool2dGrad { kernel, stride, padding } => {
+                let (x, g) = (operand(&ops[0]), operand(&ops[1]));
+                let k = self.add_kernel("max_pool2d_grad", |n| {
+                    Ok(pool_grad::generate(n, &x, &g, &node.shape, *kernel, *stride, *padding))
+                })?;
+                let mut args = vec![dst];
+                args.extend(buffer_locs(&ops));
+                self.launches.push(Launch::Kernel { kernel: k, args });
                 Ok(())
             }
             Op::Gather { dim } | Op::IndexSelect { dim } => {

@@ -118,6 +118,7 @@ pub(super) enum Kind {
     MatMul,
     Conv2d,
     Pool(PoolKind),
+    MaxPoolGrad,
     Gather,
     IndexSelect,
     IndexAdd,
@@ -150,6 +151,7 @@ const FIXED: &[(&str, Kind)] = &[
     ("conv2d", Kind::Conv2d),
     ("max_pool2d", Kind::Pool(PoolKind::Max)),
     ("avg_pool2d", Kind::Pool(PoolKind::Avg)),
+    ("max_pool2d_grad", Kind::MaxPoolGrad),
     ("gather", Kind::Gather),
     ("index_select", Kind::IndexSelect),
     ("index_add", Kind::IndexAdd),
@@ -364,6 +366,14 @@ pub(super) fn build_op(
                 kernel: a.pair("kernel", m, &ex)?,
                 stride: a.pair("stride", m, &ex)?,
                 padding: a.pair("padding", m, &ex)?,
+            }
+        }
+        Kind::MaxPoolGrad => {
+            let ex = "max_pool2d_grad %x, %g kernel=[2,2] stride=[2,2] padding=[0,0]";
+            Op::MaxPool2dGrad {
+                kernel: a.pair("kernel", m, ex)?,
+                stride: a.pair("stride", m, ex)?,
+                padding: a.pair("padding", m, ex)?,
             }
         }
         Kind::Gather => Op::Gather { dim: a.usize("dim", m, "gather %x, %i dim=1")? },

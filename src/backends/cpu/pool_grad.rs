@@ -1,0 +1,170 @@
+//! The input gradient of a max pooling (`max_pool2d_grad`): one pass over
+//! the windows, each finding its maximum in `x` again and adding its
+//! gradient there.
+//!
+//! Which element a window's gradient goes to is PyTorch's choice, found
+//! as its kernels find it: the window is read in row-major order and the
+//! index moves on `v > best || v.is_nan()`, so the first of tied maxima
+//! wins, a window holding NaN sends its gradient to its last NaN, and a
+//! window whose every element is `-inf` sends it to its first element
+//! inside the input (padding is never read). A NaN or inf in `g` reaches
+//! that one element and no other.
+//!
+//! A plane's sums are kept in `f64` and rounded once, so overlapping
+//! windows (stride under the kernel) add without an intermediate
+//! rounding, in window order; windows that tile (stride at least the
+//! window) give each element at most one term, written straight. Runs of
+//! whole planes split across threads above [`POOL_PAR_THRESHOLD`].
+
+use super::conv::PoolParams;
+use super::elementwise::{contiguous, dense};
+use super::storage::{Elem, Out, View};
+use super::CpuBuffer;
+use crate::ir::{window_out, DType};
+use crate::{Error, Result};
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+/// Elements read and written from which the planes split across
+/// threads, as copies do (`index::COPY_PAR_THRESHOLD`): a pass over the
+/// windows is a few loads and compares an element. Before, pooling split
+/// into a task per plane from 32K (the digits CNN's planes are 16-64
+/// elements); the two were not measured apart (see RESULTS.md, issue 38,
+/// ninth session).
+pub(crate) const POOL_PAR_THRESHOLD: usize = 1 << 18;
+
+/// Elements of a task when they split.
+pub(crate) const PAR_CHUNK: usize = 1 << 15;
+
+fn bad(msg: String) -> Error {
+    Error::Backend(format!("cpu: {msg}"))
+}
+
+/// `max_pool2d_grad(x, g)` into `out` (x's shape).
+pub(crate) fn max_pool2d_grad(x: &CpuBuffer, g: &CpuBuffer, p: PoolParams, out: Out<'_>) -> Result<()> {
+    if g.dtype() != x.dtype() {
+        return Err(bad(format!("max_pool2d_grad of {} and {}", x.dtype(), g.dtype())));
+    }
+    match x.dtype() {
+        DType::F32 => grad_in::<f32>(x.view()?, g.view()?, p, out.get()?),
+        DType::F64 => grad_in::<f64>(x.view()?, g.view()?, p, out.get()?),
+        DType::F16 => grad_in::<f16>(x.view()?, g.view()?, p, out.get()?),
+        DType::BF16 => grad_in::<bf16>(x.view()?, g.view()?, p, out.get()?),
+        d => Err(bad(format!("max_pool2d_grad is not defined on {d}"))),
+    }
+}
+
+/// The elements of `v` in row-major order: borrowed when dense.
+fn elements<'a, T: Elem>(v: View<'a, T>, own: &'a mut Vec<T>) -> Result<&'a [T]> {
+    if let Some(s) = dense(&v) {
+        return Ok(s);
+    }
+    *own = contiguous(v)?;
+    Ok(own)
+}
+
+fn grad_in<T: Elem>(x: View<'_, T>, g: View<'_, T>, p: PoolParams, out: &mut [T]) -> Result<()> {
+    let xd = x.layout.shape.0.clone();
+    if xd.len() != 4 {
+        return Err(bad(format!("max_pool2d_grad of {}", x.layout.shape)));
+    }
+    let (n, c, h, w) = (xd[0], xd[1], xd[2], xd[3]);
+    let ([kh, kw], [sh, sw], [ph, pw]) = (p.kernel, p.stride, p.padding);
+    let fit = || bad("max_pool2d_grad window does not fit".into());
+    let oh = window_out(h, kh, sh, ph, 1).ok_or_else(fit)?;
+    let ow = window_out(w, kw, sw, pw, 1).ok_or_else(fit)?;
+    if g.layout.shape.0 != [n, c, oh, ow] || out.len() != n * c * h * w {
+        return Err(bad(format!(
+            "max_pool2d_grad of {} and {} into {} elements",
+            x.layout.shape,
+            g.layout.shape,
+            out.len()
+        )));
+    }
+    if out.is_empty() {
+        return Ok(());
+    }
+    let (mut xo, mut go) = (Vec::new(), Vec::new());
+    let xs = elements(x, &mut xo)?;
+    let gs = elements(g, &mut go)?;
+    // The first row (column) of window `o` inside the input, and the end.
+    let span = |o: usize, s: usize, pad: usize, k: usize, size: usize| {
+        let start = (o * s) as isize - pad as isize;
+        (start.max(0) as usize, ((start + k as isize) as usize).min(size))
+    };
+    // Windows that tile (stride at least the window) give each element
+    // at most one term: written straight, no sums.
+    let tiles = sh >= kh && sw >= kw;
+    let plane = |i: usize, dst: &mut [T], acc: &mut Vec<f64>| {
+        let (src, gp) = (&xs[i * h * w..][..h * w], &gs[i * oh * ow..][..oh * ow]);
+        if tiles {
+            dst.fill(T::from_f64(0.0));
+        } else {
+            acc.clear();
+            acc.resize(h * w, 0.0);
+        }
+        for oy in 0..oh {
+            let (y0, y1) = span(oy, sh, ph, kh, h);
+            for ox in 0..ow {
+                let (x0, x1) = span(ox, sw, pw, kw, w);
+                let (_, at) = window_max(src, w, (y0, y1), (x0, x1));
+                // `0 + g`, as the sum into zeros would be (-0 becomes 0).
+                let gv = gp[oy * ow + ox].to_f64();
+                if tiles {
+                    dst[at] = T::from_f64(0.0 + gv);
+                } else {
+                    acc[at] += gv;
+                }
+            }
+        }
+        if !tiles {
+            for (d, a) in dst.iter_mut().zip(acc.iter()) {
+                *d = T::from_f64(*a);
+            }
+        }
+    };
+    // Whole planes per task, at least `PAR_CHUNK` elements.
+    let per = (PAR_CHUNK / (h * w)).max(1);
+    let planes = |first: usize, dst: &mut [T], acc: &mut Vec<f64>| {
+        for (j, d) in dst.chunks_mut(h * w).enumerate() {
+            plane(first + j, d, acc);
+        }
+    };
+    if out.len() + gs.len() * kh * kw >= POOL_PAR_THRESHOLD && out.len() > per * h * w {
+        out.par_chunks_mut(per * h * w)
+            .enumerate()
+            .for_each_init(Vec::new, |acc, (k, d)| planes(k * per, d, acc));
+    } else {
+        planes(0, out, &mut Vec::new());
+    }
+    Ok(())
+}
+
+/// The maximum of the window of rows `y0..y1` and columns `x0..x1` of a
+/// plane `src` (`w` wide), NaN if it holds one, and its place by the
+/// module docs' rule.
+///
+/// No branch depends on the data: the place moves by an integer select,
+/// the running maximum is `f64::max` (which skips NaN) with NaN kept
+/// aside, so after a NaN only a later NaN moves the place, as after
+/// PyTorch's `maxval = NaN`. Written as `if wins { v } else { best }` the
+/// float select compiled to a jump, whose mispredictions were most of the
+/// loop's time (the digits CNN's pooling, forward and back).
+pub(crate) fn window_max<T: Elem>(
+    src: &[T],
+    w: usize,
+    (y0, y1): (usize, usize),
+    (x0, x1): (usize, usize),
+) -> (f64, usize) {
+    let (mut best, mut at, mut nan) = (f64::NEG_INFINITY, y0 * w + x0, false);
+    for iy in y0..y1 {
+        for (ix, v) in src[iy * w + x0..iy * w + x1].iter().enumerate() {
+            let v = v.to_f64();
+            let wins = v.is_nan() | (!nan & (v > best));
+            at = if wins { iy * w + x0 + ix } else { at };
+            nan |= v.is_nan();
+            best = best.max(v);
+        }
+    }
+    (if nan { f64::NAN } else { best }, at)
+}
