@@ -36,6 +36,7 @@
 //! [`Op::AttentionGrad`]: crate::ir::Op::AttentionGrad
 
 use super::attention::{Spec, Strided};
+use super::attention_grad_ds::DsLayout;
 use super::attention_tiles::{
     self as tiles, mma_columns, mma_rows, tile_load, tile_loop, vectorized, Tile, PAD, THREADS, TILE,
 };
@@ -70,6 +71,11 @@ impl GradSpec {
     /// The kernel's opening: `out`, then `q, k, v|o, g`, the stats (for
     /// `wrt`) and the mask.
     fn head(&self, name: &str, out: &str, stats: bool) -> String {
+        self.head_with(name, out, stats, &[])
+    }
+
+    /// [`GradSpec::head`] with more parameters after the mask.
+    pub(super) fn head_with(&self, name: &str, out: &str, stats: bool, more: &[String]) -> String {
         let st = types::storage(self.attn.dtype);
         let mut p = vec![format!("{out}* __restrict__ out")];
         for x in ["q", "k", "v", "dout"] {
@@ -81,6 +87,7 @@ impl GradSpec {
         if self.attn.mask != AttnMask::None {
             p.push(format!("const {}* __restrict__ mask", types::storage(self.attn.mask_dtype)));
         }
+        p.extend(more.iter().cloned());
         let mut s = format!("extern \"C\" __global__ void {name}({}) {{\n", p.join(", "));
         s.push_str("  typedef long long I;\n  typedef kiln::u32 U;\n");
         s.push_str("  const float NEG_INF = __int_as_float(0xff800000);\n");
@@ -90,7 +97,7 @@ impl GradSpec {
     }
 
     /// The parameters the kernel reads (all but `out`).
-    fn reads(&self, stats: bool) -> Vec<usize> {
+    pub(super) fn reads(&self, stats: bool) -> Vec<usize> {
         let n = 4 + stats as usize + (self.attn.mask != AttnMask::None) as usize;
         (0..n).collect()
     }
@@ -129,7 +136,7 @@ impl GradSpec {
 
 /// Loads the A fragments `name[n / 16][4]` of this warp's 16 rows of the
 /// shared tile `tile` (stride `stride`, `n` columns).
-fn fragments(s: &mut String, name: &str, tile: &str, stride: usize, n: usize) {
+pub(super) fn fragments(s: &mut String, name: &str, tile: &str, stride: usize, n: usize) {
     let _ = writeln!(s, "  U {name}[{}][4];", n / 16);
     let _ = writeln!(s, "  #pragma unroll\n  for (int kk = 0; kk < {}; ++kk) {{", n / 16);
     for (x, row, col) in [(0, "r0", "0"), (1, "r0 + 8", "0"), (2, "r0", "8"), (3, "r0 + 8", "8")] {
@@ -143,7 +150,7 @@ fn fragments(s: &mut String, name: &str, tile: &str, stride: usize, n: usize) {
 
 /// The opening every kernel shares: the block's (batch, head), its first
 /// row `r_start` and this thread's two rows `ia`, `ib`.
-fn block_rows(s: &mut String, spec: &GradSpec, len: usize) -> usize {
+pub(super) fn block_rows(s: &mut String, spec: &GradSpec, len: usize) -> usize {
     let blocks = len.div_ceil(ROWS).max(1);
     let _ = writeln!(s, "  const I rb = (I)blockIdx.x % {blocks}, bh = (I)blockIdx.x / {blocks};");
     let _ = writeln!(s, "  const I b = bh / {heads}, h = bh % {heads};", heads = spec.attn.heads.max(1));
@@ -215,7 +222,7 @@ pub(crate) fn stats(name: &str, spec: &GradSpec) -> Kernel {
 }
 
 /// `kend`: the keys a block of query rows starting at `r_start` can see.
-fn key_end(s: &mut String, spec: &GradSpec) {
+pub(super) fn key_end(s: &mut String, spec: &GradSpec) {
     let sk = spec.attn.sk;
     let end = if spec.attn.causal {
         format!("r_start + {ROWS} < {sk} ? r_start + {ROWS} : (I){sk}")
@@ -241,7 +248,7 @@ fn scores_walk(s: &mut String, spec: &GradSpec, ia: &str, ib: &str, j: &str, the
 pub(crate) fn grad(name: &str, spec: &GradSpec, wrt: AttnWrt) -> Result<Kernel, String> {
     match wrt {
         AttnWrt::Query => Ok(grad_q(name, spec)),
-        AttnWrt::KeyValue => Ok(grad_kv(name, spec)),
+        AttnWrt::KeyValue => Ok(grad_kv(name, spec, None)),
         AttnWrt::QueryKeyValue => Err("wrt=qkv launches the q and kv kernels, packed".into()),
     }
 }
@@ -249,7 +256,7 @@ pub(crate) fn grad(name: &str, spec: &GradSpec, wrt: AttnWrt) -> Result<Kernel, 
 /// Where row `row` (a query for `part` 0, a key for 1 and 2) of the
 /// `(b, h) = bh` head's gradient `part` (q, k, v) starts in `out`; `w`
 /// is a dense row's width (`d`, or `d + dv` for k and v side by side).
-fn out_row(spec: &GradSpec, part: usize, row: &str, w: usize) -> String {
+pub(super) fn out_row(spec: &GradSpec, part: usize, row: &str, w: usize) -> String {
     let Spec { heads, sq, sk, d, .. } = spec.attn;
     if spec.packed {
         let h3 = 3 * heads;
@@ -321,11 +328,15 @@ fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
     Kernel::new(name, s, grid as u32, THREADS as u32, spec.reads(true))
 }
 
-fn grad_kv(name: &str, spec: &GradSpec) -> Kernel {
+/// The `wrt=kv` kernel; with `ds`, it also stores each tile's `dSᵀ`
+/// (rounded to the input type, as its products use it) for the `dq`
+/// kernel of `attention_grad_ds.rs`.
+pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Kernel {
     let Spec { dtype, sq, sk, d, dv, .. } = spec.attn;
     let tag = format!("{}()", types::storage(dtype));
     let (qst, gst) = (d + PAD, dv + PAD);
-    let mut s = spec.head(name, types::storage(dtype), true);
+    let more: Vec<String> = ds.iter().map(|_| format!("{}* __restrict__ ds", types::storage(dtype))).collect();
+    let mut s = spec.head_with(name, types::storage(dtype), true, &more);
     let tiles = [
         Tile { smem: "qs", x: "q", strided: &spec.attn.q, n: d },
         Tile { smem: "gs", x: "dout", strided: &spec.g, n: dv },
@@ -383,6 +394,9 @@ fn grad_kv(name: &str, spec: &GradSpec) -> Kernel {
     let _ = writeln!(s, "        {}", spec.score("sc[n][e]", "sc[n][e]"));
     s.push_str("        const float p = sc[n][e] == NEG_INF ? 0.f : exp2f(sc[n][e] - lse_t[q_at]);\n");
     s.push_str("        sc[n][e] = p;\n        dp[n][e] = p * (dp[n][e] - dl_t[q_at]);\n      }\n    }\n");
+    if let Some(ds) = ds {
+        ds.store(&mut s, "dp", &tag);
+    }
     mma_columns(&mut s, "dvv", "sc", dv / 8, "gs + gs_o", gst, &tag);
     mma_columns(&mut s, "dk", "dp", d / 8, "qs + qs_o", qst, &tag);
     let body = std::mem::replace(&mut s, outer);

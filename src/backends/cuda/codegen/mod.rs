@@ -27,6 +27,7 @@ pub(crate) mod argmax;
 pub(crate) mod attention;
 pub(crate) mod attention_decode;
 pub(crate) mod attention_grad;
+pub(crate) mod attention_grad_ds;
 pub(crate) mod attention_mma;
 pub(crate) mod attention_simt;
 mod attention_tiles;

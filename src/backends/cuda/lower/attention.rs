@@ -9,6 +9,7 @@ use super::ops::{buffer_locs, operand};
 use super::{Lowering, Storage, Value};
 use crate::backends::cuda::codegen::attention::{flash, flash_with_lse, Spec, Strided};
 use crate::backends::cuda::codegen::attention_grad::{self, GradSpec};
+use crate::backends::cuda::codegen::attention_grad_ds::{self, DsLayout};
 use crate::backends::cuda::codegen::ops;
 use crate::backends::cuda::codegen::{attention_decode, attention_simt, index_add};
 use crate::backends::cuda::program::{IndexCheck, Launch, Loc, Region};
@@ -159,6 +160,20 @@ impl Lowering<'_> {
         }
         if wrt.is_some() && !(vals[4].layout.is_contiguous() && vals[4].layout.offset == 0) {
             return Err("attention_grad reads its stats contiguous".into());
+        }
+        if let (Some(AttnWrt::QueryKeyValue), Some(ds)) = (wrt, DsLayout::for_spec(&spec)) {
+            // `dk, dv` first, storing `dSᵀ`; then `dq` from it
+            // (`codegen/attention_grad_ds.rs`).
+            let scratch = self.transient(ds.bytes());
+            let kv = self.add_kernel("attention_grad", |n| Ok(attention_grad::grad_kv(n, &spec, Some(&ds))))?;
+            let q = self.add_kernel("attention_grad", |n| Ok(attention_grad_ds::grad_q(n, &spec, &ds)))?;
+            for kernel in [kv, q] {
+                let mut args = vec![dst];
+                args.extend(buffer_locs(&vals));
+                args.push(scratch);
+                self.launches.push(Launch::Kernel { kernel, args });
+            }
+            return Ok(());
         }
         let kernels = match wrt {
             None => vec![self.add_kernel("attention_stats", |n| Ok(attention_grad::stats(n, &spec)))?],
