@@ -165,26 +165,30 @@ fn attention_gradients_of_permuted_heads_match_f64() {
 /// three gradients into that layout (`attention_grad wrt=qkv`) where a
 /// `cat` joined them. Against f64, and bit for bit against the same heads
 /// as three variables of their own (`wrt=q` and `wrt=kv`, unpacked), on
-/// every backend.
+/// every backend: causal, and with a key-padding mask. On CUDA the
+/// packed `dq` reads the score gradients the `dk, dv` kernel stored
+/// (`codegen/attention_grad_ds.rs`), the unpacked one recomputes them.
 #[test]
 fn attention_gradients_in_a_fused_projections_layout() {
     each_backend(|| {
         let mut rng = Rng::new(3039);
         let (b, s, h, d) = (2, 70, 3, 32);
-        for dtype in [DType::BF16, DType::F16] {
+        let keep = Nd::from_fn(&[b, 1, 1, s], |i| (i[3] % 5 != 2) as i64);
+        for (dtype, masked) in [(DType::BF16, false), (DType::F16, false), (DType::BF16, true)] {
             let qkv = rand_f(&mut rng, dtype, &[b, s, 3, h, d], 1.0);
             let g = rand_f(&mut rng, dtype, &[b, h, s, d], 1.0);
             let ctx = dev();
             let var = ctx.variable("qkv", tensor_f(&ctx, dtype, &qkv)).expect("a variable");
             let part = |i: usize| var.tensor().narrow(2, i, 1).reshape([b, s, h, d]).permute(&[0, 2, 1, 3]);
-            let out = part(0).scaled_dot_product_attention(&part(1), &part(2), None, true, None);
+            let mask = masked.then(|| tensor_i(&ctx, DType::Bool, &keep));
+            let out = part(0).scaled_dot_product_attention(&part(1), &part(2), mask.as_ref(), !masked, None);
             let loss = (&out * &tensor_f(&ctx, dtype, &g)).sum_all();
             let got = loss.backward().expect("backward").get(&var).expect("a gradient").clone();
             let text = ctx.explain(&[&got]).expect("explain");
             assert!(text.contains("wrt=qkv") && !text.contains(" = cat "), "{dtype}: the cat stays:\n{text}");
             // The same heads as variables `[b, s, h, d]` of their own.
             let bshd = |i: usize| Nd::new(qkv.slice(2, i, 1, 1).to_vec(), &[b, s, h, d]);
-            let m = Masks { keep: None, add: None, causal: true };
+            let m = Masks { keep: masked.then_some(&keep), add: None, causal: !masked };
             let apart = grads_kiln(dev(), dtype, [&bshd(0), &bshd(1), &bshd(2), &g], &m, true);
             let heads = |x: &Nd<f64>| x.permute(&[0, 2, 1, 3]).contiguous();
             let want = grads_ref(
