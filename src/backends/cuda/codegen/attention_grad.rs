@@ -19,6 +19,10 @@
 //!   then `dv += Pᵀ g` and `dk += dSᵀ q`. No atomics: `dq` and `dk, dv` are
 //!   separate kernels, so the results do not depend on scheduling.
 //!
+//! A packed backward (`wrt=qkv`) runs `dk, dv` first, storing each `dSᵀ`
+//! tile, and then a `dq` kernel with one product a tile that reads them
+//! (`attention_grad_ds.rs`), where the scratch fits its budget.
+//!
 //! Tiles sit in shared memory row-major with rows padded by 8 elements
 //! (rows stay 16-byte aligned), and the per-tile loop is double-buffered
 //! with `cp.async` where the tiles fit (`attention_tiles.rs`). The
@@ -335,7 +339,8 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
     let Spec { dtype, sq, sk, d, dv, .. } = spec.attn;
     let tag = format!("{}()", types::storage(dtype));
     let (qst, gst) = (d + PAD, dv + PAD);
-    let more: Vec<String> = ds.iter().map(|_| format!("{}* __restrict__ ds", types::storage(dtype))).collect();
+    let more: Vec<String> =
+        ds.iter().map(|_| format!("{}* __restrict__ ds", types::storage(dtype))).collect();
     let mut s = spec.head_with(name, types::storage(dtype), true, &more);
     let tiles = [
         Tile { smem: "qs", x: "q", strided: &spec.attn.q, n: d },

@@ -132,7 +132,9 @@ impl Lowering<'_> {
 
     /// `attention_stats` (`wrt` `None`) or `attention_grad`: one launch of
     /// the tensor-core backward kernel for this shape
-    /// (`codegen/attention_grad.rs`).
+    /// (`codegen/attention_grad.rs`); two for `wrt=qkv`, `dk, dv` then
+    /// `dq`, sharing a transient `dSᵀ` scratch where it fits
+    /// (`codegen/attention_grad_ds.rs`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attention_backward(
         &mut self,
@@ -165,7 +167,8 @@ impl Lowering<'_> {
             // `dk, dv` first, storing `dSᵀ`; then `dq` from it
             // (`codegen/attention_grad_ds.rs`).
             let scratch = self.transient(ds.bytes());
-            let kv = self.add_kernel("attention_grad", |n| Ok(attention_grad::grad_kv(n, &spec, Some(&ds))))?;
+            let kv =
+                self.add_kernel("attention_grad", |n| Ok(attention_grad::grad_kv(n, &spec, Some(&ds))))?;
             let q = self.add_kernel("attention_grad", |n| Ok(attention_grad_ds::grad_q(n, &spec, &ds)))?;
             for kernel in [kv, q] {
                 let mut args = vec![dst];
