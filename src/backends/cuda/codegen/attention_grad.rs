@@ -169,7 +169,7 @@ pub(crate) fn stats(name: &str, spec: &GradSpec) -> Kernel {
     let tag = format!("{}()", types::storage(dtype));
     let kst = d + PAD;
     let mut s = spec.head(name, "float", false);
-    let tiles = [Tile { smem: "ks", x: "k", strided: &spec.attn.k, n: d }];
+    let tiles = [Tile { smem: "ks", x: "k", strided: &spec.attn.k, n: d, len: None }];
     let pipelined = tiles::pipelined(&tiles, 0);
     tiles::declare(&mut s, &tiles, pipelined);
     let grid = block_rows(&mut s, spec, sq);
@@ -285,8 +285,8 @@ fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
     let (kst, vst) = (d + PAD, dv + PAD);
     let mut s = spec.head(name, types::storage(dtype), true);
     let tiles = [
-        Tile { smem: "ks", x: "k", strided: &spec.attn.k, n: d },
-        Tile { smem: "vs", x: "v", strided: &spec.attn.v, n: dv },
+        Tile { smem: "ks", x: "k", strided: &spec.attn.k, n: d, len: None },
+        Tile { smem: "vs", x: "v", strided: &spec.attn.v, n: dv, len: None },
     ];
     let pipelined = tiles::pipelined(&tiles, 0);
     tiles::declare(&mut s, &tiles, pipelined);
@@ -343,8 +343,8 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
         ds.iter().map(|_| format!("{}* __restrict__ ds", types::storage(dtype))).collect();
     let mut s = spec.head_with(name, types::storage(dtype), true, &more);
     let tiles = [
-        Tile { smem: "qs", x: "q", strided: &spec.attn.q, n: d },
-        Tile { smem: "gs", x: "dout", strided: &spec.g, n: dv },
+        Tile { smem: "qs", x: "q", strided: &spec.attn.q, n: d, len: None },
+        Tile { smem: "gs", x: "dout", strided: &spec.g, n: dv, len: None },
     ];
     // Each row's lse and delta beside the tiles, as many buffers.
     let row_stats_bytes = 2 * 2 * TILE * 4;

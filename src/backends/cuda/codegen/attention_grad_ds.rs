@@ -12,9 +12,8 @@
 //!
 //! Here the `dk, dv` kernel also stores each `dSᵀ` tile it computes, in
 //! the input type (the rounding its own products and the `dq` product
-//! apply), into a scratch `[b · h, sk', sq']` (both lengths rounded up to
-//! 64, so that every tile a kernel touches lies inside); the `dq` kernel
-//! below then walks the same tiles with one product each. The two stay
+//! apply), into a scratch of whole 64 × 64 tiles (see [`DsLayout`]); the
+//! `dq` kernel below then walks the same tiles with one product each. The two stay
 //! separate kernels, so the result does not depend on the order blocks
 //! run in (no atomics). The cost is the scratch: 2 bytes a score, written
 //! once and read once; [`DsLayout::for_spec`] takes it only up to
@@ -31,8 +30,18 @@ use std::fmt::Write;
 /// the `dq` kernel recomputes the scores instead.
 pub(crate) const DS_BUDGET: u64 = 256 << 20;
 
-/// Where the `dSᵀ` tiles of one attention backward live: head `bh`'s
-/// element (key `j`, query `i`) at `(bh · rows + j) · cols + i`.
+/// Where the `dSᵀ` tiles of one attention backward live. A tile (64 keys
+/// × 64 queries) is 4096 contiguous elements, the tiles of one query tile
+/// in key order: tile (query tile `it`, key tile `jt`) of head `bh` starts
+/// at `((bh · cols + 64 it) · rows / 64 + jt) · 64`... in elements,
+/// `bh · rows · cols + it · 64 · rows + jt · 4096`. Inside a tile the 64
+/// 8 × 8 blocks (key block `kb`, query block `qb`) are 64 elements each,
+/// at `(8 kb + qb) · 64`, row-major (a key's 8 queries in a row): the
+/// layout of the `mma` accumulator a warp holds, so a warp stores 128
+/// contiguous bytes at once (a row-major `[keys, queries]` scratch had
+/// 16-byte pieces 2 · sq bytes apart: the `dk, dv` kernel took 15 µs
+/// longer a layer), and each block is one `ldmatrix` matrix for the
+/// reader.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct DsLayout {
     /// Keys, rounded up to a tile.
@@ -63,30 +72,37 @@ impl DsLayout {
         2 * (self.heads * self.rows * self.cols) as u64
     }
 
-    /// (In the `dk, dv` kernel's tile body.) Stores the tile `acc[n][e]`
-    /// of `dSᵀ` (rows: this thread's keys `ia`, `ib`; columns: queries
-    /// `i0 + 8n + 2c + (e & 1)`) rounded to `tag`'s type, two queries a
-    /// store. Every key and query row of the tile is stored, padding
-    /// included, so the `dq` kernel never reads what nothing wrote.
+    /// (In the `dk, dv` kernel's tile body, the block's keys from
+    /// `r_start`, the tile's queries from `i0`.) Stores the tile
+    /// `acc[n][e]` of `dSᵀ` (this warp's 16 keys, rows `ia` and `ib`;
+    /// queries `i0 + 8n + 2c + (e & 1)`) rounded to `tag`'s type: block
+    /// (`kb = 2w` or `2w + 1`, `qb = n`), each lane's two queries at `2
+    /// lane`. Every key and query of the tile is stored, padding included,
+    /// so the `dq` kernel never reads what nothing wrote.
     pub(super) fn store(&self, s: &mut String, acc: &str, tag: &str) {
-        let (rows, cols) = (self.rows, self.cols);
+        let _ = writeln!(
+            s,
+            "    {{\n    const I at = bh * {}LL + i0 * {}LL + r_start * 64 + lane * 2;",
+            self.rows * self.cols,
+            self.rows
+        );
         let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n) {{", TILE / 8);
-        for (row, e) in [("ia", 0), ("ib", 2)] {
+        for (half, e) in [(0, 0), (1, 2)] {
             let _ = writeln!(
                 s,
-                "      *(U*)&ds[(bh * {rows} + {row}) * {cols}LL + i0 + n * 8 + 2 * c] = kiln::pack2({acc}[n][{e}], {acc}[n][{}], {tag});",
+                "      *(U*)&ds[at + ((2 * w + {half}) * 8 + n) * 64] = kiln::pack2({acc}[n][{e}], {acc}[n][{}], {tag});",
                 e + 1
             );
         }
-        s.push_str("    }\n");
+        s.push_str("    }\n    }\n");
     }
 }
 
 /// The `dq` kernel reading `dSᵀ` from `ds`: a block owns 64 query rows
 /// (16 a warp) and walks the key tiles they can see, loading the tile's
-/// `dSᵀ` (keys × this block's 64 queries) and its keys; per tile one
-/// product, `dq += dS k`, whose A fragments are `ldmatrix.trans` loads of
-/// the stored transpose. The parameters are `wrt=q`'s (the queries,
+/// `dSᵀ` (4096 contiguous elements, into shared memory as 64 rows of one
+/// block each) and its keys; per tile one product, `dq += dS k`, whose A
+/// fragments are `ldmatrix.trans` loads of the stored blocks. The parameters are `wrt=q`'s (the queries,
 /// values, gradient and stats go unread) and `ds`.
 pub(crate) fn grad_q(name: &str, spec: &GradSpec, ds: &DsLayout) -> Kernel {
     let Spec { dtype, sq, sk, d, .. } = spec.attn;
@@ -94,16 +110,19 @@ pub(crate) fn grad_q(name: &str, spec: &GradSpec, ds: &DsLayout) -> Kernel {
     let tag = format!("{st}()");
     let (sst, kst) = (TILE + PAD, d + PAD);
     let mut s = spec.head_with(name, st, true, &[format!("const {st}* __restrict__ ds")]);
-    // Row j of a head's `dSᵀ`, from this block's first query on.
-    let rows = Strided { offset: 0, strides: [0, 0, ds.cols, 1] };
+    // This query tile's `dSᵀ` tiles, one 8 × 8 block (64 elements) a
+    // "row": block `r` of key tile `jt` is row `64 jt + r`, so the tile
+    // loop's rows `j0 .. j0 + 64` are key tile `j0 / 64`. Every row up to
+    // the padded length was written: nothing is zero-filled.
+    let blocks = Strided { offset: 0, strides: [0, 0, TILE, 1] };
     let tiles = [
-        Tile { smem: "ss", x: "dsr", strided: &rows, n: TILE },
-        Tile { smem: "ks", x: "k", strided: &spec.attn.k, n: d },
+        Tile { smem: "ss", x: "dsr", strided: &blocks, n: TILE, len: Some(ds.rows) },
+        Tile { smem: "ks", x: "k", strided: &spec.attn.k, n: d, len: None },
     ];
     let pipelined = tiles::pipelined(&tiles, 0);
     tiles::declare(&mut s, &tiles, pipelined);
     let grid = block_rows(&mut s, spec, sq);
-    let _ = writeln!(s, "  const {st}* const dsr = ds + bh * {}LL + r_start;", ds.rows * ds.cols);
+    let _ = writeln!(s, "  const {st}* const dsr = ds + bh * {}LL + r_start * {}LL;", ds.rows * ds.cols, ds.rows);
     let _ = writeln!(s, "  float acc[{}][4];", d / 8);
     let _ = writeln!(
         s,
@@ -113,12 +132,13 @@ pub(crate) fn grad_q(name: &str, spec: &GradSpec, ds: &DsLayout) -> Kernel {
     key_end(&mut s, spec);
     let mut body = String::new();
     let _ = writeln!(body, "    #pragma unroll\n    for (int kk = 0; kk < {}; ++kk) {{", TILE / 16);
-    // A = dS, 16 queries × 16 keys: the four 8 × 8 tiles of the stored
-    // transpose (keys down, queries across), each transposed by the load.
+    // A = dS, 16 queries × 16 keys: four stored 8 × 8 blocks of `dSᵀ`
+    // (matrix `m = lane / 8`: key block `2kk + m / 2`, query block `2w + m
+    // % 2`), each transposed by the load.
     body.push_str("      U af[4];\n");
     let _ = writeln!(
         body,
-        "      kiln::ldsm_x4_trans(af, &(ss + ss_o)[(kk * 16 + (lane & 7) + ((lane >> 4) & 1) * 8) * {sst} + w * 16 + ((lane >> 3) & 1) * 8]);"
+        "      kiln::ldsm_x4_trans(af, &(ss + ss_o)[((2 * kk + (lane >> 4)) * 8 + 2 * w + ((lane >> 3) & 1)) * {sst} + (lane & 7) * 8]);"
     );
     let _ = writeln!(body, "      #pragma unroll\n      for (int n = 0; n < {}; n += 2) {{", d / 8);
     body.push_str("        U bf[4];\n");

@@ -84,8 +84,8 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     // Keys (and, before the first tile, the queries: ROWS == KEYS) and
     // values, both row-major, double-buffered where they fit.
     let tiles = [
-        Tile { smem: "ks", x: "k", strided: &spec.k, n: d },
-        Tile { smem: "vs", x: "v", strided: &spec.v, n: dv },
+        Tile { smem: "ks", x: "k", strided: &spec.k, n: d, len: None },
+        Tile { smem: "vs", x: "v", strided: &spec.v, n: dv, len: None },
     ];
     let pipelined = tiles::pipelined(&tiles, 0);
     tiles::declare(&mut s, &tiles, pipelined);

@@ -44,6 +44,9 @@ pub(super) struct Tile<'a> {
     pub x: &'static str,
     pub strided: &'a Strided,
     pub n: usize,
+    /// Rows that exist, if not the loop's length: rows past it load as
+    /// zeros.
+    pub len: Option<usize>,
 }
 
 impl Tile<'_> {
@@ -158,7 +161,7 @@ pub(super) fn tile_loop(
         );
         let mut loads = String::new();
         for t in tiles {
-            tile_load(&mut loads, t.x, t.strided, t.n, var, len, t.smem, "0");
+            tile_load(&mut loads, t.x, t.strided, t.n, var, t.len.unwrap_or(len), t.smem, "0");
         }
         extra(&mut loads, "0", var);
         indent(s, "  ", &loads);
@@ -172,7 +175,7 @@ pub(super) fn tile_loop(
         let mut loads = String::new();
         for t in tiles {
             let at = format!("{buffer} * {}", TILE * t.stride());
-            tile_load_async(&mut loads, t, from, len, &at);
+            tile_load_async(&mut loads, t, from, t.len.unwrap_or(len), &at);
         }
         extra(&mut loads, buffer, from);
         loads.push_str("  kiln::cp_async_commit();\n");
