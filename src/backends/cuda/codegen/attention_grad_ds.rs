@@ -33,8 +33,8 @@ pub(crate) const DS_BUDGET: u64 = 256 << 20;
 /// Where the `dSᵀ` tiles of one attention backward live. A tile (64 keys
 /// × 64 queries) is 4096 contiguous elements, the tiles of one query tile
 /// in key order: tile (query tile `it`, key tile `jt`) of head `bh` starts
-/// at `((bh · cols + 64 it) · rows / 64 + jt) · 64`... in elements,
-/// `bh · rows · cols + it · 64 · rows + jt · 4096`. Inside a tile the 64
+/// at element `bh · rows · cols + it · 64 · rows + jt · 4096`. Inside a
+/// tile the 64
 /// 8 × 8 blocks (key block `kb`, query block `qb`) are 64 elements each,
 /// at `(8 kb + qb) · 64`, row-major (a key's 8 queries in a row): the
 /// layout of the `mma` accumulator a warp holds, so a warp stores 128
@@ -82,7 +82,7 @@ impl DsLayout {
     pub(super) fn store(&self, s: &mut String, acc: &str, tag: &str) {
         let _ = writeln!(
             s,
-            "    {{\n    const I at = bh * {}LL + i0 * {}LL + r_start * 64 + lane * 2;",
+            "    const I ds_at = bh * {}LL + i0 * {}LL + r_start * 64 + lane * 2;",
             self.rows * self.cols,
             self.rows
         );
@@ -90,11 +90,11 @@ impl DsLayout {
         for (half, e) in [(0, 0), (1, 2)] {
             let _ = writeln!(
                 s,
-                "      *(U*)&ds[at + ((2 * w + {half}) * 8 + n) * 64] = kiln::pack2({acc}[n][{e}], {acc}[n][{}], {tag});",
+                "      *(U*)&ds[ds_at + ((2 * w + {half}) * 8 + n) * 64] = kiln::pack2({acc}[n][{e}], {acc}[n][{}], {tag});",
                 e + 1
             );
         }
-        s.push_str("    }\n    }\n");
+        s.push_str("    }\n");
     }
 }
 
@@ -122,7 +122,8 @@ pub(crate) fn grad_q(name: &str, spec: &GradSpec, ds: &DsLayout) -> Kernel {
     let pipelined = tiles::pipelined(&tiles, 0);
     tiles::declare(&mut s, &tiles, pipelined);
     let grid = block_rows(&mut s, spec, sq);
-    let _ = writeln!(s, "  const {st}* const dsr = ds + bh * {}LL + r_start * {}LL;", ds.rows * ds.cols, ds.rows);
+    let _ =
+        writeln!(s, "  const {st}* const dsr = ds + bh * {}LL + r_start * {}LL;", ds.rows * ds.cols, ds.rows);
     let _ = writeln!(s, "  float acc[{}][4];", d / 8);
     let _ = writeln!(
         s,
