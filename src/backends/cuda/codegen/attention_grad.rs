@@ -153,10 +153,26 @@ pub(super) fn fragments(s: &mut String, name: &str, tile: &str, stride: usize, n
 }
 
 /// The opening every kernel shares: the block's (batch, head), its first
-/// row `r_start` and this thread's two rows `ia`, `ib`.
-pub(super) fn block_rows(s: &mut String, spec: &GradSpec, len: usize) -> usize {
+/// row `r_start` (of the keys for `keys`, else of the queries) and this
+/// thread's two rows `ia`, `ib`.
+///
+/// A causal attention's blocks differ in work: the first key block and
+/// the last query block see every tile of the other side, the opposite
+/// ones one tile. There the blocks run longest first across every head
+/// (`rb` the slow index of `blockIdx.x`), so the short ones fill in behind
+/// them; head-major, the long blocks of the last heads ran alone at the
+/// end (GPT-2 small's `dk, dv` kernel: a quarter of its time with its
+/// multiprocessors partly idle, by ncu's active cycles).
+pub(super) fn block_rows(s: &mut String, spec: &GradSpec, len: usize, keys: bool) -> usize {
     let blocks = len.div_ceil(ROWS).max(1);
-    let _ = writeln!(s, "  const I rb = (I)blockIdx.x % {blocks}, bh = (I)blockIdx.x / {blocks};");
+    let bhs = (spec.attn.batch * spec.attn.heads).max(1);
+    let _ = match (spec.attn.causal, keys) {
+        (false, _) => writeln!(s, "  const I rb = (I)blockIdx.x % {blocks}, bh = (I)blockIdx.x / {blocks};"),
+        (true, true) => writeln!(s, "  const I rb = (I)blockIdx.x / {bhs}, bh = (I)blockIdx.x % {bhs};"),
+        (true, false) => {
+            writeln!(s, "  const I rb = {} - (I)blockIdx.x / {bhs}, bh = (I)blockIdx.x % {bhs};", blocks - 1)
+        }
+    };
     let _ = writeln!(s, "  const I b = bh / {heads}, h = bh % {heads};", heads = spec.attn.heads.max(1));
     let _ = writeln!(s, "  const I r_start = rb * {ROWS};");
     s.push_str("  const int r0 = w * 16 + g;\n  const int ia = (int)r_start + r0, ib = ia + 8;\n");
@@ -172,7 +188,7 @@ pub(crate) fn stats(name: &str, spec: &GradSpec) -> Kernel {
     let tiles = [Tile { smem: "ks", x: "k", strided: &spec.attn.k, n: d, len: None }];
     let pipelined = tiles::pipelined(&tiles, 0);
     tiles::declare(&mut s, &tiles, pipelined);
-    let grid = block_rows(&mut s, spec, sq);
+    let grid = block_rows(&mut s, spec, sq, false);
     tile_load(&mut s, "q", &spec.attn.q, d, "r_start", sq, "ks", "0");
     s.push_str("  __syncthreads();\n");
     fragments(&mut s, "qf", "ks", kst, d);
@@ -290,7 +306,7 @@ fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
     ];
     let pipelined = tiles::pipelined(&tiles, 0);
     tiles::declare(&mut s, &tiles, pipelined);
-    let grid = block_rows(&mut s, spec, sq);
+    let grid = block_rows(&mut s, spec, sq, false);
     tile_load(&mut s, "q", &spec.attn.q, d, "r_start", sq, "ks", "0");
     tile_load(&mut s, "dout", &spec.g, dv, "r_start", sq, "vs", "0");
     s.push_str("  __syncthreads();\n");
@@ -352,7 +368,7 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
     tiles::declare(&mut s, &tiles, pipelined);
     let buffers = if pipelined { 2 } else { 1 };
     let _ = writeln!(s, "  __shared__ float slse[{}], sdl[{}];", buffers * TILE, buffers * TILE);
-    let grid = block_rows(&mut s, spec, sk);
+    let grid = block_rows(&mut s, spec, sk, true);
     // This block's keys and values, staged through the tiles once.
     tile_load(&mut s, "k", &spec.attn.k, d, "r_start", sk, "qs", "0");
     tile_load(&mut s, "v", &spec.attn.v, dv, "r_start", sk, "gs", "0");

@@ -121,7 +121,7 @@ pub(crate) fn grad_q(name: &str, spec: &GradSpec, ds: &DsLayout) -> Kernel {
     ];
     let pipelined = tiles::pipelined(&tiles, 0);
     tiles::declare(&mut s, &tiles, pipelined);
-    let grid = block_rows(&mut s, spec, sq);
+    let grid = block_rows(&mut s, spec, sq, false);
     let _ =
         writeln!(s, "  const {st}* const dsr = ds + bh * {}LL + r_start * {}LL;", ds.rows * ds.cols, ds.rows);
     let _ = writeln!(s, "  float acc[{}][4];", d / 8);

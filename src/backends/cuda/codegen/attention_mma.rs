@@ -90,7 +90,18 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     let pipelined = tiles::pipelined(&tiles, 0);
     tiles::declare(&mut s, &tiles, pipelined);
     s.push_str("  const int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, c = lane % 4;\n");
-    let _ = writeln!(s, "  const I qb = (I)blockIdx.x % {qblocks}, bh = (I)blockIdx.x / {qblocks};");
+    // Causal: the last query blocks walk the most keys; they run first
+    // across every head, so the short ones fill in behind them.
+    if spec.causal {
+        let bhs = (spec.batch * heads).max(1);
+        let _ = writeln!(
+            s,
+            "  const I qb = {} - (I)blockIdx.x / {bhs}, bh = (I)blockIdx.x % {bhs};",
+            qblocks - 1
+        );
+    } else {
+        let _ = writeln!(s, "  const I qb = (I)blockIdx.x % {qblocks}, bh = (I)blockIdx.x / {qblocks};");
+    }
     let _ = writeln!(s, "  const I b = bh / {heads}, h = bh % {heads};", heads = heads.max(1));
     let _ = writeln!(s, "  const I i0 = qb * {ROWS};");
     // This thread's two rows of the scores and the output.
