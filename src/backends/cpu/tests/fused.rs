@@ -468,9 +468,7 @@ fn bad_runs_are_errors() {
 
 /// An AdamW update: the parameter, and its two moments as extra outputs,
 /// each of which the optimizer writes over the operand holding its old
-/// value (`p` 0, `m` 2, `v` 3). The `v` leaf comes last, after the steps
-/// that compute `m`, so a kernel that read leaves as it met them would read
-/// it after the first output's step ran.
+/// value (`p` 0, `m` 2, `v` 3).
 const ADAMW: &str = "
 %p: f32[D] = input 0
 %g: f32[D] = input 1
@@ -540,6 +538,29 @@ fn extra_outputs_written_over_their_operands_match_fresh_ones() {
                 }
             }
         }
+    }
+    // The value written over an operand that only an extra output reads,
+    // whose leaf comes after the value's step: it is read before the value
+    // is written (the leaves of a block are read first).
+    for codegen in [Codegen::Measured, Codegen::Off] {
+        let g = parse(
+            "%x: f32[300,257] = input 0\n%k: f32[300,257] = full 2.0\n%a: f32[300,257] = mul %x, %k\n\
+             %y: f32[300,257] = input 1\n%b: f32[300,257] = add %y, %x\nreturn %a, %b\n",
+        )
+        .unwrap();
+        let fb = FusedBody::new(g.clone()).unwrap();
+        let kernel = FusedKernel::compile(&fb, fb.output(), codegen).unwrap();
+        let be = CpuBackend::new();
+        let bufs = buffers(&be, &g);
+        let n = 300 * 257;
+        let (mut want, mut want_b) = (vec![0f32; n], vec![0f32; n]);
+        let args: Vec<Option<&CpuBuffer>> = bufs.iter().map(Some).collect();
+        kernel.run(&args, None, &mut want, vec![Out::new(want_b.as_mut_slice())]).unwrap();
+        let mut got = bufs[1].view::<f32>().unwrap().data.to_vec();
+        let mut got_b = vec![0f32; n];
+        let args = [Some(&bufs[0]), None];
+        kernel.run_over(&args, Some(1), &mut got, vec![Out::new(got_b.as_mut_slice())], &[]).unwrap();
+        assert!(got == want && got_b == want_b, "{codegen:?}: the value over the extra's operand");
     }
     // Misuse is an error, never a wrong read.
     let g = parse(&ADAMW.replace("[D]", "[10]")).unwrap();
