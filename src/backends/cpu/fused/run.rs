@@ -32,6 +32,10 @@ enum Pass {
     All,
     /// The leaves and the product only.
     Leaves,
+    /// As `Leaves`, but for those read from an output (in place, or under
+    /// an extra output written over them): generated code reads those
+    /// from the output itself (`jit_block`).
+    LeavesNotOver,
     /// The computed steps (the leaves are resolved), runs of them as
     /// generated segments.
     Rest,
@@ -268,9 +272,18 @@ impl FusedKernel {
         }
         if let (Some(jit), false) = (&self.jit, stream) {
             // The interpreter resolves the leaves; generated code does the rest.
-            self.block(ready, scratch, &mut lease.vals, r0, nb, chunk, &mut extras, false, Pass::Leaves)?;
+            let pass = Pass::LeavesNotOver;
+            self.block(ready, scratch, &mut lease.vals, r0, nb, chunk, &mut extras, false, pass)?;
             let (vals, s) = (&lease.vals, &*scratch);
-            if self.jit_block(jit, |o| self.arg(vals, s, o), nb, Out::new(&mut *chunk), &mut extras)? {
+            let over = |o: Opnd| match (&self.instrs[o.slot], o.per_row) {
+                (ins @ Instr { step: Step::Leaf(_), .. }, false) => match ready.srcs.get(ins.leaf) {
+                    Some(Src::InPlace) => Some(0),
+                    Some(Src::InPlaceExtra(e)) => Some(e + 1),
+                    _ => None,
+                },
+                _ => None,
+            };
+            if self.jit_block(jit, |o| self.arg(vals, s, o), over, nb, Out::new(&mut *chunk), &mut extras)? {
                 return Ok(());
             }
         }
@@ -417,7 +430,13 @@ impl FusedKernel {
                 continue;
             }
             let computed = !matches!(ins.step, Step::Leaf(_) | Step::MatMul(..));
-            if (pass == Pass::Leaves && computed) || (pass == Pass::Rest && !computed) {
+            let leaves = matches!(pass, Pass::Leaves | Pass::LeavesNotOver);
+            if (leaves && computed) || (pass == Pass::Rest && !computed) {
+                continue;
+            }
+            if pass == Pass::LeavesNotOver
+                && matches!(ready.srcs.get(ins.leaf), Some(Src::InPlace | Src::InPlaceExtra(_)))
+            {
                 continue;
             }
             let (blk, start) = match ins.class {
@@ -506,7 +525,7 @@ impl FusedKernel {
                 }
             }
         }
-        if !direct && pass != Pass::Leaves {
+        if !direct && !matches!(pass, Pass::Leaves | Pass::LeavesNotOver) {
             // The output is a leaf or the product itself, or is streamed:
             // copy it out.
             let ins = &self.instrs[self.output];
