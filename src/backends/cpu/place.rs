@@ -101,7 +101,7 @@ pub(super) fn place_values(
                 };
                 match (marked, steps[i].operands.first().copied()) {
                     (Some(k), Some(p)) if matches!(graph.node(*of).op, Op::Input(_)) => {
-                        steps[p].over.push((k, *output as usize));
+                        steps[p].over.push((k, *output));
                         Place::OverInput
                     }
                     (Some(_), _) => Place::Auto,
