@@ -70,7 +70,8 @@ impl CpuExecutable {
                 0 => kernel.can_run_in_place(slot),
                 j => kernel.can_write_extra_over(j, slot),
             };
-            let Some(buffer) = args.get_mut(slot) else { continue };
+            let Some(buffer) = args.get_mut(slot).filter(|_| allowed) else { continue };
+            // `exclusive` last: it marks the storage's contents new.
             let fits = buffer.as_mut().is_some_and(|b| {
                 b.layout.is_contiguous()
                     && b.layout.offset == 0
@@ -78,7 +79,7 @@ impl CpuExecutable {
                     && b.dtype() == out.dtype
                     && Storage::exclusive(&mut b.storage, out.shape.numel()).is_some()
             });
-            if allowed && fits {
+            if fits {
                 if let Some(buffer) = buffer.take() {
                     targets.push(Target { slot, output, buffer });
                 }
