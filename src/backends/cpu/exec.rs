@@ -50,7 +50,8 @@ pub(super) enum Place {
     Arena { offset: usize, len: usize },
     /// The bytes of operand `slot` (an arena range), overwritten in place.
     InPlaceOf { slot: usize, offset: usize, len: usize },
-    /// A `write_at` written over its target, a donated input
+    /// A `write_at` written over its target, or a fused node's output
+    /// written over the operand its body marks, a donated input
     /// ([`crate::ir::Placement::OverInput`]), when the run holds the only
     /// reference to the input's storage; into a fresh allocation (as
     /// `Auto`) otherwise.
@@ -71,6 +72,13 @@ pub(super) struct Step {
     pub records: Vec<usize>,
     /// Whether the step does work or its value is ready before a run.
     pub source: SourceKind,
+    /// (operand slot, output) pairs: the step writes that output (0 its
+    /// value, 1.. a fused node's extra outputs) over the operand, a
+    /// donated input, when the run holds its only reference (a `write_at`
+    /// over its target, `(0, 0)`; a fused update over its variables, see
+    /// `over.rs`). The run hands the step such an operand by value when
+    /// the step is its last reader.
+    pub over: Vec<(usize, usize)>,
 }
 
 /// What a step costs a stream: nothing (an input or a constant), nothing
@@ -203,7 +211,16 @@ impl CpuExecutable {
                 ref op if op.is_view() => SourceKind::View,
                 _ => SourceKind::Work,
             };
-            steps.push(Step { id, operands, place, output: false, waits: vec![], records: vec![], source });
+            steps.push(Step {
+                id,
+                operands,
+                place,
+                output: false,
+                waits: vec![],
+                records: vec![],
+                source,
+                over: Vec::new(),
+            });
         }
         let mut outputs = Vec::new();
         for &o in plan.graph.outputs() {

@@ -236,39 +236,13 @@ impl CpuExecutable {
             Op::Assign if step.place == Place::Auto => Ok(y()?.clone()),
             Op::Assign => Err(Error::Backend(format!("cpu: assign {} placed in memory", step.id))),
             Op::Fused(body) => {
-                let kernel = self.fused.get(&step.id).ok_or_else(|| {
-                    Error::Backend(format!("cpu: fused {} has no compiled kernel", step.id))
-                })?;
                 let in_place = match step.place {
                     Place::InPlaceOf { slot, .. } => Some(slot),
                     _ => None,
                 };
                 let operands: Vec<Option<&CpuBuffer>> =
                     args.iter().enumerate().map(|(k, a)| (Some(k) != in_place).then_some(a)).collect();
-                let mut dests = Vec::new();
-                let none = vec![None; body.outputs().len() - 1];
-                {
-                    let slots = self.extras.get(&step.id).unwrap_or(&none);
-                    for (j, at) in slots.iter().enumerate() {
-                        let out = body.graph().node(body.outputs()[j + 1]);
-                        // An output no step reads still gets bytes to be written.
-                        let (id, place) =
-                            at.map_or((step.id, Place::Auto), |p| (self.steps[p].id, self.steps[p].place));
-                        let d = dispatch!(out.dtype, E => Dest::new::<E>(place, &out.shape, arena, id)?);
-                        dests.push((*at, d));
-                    }
-                }
-                let outs = dests.iter_mut().map(|(_, d)| d.out()).collect();
-                let value = dispatch!(node.dtype, T => self.write::<T>(step, arena, |out: Out<'_>| {
-                    kernel.run(&operands, in_place, out.get::<T>()?, outs)
-                }))?;
-                for (at, d) in dests {
-                    let buffer = d.finish(&self.stats)?;
-                    if let Some(at) = at {
-                        extras.push((at, buffer));
-                    }
-                }
-                Ok(value)
+                self.fused(step, body, &operands, Vec::new(), arena, extras)
             }
             Op::Extra { .. } => Err(Error::Backend(format!(
                 "cpu: extra {} has no value: its fused node did not write it",
@@ -316,7 +290,7 @@ impl CpuExecutable {
     /// Calls `kernel` on the step's destination of `T`s and wraps it as the
     /// step's value: a fresh (pooled) allocation for [`Place::Auto`], the
     /// step's arena range otherwise.
-    fn write<T: Elem>(
+    pub(super) fn write<T: Elem>(
         &self,
         step: &Step,
         arena: Option<&Arc<Arena>>,
@@ -418,7 +392,7 @@ impl<'a> Dest<'a> {
 }
 
 /// Fresh elements as a kernel's output.
-fn host_out(data: &mut HostData) -> Out<'_> {
+pub(super) fn host_out(data: &mut HostData) -> Out<'_> {
     match data {
         HostData::F16(v) => Out::new(v.as_mut_slice()),
         HostData::BF16(v) => Out::new(v.as_mut_slice()),

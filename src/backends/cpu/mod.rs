@@ -28,6 +28,7 @@ mod index;
 mod lanes;
 mod launch;
 mod matmul;
+mod over;
 mod place;
 mod pool;
 mod pool_grad;

@@ -72,31 +72,41 @@ pub(super) fn place_values(
                 if target != Some(*of) || !matches!(graph.node(*of).op, Op::Input(_)) {
                     return Err(what(&format!("over {of}, which is not its target input")));
                 }
+                steps[i].over = vec![(0, 0)];
                 Place::OverInput
             }
-            // An assigned value the CUDA backend computes over its
-            // variable's input: here it gets fresh bytes (the given-up
-            // input is dropped), which is the same value.
+            // An assigned value computed over its variable's input, when
+            // the run holds the input's only reference (`over.rs`); else
+            // into fresh bytes, which is the same value.
             (Op::Fused(body), Placement::OverInput(of)) if body.over().is_some() => {
-                let marked = body.over().and_then(|k| graph.operands(id).get(k).copied());
-                if marked != Some(*of) {
-                    return Err(what(&format!("over {of}, which is not its marked operand")));
+                let k = body.over().filter(|&k| graph.operands(id).get(k) == Some(of));
+                match k {
+                    None => return Err(what(&format!("over {of}, which is not its marked operand"))),
+                    Some(k) if matches!(graph.node(*of).op, Op::Input(_)) => {
+                        steps[i].over.push((k, 0));
+                        Place::OverInput
+                    }
+                    Some(_) => Place::Auto,
                 }
-                Place::Auto
             }
-            // An extra output over its variable's input: as above.
+            // An extra output over its variable's input: as above; its
+            // fused node's step writes it.
             (Op::Extra { output }, Placement::OverInput(of)) => {
                 let fused = graph.operands(id)[0];
                 let marked = match &graph.node(fused).op {
                     Op::Fused(body) => {
-                        body.output_over(*output).and_then(|k| graph.operands(fused).get(k).copied())
+                        body.output_over(*output).filter(|&k| graph.operands(fused).get(k) == Some(of))
                     }
                     _ => None,
                 };
-                if marked != Some(*of) {
-                    return Err(what(&format!("over {of}, which is not its marked operand")));
+                match (marked, steps[i].operands.first().copied()) {
+                    (Some(k), Some(p)) if matches!(graph.node(*of).op, Op::Input(_)) => {
+                        steps[p].over.push((k, *output));
+                        Place::OverInput
+                    }
+                    (Some(_), _) => Place::Auto,
+                    (None, _) => return Err(what(&format!("over {of}, which is not its marked operand"))),
                 }
-                Place::Auto
             }
             (Op::Extra { .. }, Placement::Arena { in_place_of: Some(_), .. }) => {
                 return Err(what("in place of an operand (an extra output has bytes of its own)"))

@@ -169,18 +169,17 @@ impl CpuExecutable {
         Ok(())
     }
 
-    /// The operand values of step `i`. A write over a donated input takes
-    /// the input's value out of the run (it is its last reader), so that
-    /// the run may hold the only reference to its storage; every other
-    /// operand is cloned.
+    /// The operand values of step `i`. A write over a donated input
+    /// ([`super::exec::Step::over`]) takes the input's value out of the run
+    /// when it is its last reader, so that the run may hold the only
+    /// reference to its storage; every other operand is cloned.
     fn take_operands(&self, i: usize, st: &RunState<'_>) -> Result<Vec<CpuBuffer>> {
         let step = &self.steps[i];
-        let over = step.place == Place::OverInput;
         let mut v = lock(&st.values);
         let mut args = Vec::with_capacity(step.operands.len());
         for (slot, &p) in step.operands.iter().enumerate() {
-            let value =
-                if over && slot == 0 && v.left[p] == 1 { v.values[p].take() } else { v.values[p].clone() };
+            let over = step.over.iter().any(|&(s, _)| s == slot);
+            let value = if over && v.left[p] == 1 { v.values[p].take() } else { v.values[p].clone() };
             args.push(value.ok_or_else(|| {
                 Error::Backend(format!("cpu: operand of {} was freed before use", step.id))
             })?);
@@ -193,8 +192,16 @@ impl CpuExecutable {
         let step = &self.steps[i];
         let node = self.plan.graph.node(step.id);
         let _launch = tracing::trace_span!("launch", op = node.op.mnemonic(), node = %step.id).entered();
-        let written = match step.place == Place::OverInput {
-            true if !args.is_empty() => {
+        let written = match &node.op {
+            crate::ir::Op::Fused(_) if !step.over.is_empty() => {
+                let mut extras = Vec::new();
+                let out = self.fused_over(step, std::mem::take(&mut args), st.arena, &mut extras)?;
+                if !extras.is_empty() {
+                    lock(&st.extras).extend(extras);
+                }
+                Some(out)
+            }
+            crate::ir::Op::WriteAt { .. } if step.place == Place::OverInput && !args.is_empty() => {
                 let target = args.remove(0);
                 match self.write_over(step, target, &args)? {
                     Ok(written) => Some(written),

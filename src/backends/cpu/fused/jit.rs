@@ -339,34 +339,52 @@ pub(super) fn out_address(o: Out<'_>, ty: Ty, len: usize) -> Result<*mut u8> {
 impl FusedKernel {
     /// Runs one block (`nb` rows, its leaves already resolved into
     /// `args`' sources by the interpreter) through generated code,
-    /// writing `out` and `extras`. `Ok(false)` when there is no code for
-    /// this block (the caller interprets it).
+    /// writing `out` and `extras`. An argument for which `over` says
+    /// `Some(j)` is read from output `j`'s block itself (0 `out`, `e + 1`
+    /// `extras[e]`): the operand the output is written over, read flat at
+    /// the output's type. `Ok(false)` when there is no code for this block
+    /// (the caller interprets it).
     pub(super) fn jit_block<'a>(
         &self,
         jit: &Jit,
         arg: impl Fn(Opnd) -> Arg<'a>,
+        over: impl Fn(Opnd) -> Option<usize>,
         nb: usize,
         mut out: Out<'_>,
         extras: &mut [Out<'_>],
     ) -> Result<bool> {
         let blk = Blk { rows: nb, cols: self.cols };
-        let mut ptrs = Vec::with_capacity(jit.args.len() + 1 + extras.len());
+        let len = blk.len();
+        // The outputs' addresses first: an argument may be one of them.
+        let mut outs = Vec::with_capacity(1 + extras.len());
+        let out_ty = jit.body.nodes[jit.body.outputs[0]].1;
+        outs.push((out_address(out.reborrow(), out_ty, len)?, out_ty));
+        for (e, &o) in extras.iter_mut().zip(&jit.body.outputs[1..]) {
+            let ty = jit.body.nodes[o].1;
+            outs.push((out_address(e.reborrow(), ty, len)?, ty));
+        }
+        let mut ptrs = Vec::with_capacity(jit.args.len() + outs.len());
         let mut modes = Vec::with_capacity(jit.args.len());
         for (&o, &t) in jit.args.iter().zip(&jit.body.args) {
-            let (p, m) = match t {
-                Ty::F32 => address::<f32>(arg(o), blk)?,
-                Ty::Bool => address::<bool>(arg(o), blk)?,
+            let (p, m) = match over(o) {
+                Some(j) => match outs.get(j) {
+                    Some(&(p, ty)) if ty == t => (p, Mode::Flat),
+                    _ => {
+                        return Err(Error::Backend(
+                            "cpu: fused operand read from an output of another type".into(),
+                        ))
+                    }
+                },
+                None => match t {
+                    Ty::F32 => address::<f32>(arg(o), blk)?,
+                    Ty::Bool => address::<bool>(arg(o), blk)?,
+                },
             };
             ptrs.push(p);
             modes.push(m);
         }
         let Some(kernel) = jit.kernel(self.node, &modes) else { return Ok(false) };
-        let len = blk.len();
-        let out_ty = jit.body.nodes[jit.body.outputs[0]].1;
-        ptrs.push(out_address(out.reborrow(), out_ty, len)?);
-        for (e, &o) in extras.iter_mut().zip(&jit.body.outputs[1..]) {
-            ptrs.push(out_address(e.reborrow(), jit.body.nodes[o].1, len)?);
-        }
+        ptrs.extend(outs.iter().map(|&(p, _)| p));
         // Without a row broadcast the block is one row: longer vector runs.
         let (rows, cols) = if modes.iter().any(|m| matches!(m, Mode::Cols | Mode::PerRow)) {
             (nb, self.cols)
@@ -378,8 +396,13 @@ impl FusedKernel {
         // splat one element; flattening keeps the flat extent), bools are
         // Rust `bool`s, `out_address` checked `len` elements of each
         // output, and the outputs are this block's own `&mut` pieces, so
-        // they overlap no argument (the in-place operand was copied to
-        // scratch by the interpreter's leaf step).
+        // they overlap no argument but those read from an output, which
+        // are that output exactly (the same address, type and flat
+        // extent; no Rust reference to them is alive). Such an element is
+        // read before it is overwritten: the generated loop loads every
+        // argument of an element before it stores that element's outputs,
+        // and each element is loaded and stored by one step of the loop
+        // (`codegen/emit.rs`, `body_at`).
         unsafe { kernel.call(&ptrs, rows, cols)? };
         Ok(true)
     }

@@ -130,4 +130,7 @@ pub(super) enum Src<'a> {
     Strided(Data<'a>, Layout),
     /// The in-place operand: read from the output block.
     InPlace,
+    /// An operand that the kernel's extra output `e` (body output `e +
+    /// 1`) is written over: read from that output's block.
+    InPlaceExtra(usize),
 }

@@ -165,6 +165,9 @@ pub(crate) struct FusedKernel {
     inputs: Vec<(Shape, DType)>,
     /// Whether operand `k` may be computed in place (see [`FusedKernel::run`]).
     in_place_ok: Vec<bool>,
+    /// `[j - 1][k]`: whether body output `j` may be written over operand
+    /// `k` (see [`FusedKernel::run_over`]).
+    extra_over_ok: Vec<Vec<bool>>,
     /// Rows per block of the loop (one block per parallel task).
     block_rows: usize,
     /// Scratch sets not leased by a running task (see the module docs).
@@ -369,6 +372,24 @@ impl FusedKernel {
                     && slot.get(&i).is_none_or(|&s| instrs[s].class == out_class || cols == 1)
             })
             .collect();
+        // The same test for the extra outputs, each at its own type and class.
+        let extra_over_ok = body.outputs()[1..]
+            .iter()
+            .zip(&extras)
+            .map(|(&e, &(_, _, class))| {
+                let e = g.node(e);
+                input_nodes
+                    .iter()
+                    .map(|&i| {
+                        let n = g.node(i);
+                        n.shape == e.shape
+                            && n.dtype == e.dtype
+                            && g.users(i).iter().all(|&u| !g.node(u).op.is_view() && Some(u) != mm)
+                            && slot.get(&i).is_none_or(|&s| instrs[s].class == class || cols == 1)
+                    })
+                    .collect()
+            })
+            .collect();
         let block_rows = (BLOCK / cols.max(1)).clamp(1, rows.max(1));
         let row_kernel = rows::recognize(codegen, &instrs, output, &extras, cols);
         let jit = jit::Jit::new(codegen, node, &instrs, output, &extras, cols);
@@ -393,6 +414,7 @@ impl FusedKernel {
             out_shape: out.shape.clone(),
             inputs,
             in_place_ok,
+            extra_over_ok,
             block_rows,
             pool: Mutex::new(Vec::new()),
             product: Mutex::new(None),
@@ -437,6 +459,7 @@ impl FusedKernel {
     ///
     /// `extras`: the destinations of body outputs 1.. (dense, their own
     /// bytes), written block by block with the output.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn run<T: super::storage::Elem>(
         &self,
         args: &[Option<&super::CpuBuffer>],
@@ -444,9 +467,27 @@ impl FusedKernel {
         out: &mut [T],
         extras: Vec<super::storage::Out<'_>>,
     ) -> Result<()> {
+        self.run_over(args, in_place, out, extras, &[])
+    }
+
+    /// [`FusedKernel::run`], with extra outputs written over operands:
+    /// `over[j - 1] = Some(k)` when body output `j`'s destination (in
+    /// `extras`) holds operand `k`'s elements; then `args[k]` is `None`
+    /// and the kernel reads operand `k` from that destination, block by
+    /// block before writing it, as it reads an in-place operand from
+    /// `out` (legal only where [`FusedKernel::can_write_extra_over`] says
+    /// so). An empty `over` writes over nothing.
+    pub(crate) fn run_over<T: super::storage::Elem>(
+        &self,
+        args: &[Option<&super::CpuBuffer>],
+        in_place: Option<usize>,
+        out: &mut [T],
+        extras: Vec<super::storage::Out<'_>>,
+        over: &[Option<usize>],
+    ) -> Result<()> {
         match &self.pad {
-            Some(pad) => self.run_padded(pad, args, in_place, out, extras),
-            None => self.run_dense(args, in_place, out, extras),
+            Some(pad) => self.run_padded(pad, args, in_place, out, extras, over),
+            None => self.run_dense(args, in_place, out, extras, over),
         }
     }
 
@@ -454,5 +495,14 @@ impl FusedKernel {
     /// the body reads it with identity indexing at the output's type.
     pub(crate) fn can_run_in_place(&self, k: usize) -> bool {
         self.pad.is_none() && self.in_place_ok.get(k).copied().unwrap_or(false)
+    }
+
+    /// Whether body output `j` (1.., an extra output) may be written over
+    /// operand `k` (`run_over` with `over[j - 1] = Some(k)`): the body
+    /// reads it with identity indexing at that output's type and class.
+    pub(crate) fn can_write_extra_over(&self, j: usize, k: usize) -> bool {
+        self.pad.is_none()
+            && j >= 1
+            && self.extra_over_ok.get(j - 1).and_then(|o| o.get(k)).copied().unwrap_or(false)
     }
 }

@@ -23,9 +23,10 @@ impl FusedKernel {
         in_place: Option<usize>,
         out: &mut [T],
         extras: Vec<Out<'_>>,
+        over: &[Option<usize>],
     ) -> Result<()> {
         let err = |m: String| Error::Backend(format!("cpu: fused {}: {m}", self.node));
-        if in_place.is_some() {
+        if in_place.is_some() || over.iter().any(Option::is_some) {
             return Err(err("a padded output is never computed in place".into()));
         }
         let rows = self.out_shape.numel() / pad.cols.max(1);
@@ -41,7 +42,7 @@ impl FusedKernel {
         let reuse = self.unpadded.lock().ok().and_then(|mut b| b.take());
         let mut dense = reuse.and_then(T::from_host).unwrap_or_default();
         dense.resize(self.out_shape.numel(), T::default());
-        self.run_dense(args, None, &mut dense, extras)?;
+        self.run_dense(args, None, &mut dense, extras, &[])?;
         let fills: Vec<T> =
             (pad.cols..pad.width).map(|c| pad.fill_at(c).map_or(T::default(), from_scalar)).collect();
         if pad.cols == 0 {

@@ -32,6 +32,10 @@ enum Pass {
     All,
     /// The leaves and the product only.
     Leaves,
+    /// As `Leaves`, but for those read from an output (in place, or under
+    /// an extra output written over them): generated code reads those
+    /// from the output itself (`jit_block`).
+    LeavesNotOver,
     /// The computed steps (the leaves are resolved), runs of them as
     /// generated segments.
     Rest,
@@ -43,6 +47,10 @@ struct Ready<'a> {
     srcs: Vec<Src<'a>>,
     /// The product of a matmul body, computed before the loop.
     product: Option<HostData>,
+    /// Whether a leaf is read from an output (in place, or an extra
+    /// output written over it): then every leaf of a block is read before
+    /// any step runs, so none is read after a step wrote its bytes.
+    leaves_first: bool,
 }
 
 /// Where a leaf's or the product's value for the current block is (every
@@ -87,6 +95,7 @@ impl FusedKernel {
         in_place: Option<usize>,
         out: &mut [T],
         extras: Vec<Out<'_>>,
+        over: &[Option<usize>],
     ) -> Result<()> {
         let err = |m: String| Error::Backend(format!("cpu: fused {}: {m}", self.node));
         if T::DTYPE != self.out_dtype || out.len() != self.out_shape.numel() {
@@ -105,7 +114,31 @@ impl FusedKernel {
                 self.inputs.len()
             )));
         }
+        if over.len() > self.extras.len() {
+            return Err(err(format!(
+                "{} extra output(s) written over operands, the body has {}",
+                over.len(),
+                self.extras.len()
+            )));
+        }
+        for (e, k) in over.iter().enumerate() {
+            match k {
+                Some(k) if in_place == Some(*k) || over[..e].contains(&Some(*k)) => {
+                    return Err(err(format!("two outputs are written over operand {k}")))
+                }
+                Some(k) if !self.can_write_extra_over(e + 1, *k) => {
+                    return Err(err(format!("output {} cannot be written over operand {k} (it is not read elementwise at that output's type)", e + 1)))
+                }
+                Some(k) if args.get(*k).is_none_or(|a| a.is_some()) => {
+                    return Err(err(format!("output {} is written over operand {k}; pass None for it", e + 1)))
+                }
+                _ => {}
+            }
+        }
         for (k, (a, (s, d))) in args.iter().zip(&self.inputs).enumerate() {
+            if over.contains(&Some(k)) {
+                continue;
+            }
             match (a, in_place == Some(k)) {
                 (None, true) if !self.can_run_in_place(k) => {
                     return Err(err(format!("operand {k} cannot be computed in place (it is not read elementwise at the output's type)")))
@@ -146,7 +179,7 @@ impl FusedKernel {
         if out.is_empty() {
             return Ok(());
         }
-        let ready = self.prepare(args, in_place)?;
+        let ready = self.prepare(args, in_place, over)?;
         let per_row = if self.out_class == Class::Full { self.cols } else { 1 };
         let stream = std::mem::size_of_val(out) >= STREAM_BYTES;
         let task_len = self.block_rows * per_row;
@@ -210,7 +243,7 @@ impl FusedKernel {
         let r0 = i * self.block_rows;
         if let Some(rows) = self.row_kernel {
             // The interpreter resolves the leaves; the row kernel does the rest.
-            self.block(ready, scratch, &mut lease.vals, r0, nb, chunk, false, Pass::Leaves)?;
+            self.block(ready, scratch, &mut lease.vals, r0, nb, chunk, &mut extras, false, Pass::Leaves)?;
             let len = chunk.len();
             let mut own = std::mem::replace(&mut scratch.vals[self.output], HostData::U8(Vec::new()));
             let mut row = std::mem::take(&mut scratch.row);
@@ -239,18 +272,30 @@ impl FusedKernel {
         }
         if let (Some(jit), false) = (&self.jit, stream) {
             // The interpreter resolves the leaves; generated code does the rest.
-            self.block(ready, scratch, &mut lease.vals, r0, nb, chunk, false, Pass::Leaves)?;
+            let pass = Pass::LeavesNotOver;
+            self.block(ready, scratch, &mut lease.vals, r0, nb, chunk, &mut extras, false, pass)?;
             let (vals, s) = (&lease.vals, &*scratch);
-            if self.jit_block(jit, |o| self.arg(vals, s, o), nb, Out::new(&mut *chunk), &mut extras)? {
+            let over = |o: Opnd| match (&self.instrs[o.slot], o.per_row) {
+                (ins @ Instr { step: Step::Leaf(_), .. }, false) => match ready.srcs.get(ins.leaf) {
+                    Some(Src::InPlace) => Some(0),
+                    Some(Src::InPlaceExtra(e)) => Some(e + 1),
+                    _ => None,
+                },
+                _ => None,
+            };
+            if self.jit_block(jit, |o| self.arg(vals, s, o), over, nb, Out::new(&mut *chunk), &mut extras)? {
                 return Ok(());
             }
         }
-        let r = if self.segments.is_empty() {
-            self.block(ready, scratch, &mut lease.vals, r0, nb, chunk, stream, Pass::All)
+        let r = if self.segments.is_empty() && !ready.leaves_first {
+            self.block(ready, scratch, &mut lease.vals, r0, nb, chunk, &mut extras, stream, Pass::All)
         } else {
-            // Leaves first: a segment reads those that come after its first step.
-            self.block(ready, scratch, &mut lease.vals, r0, nb, chunk, stream, Pass::Leaves)
-                .and_then(|()| self.block(ready, scratch, &mut lease.vals, r0, nb, chunk, stream, Pass::Rest))
+            // Leaves first: a segment reads those that come after its first
+            // step, and an operand read from an output must be read before
+            // any step writes there.
+            let (vals, ex) = (&mut lease.vals, &mut extras);
+            self.block(ready, scratch, vals, r0, nb, chunk, ex, stream, Pass::Leaves)
+                .and_then(|()| self.block(ready, scratch, vals, r0, nb, chunk, ex, stream, Pass::Rest))
         };
         let r = r.and_then(|()| {
             for (mut e, &(s, d, class)) in extras.into_iter().zip(&self.extras) {
@@ -267,20 +312,30 @@ impl FusedKernel {
     }
 
     /// Resolves every leaf against this run's operands.
-    fn prepare<'a>(&self, args: &[Option<&'a CpuBuffer>], in_place: Option<usize>) -> Result<Ready<'a>> {
+    fn prepare<'a>(
+        &self,
+        args: &[Option<&'a CpuBuffer>],
+        in_place: Option<usize>,
+        over: &[Option<usize>],
+    ) -> Result<Ready<'a>> {
         let mut srcs = Vec::with_capacity(self.leaves.len());
         for &i in &self.leaves {
             let ins = &self.instrs[i];
             srcs.push(match &ins.step {
                 _ if !ins.live => Src::None,
-                Step::Leaf(Leaf { source: Source::Input(k), views, .. }) if in_place == Some(*k) => {
+                Step::Leaf(Leaf { source: Source::Input(k), views, .. })
+                    if in_place == Some(*k) || over.contains(&Some(*k)) =>
+                {
                     if !views.is_empty() {
                         return Err(Error::Backend(format!(
                             "cpu: fused {}: operand {k} is viewed",
                             self.node
                         )));
                     }
-                    Src::InPlace
+                    match over.iter().position(|&o| o == Some(*k)) {
+                        Some(e) => Src::InPlaceExtra(e),
+                        None => Src::InPlace,
+                    }
                 }
                 Step::Leaf(l) => self.classify(ins, resolve(l, ins.dtype, args)?)?,
                 _ => Src::None,
@@ -292,7 +347,8 @@ impl FusedKernel {
                 product = Some(self.product(a, b, ins.dtype, args)?);
             }
         }
-        Ok(Ready { srcs, product })
+        let leaves_first = in_place.is_some() || over.iter().any(Option::is_some);
+        Ok(Ready { srcs, product, leaves_first })
     }
 
     /// How a leaf with this storage and layout is read: in place where
@@ -361,6 +417,7 @@ impl FusedKernel {
         r0: usize,
         nb: usize,
         out: &mut [T],
+        extras: &mut [Out<'_>],
         stream: bool,
         pass: Pass,
     ) -> Result<()> {
@@ -373,7 +430,13 @@ impl FusedKernel {
                 continue;
             }
             let computed = !matches!(ins.step, Step::Leaf(_) | Step::MatMul(..));
-            if (pass == Pass::Leaves && computed) || (pass == Pass::Rest && !computed) {
+            let leaves = matches!(pass, Pass::Leaves | Pass::LeavesNotOver);
+            if (leaves && computed) || (pass == Pass::Rest && !computed) {
+                continue;
+            }
+            if pass == Pass::LeavesNotOver
+                && matches!(ready.srcs.get(ins.leaf), Some(Src::InPlace | Src::InPlaceExtra(_)))
+            {
                 continue;
             }
             let (blk, start) = match ins.class {
@@ -412,6 +475,23 @@ impl FusedKernel {
                             })?;
                             Val::Scratch
                         }
+                        Src::InPlaceExtra(e) => {
+                            // As `InPlace`, from the extra output's block.
+                            let at = extras
+                                .get_mut(*e)
+                                .ok_or_else(|| Error::Backend("cpu: fused extra output missing".into()))?;
+                            dispatch!(ins.dtype, E => {
+                                let from = at.reborrow().get::<E>()?;
+                                let from = from
+                                    .get(..blk.len())
+                                    .ok_or_else(|| Error::Backend("cpu: fused in-place block".into()))?;
+                                ops::with_out::<E>(&mut scratch.vals[i], blk.len(), |o| {
+                                    o.copy_from_slice(from);
+                                    Ok(())
+                                })?
+                            });
+                            Val::Scratch
+                        }
                         Src::None => return Err(Error::Backend("cpu: fused leaf without a source".into())),
                     };
                 }
@@ -445,7 +525,7 @@ impl FusedKernel {
                 }
             }
         }
-        if !direct && pass != Pass::Leaves {
+        if !direct && !matches!(pass, Pass::Leaves | Pass::LeavesNotOver) {
             // The output is a leaf or the product itself, or is streamed:
             // copy it out.
             let ins = &self.instrs[self.output];
