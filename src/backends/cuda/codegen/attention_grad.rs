@@ -273,6 +273,23 @@ pub(crate) fn grad(name: &str, spec: &GradSpec, wrt: AttnWrt) -> Result<Kernel, 
     }
 }
 
+/// The `dq` kernels' ending: this thread's rows of `acc` (`[d / 8][4]`
+/// accumulator tiles) times the scale, rounded to `tag`'s type, into
+/// `out`; then the kernel's closing brace.
+pub(super) fn store_dq(s: &mut String, spec: &GradSpec, tag: &str) {
+    let Spec { sq, d, .. } = spec.attn;
+    let scale = format!("{:?}f", spec.attn.scale as f32);
+    let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) {{", d / 8);
+    s.push_str("    #pragma unroll\n    for (int r = 0; r < 2; ++r) {\n");
+    let _ = writeln!(s, "      const int i = r == 0 ? ia : ib;\n      if (i >= {sq}) continue;");
+    let _ = writeln!(
+        s,
+        "      *(U*)&out[{} + n * 8 + 2 * c] = kiln::pack2(acc[n][2 * r] * {scale}, acc[n][2 * r + 1] * {scale}, {tag});",
+        out_row(spec, 0, "i", d)
+    );
+    s.push_str("    }\n  }\n}\n");
+}
+
 /// Where row `row` (a query for `part` 0, a key for 1 and 2) of the
 /// `(b, h) = bh` head's gradient `part` (q, k, v) starts in `out`; `w`
 /// is a dense row's width (`d`, or `d + dv` for k and v side by side).
@@ -335,16 +352,7 @@ fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
     mma_columns(&mut s, "acc", "sc", d / 8, "ks + ks_o", kst, &tag);
     let body = std::mem::replace(&mut s, outer);
     tile_loop(&mut s, "j0", ("0", "kend"), sk, &tiles, pipelined, |_, _, _| {}, |s| s.push_str(&body));
-    let scale = format!("{:?}f", spec.attn.scale as f32);
-    let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) {{", d / 8);
-    s.push_str("    #pragma unroll\n    for (int r = 0; r < 2; ++r) {\n");
-    let _ = writeln!(s, "      const int i = r == 0 ? ia : ib;\n      if (i >= {sq}) continue;");
-    let _ = writeln!(
-        s,
-        "      *(U*)&out[{} + n * 8 + 2 * c] = kiln::pack2(acc[n][2 * r] * {scale}, acc[n][2 * r + 1] * {scale}, {tag});",
-        out_row(spec, 0, "i", d)
-    );
-    s.push_str("    }\n  }\n}\n");
+    store_dq(&mut s, spec, &tag);
     Kernel::new(name, s, grid as u32, THREADS as u32, spec.reads(true))
 }
 

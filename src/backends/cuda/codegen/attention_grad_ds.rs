@@ -20,7 +20,7 @@
 //! [`DS_BUDGET`] bytes, and recomputes beyond.
 
 use super::attention::{Spec, Strided};
-use super::attention_grad::{block_rows, key_end, out_row, GradSpec};
+use super::attention_grad::{block_rows, key_end, store_dq, GradSpec};
 use super::attention_tiles::{self as tiles, tile_loop, Tile, PAD, TILE};
 use super::{types, Kernel};
 use std::fmt::Write;
@@ -150,16 +150,7 @@ pub(crate) fn grad_q(name: &str, spec: &GradSpec, ds: &DsLayout) -> Kernel {
     let _ = writeln!(body, "        kiln::mma_16816(acc[n], af, bf, {tag});");
     let _ = writeln!(body, "        kiln::mma_16816(acc[n + 1], af, bf + 2, {tag});\n      }}\n    }}");
     tile_loop(&mut s, "j0", ("0", "kend"), sk, &tiles, pipelined, |_, _, _| {}, |s| s.push_str(&body));
-    let scale = format!("{:?}f", spec.attn.scale as f32);
-    let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) {{", d / 8);
-    s.push_str("    #pragma unroll\n    for (int r = 0; r < 2; ++r) {\n");
-    let _ = writeln!(s, "      const int i = r == 0 ? ia : ib;\n      if (i >= {sq}) continue;");
-    let _ = writeln!(
-        s,
-        "      *(U*)&out[{} + n * 8 + 2 * c] = kiln::pack2(acc[n][2 * r] * {scale}, acc[n][2 * r + 1] * {scale}, {tag});",
-        out_row(spec, 0, "i", d)
-    );
-    s.push_str("    }\n  }\n}\n");
+    store_dq(&mut s, spec, &tag);
     let mut reads = spec.reads(true);
     reads.push(reads.len());
     Kernel::new(name, s, grid as u32, tiles::THREADS as u32, reads)
