@@ -62,6 +62,7 @@
 //! long rows of few-row tensors in parallel segments, so those sums may
 //! differ in the last bits.
 
+mod check;
 mod jit;
 mod leaf;
 mod ops;

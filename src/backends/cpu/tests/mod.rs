@@ -83,6 +83,7 @@ fn assert_close(got: &HostData, want: &[f64], t: f64, what: &str) {
 
 mod codegen;
 mod fused;
+mod in_place;
 mod indexing;
 mod kernels;
 mod rows;
