@@ -363,33 +363,26 @@ impl FusedKernel {
         let input_nodes = body.input_nodes();
         let inputs: Vec<(Shape, DType)> =
             input_nodes.iter().map(|&i| (g.node(i).shape.clone(), g.node(i).dtype)).collect();
-        let in_place_ok = input_nodes
-            .iter()
-            .map(|&i| {
-                let n = g.node(i);
-                n.shape == out.shape
-                    && n.dtype == out.dtype
-                    && g.users(i).iter().all(|&u| !g.node(u).op.is_view() && Some(u) != mm)
-                    && slot.get(&i).is_none_or(|&s| instrs[s].class == out_class || cols == 1)
-            })
-            .collect();
+        // Whether an output of `shape`, `dtype` and `class` may be written
+        // over each input: read elementwise at that type, through no view.
+        let writable_over = |shape: &Shape, dtype: DType, class: Class| -> Vec<bool> {
+            input_nodes
+                .iter()
+                .map(|&i| {
+                    let n = g.node(i);
+                    n.shape == *shape
+                        && n.dtype == dtype
+                        && g.users(i).iter().all(|&u| !g.node(u).op.is_view() && Some(u) != mm)
+                        && slot.get(&i).is_none_or(|&s| instrs[s].class == class || cols == 1)
+                })
+                .collect()
+        };
+        let in_place_ok = writable_over(&out.shape, out.dtype, out_class);
         // The same test for the extra outputs, each at its own type and class.
         let extra_over_ok = body.outputs()[1..]
             .iter()
             .zip(&extras)
-            .map(|(&e, &(_, _, class))| {
-                let e = g.node(e);
-                input_nodes
-                    .iter()
-                    .map(|&i| {
-                        let n = g.node(i);
-                        n.shape == e.shape
-                            && n.dtype == e.dtype
-                            && g.users(i).iter().all(|&u| !g.node(u).op.is_view() && Some(u) != mm)
-                            && slot.get(&i).is_none_or(|&s| instrs[s].class == class || cols == 1)
-                    })
-                    .collect()
-            })
+            .map(|(&e, &(_, _, class))| writable_over(&g.node(e).shape, g.node(e).dtype, class))
             .collect();
         let block_rows = (BLOCK / cols.max(1)).clamp(1, rows.max(1));
         let row_kernel = rows::recognize(codegen, &instrs, output, &extras, cols);
