@@ -8,6 +8,7 @@ mod attention_grad;
 mod attention_nonfinite;
 mod cache;
 mod column_groups;
+mod column_tiles;
 mod creation;
 mod decode;
 mod elementwise;

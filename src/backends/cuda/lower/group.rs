@@ -126,8 +126,9 @@ impl Lowering<'_> {
             let mut args = Vec::new();
             for (m, [out, x]) in chunk {
                 args.push(*out);
-                args.push(self.transient(columns::workspace_bytes(m.rows, m.cols)));
-                args.push(self.new_counters(columns::counters(m.cols)));
+                let tiling = m.tiling();
+                args.push(self.transient(tiling.workspace_bytes()));
+                args.push(self.new_counters(tiling.counters()));
                 args.push(*x);
             }
             let kernel = match chunk {

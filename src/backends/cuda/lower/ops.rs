@@ -48,9 +48,10 @@ impl Lowering<'_> {
                             Ok(columns::generate(n, &xo, *op, rows, cols, node.dtype))
                         })?;
                         let mut args = vec![dst];
-                        if columns::chunks(rows, cols) > 1 {
-                            args.push(self.transient(columns::workspace_bytes(rows, cols)));
-                            args.push(self.new_counters(columns::counters(cols)));
+                        let tiling = columns::Tiling::of(&xo, rows, cols);
+                        if tiling.split() {
+                            args.push(self.transient(tiling.workspace_bytes()));
+                            args.push(self.new_counters(tiling.counters()));
                         }
                         args.extend(buffer_locs(&ops));
                         self.launches.push(Launch::Kernel { kernel: k, args });
