@@ -29,6 +29,7 @@
 //!     cargo bench ... -- L12 --precisions bf16 --profile  # where a step's time goes
 //!     KILN_PROFILE_NODES=200 KILN_DUMP=dump cargo bench ... --profile  # the 200 slowest nodes, numbered as the plan's 16-memory.kir
 //!     cargo bench ... -- --gemms   # the LM head's GEMMs alone
+//!     cargo bench ... -- L12 --streams 2   # independent work over 2 streams (default 1)
 //!
 //! Without a GPU it says so and exits 0 (`KILN_REQUIRE_CUDA=1`: 1).
 
@@ -101,8 +102,9 @@ struct Row {
 }
 
 /// Trains `shape` for `steps` timed steps in `precision` on a fresh context.
-fn train(shape: &Shape, precision: &str, steps: usize, profile: bool) -> Result<Row> {
-    let mut ctx = Context::cuda(0)?.with_seed(1).with_tf32(false).with_profiling(profile);
+fn train(shape: &Shape, precision: &str, steps: usize, profile: bool, streams: u32) -> Result<Row> {
+    let mut ctx =
+        Context::cuda(0)?.with_seed(1).with_tf32(false).with_profiling(profile).with_streams(streams);
     if precision == "bf16" {
         ctx = ctx.with_autocast(DType::BF16);
     }
@@ -254,6 +256,7 @@ fn main() -> Result<()> {
         return print_gemms();
     }
     let profile = args.iter().any(|a| a == "--profile");
+    let streams = value("--streams").and_then(|s| s.parse().ok()).unwrap_or(1u32);
     let precisions = value("--precisions").unwrap_or_else(|| "f32,bf16".into());
     let only = args
         .iter()
@@ -270,7 +273,7 @@ fn main() -> Result<()> {
             continue;
         }
         for precision in precisions.split(',') {
-            let r = train(shape, precision, steps, profile)?;
+            let r = train(shape, precision, steps, profile, streams)?;
             println!(
                 "{name:<26} {precision:<6} {:>10.3} {:>10.1} {:>10.1} {:>10.1} {:>8.2}  {:.4} -> {:.4}",
                 r.median_ms, r.first_ms, r.peak_mib, r.launches, r.copies, r.loss_first, r.loss_last

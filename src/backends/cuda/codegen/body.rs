@@ -37,6 +37,9 @@ pub(crate) struct Operand {
 pub(crate) struct Leaf {
     pub operand: Option<usize>,
     pub constant: Option<Scalar>,
+    /// `start, step` of an `arange` leaf: element `i` is computed, never
+    /// loaded (see [`Leaf::read_at`]).
+    pub arange: Option<(Scalar, Scalar)>,
     pub access: Access,
     pub dtype: DType,
 }
@@ -47,16 +50,23 @@ impl Leaf {
         format!("in{}", self.operand.unwrap_or(0))
     }
 
-    /// True when every position reads one value (a constant, a broadcast).
+    /// True when every position reads one value (a constant, a broadcast
+    /// of a buffer's element; an `arange` is computed where it is read).
     pub fn is_uniform(&self) -> bool {
-        self.constant.is_some() || self.access.is_uniform()
+        self.constant.is_some() || (self.arange.is_none() && self.access.is_uniform())
     }
 
-    /// The compute value at storage offset `offset` (an expression).
+    /// The compute value at storage offset `offset` (an expression): a
+    /// literal, an `arange`'s element computed as its kernel computes it
+    /// (the same expression, stored and loaded as its dtype), or a load.
     pub fn read_at(&self, offset: &str) -> String {
-        match self.constant {
-            Some(c) => types::literal(self.dtype, c),
-            None => types::load(self.dtype, &format!("{}[{offset}]", self.param())),
+        match (self.constant, self.arange) {
+            (Some(c), _) => types::literal(self.dtype, c),
+            (None, Some((start, step))) => {
+                let v = super::ops::arange_value(self.dtype, start, step, &format!("({offset})"));
+                types::load(self.dtype, &types::store(self.dtype, &v))
+            }
+            (None, None) => types::load(self.dtype, &format!("{}[{offset}]", self.param())),
         }
     }
 }
@@ -97,13 +107,22 @@ impl<'a> Body<'a> {
                             Source::Const(c) => Some(c),
                             Source::Buffer => None,
                         },
+                        arange: None,
                         access: o.access.clone(),
                         dtype: node.dtype,
                     })
                 }
+                Op::Arange { start, step } => Some(Leaf {
+                    operand: None,
+                    constant: None,
+                    arange: Some((*start, *step)),
+                    access: Access::strided(crate::backends::Layout::contiguous(node.shape.clone())),
+                    dtype: node.dtype,
+                }),
                 Op::Full(v) => Some(Leaf {
                     operand: None,
                     constant: Some(*v),
+                    arange: None,
                     access: Access::strided(crate::backends::Layout {
                         shape: node.shape.clone(),
                         strides: vec![0; node.shape.rank()],

@@ -43,15 +43,23 @@ pub(crate) fn fill(name: &str, dtype: DType, numel: usize, value: Scalar) -> Ker
 pub(crate) fn arange(name: &str, dtype: DType, numel: usize, start: Scalar, step: Scalar) -> Kernel {
     let params = format!("{}* __restrict__ out", types::storage(dtype));
     let mut src = open(name, &params, small_index(numel), numel);
-    let v = if dtype.is_float() {
-        let e = format!("({:?} + (double)i * {:?})", start.as_f64(), step.as_f64());
-        types::cast(DType::F64, dtype, &e)
-    } else {
-        let e = format!("kiln::iadd({}LL, kiln::imul((kiln::i64)i, {}LL))", start.as_i64(), step.as_i64());
-        types::settle(dtype, &e)
-    };
+    let v = arange_value(dtype, start, step, "i");
     let _ = writeln!(src, "    out[i] = {};", types::store(dtype, &v));
     close(name, src, numel, vec![])
+}
+
+/// Element `i` (an expression) of `arange start step` in `dtype`'s compute
+/// type: the arange kernel stores it, and a fused row kernel that reads an
+/// arange computes it in place of the load (`Leaf::read_at`), the same
+/// expression either way.
+pub(crate) fn arange_value(dtype: DType, start: Scalar, step: Scalar, i: &str) -> String {
+    if dtype.is_float() {
+        let e = format!("({:?} + (double){i} * {:?})", start.as_f64(), step.as_f64());
+        types::cast(DType::F64, dtype, &e)
+    } else {
+        let e = format!("kiln::iadd({}LL, kiln::imul((kiln::i64){i}, {}LL))", start.as_i64(), step.as_i64());
+        types::settle(dtype, &e)
+    }
 }
 
 /// Random numbers: element `i` of a run stream, exactly as

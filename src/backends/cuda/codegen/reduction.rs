@@ -384,6 +384,15 @@ impl Gen<'_, '_> {
         if l.constant.is_some() {
             return l.read_at("0");
         }
+        if l.arange.is_some() {
+            // Computed at its offset: no pointer, no row base.
+            let c = col.unwrap_or("0");
+            let at = match l.access.split_offsets(self.split, "row", c) {
+                Some((r, c)) => format!("{r} + {c}"),
+                None => l.access.offset_of(&format!("(row * C + {c})")),
+            };
+            return l.read_at(&at);
+        }
         if l.is_uniform() {
             return format!("u{}", id.index());
         }

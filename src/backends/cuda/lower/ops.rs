@@ -173,6 +173,50 @@ impl Lowering<'_> {
         }
     }
 
+    /// `g` (the body of fused node `id`) with each `input k` that reads a
+    /// dense `arange` node replaced by that `arange`: the row kernel
+    /// computes its elements where it reads them. GPT-2's loss gradient
+    /// compares each of its 50257 columns with the row's target through
+    /// an `i64` arange, and loading it was 8 of the 10 bytes the kernel's
+    /// output pass read per element (from L2). The operand stays a
+    /// parameter of the kernel, unread.
+    fn with_aranges_computed(&self, id: NodeId, g: &Graph, ops: &[Value]) -> Graph {
+        let graph = &self.plan.graph;
+        let computed: Vec<(u32, Op)> = graph
+            .operands(id)
+            .iter()
+            .zip(ops)
+            .enumerate()
+            .filter_map(|(k, (&o, v))| {
+                let op = &graph.node(o).op;
+                let dense = v.layout.offset == 0 && v.layout.is_contiguous();
+                (matches!(op, Op::Arange { .. }) && dense).then(|| (k as u32, op.clone()))
+            })
+            .collect();
+        if computed.is_empty() {
+            return g.clone();
+        }
+        let mut out = Graph::new();
+        let mut map: std::collections::HashMap<NodeId, NodeId> = std::collections::HashMap::new();
+        for n in g.topo_order() {
+            let node = g.node(n);
+            let arange = match node.op {
+                Op::Input(k) => computed.iter().find(|(c, _)| *c == k).map(|(_, op)| op.clone()),
+                _ => None,
+            };
+            let new = match arange {
+                Some(op) => out.add_unchecked(leaf_node(op, &node.shape, node.dtype), &[]),
+                None => {
+                    let operands: Vec<NodeId> = g.operands(n).iter().map(|o| map[o]).collect();
+                    out.add_unchecked(node.clone(), &operands)
+                }
+            };
+            map.insert(n, new);
+        }
+        out.set_outputs(g.outputs().iter().map(|o| map[o]).collect());
+        out
+    }
+
     /// True when the memory plan computes `id` in place of an operand,
     /// or over an input it reads: its output pointer then aliases an
     /// operand's, so the kernel's pointers must not be `__restrict__`.
@@ -237,7 +281,8 @@ impl Lowering<'_> {
                 let extras = self.place_extras(id, body)?;
                 let reduction = Some((domain, *split));
                 let in_place = self.in_place(id);
-                self.body_kernel("fused_reduction", body.graph(), ops, (dst, &extras), in_place, reduction)
+                let g = self.with_aranges_computed(id, body.graph(), ops);
+                self.body_kernel("fused_reduction", &g, ops, (dst, &extras), in_place, reduction)
             }
             FusedKind::MatMul { matmul } => {
                 let g = body.graph();
