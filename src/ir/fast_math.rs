@@ -62,8 +62,8 @@ pub(crate) const EXP_HI: f32 = 89.0;
 pub(crate) const EXP_LO: f32 = -104.0;
 
 /// `exp`'s polynomial `P(r)`, highest degree first (Cephes' `expf`; its
-/// last, 5.0000001201e-1, is 0.5 in `f32`). The CPU backend's AVX-512
-/// softmax reads these too.
+/// last, 5.0000001201e-1, is 0.5 in `f32`). The CPU backend's generated
+/// `exp` (`codegen/emit.rs`) and its AVX-512 softmax read these too.
 pub(crate) const EXP_P: [f32; 6] =
     [1.987_569_1e-4, 1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
 
