@@ -61,6 +61,12 @@ pub(crate) const EXP_HI: f32 = 89.0;
 /// Below this `exp` rounds to 0 (`ln(2^-150) = -103.97...`).
 pub(crate) const EXP_LO: f32 = -104.0;
 
+/// `exp`'s polynomial `P(r)`, highest degree first (Cephes' `expf`; its
+/// last, 5.0000001201e-1, is 0.5 in `f32`). The CPU backend's generated
+/// `exp` (`codegen/emit.rs`) and its AVX-512 softmax read these too.
+pub(crate) const EXP_P: [f32; 6] =
+    [1.987_569_1e-4, 1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
+
 /// `x` clamped to `[lo, hi]`, NaN passing through (selects, no branches).
 #[inline(always)]
 fn clamp_nan(x: f32, lo: f32, hi: f32) -> f32 {
@@ -90,12 +96,8 @@ pub fn exp_f32(x: f32) -> f32 {
     // the rest of the reduction to within the low part's rounding.
     let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
     let z = r * r;
-    let p = 1.987_569_1e-4f32
-        .mul_add(r, 1.398_2e-3)
-        .mul_add(r, 8.333_452e-3)
-        .mul_add(r, 4.166_579_6e-2)
-        .mul_add(r, 1.666_666_5e-1)
-        .mul_add(r, 0.5); // Cephes: 5.0000001201e-1, which is 0.5 in f32
+    let [p0, p1, p2, p3, p4, p5] = EXP_P;
+    let p = p0.mul_add(r, p1).mul_add(r, p2).mul_add(r, p3).mul_add(r, p4).mul_add(r, p5);
     let e = p.mul_add(z, r) + 1.0;
     // 2^n as two factors: each is a normal number, so the only rounding
     // past the polynomial is the last product (into subnormals or inf).

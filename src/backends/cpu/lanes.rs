@@ -20,8 +20,11 @@ use super::storage::Elem;
 /// Interleaved partial sums per lane.
 pub(crate) const LANES: usize = 16;
 
+/// The partials' pairwise sum, the last step of every sum here (kept
+/// one definition so that a kernel filling the partials itself, as the
+/// AVX-512 softmax does, ends in the same bits).
 #[inline(always)]
-fn combine(mut p: [f64; LANES]) -> f64 {
+pub(crate) fn combine(mut p: [f64; LANES]) -> f64 {
     let mut w = LANES / 2;
     while w > 0 {
         for j in 0..w {

@@ -3,7 +3,7 @@
 //! lanes and once for one (the tail), with the same operations.
 
 use super::{Body, Mode, Node, Ty};
-use crate::ir::fast_math::{EXP_HI, EXP_LO, LN2_HI, LN2_LO, ROUND_MAGIC};
+use crate::ir::fast_math::{EXP_HI, EXP_LO, EXP_P, LN2_HI, LN2_LO, ROUND_MAGIC};
 use crate::ir::{BinaryOp, CompareOp, UnaryOp};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::immediates::Ieee32;
@@ -143,8 +143,8 @@ impl E<'_, '_> {
         let r = self.b.ins().fma(n, nhi, x);
         let r = self.b.ins().fma(n, nlo, r);
         let z = self.b.ins().fmul(r, r);
-        let mut p = self.fconst(1.987_569_1e-4);
-        for c in [1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5f32] {
+        let mut p = self.fconst(EXP_P[0]);
+        for &c in &EXP_P[1..] {
             let c = self.fconst(c);
             p = self.b.ins().fma(p, r, c);
         }

@@ -69,6 +69,7 @@ mod ops;
 mod padded;
 mod rows;
 mod run;
+mod softmax_avx512;
 mod stream;
 
 use super::codegen::Codegen;

@@ -25,11 +25,15 @@
 //! in a row of scratch (softmax's `exp`) or computed again (layer norm's
 //! `x - mean`), which gives the same bits. [`Codegen::Off`] keeps the
 //! interpreter alone, the reference these kernels are tested against.
+//!
+//! On a CPU with AVX-512F a softmax row runs `softmax_avx512.rs`
+//! instead (512-bit `exp`, a division by Markstein's correction where it
+//! is exact): the same bits, argued and tested there.
 
 use super::super::codegen::Codegen;
 use super::super::lanes;
 use super::ops::{Arg, Blk, Seg, TArg};
-use super::{Class, FusedKernel, Instr, Opnd, Step};
+use super::{softmax_avx512, Class, FusedKernel, Instr, Opnd, Step};
 use crate::ir::eval::Real;
 use crate::ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 use crate::{Error, Result};
@@ -176,6 +180,11 @@ impl FusedKernel {
 
 /// One softmax row into `y` (as long as `x`), `exp` in `tmp` (as long).
 fn softmax_row(x: &[f32], y: &mut [f32], tmp: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if softmax_avx512::available() {
+        // SAFETY: the CPU supports avx512f, avx2 and fma (checked just above).
+        return unsafe { softmax_avx512::softmax_row(x, y, tmp) };
+    }
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
         // SAFETY: the CPU supports avx2 and fma (checked just above).
