@@ -11,6 +11,7 @@ use crate::backends::cuda::codegen::{argmax, columns, elementwise, ops, pool_gra
 use crate::backends::cuda::program::{Conv, IndexCheck, Launch, Loc, Pool, Region, Tensor4};
 use crate::backends::Layout;
 use crate::ir::{DType, FusedBody, FusedKind, Graph, Node, NodeId, Op, Placement, ReduceOp, RegionId, Shape};
+use std::borrow::Cow;
 
 impl Lowering<'_> {
     /// Launches computing node `id` into `dst` (dense).
@@ -180,7 +181,7 @@ impl Lowering<'_> {
     /// an `i64` arange, and loading it was 8 of the 10 bytes the kernel's
     /// output pass read per element (from L2). The operand stays a
     /// parameter of the kernel, unread.
-    fn with_aranges_computed(&self, id: NodeId, g: &Graph, ops: &[Value]) -> Graph {
+    fn with_aranges_computed<'g>(&self, id: NodeId, g: &'g Graph, ops: &[Value]) -> Cow<'g, Graph> {
         let graph = &self.plan.graph;
         let computed: Vec<(u32, Op)> = graph
             .operands(id)
@@ -194,7 +195,7 @@ impl Lowering<'_> {
             })
             .collect();
         if computed.is_empty() {
-            return g.clone();
+            return Cow::Borrowed(g);
         }
         let mut out = Graph::new();
         let mut map: std::collections::HashMap<NodeId, NodeId> = std::collections::HashMap::new();
@@ -214,7 +215,7 @@ impl Lowering<'_> {
             map.insert(n, new);
         }
         out.set_outputs(g.outputs().iter().map(|o| map[o]).collect());
-        out
+        Cow::Owned(out)
     }
 
     /// True when the memory plan computes `id` in place of an operand,
