@@ -100,17 +100,25 @@ fn conv_in<T: Elem, R: GemmFloat>(
     // Images per product: as many as keep the column matrix within
     // COL_BUDGET, at least one.
     let per = (COL_BUDGET / (kk * pp)).clamp(1, n);
-    let mut col_all = pool::scratch::<R>(kk * per * pp)?;
+    // The column matrix only where the product is not packed straight from xp.
+    let mut col_all = None;
     let mut prod_all = pool::scratch::<R>(og * per * pp)?;
     for gi in 0..g {
         let wg = &ws[gi * og * kk..][..og * kk];
         for b0 in (0..n).step_by(per) {
             let nb = per.min(n - b0);
             let cols = nb * pp;
-            let col = &mut col_all[..kk * cols];
-            geom.im2col(&xp, gi, b0, nb, col);
             let prod = &mut prod_all[..og * cols];
-            gemm_rowmajor(og, kk, cols, wg, col, prod, og * kk * cols >= CONV_GEMM_PAR_WORK)?;
+            let parallel = og * kk * cols >= CONV_GEMM_PAR_WORK;
+            if parallel || !geom.product(&xp, wg, og, gi, b0, nb, prod) {
+                let col_all = match &mut col_all {
+                    Some(c) => c,
+                    None => col_all.insert(pool::scratch::<R>(kk * per * pp)?),
+                };
+                let col = &mut col_all[..kk * cols];
+                geom.im2col(&xp, gi, b0, nb, col);
+                gemm_rowmajor(og, kk, cols, wg, col, prod, parallel)?;
+            }
             // prod is [og, nb, pp]; the output is [n, o, pp].
             for (oc, row) in prod.chunks(cols).enumerate() {
                 for (bi, px) in row.chunks(pp).enumerate() {

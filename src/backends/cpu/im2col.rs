@@ -20,6 +20,8 @@
 //! before, so the products (and the bits of every output) are the same.
 
 use super::elementwise::copy_short;
+use super::matmul::{as_f32, as_f32_mut, FEW_ROWS};
+use super::sgemm::{self, blocks};
 use super::storage::{cast_elem, Elem, View};
 use crate::{Error, Result};
 use rayon::prelude::*;
@@ -85,6 +87,107 @@ impl Geometry {
         } else {
             col.chunks_mut(cols).enumerate().for_each(|(r, row)| fill(r, row));
         }
+    }
+}
+
+/// Columns of the product per block of [`Geometry::product`]: 16
+/// slivers of B (at most 256 x 256 floats packed, in L2).
+const SPAN: usize = 256;
+
+impl Geometry {
+    /// `prod = wg x col` (`og x kk` by `kk x nb * oh * ow`) for images
+    /// `b0..b0 + nb`, group `gi`, without the column matrix: each block of
+    /// B is packed straight from `xp` (the [`padded_planes`]) into
+    /// `sgemm`'s 16-column slivers, each sliver row sixteen loads from the
+    /// places its columns start at (a table per block; a copy per window
+    /// row cost its loop and checks per 3-4 elements), and multiplied on
+    /// the calling thread. `false` (nothing
+    /// written) where it does not apply: not `f32`, no AVX2+FMA, or a
+    /// product of at most `matmul::FEW_ROWS` rows (which `gemm_rows`
+    /// computes another way).
+    ///
+    /// Same bits as [`Geometry::im2col`] then `gemm_rowmajor`: B holds the
+    /// same elements, the inner dimension is cut into `sgemm`'s slices
+    /// ([`blocks::slice_depth`]) added in order by the same register
+    /// kernel, whose chains do not depend on the column blocks.
+    ///
+    /// Why: the column matrix (73-590 KB for the digits CNN) was written
+    /// by im2col and read back by the packing, both out of L1 and L2, and
+    /// its stores were the slowest part of the convolution.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn product<R: Elem>(
+        &self,
+        xp: &[R],
+        wg: &[R],
+        og: usize,
+        gi: usize,
+        b0: usize,
+        nb: usize,
+        prod: &mut [R],
+    ) -> bool {
+        let (Some(xp), Some(wg), Some(prod)) = (as_f32(xp), as_f32(wg), as_f32_mut(prod)) else {
+            return false;
+        };
+        let (kk, pp) = (self.cg * self.kh * self.kw, self.oh * self.ow);
+        let cols = nb * pp;
+        if !sgemm::available() || og <= FEW_ROWS || kk == 0 || cols == 0 || prod.len() != og * cols {
+            return false;
+        }
+        let (hp, wp) = (self.h + 2 * self.padding[0], self.wi + 2 * self.padding[1]);
+        let (plane, image) = (hp * wp, self.c * hp * wp);
+        let [sh, sw] = self.stride;
+        let [dh, dw] = self.dilation;
+        // Where row r of B starts in a plane group, and column j in xp.
+        let row_at: Vec<usize> = (0..kk)
+            .map(|r| {
+                let (ci, ky, kx) = (r / (self.kh * self.kw), (r / self.kw) % self.kh, r % self.kw);
+                ci * plane + ky * dh * wp + kx * dw
+            })
+            .collect();
+        let first = (b0 * self.c + gi * self.cg) * plane;
+        let col_at = |j: usize| {
+            let (b, q) = (j / pp, j % pp);
+            first + b * image + (q / self.ow) * sh * wp + (q % self.ow) * sw
+        };
+        let depth = blocks::slice_depth(kk);
+        let slices: Vec<(usize, usize)> = (0..kk).step_by(depth).map(|p0| (p0, depth.min(kk - p0))).collect();
+        let a = sgemm::Mat { data: wg, base: 0, rs: kk, cs: 1 };
+        let packed_a: Vec<Vec<f32>> = slices
+            .iter()
+            .map(|&(p0, kc)| {
+                let mut v = Vec::new();
+                blocks::pack_a(a, 0, og, p0, kc, &mut v);
+                v
+            })
+            .collect();
+        let wide = blocks::wide_available();
+        let mut pb = Vec::new();
+        let mut at = Vec::new();
+        for j0 in (0..cols).step_by(SPAN) {
+            let nw = SPAN.min(cols - j0);
+            // Where each column of the block starts, relative to a row's
+            // start; past the block's last column, its first column's.
+            at.clear();
+            at.extend((0..nw.div_ceil(16) * 16).map(|j| col_at(j0 + if j < nw { j } else { 0 })));
+            for (si, &(p0, kc)) in slices.iter().enumerate() {
+                pb.resize(blocks::packed_b_len(kc, nw), 0.0);
+                for ((s, sliver), at) in pb.chunks_exact_mut(16 * kc).enumerate().zip(at.chunks_exact(16)) {
+                    let Ok(at) = <&[usize; 16]>::try_from(at) else { continue };
+                    let hi = at.iter().copied().max().unwrap_or(0);
+                    let width = 16.min(nw - 16 * s);
+                    for (row, &ra) in sliver.chunks_exact_mut(16).zip(&row_at[p0..p0 + kc]) {
+                        let src = &xp[ra..=ra + hi];
+                        for (v, &k) in row.iter_mut().zip(at) {
+                            // SAFETY: `k <= hi` and `src` holds `hi + 1` elements.
+                            *v = unsafe { *src.get_unchecked(k) };
+                        }
+                        row[width..].fill(0.0);
+                    }
+                }
+                blocks::multiply(&packed_a[si], &pb, kc, og, nw, &mut prod[j0..], cols, si > 0, wide);
+            }
+        }
+        true
     }
 }
 
@@ -174,6 +277,7 @@ pub(super) fn padded_planes<T: Elem, R: Elem>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::matmul::gemm_rowmajor;
     use super::*;
     use crate::backends::layout::Layout;
     use crate::ir::{window_out, Shape};
@@ -311,5 +415,81 @@ mod tests {
         let x = View { data: &data, layout: &layout };
         padded_planes(&x, 0, 0, &mut xp).unwrap();
         assert!(padded_planes(&x, 1, 0, &mut xp).is_err(), "a destination of the wrong length");
+    }
+
+    /// [`Geometry::product`] against the column matrix and `gemm_rowmajor`,
+    /// bit for bit: several column blocks and inner slices, a last
+    /// partial sliver, more rows than a tile, strides, dilation, groups;
+    /// and refused where it does not apply (few rows).
+    #[test]
+    fn a_product_packed_from_the_planes_is_the_column_matrixs() {
+        if !sgemm::available() {
+            return;
+        }
+        type Case = ([usize; 4], [usize; 4], usize, [usize; 2], [usize; 2], [usize; 2]);
+        let cases: &[Case] = &[
+            // x [n, c, h, w], w [o, cg, kh, kw], groups, stride, padding, dilation
+            ([32, 16, 4, 4], [32, 16, 3, 3], 1, [1, 1], [1, 1], [1, 1]),
+            ([32, 1, 8, 8], [16, 1, 3, 3], 1, [1, 1], [1, 1], [1, 1]),
+            ([16, 32, 4, 4], [32, 32, 4, 4], 1, [1, 1], [1, 1], [1, 1]),
+            ([1, 32, 8, 8], [16, 32, 8, 8], 1, [1, 1], [1, 1], [1, 1]),
+            ([3, 6, 11, 9], [150, 3, 3, 2], 2, [2, 1], [1, 0], [1, 2]),
+            ([2, 4, 7, 7], [5, 4, 1, 1], 1, [1, 3], [0, 2], [1, 1]),
+            ([5, 3, 6, 21], [8, 3, 5, 5], 1, [1, 1], [2, 2], [1, 1]),
+        ];
+        for &(xs, ws, groups, s, p, dl) in cases {
+            let [n, c, h, wi] = xs;
+            let [o, cg, kh, kw] = ws;
+            let (Some(oh), Some(ow)) =
+                (window_out(h, kh, s[0], p[0], dl[0]), window_out(wi, kw, s[1], p[1], dl[1]))
+            else {
+                panic!("bad case");
+            };
+            let g = Geometry { c, h, wi, cg, kh, kw, oh, ow, stride: s, padding: p, dilation: dl };
+            let data: Vec<f32> =
+                (0..n * c * h * wi).map(|i| ((i * 7919) % 1009) as f32 / 97.0 - 5.0).collect();
+            let wv: Vec<f32> =
+                (0..o * cg * kh * kw).map(|i| ((i * 104729) % 997) as f32 / 89.0 - 5.5).collect();
+            let layout = Layout::contiguous(Shape(xs.to_vec()));
+            let x = View { data: &data, layout: &layout };
+            let mut xp = vec![f32::NAN; g.padded_len(n)];
+            padded_planes(&x, p[0], p[1], &mut xp).unwrap();
+            let (og, kk) = (o / groups, cg * kh * kw);
+            for gi in 0..groups {
+                let wg = &wv[gi * og * kk..][..og * kk];
+                for (b0, nb) in [(0, n), (n - 1, 1)] {
+                    let cols = nb * oh * ow;
+                    let mut col = vec![0f32; kk * cols];
+                    g.im2col(&xp, gi, b0, nb, &mut col);
+                    let mut want = vec![0f32; og * cols];
+                    gemm_rowmajor(og, kk, cols, wg, &col, &mut want, false).unwrap();
+                    let mut got = vec![f32::NAN; og * cols];
+                    assert!(g.product(&xp, wg, og, gi, b0, nb, &mut got), "{xs:?} {ws:?}: not taken");
+                    let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "{xs:?} * {ws:?} groups {groups} s {s:?} p {p:?} d {dl:?}, images {b0}+{nb}"
+                    );
+                }
+            }
+        }
+        // Few rows (gemm_rows' own path) and f64 are left to the column matrix.
+        let g = Geometry {
+            c: 1,
+            h: 4,
+            wi: 4,
+            cg: 1,
+            kh: 3,
+            kw: 3,
+            oh: 2,
+            ow: 2,
+            stride: [1, 1],
+            padding: [0, 0],
+            dilation: [1, 1],
+        };
+        let xp = vec![1f32; g.padded_len(1)];
+        assert!(!g.product(&xp, &[1.0; 36], 4, 0, 0, 1, &mut [0.0; 16]));
+        let xp = vec![1f64; g.padded_len(1)];
+        assert!(!g.product(&xp, &[1.0; 45], 5, 0, 0, 1, &mut [0.0; 20]));
     }
 }

@@ -367,7 +367,8 @@ mod tests {
         let data: Vec<f32> =
             (0..4000).map(|i| ((i * 7919) % 997) as f32 * 0.37 - 150.0 + (i % 13) as f32 * 1e4).collect();
         // (shape, strides, offset, reduced dims, whether runs apply)
-        let cases: &[(&[usize], &[usize], usize, &[usize], bool)] = &[
+        type Case<'a> = (&'a [usize], &'a [usize], usize, &'a [usize], bool);
+        let cases: &[Case] = &[
             (&[4, 3, 5, 7], &[105, 35, 7, 1], 0, &[0, 2, 3], true),
             (&[32, 2, 4, 4], &[32, 16, 4, 1], 3, &[0, 2, 3], true),
             (&[5, 3, 17], &[51, 17, 1], 1, &[0, 2], true),
