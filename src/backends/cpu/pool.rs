@@ -225,6 +225,9 @@ mod tests {
         if b.as_ptr() == ptr {
             assert_eq!(b.v[n - 1], 7.0, "kept as it was");
         }
+        drop(b);
+        let d: Scratch<f32> = scratch(n + 1).unwrap();
+        assert_eq!(d.len(), n + 1, "never a shorter vector");
         let c: Scratch<f64> = scratch(n).unwrap();
         assert_ne!(c.as_ptr().cast::<f32>(), ptr, "never another dtype's vector");
         assert_eq!(c.len(), n);

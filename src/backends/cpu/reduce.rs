@@ -364,8 +364,20 @@ mod tests {
     /// dims, runs shorter than a round of the partials.
     #[test]
     fn sums_by_runs_are_the_walks_bits() {
-        let data: Vec<f32> =
-            (0..4000).map(|i| ((i * 7919) % 997) as f32 * 0.37 - 150.0 + (i % 13) as f32 * 1e4).collect();
+        // Values in [1, 2) with every mantissa bit, one in seven near 2^40:
+        // a partial holding one of those rounds away the others' low bits,
+        // so an element added to another partial changes the sum's bits
+        // (in f64 data and output: an f32 output's rounding would hide them).
+        let data: Vec<f64> = (0..4000)
+            .map(|i| {
+                let m = 1.0 + ((i as u64 * 7_919_993_917) % (1u64 << 52)) as f64 / (1u64 << 52) as f64;
+                if i % 7 == 3 {
+                    m * (1u64 << 40) as f64
+                } else {
+                    m
+                }
+            })
+            .collect();
         // (shape, strides, offset, reduced dims, whether runs apply)
         type Case<'a> = (&'a [usize], &'a [usize], usize, &'a [usize], bool);
         let cases: &[Case] = &[
@@ -387,15 +399,15 @@ mod tests {
             let lane_len: usize = dims.iter().map(|&d| shape[d]).product();
             let n_out = layout.numel() / lane_len;
             for mean in [false, true] {
-                let f = |s: f64| if mean { (s / lane_len as f64) as f32 } else { s as f32 };
-                let mut want = vec![0f32; n_out];
+                let f = |s: f64| if mean { s / lane_len as f64 } else { s };
+                let mut want = vec![0f64; n_out];
                 reduce_with(
                     View { data: &data, layout: &layout },
                     dims,
-                    |l| f(lanes::sum_f64_iter(l.map(|v: f32| v as f64))),
+                    |l| f(lanes::sum_f64_iter(l)),
                     &mut want,
                 );
-                let mut got = vec![f32::NAN; n_out];
+                let mut got = vec![f64::NAN; n_out];
                 assert_eq!(
                     sum_runs(View { data: &data, layout: &layout }, dims, f, &mut got),
                     runs,
