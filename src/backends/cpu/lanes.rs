@@ -434,9 +434,8 @@ mod tests {
     fn a_lane_added_run_by_run_is_the_iterated_sum() {
         // Magnitudes from 1e-7 to 1e10: the f64 sums round, so a value
         // added to another partial changes the bits.
-        let x: Vec<f32> = (0..300)
-            .map(|i| (((i * 7919) % 1013) as f32 * 1.37 - 506.0) * 10f32.powi(i as i32 % 15 - 7))
-            .collect();
+        let x: Vec<f32> =
+            (0..300).map(|i| (((i * 7919) % 1013) as f32 * 1.37 - 506.0) * 10f32.powi(i % 15 - 7)).collect();
         for len in [0, 1, 5, 16, 17, 31, 64, 100, 300] {
             let want = sum_f64_iter(x[..len].iter().map(|&v| v as f64));
             for run in [1, 3, 4, 15, 16, 17, 64, 299] {
