@@ -7,13 +7,17 @@
 //! which does not depend on how many columns the product has, so the
 //! bits are those of one product per image (the layout before issue 38,
 //! whose per-image products and their packing were most of the digits
-//! CNN's convolution time).
+//! CNN's convolution time). The column matrix is built in `im2col.rs`;
+//! the padded input, the column matrix and the product live in scratch
+//! kept from call to call (`pool::scratch`), and a small product runs on
+//! the calling thread ([`CONV_GEMM_PAR_WORK`]).
 //!
 //! `f16`/`bf16` compute in `f32` and round once at the end; `f32` and
 //! `f64` compute in their own type. Pooling reads the input in place and
 //! computes each window in `f64` (exact for max, one rounding for avg).
 
-use super::elementwise::{contiguous, copy_short, map1};
+use super::elementwise::{contiguous, map1};
+use super::im2col::{padded_planes, Geometry};
 use super::matmul::{gemm_rowmajor, GemmFloat};
 use super::storage::{cast_elem, Elem, Out, View};
 use super::CpuBuffer;
@@ -72,10 +76,6 @@ fn conv_in<T: Elem, R: GemmFloat>(
     let [dh, dw] = p.dilation;
     let oh = window_out(h, kh, sh, ph, dh).ok_or_else(|| bad("conv2d window does not fit".into()))?;
     let ow = window_out(wi, kw, sw, pw, dw).ok_or_else(|| bad("conv2d window does not fit".into()))?;
-    let mut xs = vec![R::default(); x.layout.numel()];
-    map1(x, &mut xs, cast_elem::<T, R>);
-    let mut ws = vec![R::default(); w.layout.numel()];
-    map1(w, &mut ws, cast_elem::<T, R>);
     let og = o / g;
     let kk = cg * kh * kw;
     let pp = oh * ow;
@@ -89,23 +89,36 @@ fn conv_in<T: Elem, R: GemmFloat>(
         dst.fill(cast_elem::<R, T>(R::default()));
         return Ok(());
     }
+    // Scratch reused from call to call (stale contents: each is written
+    // whole before it is read), so no call zeroes or faults in fresh pages.
+    let mut ws = pool::scratch::<R>(w.layout.numel())?;
+    map1(w, &mut ws, cast_elem::<T, R>);
+    let geom =
+        Geometry { c, h, wi, cg, kh, kw, oh, ow, stride: p.stride, padding: p.padding, dilation: p.dilation };
+    let mut xp = pool::scratch::<R>(geom.padded_len(n))?;
+    padded_planes(&x, ph, pw, &mut xp)?;
     // Images per product: as many as keep the column matrix within
     // COL_BUDGET, at least one.
     let per = (COL_BUDGET / (kk * pp)).clamp(1, n);
-    let xp = padded(&xs, h, wi, ph, pw);
-    let geom =
-        Geometry { c, h, wi, cg, kh, kw, oh, ow, stride: p.stride, padding: p.padding, dilation: p.dilation };
+    // The column matrix only where the product is not packed straight from xp.
+    let mut col_all = None;
+    let mut prod_all = pool::scratch::<R>(og * per * pp)?;
     for gi in 0..g {
         let wg = &ws[gi * og * kk..][..og * kk];
         for b0 in (0..n).step_by(per) {
             let nb = per.min(n - b0);
             let cols = nb * pp;
-            // Pooled scratch (stale contents: both are written whole), so
-            // a large column matrix does not fault in fresh pages per call.
-            let mut col = pool::vec_for_overwrite::<R>(kk * cols)?;
-            geom.im2col(&xp, gi, b0, nb, &mut col);
-            let mut prod = pool::vec_for_overwrite::<R>(og * cols)?;
-            gemm_rowmajor(og, kk, cols, wg, &col, &mut prod, true)?;
+            let prod = &mut prod_all[..og * cols];
+            let parallel = og * kk * cols >= CONV_GEMM_PAR_WORK;
+            if parallel || !geom.product(&xp, wg, og, gi, b0, nb, prod) {
+                let col_all = match &mut col_all {
+                    Some(c) => c,
+                    None => col_all.insert(pool::scratch::<R>(kk * per * pp)?),
+                };
+                let col = &mut col_all[..kk * cols];
+                geom.im2col(&xp, gi, b0, nb, col);
+                gemm_rowmajor(og, kk, cols, wg, col, prod, parallel)?;
+            }
             // prod is [og, nb, pp]; the output is [n, o, pp].
             for (oc, row) in prod.chunks(cols).enumerate() {
                 for (bi, px) in row.chunks(pp).enumerate() {
@@ -115,8 +128,6 @@ fn conv_in<T: Elem, R: GemmFloat>(
                     }
                 }
             }
-            pool::give_back(R::into_host(col));
-            pool::give_back(R::into_host(prod));
         }
     }
     Ok(())
@@ -126,70 +137,16 @@ fn conv_in<T: Elem, R: GemmFloat>(
 /// images is one product, a batch of large ones several.
 const COL_BUDGET: usize = 1 << 22;
 
-/// The shapes an im2col needs.
-struct Geometry {
-    c: usize,
-    h: usize,
-    wi: usize,
-    cg: usize,
-    kh: usize,
-    kw: usize,
-    oh: usize,
-    ow: usize,
-    stride: [usize; 2],
-    padding: [usize; 2],
-    dilation: [usize; 2],
-}
-
-impl Geometry {
-    /// The column matrix of images `b0..b0 + nb`, group `gi`, into `col`
-    /// (every element written): row `(ci, ky, kx)`, column `(b, oy, ox)`,
-    /// so one product by the group's `[og, kk]` weights gives every
-    /// image's outputs. `xp` holds the input's planes with their padding
-    /// written out as zeros (`[n, c, h + 2 ph, w + 2 pw]`), so every
-    /// window row is a plain copy. Rows split across threads when large.
-    fn im2col<R: Copy + Send + Sync>(&self, xp: &[R], gi: usize, b0: usize, nb: usize, col: &mut [R]) {
-        let (pp, cols) = (self.oh * self.ow, nb * self.oh * self.ow);
-        let (hp, wp) = (self.h + 2 * self.padding[0], self.wi + 2 * self.padding[1]);
-        let [sh, sw] = self.stride;
-        let [dh, dw] = self.dilation;
-        let fill = |r: usize, row: &mut [R]| {
-            let (ci, ky, kx) = (r / (self.kh * self.kw), (r / self.kw) % self.kh, r % self.kw);
-            for bi in 0..nb {
-                let plane = &xp[((b0 + bi) * self.c + gi * self.cg + ci) * hp * wp..][..hp * wp];
-                for (oy, out) in row[bi * pp..][..pp].chunks_mut(self.ow).enumerate() {
-                    let src = &plane[(oy * sh + ky * dh) * wp + kx * dw..];
-                    if sw == 1 {
-                        copy_short(out, &src[..self.ow]);
-                    } else {
-                        for (j, d) in out.iter_mut().enumerate() {
-                            *d = src[j * sw];
-                        }
-                    }
-                }
-            }
-        };
-        if col.len() >= super::index::COPY_PAR_THRESHOLD {
-            col.par_chunks_mut(cols).enumerate().for_each(|(r, row)| fill(r, row));
-        } else {
-            col.chunks_mut(cols).enumerate().for_each(|(r, row)| fill(r, row));
-        }
-    }
-}
-
-/// `x`'s planes (`[n * c, h, w]`, dense) with `ph` rows and `pw` columns
-/// of zeros around each.
-fn padded<R: Copy + Default>(xs: &[R], h: usize, w: usize, ph: usize, pw: usize) -> Vec<R> {
-    let (hp, wp) = (h + 2 * ph, w + 2 * pw);
-    let planes = xs.len().checked_div(h * w).unwrap_or(0);
-    let mut xp = vec![R::default(); planes * hp * wp];
-    for (src, dst) in xs.chunks(h * w.max(1)).zip(xp.chunks_mut(hp * wp)) {
-        for y in 0..h {
-            dst[(y + ph) * wp + pw..][..w].copy_from_slice(&src[y * w..][..w]);
-        }
-    }
-    xp
-}
+/// Below this many multiply-adds a convolution's product runs on the
+/// calling thread, which has just written its column matrix (in its own
+/// cache): split, the other core reads the matrix from this one's cache
+/// after a wake-up. The digits CNN's products (32x144x512, 16x288x512 and
+/// 32x512x144: 2.4M; 16x9x2048 and 16x2048x9: 0.3M) were split from
+/// matmul's 2^20; serial, its epoch read 45-47 ms against 49-71 split
+/// (2^20) and 48-61 with only the 2.4M ones split (alternating runs at
+/// load 1.9-2.7, issue 38, twelfth session). Larger products were not
+/// measured; this is the first power of two above the measured ones.
+const CONV_GEMM_PAR_WORK: usize = 1 << 22;
 
 /// Pooling window parameters, as on `Op::Pool2d`.
 #[derive(Clone, Copy, Debug)]

@@ -101,14 +101,14 @@ gemm_float_impl!(f32, matrixmultiply::sgemm);
 gemm_float_impl!(f64, matrixmultiply::dgemm);
 
 /// `s` as `&[f32]` when `T` is `f32`.
-fn as_f32<T: 'static>(s: &[T]) -> Option<&[f32]> {
+pub(super) fn as_f32<T: 'static>(s: &[T]) -> Option<&[f32]> {
     // SAFETY: same type id, so `T` is `f32`.
     (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>())
         .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len()) })
 }
 
 /// `s` as `&mut [f32]` when `T` is `f32`.
-fn as_f32_mut<T: 'static>(s: &mut [T]) -> Option<&mut [f32]> {
+pub(super) fn as_f32_mut<T: 'static>(s: &mut [T]) -> Option<&mut [f32]> {
     // SAFETY: same type id, so `T` is `f32`.
     (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>())
         .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<f32>(), s.len()) })
@@ -124,7 +124,7 @@ struct Operand<'a, T> {
 }
 
 /// Products of at most this many rows skip the packed GEMM (`few_rows`).
-const FEW_ROWS: usize = 4;
+pub(super) const FEW_ROWS: usize = 4;
 
 /// Columns per rayon task of [`few_rows`].
 const FEW_ROWS_COLUMNS: usize = 512;

@@ -24,6 +24,7 @@ mod elementwise;
 mod exec;
 mod fused;
 mod hazards;
+mod im2col;
 mod index;
 mod lanes;
 mod launch;

@@ -115,6 +115,73 @@ pub(crate) fn give_back(data: HostData) {
     pool.free.push_back(data);
 }
 
+/// Scratch vectors kept for kernels that need working space every call
+/// (a convolution's weights, padded input, column matrix and product):
+/// at most this many of them. The list is a queue, so a step that cycles
+/// through more sizes than this would miss every time (the digits CNN's
+/// five convolutions take twenty; 16 missed them all).
+const SCRATCH_KEPT: usize = 48;
+/// The most bytes the kept scratch vectors hold.
+const SCRATCH_BYTES: usize = 64 << 20;
+
+static SCRATCH: Mutex<Vec<HostData>> = Mutex::new(Vec::new());
+
+/// Working space of `n` elements that its user writes before it reads
+/// ([`scratch`]): stale values of an earlier user, never read. It goes
+/// back to the kept list when dropped.
+///
+/// Why not [`vec_for_overwrite`]: below [`MIN_POOLED_BYTES`] that one
+/// zeroes a fresh allocation, which the digits CNN's convolutions (column
+/// matrices of 73-590 KB, five a step) paid as `memset` in a tenth of
+/// their time; and it only hands back a vector of the same length.
+pub(crate) struct Scratch<T: Elem> {
+    v: Vec<T>,
+    n: usize,
+}
+
+impl<T: Elem> std::ops::Deref for Scratch<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.v[..self.n]
+    }
+}
+
+impl<T: Elem> std::ops::DerefMut for Scratch<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.v[..self.n]
+    }
+}
+
+impl<T: Elem> Drop for Scratch<T> {
+    fn drop(&mut self) {
+        let v = std::mem::take(&mut self.v);
+        if v.is_empty() || v.len() * T::DTYPE.size() > SCRATCH_BYTES {
+            return;
+        }
+        let mut kept = SCRATCH.lock().unwrap_or_else(|e| e.into_inner());
+        kept.push(T::into_host(v));
+        let bytes = |kept: &[HostData]| kept.iter().map(bytes_of).sum::<usize>();
+        // The oldest go first.
+        while kept.len() > SCRATCH_KEPT || bytes(&kept) > SCRATCH_BYTES {
+            kept.remove(0);
+        }
+    }
+}
+
+/// [`Scratch`] of `n` elements: the smallest kept vector of this dtype
+/// that holds `n` and is not more than twice as long (plus 4K elements),
+/// else a fresh zeroed one ([`zeroed`]).
+pub(crate) fn scratch<T: Elem>(n: usize) -> Result<Scratch<T>> {
+    let mut kept = SCRATCH.lock().unwrap_or_else(|e| e.into_inner());
+    let fits = |h: &HostData| h.dtype() == T::DTYPE && h.len() >= n && h.len() <= 2 * n + 4096;
+    let best = kept.iter().enumerate().filter(|(_, h)| fits(h)).min_by_key(|(_, h)| h.len()).map(|(i, _)| i);
+    if let Some(v) = best.and_then(|i| T::from_host(kept.remove(i))) {
+        return Ok(Scratch { v, n });
+    }
+    drop(kept);
+    Ok(Scratch { v: zeroed(n)?, n })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,5 +209,27 @@ mod tests {
         assert_eq!(v, vec![0u8; 16]);
         give_back(HostData::U8(v));
         assert!(lock().free.iter().all(|h| h.len() != 16));
+    }
+
+    #[test]
+    fn scratch_comes_back_with_its_length_and_stale_contents() {
+        // A length no other test asks for, so the kept vector is this one.
+        let n = 12_345;
+        let mut a: Scratch<f32> = scratch(n).unwrap();
+        assert_eq!(a.len(), n);
+        a[n - 1] = 7.0;
+        let ptr = a.as_ptr();
+        drop(a);
+        let b: Scratch<f32> = scratch(n - 3).unwrap();
+        assert_eq!(b.len(), n - 3, "a longer kept vector is cut to the length asked");
+        if b.as_ptr() == ptr {
+            assert_eq!(b.v[n - 1], 7.0, "kept as it was");
+        }
+        drop(b);
+        let d: Scratch<f32> = scratch(n + 1).unwrap();
+        assert_eq!(d.len(), n + 1, "never a shorter vector");
+        let c: Scratch<f64> = scratch(n).unwrap();
+        assert_ne!(c.as_ptr().cast::<f32>(), ptr, "never another dtype's vector");
+        assert_eq!(c.len(), n);
     }
 }

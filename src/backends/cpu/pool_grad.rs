@@ -150,7 +150,26 @@ fn grad_in<T: Elem>(x: View<'_, T>, g: View<'_, T>, p: PoolParams, out: &mut [T]
 /// PyTorch's `maxval = NaN`. Written as `if wins { v } else { best }` the
 /// float select compiled to a jump, whose mispredictions were most of the
 /// loop's time (the digits CNN's pooling, forward and back).
+#[inline(always)]
 pub(crate) fn window_max<T: Elem>(
+    src: &[T],
+    w: usize,
+    (y0, y1): (usize, usize),
+    (x0, x1): (usize, usize),
+) -> (f64, usize) {
+    // The usual windows (2x2 and 3x3, none cut by the padding) without
+    // the per-row loop setup and, for 2x2, without the chain of
+    // dependent steps, which were most of the digits CNN's pooling time,
+    // forward and back (issue 38, twelfth session).
+    match (y1 - y0, x1 - x0) {
+        (2, 2) => window_max_2x2(src, w, y0 * w + x0),
+        (3, 3) => window_max_of::<T, 3, 3>(src, w, y0, x0),
+        _ => window_max_any(src, w, (y0, y1), (x0, x1)),
+    }
+}
+
+/// [`window_max`] of any window.
+pub(crate) fn window_max_any<T: Elem>(
     src: &[T],
     w: usize,
     (y0, y1): (usize, usize),
@@ -167,4 +186,115 @@ pub(crate) fn window_max<T: Elem>(
         }
     }
     (if nan { f64::NAN } else { best }, at)
+}
+
+/// [`window_max_any`] of the 2x2 window from element `i0` as a tree, not
+/// a chain: the same value and place. Without NaN, the loop's place is
+/// the first of the maxima in row-major order (it moves only on `>`,
+/// from the first element) and its value that element's (`f64::max`
+/// keeps its first operand on a tie of `-0.0` and `0.0`, as the tests
+/// check against the loop), which pairs keeping their first on ties
+/// give in any grouping; with NaN, the last NaN's place and NaN.
+#[inline(always)]
+fn window_max_2x2<T: Elem>(src: &[T], w: usize, i0: usize) -> (f64, usize) {
+    let (Some(r0), Some(r1)) = (src[i0..].first_chunk::<2>(), src[i0 + w..].first_chunk::<2>()) else {
+        return window_max_any(src, w, (i0 / w, i0 / w + 2), (i0 % w, i0 % w + 2));
+    };
+    let v = [r0[0].to_f64(), r0[1].to_f64(), r1[0].to_f64(), r1[1].to_f64()];
+    let at = [i0, i0 + 1, i0 + w, i0 + w + 1];
+    let first = |(a, i): (f64, usize), (b, j): (f64, usize)| if b > a { (b, j) } else { (a, i) };
+    let (best, k) = first(first((v[0], 0), (v[1], 1)), first((v[2], 2), (v[3], 3)));
+    let nan = v.map(f64::is_nan);
+    let last_nan = if nan[3] {
+        3
+    } else if nan[2] {
+        2
+    } else if nan[1] {
+        1
+    } else {
+        0
+    };
+    if nan.contains(&true) {
+        (f64::NAN, at[last_nan])
+    } else {
+        (best, at[k])
+    }
+}
+
+/// [`window_max_any`] of the `KH x KW` window from row `y0`, column
+/// `x0`: the same body with constant loop lengths.
+#[inline(always)]
+fn window_max_of<T: Elem, const KH: usize, const KW: usize>(
+    src: &[T],
+    w: usize,
+    y0: usize,
+    x0: usize,
+) -> (f64, usize) {
+    let (mut best, mut at, mut nan) = (f64::NEG_INFINITY, y0 * w + x0, false);
+    for iy in y0..y0 + KH {
+        let row: &[T; KW] = match src[iy * w + x0..].first_chunk() {
+            Some(r) => r,
+            None => return window_max_any(src, w, (y0, y0 + KH), (x0, x0 + KW)),
+        };
+        for (ix, v) in row.iter().enumerate() {
+            let v = v.to_f64();
+            let wins = v.is_nan() | (!nan & (v > best));
+            at = if wins { iy * w + x0 + ix } else { at };
+            nan |= v.is_nan();
+            best = best.max(v);
+        }
+    }
+    (if nan { f64::NAN } else { best }, at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every 2x2 and 3x3 window of planes drawn from values that tie
+    /// (`-0.0` and `0.0` among them), NaN, infinities: the unrolled
+    /// windows give the general loop's maximum (its bits) and place.
+    #[test]
+    fn unrolled_windows_match_the_general_loop() {
+        let pick = [0.0, -0.0, 1.0, 1.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 2.5];
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let (h, w) = (5, 6);
+        for round in 0..4000 {
+            // Mostly one or two kinds of value a plane, so ties and all-NaN
+            // or all -inf windows are common.
+            let kinds = 1 + round % 3;
+            let chosen: Vec<f64> = (0..kinds).map(|_| pick[(next() % pick.len() as u64) as usize]).collect();
+            let plane: Vec<f64> = (0..h * w).map(|_| chosen[(next() % kinds as u64) as usize]).collect();
+            let plane32: Vec<f32> = plane.iter().map(|&v| v as f32).collect();
+            for k in [2, 3] {
+                for y0 in 0..=h - k {
+                    for x0 in 0..=w - k {
+                        let win = ((y0, y0 + k), (x0, x0 + k));
+                        let (a, b) =
+                            (window_max(&plane, w, win.0, win.1), window_max_any(&plane, w, win.0, win.1));
+                        assert_eq!(
+                            (a.0.to_bits(), a.1),
+                            (b.0.to_bits(), b.1),
+                            "f64 window {win:?} of {plane:?}"
+                        );
+                        let (a, b) = (
+                            window_max(&plane32, w, win.0, win.1),
+                            window_max_any(&plane32, w, win.0, win.1),
+                        );
+                        assert_eq!(
+                            (a.0.to_bits(), a.1),
+                            (b.0.to_bits(), b.1),
+                            "f32 window {win:?} of {plane:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

@@ -118,6 +118,57 @@ fn reduce_with<T: Elem, O: Elem>(
     }
 }
 
+/// Float sums whose lanes are dense runs: the innermost reduced dims
+/// have a run of at least [`lanes::LANES`] adjacent elements (a bias
+/// gradient's `[n, c, h, w]` summed over `n, h, w` is `n` runs of
+/// `h * w`). Each run is added to the lane's partials as a slice
+/// ([`lanes::add_run`]), the same adds as the element-by-element walk,
+/// so the same bits. `false` (nothing written) when the lanes are not so.
+fn sum_runs<T: Elem>(x: View<'_, T>, dims: &[usize], f: impl Fn(f64) -> T + Sync, out: &mut [T]) -> bool {
+    let l = x.layout;
+    let (ks, kst, rs, rst) = split_dims(x, dims);
+    // The run: the innermost reduced dims that are adjacent in storage.
+    let (mut run, mut inner) = (1, rs.len());
+    while inner > 0 && rst[inner - 1] == run {
+        inner -= 1;
+        run *= rs[inner];
+    }
+    let lane_len: usize = rs.iter().product();
+    if lane_len == 0 || l.numel() == 0 || run < lanes::LANES || inner == rs.len() {
+        return false;
+    }
+    let (outer, outer_st) = (&rs[..inner], &rst[..inner]);
+    let runs = lane_len / run;
+    let n_out: usize = ks.iter().product();
+    let n = n_out.min(out.len());
+    let out = &mut out[..n];
+    // Every run must lie inside the storage (the walk would index each).
+    let end = l.shape.0.iter().zip(&l.strides).try_fold(l.offset, |a, (&d, &st)| a.checked_add((d - 1) * st));
+    if end.is_none_or(|e| e >= x.data.len()) {
+        return false;
+    }
+    let go = |start: usize, chunk: &mut [T]| {
+        let mut kept = Offsets::new(&ks, &kst, l.offset, start);
+        let mut lane = Offsets::new(outer, outer_st, 0, 0);
+        for o in chunk {
+            lane.reset(kept.next_offset());
+            let mut p = [0f64; lanes::LANES];
+            for r in 0..runs {
+                let at = lane.next_offset();
+                lanes::add_run(&mut p, r * run, &x.data[at..at + run]);
+            }
+            *o = f(lanes::combine(p));
+        }
+    };
+    if n_out > 1 && n_out.saturating_mul(lane_len) >= PAR_THRESHOLD {
+        let per = (CHUNK / lane_len.max(1)).max(1);
+        out.par_chunks_mut(per).enumerate().for_each(|(i, c)| go(i * per, c));
+    } else {
+        go(0, out);
+    }
+    true
+}
+
 /// Index of the first maximum (the first NaN if any) and its value.
 fn is_nan<T: PartialEq>(v: T) -> bool {
     #[allow(clippy::eq_op)]
@@ -261,6 +312,13 @@ pub(crate) fn reduce(x: &CpuBuffer, op: ReduceOp, dims: &[usize], out: Out<'_>) 
                         return Ok(());
                     }
                 }
+                if float_sum && !split {
+                    let mean = op == ReduceOp::Mean;
+                    let f = |s: f64| T::from_f64(if mean { s / lane_len as f64 } else { s });
+                    if sum_runs(v, dims, f, o) {
+                        return Ok(());
+                    }
+                }
                 match op {
                     ReduceOp::Sum if T::DTYPE.is_float() && split => {
                         reduce_split(v, dims, |l, _| fsum(l), |p| T::from_f64(f64_sum(p)), o)
@@ -292,4 +350,74 @@ pub(crate) fn reduce(x: &CpuBuffer, op: ReduceOp, dims: &[usize], out: Out<'_>) 
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backends::layout::Layout;
+    use crate::ir::Shape;
+
+    /// [`sum_runs`] against the element-by-element walk, bit for bit, over
+    /// layouts whose lanes are runs (and some that are not, which it must
+    /// refuse): dense, with an offset, permuted, a kept dim inside a run's
+    /// dims, runs shorter than a round of the partials.
+    #[test]
+    fn sums_by_runs_are_the_walks_bits() {
+        // Values in [1, 2) with every mantissa bit, one in seven near 2^40:
+        // a partial holding one of those rounds away the others' low bits,
+        // so an element added to another partial changes the sum's bits
+        // (in f64 data and output: an f32 output's rounding would hide them).
+        let data: Vec<f64> = (0..4000)
+            .map(|i| {
+                let m = 1.0 + ((i as u64 * 7_919_993_917) % (1u64 << 52)) as f64 / (1u64 << 52) as f64;
+                if i % 7 == 3 {
+                    m * (1u64 << 40) as f64
+                } else {
+                    m
+                }
+            })
+            .collect();
+        // (shape, strides, offset, reduced dims, whether runs apply)
+        type Case<'a> = (&'a [usize], &'a [usize], usize, &'a [usize], bool);
+        let cases: &[Case] = &[
+            (&[4, 3, 5, 7], &[105, 35, 7, 1], 0, &[0, 2, 3], true),
+            (&[32, 2, 4, 4], &[32, 16, 4, 1], 3, &[0, 2, 3], true),
+            (&[5, 3, 17], &[51, 17, 1], 1, &[0, 2], true),
+            (&[5, 3, 17], &[51, 17, 1], 0, &[1, 2], true),
+            (&[3, 2, 40], &[80, 40, 1], 0, &[0, 1, 2], true),
+            // [c, n, h, w] read from a dense [n, c, h, w]: runs of h * w.
+            (&[3, 6, 4, 8], &[32, 96, 8, 1], 0, &[1, 2, 3], true),
+            (&[3, 6, 4, 8], &[32, 96, 8, 1], 0, &[0, 1], false),
+            // Runs of 8: under a round of the partials.
+            (&[6, 5, 8], &[40, 8, 1], 0, &[0, 2], false),
+            // The last dim transposed: no run.
+            (&[20, 30], &[1, 20], 0, &[0, 1], false),
+        ];
+        for &(shape, strides, offset, dims, runs) in cases {
+            let layout = Layout { shape: Shape(shape.to_vec()), strides: strides.to_vec(), offset };
+            let lane_len: usize = dims.iter().map(|&d| shape[d]).product();
+            let n_out = layout.numel() / lane_len;
+            for mean in [false, true] {
+                let f = |s: f64| if mean { s / lane_len as f64 } else { s };
+                let mut want = vec![0f64; n_out];
+                reduce_with(
+                    View { data: &data, layout: &layout },
+                    dims,
+                    |l| f(lanes::sum_f64_iter(l)),
+                    &mut want,
+                );
+                let mut got = vec![f64::NAN; n_out];
+                assert_eq!(
+                    sum_runs(View { data: &data, layout: &layout }, dims, f, &mut got),
+                    runs,
+                    "{shape:?} {strides:?} over {dims:?}"
+                );
+                if runs {
+                    let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{shape:?} {strides:?} over {dims:?} (mean {mean}): {got:?} want {want:?}");
+                }
+            }
+        }
+    }
 }

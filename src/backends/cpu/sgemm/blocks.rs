@@ -30,6 +30,13 @@ pub(crate) fn pack_b(b: Mat<'_>, p0: usize, kc: usize, n: usize, out: &mut Vec<f
     pack_b_rows(b, p0, kc, n, out, false);
 }
 
+/// The depth of each slice of an inner dimension of `k` that
+/// [`super::sgemm`] cuts (as even as they can be, at most 256): a product
+/// whose blocks follow these slices, added in order, has `sgemm`'s bits.
+pub(crate) fn slice_depth(k: usize) -> usize {
+    super::slice_depth(k)
+}
+
 /// Floats [`pack_a`] writes for `mc` rows of depth `kc`.
 pub(crate) fn packed_a_len(mc: usize, kc: usize) -> usize {
     mc.div_ceil(MR) * MR * kc
