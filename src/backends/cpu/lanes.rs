@@ -47,16 +47,8 @@ pub(crate) fn sum_f64_iter(it: impl Iterator<Item = f64>) -> f64 {
 #[inline(always)]
 fn sum_slice<T: Elem>(lane: &[T]) -> f64 {
     let mut p = [0f64; LANES];
-    let chunks = lane.chunks_exact(LANES);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for j in 0..LANES {
-            p[j] += c[j].to_f64();
-        }
-    }
-    for (j, v) in rest.iter().enumerate() {
-        p[j] += v.to_f64();
-    }
+    // From partial 0: whole rounds of the partials, then the rest.
+    add_run_plain(&mut p, 0, lane);
     combine(p)
 }
 

@@ -178,14 +178,21 @@ pub(crate) fn window_max_any<T: Elem>(
     let (mut best, mut at, mut nan) = (f64::NEG_INFINITY, y0 * w + x0, false);
     for iy in y0..y1 {
         for (ix, v) in src[iy * w + x0..iy * w + x1].iter().enumerate() {
-            let v = v.to_f64();
-            let wins = v.is_nan() | (!nan & (v > best));
-            at = if wins { iy * w + x0 + ix } else { at };
-            nan |= v.is_nan();
-            best = best.max(v);
+            window_step(v.to_f64(), iy * w + x0 + ix, (&mut best, &mut at, &mut nan));
         }
     }
     (if nan { f64::NAN } else { best }, at)
+}
+
+/// One element `v` (at `i`) of a window's walk in row-major order: the
+/// place moves to a NaN, or to a larger value while no NaN was seen; the
+/// maximum is `f64::max`'s (the first of `-0.0` and `0.0`).
+#[inline(always)]
+fn window_step(v: f64, i: usize, (best, at, nan): (&mut f64, &mut usize, &mut bool)) {
+    let wins = v.is_nan() | (!*nan & (v > *best));
+    *at = if wins { i } else { *at };
+    *nan |= v.is_nan();
+    *best = best.max(v);
 }
 
 /// [`window_max_any`] of the 2x2 window from element `i0` as a tree, not
@@ -237,11 +244,7 @@ fn window_max_of<T: Elem, const KH: usize, const KW: usize>(
             None => return window_max_any(src, w, (y0, y0 + KH), (x0, x0 + KW)),
         };
         for (ix, v) in row.iter().enumerate() {
-            let v = v.to_f64();
-            let wins = v.is_nan() | (!nan & (v > best));
-            at = if wins { iy * w + x0 + ix } else { at };
-            nan |= v.is_nan();
-            best = best.max(v);
+            window_step(v.to_f64(), iy * w + x0 + ix, (&mut best, &mut at, &mut nan));
         }
     }
     (if nan { f64::NAN } else { best }, at)
