@@ -1,9 +1,9 @@
 //! Issue 20's GPU targets, kiln's side (`benches/torch_transformer.py` is
 //! PyTorch's, run in the same device call by `gpu_session.sh transformer`):
 //!
-//! - attention alone, `[32, 12, 512, 64]`: f16 and bf16 with and without a
-//!   causal mask (against SDPA's flash backend), f32 (against its
-//!   efficient and math backends);
+//! - attention alone, `[32, 12, 512, 64]` and `[8, 16, 2048, 128]`: f16
+//!   and bf16 with and without a causal mask (against SDPA's flash
+//!   backend), f32 (against its efficient and math backends);
 //! - attention's forward and backward together, the same shapes, f16 and
 //!   bf16 (against SDPA's flash forward and backward, eager): the three
 //!   gradients of `out` seeded with a fixed `g`;
@@ -44,21 +44,26 @@ struct Workload {
     make: Make,
 }
 
-const B: usize = 32;
-const H: usize = 12;
-const S: usize = 512;
-const HD: usize = 64;
+/// Attention's `[batch, heads, seq, head dim]` shapes: BERT-base's and
+/// GPT-2's (512 tokens, head dim 64), and a long-sequence one with
+/// Llama's head dim (2048 tokens, 128), the issue's two.
+const SHAPES: [[usize; 4]; 2] = [[32, 12, 512, 64], [8, 16, 2048, 128]];
 
-fn attention(dtype: DType, causal: bool) -> Workload {
+fn shape_name([b, h, s, d]: [usize; 4]) -> String {
+    format!("[{b},{h},{s},{d}]")
+}
+
+fn attention(shape: [usize; 4], dtype: DType, causal: bool) -> Workload {
+    let [b, h, s, d] = shape;
     // 4 b h s² d, halved by a causal mask.
-    let flops = 4.0 * (B * H * S * S * HD) as f64 / if causal { 2.0 } else { 1.0 };
+    let flops = 4.0 * (b * h * s * s * d) as f64 / if causal { 2.0 } else { 1.0 };
     Workload {
-        name: format!("attention [32,12,512,64] {dtype}{}", if causal { " causal" } else { "" }),
+        name: format!("attention {} {dtype}{}", shape_name(shape), if causal { " causal" } else { "" }),
         flops,
         make: Box::new(move |ctx| {
-            let q = ctx.randn_dtype([B, H, S, HD], dtype);
-            let k = ctx.randn_dtype([B, H, S, HD], dtype);
-            let v = ctx.randn_dtype([B, H, S, HD], dtype);
+            let q = ctx.randn_dtype(shape, dtype);
+            let k = ctx.randn_dtype(shape, dtype);
+            let v = ctx.randn_dtype(shape, dtype);
             ctx.realize(&[&q, &k, &v])?;
             Ok(Box::new(move || Ok(q.scaled_dot_product_attention(&k, &v, None, causal, None))))
         }),
@@ -67,15 +72,15 @@ fn attention(dtype: DType, causal: bool) -> Workload {
 
 /// Forward and backward: `dq, dk, dv` of `attention(q, k, v)` seeded with
 /// `g` (`Tensor::backward_with`, as PyTorch's `out.backward(g)`).
-fn attention_train(dtype: DType, causal: bool) -> Workload {
+fn attention_train(shape: [usize; 4], dtype: DType, causal: bool) -> Workload {
+    let [b, h, s, d] = shape;
     // The forward's 4 b h s² d and the backward's 2.5 times that
     // (FlashAttention's count), halved by a causal mask.
-    let flops = 3.5 * 4.0 * (B * H * S * S * HD) as f64 / if causal { 2.0 } else { 1.0 };
+    let flops = 3.5 * 4.0 * (b * h * s * s * d) as f64 / if causal { 2.0 } else { 1.0 };
     Workload {
-        name: format!("attention fwd+bwd [32,12,512,64] {dtype}{}", if causal { " causal" } else { "" }),
+        name: format!("attention fwd+bwd {} {dtype}{}", shape_name(shape), if causal { " causal" } else { "" }),
         flops,
         make: Box::new(move |ctx| {
-            let shape = [B, H, S, HD];
             let q = ctx.variable("q", ctx.randn_dtype(shape, dtype))?;
             let k = ctx.variable("k", ctx.randn_dtype(shape, dtype))?;
             let v = ctx.variable("v", ctx.randn_dtype(shape, dtype))?;
@@ -121,14 +126,16 @@ fn encoder(label: &str, config: BertConfig, batch: usize, seq: usize, dtype: DTy
 
 fn workloads() -> Vec<Workload> {
     let mut out = Vec::new();
-    for dtype in [DType::F16, DType::BF16, DType::F32] {
-        for causal in [false, true] {
-            out.push(attention(dtype, causal));
+    for shape in SHAPES {
+        for dtype in [DType::F16, DType::BF16, DType::F32] {
+            for causal in [false, true] {
+                out.push(attention(shape, dtype, causal));
+            }
         }
-    }
-    for dtype in [DType::F16, DType::BF16] {
-        for causal in [false, true] {
-            out.push(attention_train(dtype, causal));
+        for dtype in [DType::F16, DType::BF16] {
+            for causal in [false, true] {
+                out.push(attention_train(shape, dtype, causal));
+            }
         }
     }
     out.push(encoder("MiniLM-L6", BertConfig::minilm_l6(), 64, 128, DType::F32));

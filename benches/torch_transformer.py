@@ -1,10 +1,10 @@
 """PyTorch's side of issue 20's GPU table (benches/gpu_transformer.rs is
 kiln's side; `gpu_session.sh transformer` runs both in one device call).
 
-- attention [32, 12, 512, 64]: F.scaled_dot_product_attention pinned to
+- attention [32, 12, 512, 64] and [8, 16, 2048, 128]: F.scaled_dot_product_attention pinned to
   one backend: FLASH_ATTENTION for f16/bf16, EFFICIENT_ATTENTION and MATH
   for f32 (flash takes no f32), with and without is_causal;
-- attention forward and backward [32, 12, 512, 64], f16 and bf16: SDPA's
+- attention forward and backward, the same shapes, f16 and bf16: SDPA's
   flash forward, then `out.backward(g)` (the flash backward), eager only
   (compiling adds nothing to two library kernels); gradients set to None
   before each call, as an optimizer's zero_grad does;
@@ -18,6 +18,7 @@ first-call wall time, 5 warm-up calls, median of 50 calls timed with CUDA
 events. TF32 off. Inference: no gradients.
 
     python3 benches/torch_transformer.py [kiln.jsonl] [--markdown table.md] [--only substring]
+        [--modes eager,compile,reduce-overhead]
 """
 import json
 import statistics
@@ -31,7 +32,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 dev = "cuda"
-B, H, S, HD = 32, 12, 512, 64
+# Attention's [batch, heads, seq, head dim]: BERT-base's and GPT-2's, and a
+# long-sequence one with Llama's head dim (kiln's gpu_transformer.rs SHAPES).
+SHAPES = [(32, 12, 512, 64), (8, 16, 2048, 128)]
 NAMES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
 
 
@@ -97,22 +100,24 @@ class Encoder(torch.nn.Module):
 def workloads():
     g = torch.Generator(device=dev).manual_seed(1)
     out = []
-    for dtype in (torch.float16, torch.bfloat16, torch.float32):
-        qkv = [torch.randn(B, H, S, HD, device=dev, dtype=dtype, generator=g) for _ in range(3)]
-        for causal in (False, True):
-            name = f"attention [32,12,512,64] {NAMES[dtype]}{' causal' if causal else ''}"
-            flops = 4 * B * H * S * S * HD / (2 if causal else 1)
-            backends = [("flash", SDPBackend.FLASH_ATTENTION)] if dtype != torch.float32 else [
-                ("efficient", SDPBackend.EFFICIENT_ATTENTION), ("math", SDPBackend.MATH)]
-            for label, backend in backends:
-                out.append((name, label, flops, Attention(causal, backend), qkv))
-    for dtype in (torch.float16, torch.bfloat16):
-        qkv = [torch.randn(B, H, S, HD, device=dev, dtype=dtype, generator=g).requires_grad_() for _ in range(3)]
-        seed = torch.randn(B, H, S, HD, device=dev, dtype=dtype, generator=g)
-        for causal in (False, True):
-            name = f"attention fwd+bwd [32,12,512,64] {NAMES[dtype]}{' causal' if causal else ''}"
-            flops = 3.5 * 4 * B * H * S * S * HD / (2 if causal else 1)
-            out.append((name, "flash", flops, AttentionTrain(causal), qkv + [seed]))
+    for b, h, s, d in SHAPES:
+        shape = f"[{b},{h},{s},{d}]"
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            qkv = [torch.randn(b, h, s, d, device=dev, dtype=dtype, generator=g) for _ in range(3)]
+            for causal in (False, True):
+                name = f"attention {shape} {NAMES[dtype]}{' causal' if causal else ''}"
+                flops = 4 * b * h * s * s * d / (2 if causal else 1)
+                backends = [("flash", SDPBackend.FLASH_ATTENTION)] if dtype != torch.float32 else [
+                    ("efficient", SDPBackend.EFFICIENT_ATTENTION), ("math", SDPBackend.MATH)]
+                for label, backend in backends:
+                    out.append((name, label, flops, Attention(causal, backend), qkv))
+        for dtype in (torch.float16, torch.bfloat16):
+            qkv = [torch.randn(b, h, s, d, device=dev, dtype=dtype, generator=g).requires_grad_() for _ in range(3)]
+            seed = torch.randn(b, h, s, d, device=dev, dtype=dtype, generator=g)
+            for causal in (False, True):
+                name = f"attention fwd+bwd {shape} {NAMES[dtype]}{' causal' if causal else ''}"
+                flops = 3.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+                out.append((name, "flash", flops, AttentionTrain(causal), qkv + [seed]))
     for label, (layers, w, heads, ff), batch, dtype in [
         ("MiniLM-L6", (6, 384, 12, 1536), 64, torch.float32),
         ("MiniLM-L6", (6, 384, 12, 1536), 64, torch.bfloat16),
@@ -157,6 +162,12 @@ def main():
         i = args.index("--markdown")
         md = args[i + 1]
         del args[i:i + 2]
+    wanted = ["eager", "torch.compile", "torch.compile reduce-overhead"]
+    if "--modes" in args:  # e.g. --modes eager,reduce-overhead
+        i = args.index("--modes")
+        short = {"eager": "eager", "compile": "torch.compile", "reduce-overhead": "torch.compile reduce-overhead"}
+        wanted = [short[m] for m in args[i + 1].split(",")]
+        del args[i:i + 2]
     only = None
     if "--only" in args:
         i = args.index("--only")
@@ -173,6 +184,7 @@ def main():
         if not isinstance(module, AttentionTrain):
             modes += [("torch.compile", torch.compile(module)),
                       ("torch.compile reduce-overhead", torch.compile(module, mode="reduce-overhead"))]
+        modes = [(m, f) for m, f in modes if m in wanted]
         for mode, f in modes:
             impl = f"torch {mode} ({backend})"
             try:
