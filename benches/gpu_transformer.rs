@@ -78,7 +78,11 @@ fn attention_train(shape: [usize; 4], dtype: DType, causal: bool) -> Workload {
     // (FlashAttention's count), halved by a causal mask.
     let flops = 3.5 * 4.0 * (b * h * s * s * d) as f64 / if causal { 2.0 } else { 1.0 };
     Workload {
-        name: format!("attention fwd+bwd {} {dtype}{}", shape_name(shape), if causal { " causal" } else { "" }),
+        name: format!(
+            "attention fwd+bwd {} {dtype}{}",
+            shape_name(shape),
+            if causal { " causal" } else { "" }
+        ),
         flops,
         make: Box::new(move |ctx| {
             let q = ctx.variable("q", ctx.randn_dtype(shape, dtype))?;

@@ -18,7 +18,11 @@ first-call wall time, 5 warm-up calls, median of 50 calls timed with CUDA
 events. TF32 off. Inference: no gradients.
 
     python3 benches/torch_transformer.py [kiln.jsonl] [--markdown table.md] [--only substring]
-        [--modes eager,compile,reduce-overhead]
+        [--modes eager,compile,reduce-overhead] [--kernel-table N]
+
+`--kernel-table N` also prints, after each row, the N kernels with the most
+device time per call (torch.profiler's self CUDA time over 3 calls, divided
+by 3), to read next to kiln's ncu table (`benches/ncu_table.py`).
 """
 import json
 import statistics
@@ -133,6 +137,27 @@ def workloads():
     return out
 
 
+PROFILED = 3
+
+
+def kernel_table(fn, args, limit):
+    """The `limit` kernels with the most self device time, ms per call."""
+    from torch.profiler import ProfilerActivity, profile
+    grad = isinstance(fn, AttentionTrain)
+    with torch.enable_grad() if grad else torch.inference_mode():
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(PROFILED):
+                fn(*args)
+            torch.cuda.synchronize()
+    us = lambda e: getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+    rows = sorted(((e.key, e.count / PROFILED, us(e) / 1e3 / PROFILED) for e in prof.key_averages() if us(e) > 0),
+                  key=lambda r: -r[2])
+    total = sum(r[2] for r in rows)
+    lines = [f"  kernels: {total:.3f} ms of device time per call"]
+    lines += [f"  {ms:8.4f} ms {calls:6.1f}x  {name[:110]}" for name, calls, ms in rows[:limit]]
+    return "\n".join(lines)
+
+
 def measure(fn, args):
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -168,6 +193,11 @@ def main():
         short = {"eager": "eager", "compile": "torch.compile", "reduce-overhead": "torch.compile reduce-overhead"}
         wanted = [short[m] for m in args[i + 1].split(",")]
         del args[i:i + 2]
+    table = 0
+    if "--kernel-table" in args:
+        i = args.index("--kernel-table")
+        table = int(args[i + 1])
+        del args[i:i + 2]
     only = None
     if "--only" in args:
         i = args.index("--only")
@@ -194,6 +224,8 @@ def main():
                 rows.append({"impl": impl, "workload": name, "error": type(e).__name__})
                 continue
             print(f"{name:<44} {impl:<44} first {first:9.1f} ms  median {ms:8.3f} ms  {flops / (ms * 1e-3) / 1e12:6.1f} TFLOP/s")
+            if table:
+                print(kernel_table(f, inputs, table), flush=True)
             rows.append({"impl": impl, "workload": name, "first_ms": first, "median_ms": ms, "peak_mib": peak,
                          "tflops": flops / (ms * 1e-3) / 1e12})
         torch._dynamo.reset()
