@@ -291,6 +291,10 @@ template <class T>
 __device__ __forceinline__ vec8<T> load8(const T* p) {
   return *reinterpret_cast<const vec8<T>*>(p);
 }
+template <class T>
+__device__ __forceinline__ void store8(T* p, vec8<T> v) {
+  *reinterpret_cast<vec8<T>*>(p) = v;
+}
 
 // ---------------------------------------------------------------------------
 // Reductions over a group of GROUP threads: 1 (a thread per row), 32 (a warp
