@@ -17,6 +17,7 @@ mod in_place;
 mod index;
 mod linalg;
 mod long_rows;
+mod many_rows;
 mod nonfinite;
 mod padded_rows;
 mod pool_grad;
