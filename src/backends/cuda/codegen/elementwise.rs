@@ -82,7 +82,10 @@ pub(crate) fn function(
     let aligned = |v: usize| {
         numel % v == 0
             && numel >= v
-            && body.leaves.values().all(|l| l.is_uniform() || l.access.dense_base().is_none_or(|b| b % v == 0))
+            && body
+                .leaves
+                .values()
+                .all(|l| l.is_uniform() || l.access.dense_base().is_none_or(|b| b % v == 0))
     };
     // Eight a thread when the vector operands and outputs are all 16-bit
     // (a kernel of its own: a multi-tensor member's count is an argument).
@@ -90,7 +93,10 @@ pub(crate) fn function(
         && out_dtypes.iter().all(|d| d.size() == 2)
         && body.order.iter().all(|id| {
             body.leaves.get(id).is_none_or(|l| {
-                l.is_uniform() || l.access.dense_base().is_none() || !needed(&body, outputs, &computed, *id) || l.dtype.size() == 2
+                l.is_uniform()
+                    || l.access.dense_base().is_none()
+                    || !needed(&body, outputs, &computed, *id)
+                    || l.dtype.size() == 2
             })
         });
     let step = if halves && aligned(VEC_HALF) {
