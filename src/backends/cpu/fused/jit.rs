@@ -424,4 +424,11 @@ impl FusedKernel {
         let modes = jit.kernels.lock().ok()?.first()?.0.clone();
         Some(codegen::ir(&jit.body, &modes))
     }
+
+    /// [`FusedKernel::generated_ir`] of each generated segment, in order:
+    /// `None` for a segment that has not run.
+    pub(crate) fn segment_irs(&self) -> Vec<Option<Result<cranelift_codegen::ir::Function>>> {
+        let first = |j: &Jit| j.kernels.lock().ok().and_then(|k| k.first().map(|(m, _)| m.clone()));
+        self.segments.iter().map(|s| first(&s.jit).map(|modes| codegen::ir(&s.jit.body, &modes))).collect()
+    }
 }

@@ -150,8 +150,13 @@ fn runs_from_several_threads_each_get_an_arena() {
 /// lowering it for CUDA (no device needed): both backends refuse the same
 /// bad plans, through the same check (`backends/check.rs`).
 fn compile_error(src: &str) -> String {
+    compile_error_of(Plan::new(parse(src)))
+}
+
+/// [`compile_error`] of a plan.
+fn compile_error_of(plan: Plan) -> String {
     let be = CpuBackend::new();
-    let plan = Plan::new(parse(src));
+    let src = crate::ir::text::print(&plan.graph);
     let cpu = match be.compile(Arc::new(plan.clone())) {
         Err(e @ Error::Backend(_)) => e.to_string(),
         Err(e) => panic!("not a backend error: {e}"),
@@ -224,6 +229,71 @@ return %c
     same_as_unplanned(src, 11);
     let wrong = src.replace("!arena=0+64 !in-place=%a", "!arena=0+64 !in-place=%x");
     assert!(compile_error(&wrong).contains("in place"), "{}", compile_error(&wrong));
+}
+
+/// A fused node whose operands or declared type contradict its body is
+/// refused when the plan is compiled (`backends/check.rs`, through
+/// `ir::infer`), by both backends with the same message: the CPU backend
+/// makes code for a fused body only when a run first reaches it, so
+/// nothing is generated for a plan refused here, and a kernel never
+/// reads memory on the strength of a type its operands do not have.
+#[test]
+fn fused_nodes_that_contradict_their_body_are_refused_at_compile() {
+    let src = "
+%x: f32[4,4] = input 0
+%y: f32[4,4] = input 1
+%b: f32[4,4] = fused %x, %y kind=elementwise {
+    %0: f32[4,4] = input 0
+    %1: f32[4,4] = input 1
+    %2: f32[4,4] = mul %0, %1
+    %3: f32[4,4] = tanh %2
+    return %3
+}
+return %b
+";
+    // The plan itself compiles and computes its body.
+    let be = CpuBackend::new();
+    let inline = "
+%x: f32[4,4] = input 0
+%y: f32[4,4] = input 1
+%m: f32[4,4] = mul %x, %y
+%t: f32[4,4] = tanh %m
+return %t
+";
+    let (g, plain) = (parse(src), parse(inline));
+    let inputs = bind(&be, &g, 5);
+    let fused = run(&be, &*compile(&be, &g).unwrap(), &inputs).unwrap();
+    assert_eq!(fused, run(&be, &*compile(&be, &plain).unwrap(), &inputs).unwrap());
+    // The text parser refuses such a node already, so each case is built
+    // node by node around the same body.
+    let body = g.node_ids().into_iter().map(|id| g.node(id).op.clone()).find(|op| matches!(op, Op::Fused(_)));
+    let body = body.expect("the plan has a fused node");
+    let f32s = |dims: &[usize]| (Shape::new(dims.to_vec()), DType::F32);
+    let case = |y: (Shape, DType), declared: (Shape, DType), operands: &[usize]| {
+        let mut g = Graph::new();
+        let x = g.add(Op::Input(0), &[], Some(f32s(&[4, 4])), RegionId::ROOT).unwrap();
+        let y = g.add(Op::Input(1), &[], Some(y), RegionId::ROOT).unwrap();
+        let operands: Vec<NodeId> = operands.iter().map(|&k| [x, y][k]).collect();
+        let node = Node { op: body.clone(), shape: declared.0, dtype: declared.1, region: RegionId::ROOT };
+        let b = g.add_unchecked(node, &operands);
+        g.set_outputs(vec![b]);
+        Plan::new(g)
+    };
+    let cases = [
+        ("an operand of another shape", case(f32s(&[16]), f32s(&[4, 4]), &[0, 1])),
+        ("an operand of another dtype", case((Shape::new([4, 4]), DType::F64), f32s(&[4, 4]), &[0, 1])),
+        ("declared other than its body's output", case(f32s(&[4, 4]), f32s(&[16]), &[0, 1])),
+        ("an operand short", case(f32s(&[4, 4]), f32s(&[4, 4]), &[0])),
+        ("an operand over", case(f32s(&[4, 4]), f32s(&[4, 4]), &[0, 1, 0])),
+    ];
+    let mut messages = String::new();
+    for (what, plan) in cases {
+        messages.push_str(&format!("{what}: {}\n", compile_error_of(plan)));
+    }
+    let mut settings = insta::Settings::clone_current();
+    settings.set_snapshot_path("../../../../snapshots");
+    settings.set_prepend_module_to_snapshot(false);
+    settings.bind(|| insta::assert_snapshot!("cpu-bad-fused-plans", messages));
 }
 
 /// A diamond over two streams: `%a` on stream 0 and `%b -> %c` on stream
