@@ -461,21 +461,7 @@ fn layer_norm_on_every_float_dtype() {
                 let x = rand_f(&mut rng, dtype, &shape, 2.0);
                 let w = rand_f(&mut rng, dtype, &[n], 1.0);
                 let b = rand_f(&mut rng, dtype, &[n], 1.0);
-                let rows: Vec<f64> = x
-                    .to_vec()
-                    .chunks(n)
-                    .flat_map(|row| {
-                        let mean = row.iter().sum::<f64>() / n as f64;
-                        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64;
-                        let inv = 1.0 / (var + eps).sqrt();
-                        let (w, b) = (w.to_vec(), b.to_vec());
-                        row.iter()
-                            .enumerate()
-                            .map(move |(j, v)| (v - mean) * inv * w[j] + b[j])
-                            .collect::<Vec<_>>()
-                    })
-                    .collect();
-                let want = Nd::new(rows, &shape);
+                let want = layer_norm_ref(&x, &w.to_vec(), &b.to_vec(), eps);
                 let got = tensor_f(&ctx, dtype, &x).layer_norm(
                     &tensor_f(&ctx, dtype, &w),
                     &tensor_f(&ctx, dtype, &b),

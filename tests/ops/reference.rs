@@ -338,6 +338,24 @@ impl<T: Copy> Nd<T> {
     }
 }
 
+/// PyTorch's layer norm of the rows of `x` (its last dim, `w.len()`
+/// wide) in f64: `(v - mean) / sqrt(var + eps) * w + b`, the variance
+/// biased.
+pub fn layer_norm_ref(x: &Nd<f64>, w: &[f64], b: &[f64], eps: f64) -> Nd<f64> {
+    let n = w.len();
+    let rows: Vec<f64> = x
+        .to_vec()
+        .chunks(n)
+        .flat_map(|row| {
+            let mean = row.iter().sum::<f64>() / n as f64;
+            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64;
+            let inv = 1.0 / (var + eps).sqrt();
+            row.iter().enumerate().map(move |(j, v)| (v - mean) * inv * w[j] + b[j]).collect::<Vec<_>>()
+        })
+        .collect();
+    Nd::new(rows, &x.shape)
+}
+
 /// Batched matmul of `[.., m, k] x [.., k, n]` with broadcast batch dims
 /// (rank >= 2 both); `acc` folds one product into the accumulator.
 pub fn matmul_ref<T: Copy>(a: &Nd<T>, b: &Nd<T>, zero: T, mut acc: impl FnMut(T, T, T) -> T) -> Nd<T> {

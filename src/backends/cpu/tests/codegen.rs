@@ -8,13 +8,12 @@
 use super::philox;
 use crate::backends::cpu::codegen::{self, Body, Codegen, Mode, Node, Ty};
 use crate::backends::cpu::fused::FusedKernel;
+use crate::backends::cpu::launch::host_out;
 use crate::backends::cpu::storage::{dispatch, Out};
 use crate::backends::cpu::{CpuBackend, CpuBuffer};
 use crate::backends::{Backend, Buffer};
-use crate::ir::text::{parse, parse_test_file};
+use crate::ir::text::parse;
 use crate::ir::*;
-use crate::passes::{run_single, PassOptions};
-use std::path::Path;
 
 /// Random `f32`s in `[-3, 3)` from `seed`, with special values at fixed
 /// strides (so every vector lane and the scalar tail meet some).
@@ -41,7 +40,7 @@ fn floats(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-fn input_data(shape: &Shape, dtype: DType, seed: u64) -> HostData {
+pub(super) fn input_data(shape: &Shape, dtype: DType, seed: u64) -> HostData {
     let n = shape.numel();
     match dtype {
         DType::F32 => HostData::F32(floats(n, seed)),
@@ -56,22 +55,8 @@ fn input_data(shape: &Shape, dtype: DType, seed: u64) -> HostData {
     }
 }
 
-/// An output buffer of any dtype, for a kernel to write.
-fn out_of(h: &mut HostData) -> Out<'_> {
-    match h {
-        HostData::F16(v) => Out::new(v.as_mut_slice()),
-        HostData::BF16(v) => Out::new(v.as_mut_slice()),
-        HostData::F32(v) => Out::new(v.as_mut_slice()),
-        HostData::F64(v) => Out::new(v.as_mut_slice()),
-        HostData::U8(v) => Out::new(v.as_mut_slice()),
-        HostData::I32(v) => Out::new(v.as_mut_slice()),
-        HostData::I64(v) => Out::new(v.as_mut_slice()),
-        HostData::Bool(v) => Out::new(v.as_mut_slice()),
-    }
-}
-
 /// Runs `kernel` on `bufs`, returning its output and extra outputs.
-fn run(kernel: &FusedKernel, g: &Graph, fb: &FusedBody, bufs: &[CpuBuffer]) -> Vec<HostData> {
+pub(super) fn run(kernel: &FusedKernel, g: &Graph, fb: &FusedBody, bufs: &[CpuBuffer]) -> Vec<HostData> {
     let args: Vec<Option<&CpuBuffer>> = bufs.iter().map(Some).collect();
     let fresh = |id: NodeId| {
         let n = g.node(id);
@@ -79,7 +64,7 @@ fn run(kernel: &FusedKernel, g: &Graph, fb: &FusedBody, bufs: &[CpuBuffer]) -> V
     };
     let mut extras: Vec<HostData> = fb.outputs()[1..].iter().map(|&o| fresh(o)).collect();
     let out = {
-        let outs: Vec<Out<'_>> = extras.iter_mut().map(out_of).collect();
+        let outs: Vec<Out<'_>> = extras.iter_mut().map(host_out).collect();
         let d = g.node(fb.output()).dtype;
         dispatch!(d, E => {
             let mut v = vec![E::default(); g.node(fb.output()).shape.numel()];
@@ -509,97 +494,4 @@ fn generated_ir_snapshots() {
     );
     // exp: Cephes' reduction and polynomial, with fused multiply-adds.
     snapshot("cpu_codegen@exp", "%x: f32[16] = input 0\n%e: f32[16] = exp %x\nreturn %e\n");
-}
-
-/// What codegen makes of one fusion pass case: the case planned as the
-/// pipeline's last passes plan it (as `tests/cuda_codegen.rs` lowers the
-/// same cases to CUDA), then for each fused node its kind, the path its
-/// kernel takes with every body generated that can be (`Codegen::All`;
-/// a plan's default leaves bodies with `exp` interpreted) and the
-/// Cranelift IR made for its first run on dense random inputs. Each node
-/// also runs interpreted on the same inputs, and the two agree bit for
-/// bit (any NaN matching any NaN, as in [`agree_as`]).
-fn cranelift_text(path: &Path) -> String {
-    let what = path.display();
-    let src = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{what}: {e}"));
-    let case = parse_test_file(&src).unwrap_or_else(|e| panic!("{what}: {e}"));
-    let options = PassOptions::from_settings(&case.settings).unwrap_or_else(|e| panic!("{what}: {e}"));
-    let mut g = case.graph;
-    for pass in ["fusion", "assign", "multi-output", "schedule", "horizontal", "streams", "memory"] {
-        g = run_single(pass, g, options).unwrap_or_else(|e| panic!("{what}: {pass}: {e}"));
-    }
-    let mut out = String::new();
-    for line in case.comment.lines() {
-        out.push_str(&format!(";; {line}\n").replace(";; \n", ";;\n"));
-    }
-    let be = CpuBackend::new();
-    for id in g.topo_order() {
-        let n = g.node(id);
-        let Op::Fused(body) = &n.op else { continue };
-        let generated =
-            FusedKernel::compile(body, id, Codegen::All).unwrap_or_else(|e| panic!("{what}: {e}"));
-        let interpreted =
-            FusedKernel::compile(body, id, Codegen::Off).unwrap_or_else(|e| panic!("{what}: {e}"));
-        let bufs: Vec<CpuBuffer> = body
-            .input_nodes()
-            .iter()
-            .enumerate()
-            .map(|(k, &i)| {
-                let n = body.graph().node(i);
-                match be.upload(input_data(&n.shape, n.dtype, 11 + k as u64), &n.shape).unwrap() {
-                    Buffer::Cpu(c) => c,
-                    #[allow(unreachable_patterns)]
-                    _ => unreachable!("the CPU backend makes CPU buffers"),
-                }
-            })
-            .collect();
-        let got = run(&generated, body.graph(), body, &bufs);
-        let want = run(&interpreted, body.graph(), body, &bufs);
-        for (o, (a, b)) in got.iter().zip(&want).enumerate() {
-            let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
-            assert_eq!(x.len(), y.len(), "{what}: {id} output {o}");
-            for (i, (p, q)) in x.iter().zip(&y).enumerate() {
-                let same = p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan());
-                assert!(same, "{what}: {id} output {o} element {i}: generated {p:e}, interpreted {q:e}");
-            }
-        }
-        let kind = match body.kind() {
-            FusedKind::Elementwise => "elementwise",
-            FusedKind::Reduction { .. } => "reduction",
-            FusedKind::MatMul { .. } => "matmul",
-        };
-        let segments = generated.segment_irs();
-        let path = if generated.is_generated() {
-            "generated whole".to_string()
-        } else if !segments.is_empty() {
-            format!("{} generated segment(s) between interpreted steps", segments.len())
-        } else if let Some(row) = generated.row_kernel_name() {
-            format!("row kernel `{row}`")
-        } else {
-            "interpreted".to_string()
-        };
-        out.push_str(&format!("\n{id}: fused {kind} -> {}{}: {path}\n", n.dtype, n.shape));
-        let irs = generated.generated_ir().into_iter().chain(segments.into_iter().flatten());
-        for ir in irs {
-            out.push_str(&ir.unwrap_or_else(|e| panic!("{what}: {id}: {e}")).to_string());
-        }
-    }
-    out
-}
-
-/// Every fusion pass case's generated code (see [`cranelift_text`]): a
-/// change that claims no codegen change shows an empty diff here.
-#[test]
-fn fusion_cases_lower_to_cranelift() {
-    if !codegen::available() {
-        return;
-    }
-    let mut settings = insta::Settings::clone_current();
-    settings.set_snapshot_path("../../../../snapshots");
-    settings.set_prepend_module_to_snapshot(false);
-    settings.bind(|| {
-        insta::glob!("../../../../tests/passes/fusion", "*.kir", |path| {
-            insta::assert_snapshot!(cranelift_text(path));
-        });
-    });
 }

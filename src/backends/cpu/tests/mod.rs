@@ -82,6 +82,7 @@ fn assert_close(got: &HostData, want: &[f64], t: f64, what: &str) {
 }
 
 mod codegen;
+mod codegen_cases;
 mod fused;
 mod in_place;
 mod indexing;
