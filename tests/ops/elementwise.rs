@@ -983,3 +983,33 @@ fn half_precision_results_are_rounded_to_nearest() {
         }
     });
 }
+
+/// 16-bit elementwise kernels take eight elements a thread on CUDA where
+/// every dense operand and the output are 16-bit and 8-aligned, four
+/// where only 4-aligned, one otherwise (`codegen/elementwise.rs`): sizes
+/// and slice offsets that land on each, with a broadcast bias read per
+/// element beside them, against f64.
+#[test]
+fn half_elementwise_in_runs_of_eight_four_and_one() {
+    each_backend(|| {
+        let ctx = dev();
+        let mut rng = Rng::new(88);
+        for dtype in [DType::BF16, DType::F16] {
+            // [rows, cols] and where the operand starts in its buffer.
+            for (rows, cols, start) in [(96, 64, 0), (31, 40, 8), (25, 36, 4), (7, 13, 0), (3, 8, 1)] {
+                let numel = rows * cols;
+                let buf = rand_f(&mut rng, dtype, &[start + numel], 2.0);
+                let a = buf.slice(0, start, 1, numel).reshape(&[rows, cols]);
+                let b = rand_f(&mut rng, dtype, &[rows, cols], 2.0);
+                let bias = rand_f(&mut rng, dtype, &[cols], 1.0);
+                let ta = tensor_f(&ctx, dtype, &buf).narrow(0, start, numel).reshape([rows, cols]);
+                let (tb, tbias) = (tensor_f(&ctx, dtype, &b), tensor_f(&ctx, dtype, &bias));
+                let got = (&ta * &tb + &tbias).relu();
+                // A backend may round `a * b` to the dtype before the add:
+                // an ulp of the product, inside the scale's slack.
+                let want = a.zip(&b, |x, y| x * y).zip(&bias.expand(&[rows, cols]), |p, q| (p + q).max(0.0));
+                check_f(&got, dtype, &want, 8.0, &format!("relu(a*b + bias) [{rows}, {cols}] from {start}"));
+            }
+        }
+    });
+}
