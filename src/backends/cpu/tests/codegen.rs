@@ -40,7 +40,7 @@ fn floats(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-pub(super) fn input_data(shape: &Shape, dtype: DType, seed: u64) -> HostData {
+fn input_data(shape: &Shape, dtype: DType, seed: u64) -> HostData {
     let n = shape.numel();
     match dtype {
         DType::F32 => HostData::F32(floats(n, seed)),
@@ -96,9 +96,18 @@ fn agree_as(src: &str, seed: u64, what: &str, codegen: Codegen, kernels: usize, 
     assert_eq!(generated.is_generated(), whole, "{what}: the body is generated whole");
     assert_eq!(generated.generated_segments(), if whole { 0 } else { kernels }, "{what}: segments");
     assert!(!interpreted.is_generated() && interpreted.generated_segments() == 0);
+    let bufs = inputs(&fb, seed);
+    let got = run(&generated, fb.graph(), &fb, &bufs);
+    assert_eq!(generated.generated_kernels(), kernels, "{what}: one set of modes each, compiled once");
+    let want = run(&interpreted, fb.graph(), &fb, &bufs);
+    same_bits(&got, &want, what);
+}
+
+/// Fresh inputs of a fused body (see [`input_data`]), operand `k` from
+/// `seed + k`, uploaded as CPU buffers.
+pub(super) fn inputs(fb: &FusedBody, seed: u64) -> Vec<CpuBuffer> {
     let be = CpuBackend::new();
-    let bufs: Vec<CpuBuffer> = fb
-        .input_nodes()
+    fb.input_nodes()
         .iter()
         .enumerate()
         .map(|(k, &i)| {
@@ -109,11 +118,13 @@ fn agree_as(src: &str, seed: u64, what: &str, codegen: Codegen, kernels: usize, 
                 _ => unreachable!("the CPU backend makes CPU buffers"),
             }
         })
-        .collect();
-    let got = run(&generated, fb.graph(), &fb, &bufs);
-    assert_eq!(generated.generated_kernels(), kernels, "{what}: one set of modes each, compiled once");
-    let want = run(&interpreted, fb.graph(), &fb, &bufs);
-    for (o, (a, b)) in got.iter().zip(&want).enumerate() {
+        .collect()
+}
+
+/// Generated outputs equal the interpreter's bit for bit (any NaN matching
+/// any NaN): same dtypes, same lengths, same elements.
+pub(super) fn same_bits(got: &[HostData], want: &[HostData], what: &str) {
+    for (o, (a, b)) in got.iter().zip(want).enumerate() {
         let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
         assert_eq!((a.dtype(), x.len()), (b.dtype(), y.len()), "{what}: output {o}");
         for (i, (p, q)) in x.iter().zip(&y).enumerate() {

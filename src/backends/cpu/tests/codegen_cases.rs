@@ -3,11 +3,9 @@
 //! `tests/cuda_codegen.rs` lowers them to CUDA: one snapshot a case, and
 //! each generated kernel run against the interpreter, bit for bit.
 
-use super::codegen::{input_data, run};
+use super::codegen::{inputs, run, same_bits};
 use crate::backends::cpu::codegen::{self, Codegen};
 use crate::backends::cpu::fused::FusedKernel;
-use crate::backends::cpu::{CpuBackend, CpuBuffer};
-use crate::backends::{Backend, Buffer};
 use crate::ir::text::parse_test_file;
 use crate::ir::*;
 use crate::passes::{run_single, PassOptions};
@@ -34,7 +32,6 @@ fn cranelift_text(path: &Path) -> String {
     for line in case.comment.lines() {
         out.push_str(&format!(";; {line}\n").replace(";; \n", ";;\n"));
     }
-    let be = CpuBackend::new();
     for id in g.topo_order() {
         let n = g.node(id);
         let Op::Fused(body) = &n.op else { continue };
@@ -42,29 +39,10 @@ fn cranelift_text(path: &Path) -> String {
             FusedKernel::compile(body, id, Codegen::All).unwrap_or_else(|e| panic!("{what}: {e}"));
         let interpreted =
             FusedKernel::compile(body, id, Codegen::Off).unwrap_or_else(|e| panic!("{what}: {e}"));
-        let bufs: Vec<CpuBuffer> = body
-            .input_nodes()
-            .iter()
-            .enumerate()
-            .map(|(k, &i)| {
-                let n = body.graph().node(i);
-                match be.upload(input_data(&n.shape, n.dtype, 11 + k as u64), &n.shape).unwrap() {
-                    Buffer::Cpu(c) => c,
-                    #[allow(unreachable_patterns)]
-                    _ => unreachable!("the CPU backend makes CPU buffers"),
-                }
-            })
-            .collect();
+        let bufs = inputs(body, 11);
         let got = run(&generated, body.graph(), body, &bufs);
         let want = run(&interpreted, body.graph(), body, &bufs);
-        for (o, (a, b)) in got.iter().zip(&want).enumerate() {
-            let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
-            assert_eq!(x.len(), y.len(), "{what}: {id} output {o}");
-            for (i, (p, q)) in x.iter().zip(&y).enumerate() {
-                let same = p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan());
-                assert!(same, "{what}: {id} output {o} element {i}: generated {p:e}, interpreted {q:e}");
-            }
-        }
+        same_bits(&got, &want, &format!("{what}: {id}"));
         let kind = match body.kind() {
             FusedKind::Elementwise => "elementwise",
             FusedKind::Reduction { .. } => "reduction",
