@@ -78,6 +78,7 @@ inline Barrier warp_barrier[32];
 #define __forceinline__ inline
 #define KILN_NOINLINE __attribute__((noinline))
 #define __shared__ static
+#define KILN_DYNAMIC_SHARED(T, name, count) alignas(16) static T name[count]
 #define __restrict__ __restrict
 #define __align__(n) alignas(n)
 

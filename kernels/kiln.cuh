@@ -21,6 +21,15 @@
 #define KILN_NOINLINE __noinline__
 #endif
 
+// Shared memory sized at launch (`Kernel::shared`): the attention tile
+// kernels' double-buffered tiles outgrow the 48 KiB a block may declare
+// statically at head dim 128. `KILN_DYNAMIC_SHARED(T, name, count)`
+// declares `T name[count]` there, 16-byte aligned. The emulator (one block
+// at a time, no launch-time size) defines it first as a static array.
+#ifndef KILN_DYNAMIC_SHARED
+#define KILN_DYNAMIC_SHARED(T, name, count) extern __shared__ __align__(16) T name[]
+#endif
+
 namespace kiln {
 
 typedef long long i64;

@@ -21,6 +21,7 @@
 //! (`group.rs`): no run on a broken group, a failed run breaks it, and
 //! its waits have the group's watchdog.
 
+use super::codegen::Kernel;
 use super::device::{raw, Device, Event, LaunchState, BLAS_WORKSPACE};
 use super::dnn::{self, ConvPlan, PoolPlan};
 use super::graph::Graphs;
@@ -102,6 +103,21 @@ const PRELUDE: usize = usize::MAX;
 
 fn bad(msg: impl std::fmt::Display) -> Error {
     Error::Backend(format!("cuda: {msg}"))
+}
+
+/// Lets each kernel that sizes more than [`Kernel::STATIC_SHARED`] bytes of
+/// shared memory at launch have them (the function attribute; without it
+/// the launch fails).
+fn allow_shared(kernels: &[Kernel], functions: &[CudaFunction]) -> Result<()> {
+    use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX;
+    for (k, f) in kernels.iter().zip(functions) {
+        if k.shared > Kernel::STATIC_SHARED {
+            f.set_attribute(MAX, k.shared as i32).map_err(|e| {
+                bad(format!("kernel {} asks for {} bytes of shared memory: {e:?}", k.name, k.shared))
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// The plans of a program's library calls (cuDNN convolutions and
@@ -191,7 +207,9 @@ impl CudaExecutable {
         // milliseconds, on different resources (the host's cores; the GPU).
         let compile = || -> Result<Vec<CudaFunction>> {
             dev.bind()?;
-            dev.kernels.get_all(&dev.ctx, &program.kernels)
+            let functions = dev.kernels.get_all(&dev.ctx, &program.kernels)?;
+            allow_shared(&program.kernels, &functions)?;
+            Ok(functions)
         };
         let (functions, libraries) = if LibraryPlans::needed(&program) {
             std::thread::scope(|s| {
@@ -345,7 +363,7 @@ impl CudaExecutable {
                 let cfg = LaunchConfig {
                     grid_dim: (k.grid, 1, 1),
                     block_dim: (k.block, 1, 1),
-                    shared_mem_bytes: 0,
+                    shared_mem_bytes: k.shared,
                 };
                 // SAFETY: the kernel's parameters are pointers in this order
                 // (lowering wrote both), each into a region sized for what the

@@ -377,7 +377,11 @@ impl Launch {
         match self {
             Launch::Kernel { kernel, args } => {
                 let k = &kernels[*kernel];
-                write!(f, "{}<<<{}, {}>>>({})", k.name, k.grid, k.block, locs(args))
+                if k.shared > 0 {
+                    write!(f, "{}<<<{}, {}, {}>>>({})", k.name, k.grid, k.block, k.shared, locs(args))
+                } else {
+                    write!(f, "{}<<<{}, {}>>>({})", k.name, k.grid, k.block, locs(args))
+                }
             }
             Launch::Gemm(g) => {
                 let t = |b: bool| if b { "T" } else { "N" };

@@ -187,7 +187,7 @@ pub(crate) fn stats(name: &str, spec: &GradSpec) -> Kernel {
     let mut s = spec.head(name, "float", false);
     let tiles = [Tile { smem: "ks", x: "k", strided: &spec.attn.k, n: d, len: None }];
     let pipelined = tiles::pipelined(&tiles, 0);
-    tiles::declare(&mut s, &tiles, pipelined);
+    let shared = tiles::declare(&mut s, &tiles, pipelined, 0);
     let grid = block_rows(&mut s, spec, sq, false);
     tile_load(&mut s, "q", &spec.attn.q, d, "r_start", sq, "ks", "0");
     s.push_str("  __syncthreads();\n");
@@ -238,7 +238,7 @@ pub(crate) fn stats(name: &str, spec: &GradSpec) -> Kernel {
         std::f64::consts::LN_2 as f32
     );
     let _ = writeln!(s, "      out[(bh * {sq} + i) * 2 + 1] = dl;\n    }}\n  }}\n}}");
-    Kernel::new(name, s, grid as u32, THREADS as u32, spec.reads(false))
+    Kernel::new(name, s, grid as u32, THREADS as u32, spec.reads(false)).with_shared(shared)
 }
 
 /// `kend`: the keys a block of query rows starting at `r_start` can see.
@@ -322,7 +322,7 @@ fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
         Tile { smem: "vs", x: "v", strided: &spec.attn.v, n: dv, len: None },
     ];
     let pipelined = tiles::pipelined(&tiles, 0);
-    tiles::declare(&mut s, &tiles, pipelined);
+    let shared = tiles::declare(&mut s, &tiles, pipelined, 0);
     let grid = block_rows(&mut s, spec, sq, false);
     tile_load(&mut s, "q", &spec.attn.q, d, "r_start", sq, "ks", "0");
     tile_load(&mut s, "dout", &spec.g, dv, "r_start", sq, "vs", "0");
@@ -353,7 +353,7 @@ fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
     let body = std::mem::replace(&mut s, outer);
     tile_loop(&mut s, "j0", ("0", "kend"), sk, &tiles, pipelined, |_, _, _| {}, |s| s.push_str(&body));
     store_dq(&mut s, spec, &tag);
-    Kernel::new(name, s, grid as u32, THREADS as u32, spec.reads(true))
+    Kernel::new(name, s, grid as u32, THREADS as u32, spec.reads(true)).with_shared(shared)
 }
 
 /// The `wrt=kv` kernel; with `ds`, it also stores each tile's `dSᵀ`
@@ -373,7 +373,12 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
     // Each row's lse and delta beside the tiles, as many buffers.
     let row_stats_bytes = 2 * 2 * TILE * 4;
     let pipelined = tiles::pipelined(&tiles, row_stats_bytes);
-    tiles::declare(&mut s, &tiles, pipelined);
+    let shared = tiles::declare(
+        &mut s,
+        &tiles,
+        pipelined,
+        if pipelined { row_stats_bytes } else { row_stats_bytes / 2 },
+    );
     let buffers = if pipelined { 2 } else { 1 };
     let _ = writeln!(s, "  __shared__ float slse[{}], sdl[{}];", buffers * TILE, buffers * TILE);
     let grid = block_rows(&mut s, spec, sk, true);
@@ -451,7 +456,7 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
         out_row(spec, 2, "j", w)
     );
     s.push_str("  }\n}\n");
-    Kernel::new(name, s, grid as u32, THREADS as u32, spec.reads(true))
+    Kernel::new(name, s, grid as u32, THREADS as u32, spec.reads(true)).with_shared(shared)
 }
 
 /// Threads that share one row of `attention_delta`.

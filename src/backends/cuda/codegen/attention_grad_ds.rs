@@ -120,7 +120,7 @@ pub(crate) fn grad_q(name: &str, spec: &GradSpec, ds: &DsLayout) -> Kernel {
         Tile { smem: "ks", x: "k", strided: &spec.attn.k, n: d, len: None },
     ];
     let pipelined = tiles::pipelined(&tiles, 0);
-    tiles::declare(&mut s, &tiles, pipelined);
+    let shared = tiles::declare(&mut s, &tiles, pipelined, 0);
     let grid = block_rows(&mut s, spec, sq, false);
     let _ =
         writeln!(s, "  const {st}* const dsr = ds + bh * {}LL + r_start * {}LL;", ds.rows * ds.cols, ds.rows);
@@ -153,5 +153,5 @@ pub(crate) fn grad_q(name: &str, spec: &GradSpec, ds: &DsLayout) -> Kernel {
     store_dq(&mut s, spec, &tag);
     let mut reads = spec.reads(true);
     reads.push(reads.len());
-    Kernel::new(name, s, grid as u32, tiles::THREADS as u32, reads)
+    Kernel::new(name, s, grid as u32, tiles::THREADS as u32, reads).with_shared(shared)
 }

@@ -88,7 +88,7 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
         Tile { smem: "vs", x: "v", strided: &spec.v, n: dv, len: None },
     ];
     let pipelined = tiles::pipelined(&tiles, 0);
-    tiles::declare(&mut s, &tiles, pipelined);
+    let shared = tiles::declare(&mut s, &tiles, pipelined, 0);
     s.push_str("  const int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, c = lane % 4;\n");
     // Causal: the last query blocks walk the most keys; they run first
     // across every head, so the short ones fill in behind them.
@@ -236,5 +236,5 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
         "      *(U*)&out[(bh * {sq} + i) * {dv} + n * 8 + 2 * c] = kiln::pack2(o[n][2 * r] * l[r], o[n][2 * r + 1] * l[r], {tag});"
     );
     s.push_str("    }\n  }\n}\n");
-    Kernel::new(name, s, grid as u32, THREADS as u32, spec.flash_reads())
+    Kernel::new(name, s, grid as u32, THREADS as u32, spec.flash_reads()).with_shared(shared)
 }

@@ -19,6 +19,7 @@
 //!   columns ([`mma_columns`]: values for `p v`) with `.trans`.
 
 use super::attention::Strided;
+use super::Kernel;
 use std::fmt::Write;
 
 /// Rows of a tile (and of the rows a block owns: 16 per warp).
@@ -27,8 +28,11 @@ pub(super) const TILE: usize = 64;
 pub(super) const THREADS: usize = 128;
 /// Padding of a shared-memory row, in elements.
 pub(super) const PAD: usize = 8;
-/// Static shared memory a block may declare.
-const SMEM_BYTES: usize = 48 * 1024;
+/// Shared memory a block's tiles and the kernel's other arrays may take:
+/// past the 48 KiB of static shared memory, the tiles are sized at launch
+/// ([`declare`]). Two buffers of keys and values at head dim 128 are 68
+/// KiB: with static shared memory only, they loaded and computed in turn.
+const SMEM_BYTES: usize = Kernel::OPT_IN_SHARED as usize;
 
 /// Whether an operand's rows of `n` head-dim elements can be read 8 at a
 /// time (16 bytes, aligned: buffers are 64-byte aligned).
@@ -64,17 +68,28 @@ pub(super) fn pipelined(tiles: &[Tile<'_>], other_bytes: usize) -> bool {
 
 /// Declares the shared array of each tile, twice as long when
 /// `pipelined`. The first [`TILE`] rows (`smem[r * (n + PAD) + c]`) may
-/// stage an operand before the loop.
-pub(super) fn declare(s: &mut String, tiles: &[Tile<'_>], pipelined: bool) {
+/// stage an operand before the loop. Where they and the kernel's
+/// `other_bytes` of static arrays outgrow static shared memory, the tiles
+/// are carved from one array sized at launch: returns its bytes (for
+/// [`Kernel::with_shared`]), else 0.
+pub(super) fn declare(s: &mut String, tiles: &[Tile<'_>], pipelined: bool, other_bytes: usize) -> usize {
     let buffers = if pipelined { 2 } else { 1 };
-    for t in tiles {
-        let _ = writeln!(
-            s,
-            "  __align__(16) __shared__ unsigned short {}[{}];",
-            t.smem,
-            buffers * TILE * t.stride()
-        );
+    let elems: Vec<usize> = tiles.iter().map(|t| buffers * TILE * t.stride()).collect();
+    let total: usize = elems.iter().map(|n| n.next_multiple_of(8)).sum();
+    if 2 * total + other_bytes <= Kernel::STATIC_SHARED as usize {
+        for (t, n) in tiles.iter().zip(&elems) {
+            let _ = writeln!(s, "  __align__(16) __shared__ unsigned short {}[{n}];", t.smem);
+        }
+        return 0;
     }
+    let _ = writeln!(s, "  KILN_DYNAMIC_SHARED(unsigned short, tiles_smem, {total});");
+    let mut at = 0;
+    for (t, n) in tiles.iter().zip(&elems) {
+        // Each tile starts 16-byte aligned (8 elements).
+        let _ = writeln!(s, "  unsigned short* const {} = tiles_smem + {at};", t.smem);
+        at += n.next_multiple_of(8);
+    }
+    2 * at
 }
 
 /// Code that loads rows `start .. start + 64` (zeros past `len`) of

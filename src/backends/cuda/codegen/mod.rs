@@ -130,11 +130,31 @@ pub struct Kernel {
     pub block: u32,
     /// Which operands (by index) are pointer parameters after `out`, in order.
     pub params: Vec<usize>,
+    /// Bytes of shared memory sized at launch (`KILN_DYNAMIC_SHARED` in
+    /// `kiln.cuh`); 0 for kernels that declare all of theirs statically.
+    /// Past 48 KiB the function must be allowed it first
+    /// ([`Kernel::OPT_IN_SHARED`]).
+    pub shared: u32,
 }
 
 impl Kernel {
+    /// Shared memory a block may declare statically; dynamic shared memory
+    /// beyond it needs the function's opt-in attribute.
+    pub const STATIC_SHARED: u32 = 48 * 1024;
+    /// The most shared memory (static and dynamic) a generated kernel may
+    /// use: every sm_80+ device allows a block at least 99 KiB when opted in
+    /// (sm_86/89: 99 KiB, sm_80: 163, sm_90: 227). Less than a device
+    /// allows leaves room for several blocks an SM.
+    pub const OPT_IN_SHARED: u32 = 96 * 1024;
+
     pub(crate) fn new(name: &str, body: String, grid: u32, block: u32, params: Vec<usize>) -> Kernel {
-        Kernel { name: name.to_string(), source: format!("{INCLUDE}{body}"), grid, block, params }
+        Kernel { name: name.to_string(), source: format!("{INCLUDE}{body}"), grid, block, params, shared: 0 }
+    }
+
+    /// The kernel, launched with `bytes` of dynamic shared memory.
+    pub(crate) fn with_shared(mut self, bytes: usize) -> Kernel {
+        self.shared = u32::try_from(bytes).unwrap_or(u32::MAX);
+        self
     }
 
     /// The source NVRTC compiles: the include replaced by `kiln.cuh`.
