@@ -196,7 +196,7 @@ pub(crate) fn stats(name: &str, spec: &GradSpec) -> Kernel {
     key_end(&mut s, spec);
     let outer = std::mem::take(&mut s);
     let _ = writeln!(s, "    float sc[{}][4];", TILE / 8);
-    mma_rows(&mut s, "sc", "qf", TILE / 8, d / 16, "ks + ks_o", kst, &tag);
+    mma_rows(&mut s, "sc", "qf", TILE / 8, d / 16, "ks + ks_o", kst, &tag, 1);
     s.push_str("    float mx[2] = {NEG_INF, NEG_INF};\n");
     scores_walk(
         &mut s,
@@ -339,8 +339,8 @@ fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
     key_end(&mut s, spec);
     let outer = std::mem::take(&mut s);
     let _ = writeln!(s, "    float sc[{}][4], dp[{}][4];", TILE / 8, TILE / 8);
-    mma_rows(&mut s, "sc", "qf", TILE / 8, d / 16, "ks + ks_o", kst, &tag);
-    mma_rows(&mut s, "dp", "gf", TILE / 8, dv / 16, "vs + vs_o", vst, &tag);
+    mma_rows(&mut s, "sc", "qf", TILE / 8, d / 16, "ks + ks_o", kst, &tag, 1);
+    mma_rows(&mut s, "dp", "gf", TILE / 8, dv / 16, "vs + vs_o", vst, &tag, 1);
     scores_walk(
         &mut s,
         spec,
@@ -349,7 +349,7 @@ fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
         "(int)j0 + n * 8 + 2 * c + (e & 1)",
         "const float p = sc[n][e] == NEG_INF ? 0.f : exp2f(sc[n][e] - lse[e / 2]);\n        sc[n][e] = p * (dp[n][e] - dl[e / 2]);",
     );
-    mma_columns(&mut s, "acc", "sc", d / 8, "ks + ks_o", kst, &tag);
+    mma_columns(&mut s, "acc", "sc", d / 8, "ks + ks_o", kst, &tag, 1);
     let body = std::mem::replace(&mut s, outer);
     tile_loop(&mut s, "j0", ("0", "kend"), sk, &tiles, pipelined, |_, _, _| {}, |s| s.push_str(&body));
     store_dq(&mut s, spec, &tag);
@@ -418,8 +418,8 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
     );
     // Sᵀ and dPᵀ: rows are this warp's keys, columns the tile's queries.
     let _ = writeln!(s, "    float sc[{}][4], dp[{}][4];", TILE / 8, TILE / 8);
-    mma_rows(&mut s, "sc", "kf", TILE / 8, d / 16, "qs + qs_o", qst, &tag);
-    mma_rows(&mut s, "dp", "vf", TILE / 8, dv / 16, "gs + gs_o", gst, &tag);
+    mma_rows(&mut s, "sc", "kf", TILE / 8, d / 16, "qs + qs_o", qst, &tag, 1);
+    mma_rows(&mut s, "dp", "vf", TILE / 8, dv / 16, "gs + gs_o", gst, &tag, 1);
     // Element (n, e): key ia/ib (e < 2 / e >= 2), query i0 + 8n + 2c + (e & 1).
     let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n) {{", TILE / 8);
     s.push_str("      #pragma unroll\n      for (int e = 0; e < 4; ++e) {\n");
@@ -431,8 +431,8 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
     if let Some(ds) = ds {
         ds.store(&mut s, "dp", &tag);
     }
-    mma_columns(&mut s, "dvv", "sc", dv / 8, "gs + gs_o", gst, &tag);
-    mma_columns(&mut s, "dk", "dp", d / 8, "qs + qs_o", qst, &tag);
+    mma_columns(&mut s, "dvv", "sc", dv / 8, "gs + gs_o", gst, &tag, 1);
+    mma_columns(&mut s, "dk", "dp", d / 8, "qs + qs_o", qst, &tag, 1);
     let body = std::mem::replace(&mut s, outer);
     let rows_at = if pipelined { format!("buf * {TILE}") } else { "0".to_string() };
     tile_loop(&mut s, "i0", (start, &sq.to_string()), sq, &tiles, pipelined, row_stats_load, |s| {

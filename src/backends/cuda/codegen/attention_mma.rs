@@ -6,10 +6,14 @@
 //! FlashAttention-2's schedule, written with `kiln::mma_16816` (one
 //! warp-wide 16×16 by 16×8 product, f32 accumulation; see `kiln.cuh`):
 //!
-//! - A block of 4 warps owns 64 query rows of one (batch, head); each warp
-//!   owns 16 of them. The block stages its queries through shared memory
-//!   once, and each warp keeps its 16×d query tile in registers as `mma`
-//!   fragments.
+//! - A block of 4 warps owns 128 query rows of one (batch, head) where
+//!   the head dims are at most 64 and the tiles are double-buffered: each
+//!   warp owns two query tiles of 16 rows, so every key or value fragment
+//!   it reads from shared memory feeds two products (with one tile a
+//!   warp, shared memory could not feed the tensor cores). Elsewhere a
+//!   block owns 64 rows, 16 a warp. The block stages its queries through
+//!   shared memory once, and each warp keeps its query tiles in registers
+//!   as `mma` fragments.
 //! - The block walks the keys in tiles of 64 (`attention_tiles.rs`): the
 //!   tile's keys and values sit in shared memory row-major, rows padded by
 //!   8 elements, double-buffered where they fit, so that `cp.async` brings
@@ -17,7 +21,7 @@
 //!   `ldmatrix` loads along their rows, the values' `ldmatrix.trans` down
 //!   their columns. (The values were stored transposed, two bytes a store
 //!   with 8-way bank conflicts, and every fragment took two 32-bit loads.)
-//! - Each warp computes its 16×64 scores with `mma` into registers, masks
+//! - Each warp computes each query tile's 16×64 scores with `mma` into registers, masks
 //!   them (bounds, causal, bool or additive mask), and updates the online
 //!   softmax per row: the row maximum and sum are spread over the 4 lanes
 //!   that hold a row and combined with two shuffles. The probabilities,
@@ -50,9 +54,6 @@ use super::{types, Kernel};
 use crate::ir::{AttnMask, DType};
 use std::fmt::Write;
 
-/// Query rows of a block (16 per warp): the queries are staged through
-/// the first tile of `ks`, so a block's rows are one tile.
-const ROWS: usize = TILE;
 /// Keys per tile: the tile loop's step.
 const KEYS: usize = TILE;
 /// The largest head dim the kernel keeps in registers.
@@ -71,8 +72,6 @@ pub(crate) fn applies(spec: &Spec) -> bool {
 /// each row's log-sum-exp (an f32 `[b, h, sq]` parameter after `out`).
 pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     let Spec { dtype, batch, heads, sq, sk, d, dv, .. } = *spec;
-    let qblocks = sq.div_ceil(ROWS).max(1);
-    let grid = (batch * heads * qblocks).max(1);
     let st = types::storage(dtype);
     let tag = format!("{st}()");
     let (kst, vst) = (d + PAD, dv + PAD);
@@ -81,13 +80,17 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
         if lse { spec.flash_head_with(name, &["float* __restrict__ lse"]) } else { spec.flash_head(name) };
     s.push_str("  typedef long long I;\n  typedef kiln::u32 U;\n");
     s.push_str("  const float NEG_INF = __int_as_float(0xff800000);\n");
-    // Keys (and, before the first tile, the queries: ROWS == KEYS) and
-    // values, both row-major, double-buffered where they fit.
+    // Keys (and, before the first tile, the queries) and values, both
+    // row-major, double-buffered where they fit.
     let tiles = [
         Tile { smem: "ks", x: "k", strided: &spec.k, n: d, len: None },
         Tile { smem: "vs", x: "v", strided: &spec.v, n: dv, len: None },
     ];
     let pipelined = tiles::pipelined(&tiles, 0);
+    let qt = query_tiles(spec, pipelined);
+    let rows = 64 * qt;
+    let qblocks = sq.div_ceil(rows).max(1);
+    let grid = (batch * heads * qblocks).max(1);
     let shared = tiles::declare(&mut s, &tiles, pipelined, 0);
     s.push_str("  const int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, c = lane % 4;\n");
     // Causal: the last query blocks walk the most keys; they run first
@@ -103,47 +106,80 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
         let _ = writeln!(s, "  const I qb = (I)blockIdx.x % {qblocks}, bh = (I)blockIdx.x / {qblocks};");
     }
     let _ = writeln!(s, "  const I b = bh / {heads}, h = bh % {heads};", heads = heads.max(1));
-    let _ = writeln!(s, "  const I i0 = qb * {ROWS};");
-    // This thread's two rows of the scores and the output.
-    s.push_str("  const int r0 = w * 16 + g;\n  const int ia = (int)i0 + r0, ib = ia + 8;\n");
-
-    // Queries: staged through `ks`, then held as A fragments.
-    tile_load(&mut s, "q", &spec.q, d, "i0", sq, "ks", "0");
-    s.push_str("  __syncthreads();\n");
-    let _ = writeln!(s, "  U qf[{}][4];", d / 16);
-    let _ = writeln!(s, "  #pragma unroll\n  for (int kk = 0; kk < {}; ++kk) {{", d / 16);
-    for (x, row, col) in [(0, "r0", "0"), (1, "r0 + 8", "0"), (2, "r0", "8"), (3, "r0 + 8", "8")] {
-        let _ = writeln!(s, "    qf[kk][{x}] = *(const U*)&ks[({row}) * {kst} + kk * 16 + {col} + 2 * c];");
+    let _ = writeln!(s, "  const I i0 = qb * {rows};");
+    // This thread's two rows of each query tile's scores and output:
+    // tile tq's are ia[tq] and ib[tq] = ia[tq] + 8.
+    let (ia, ib, r0) = if qt > 1 { ("ia[tq]", "ib[tq]", "r0[tq]") } else { ("ia", "ib", "r0") };
+    if qt > 1 {
+        let _ = writeln!(s, "  int r0[{qt}], ia[{qt}], ib[{qt}];");
+        let _ = writeln!(s, "  #pragma unroll\n  for (int tq = 0; tq < {qt}; ++tq) {{");
+        let _ = writeln!(
+            s,
+            "    r0[tq] = w * {} + tq * 16 + g;\n    ia[tq] = (int)i0 + r0[tq];\n    ib[tq] = ia[tq] + 8;\n  }}",
+            16 * qt
+        );
+    } else {
+        s.push_str("  const int r0 = w * 16 + g;\n  const int ia = (int)i0 + r0, ib = ia + 8;\n");
     }
-    s.push_str("  }\n");
-    let _ = writeln!(s, "  float o[{}][4];", dv / 8);
-    let _ = writeln!(
-        s,
-        "  #pragma unroll\n  for (int n = 0; n < {}; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;",
-        dv / 8
+
+    // Queries: staged through `ks` (both buffers for two query tiles a
+    // warp), then held as A fragments.
+    for part in 0..qt {
+        let (start, at) = (format!("i0 + {}", 64 * part), format!("{}", part * TILE * kst));
+        let (start, at) = if part == 0 { ("i0".to_string(), "0".to_string()) } else { (start, at) };
+        tile_load(&mut s, "q", &spec.q, d, &start, sq, "ks", &at);
+    }
+    s.push_str("  __syncthreads();\n");
+    let dims = |inner: String| if qt > 1 { format!("[{qt}]{inner}") } else { inner };
+    let _ = writeln!(s, "  U qf{};", dims(format!("[{}][4]", d / 16)));
+    let qf = if qt > 1 { "qf[tq]" } else { "qf" };
+    let mut frag = String::new();
+    let _ = writeln!(frag, "#pragma unroll\nfor (int kk = 0; kk < {}; ++kk) {{", d / 16);
+    for (x, row, col) in [(0, "", "0"), (1, " + 8", "0"), (2, "", "8"), (3, " + 8", "8")] {
+        let _ = writeln!(
+            frag,
+            "  {qf}[kk][{x}] = *(const U*)&ks[({r0}{row}) * {kst} + kk * 16 + {col} + 2 * c];"
+        );
+    }
+    frag.push_str("}\n");
+    tiles::each_tile(&mut s, "  ", qt, &frag);
+    let o = if qt > 1 { "o[tq]" } else { "o" };
+    let _ = writeln!(s, "  float o{};", dims(format!("[{}][4]", dv / 8)));
+    tiles::each_tile(
+        &mut s,
+        "  ",
+        qt,
+        &format!(
+            "#pragma unroll\nfor (int n = 0; n < {}; ++n) {o}[n][0] = {o}[n][1] = {o}[n][2] = {o}[n][3] = 0.f;\n",
+            dv / 8
+        ),
     );
-    s.push_str("  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};\n");
+    // Running maximum and sum of each of the thread's rows: 2qt + r is row r of tile tq.
+    let nr = 2 * qt;
+    let inits = |x: &str| vec![x; nr].join(", ");
+    let _ = writeln!(s, "  float m[{nr}] = {{{}}}, l[{nr}] = {{{}}};", inits("NEG_INF"), inits("0.f"));
     let end =
-        if spec.causal { format!("i0 + {ROWS} < {sk} ? i0 + {ROWS} : (I){sk}") } else { format!("(I){sk}") };
+        if spec.causal { format!("i0 + {rows} < {sk} ? i0 + {rows} : (I){sk}") } else { format!("(I){sk}") };
     let _ = writeln!(s, "  const I kend = {end};");
     // The loop body, built apart and handed to the tile loop.
     let s_outer = std::mem::take(&mut s);
     // Scores: sc[n] is keys j0 + 8n .. j0 + 8n + 7.
-    let _ = writeln!(s, "    float sc[{}][4];", KEYS / 8);
-    mma_rows(&mut s, "sc", "qf", KEYS / 8, d / 16, "ks + ks_o", kst, &tag);
+    let sc = if qt > 1 { "sc[tq]" } else { "sc" };
+    let _ = writeln!(s, "    float sc{};", dims(format!("[{}][4]", KEYS / 8)));
+    mma_rows(&mut s, "sc", "qf", KEYS / 8, d / 16, "ks + ks_o", kst, &tag, qt);
 
     // Masks, the scale, and each row's tile maximum. Rows past the end
     // compute from zero queries and are never stored, so only keys are
     // checked; a tile wholly inside the keys (and, causal, wholly at or
     // below the block's first row) and without a mask skips the checks.
-    s.push_str("    float mx[2] = {NEG_INF, NEG_INF};\n");
+    let _ = writeln!(s, "    float mx[{nr}] = {{{}}};", inits("NEG_INF"));
     let scale = format!("{:?}f", (spec.scale * log2e) as f32);
     let mut removed = format!("j >= {sk}");
     if spec.causal {
         removed.push_str(" || j > i");
     }
     let mut check = String::new();
-    let mut score = format!("sc[n][e] * {scale}");
+    let mut score = format!("{sc}[n][e] * {scale}");
     if let Some(mk) = &spec.m {
         let at = format!("mask[{}]", mk.at("b", "h", "i", "j"));
         let outside = format!("j >= {sk} || i >= {sq}");
@@ -163,19 +199,20 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
             AttnMask::None => {}
         }
     }
-    let _ = writeln!(check, "sc[n][e] = ({removed}) ? NEG_INF : {score};");
+    let _ = writeln!(check, "{sc}[n][e] = ({removed}) ? NEG_INF : {score};");
+    let row = if qt > 1 { "2 * tq + e / 2" } else { "e / 2" };
     let walk = |s: &mut String, body: &str, ind: &str| {
-        let _ = writeln!(s, "{ind}#pragma unroll\n{ind}for (int n = 0; n < {}; ++n) {{", KEYS / 8);
-        let _ = writeln!(s, "{ind}  #pragma unroll\n{ind}  for (int e = 0; e < 4; ++e) {{");
+        let mut w = String::new();
+        let _ = writeln!(w, "#pragma unroll\nfor (int n = 0; n < {}; ++n) {{", KEYS / 8);
+        let _ = writeln!(w, "  #pragma unroll\n  for (int e = 0; e < 4; ++e) {{");
         for line in body.lines() {
-            let _ = writeln!(s, "{ind}    {line}");
+            let _ = writeln!(w, "    {line}");
         }
-        let _ = writeln!(
-            s,
-            "{ind}    mx[e / 2] = sc[n][e] > mx[e / 2] ? sc[n][e] : mx[e / 2];\n{ind}  }}\n{ind}}}"
-        );
+        let _ = writeln!(w, "    mx[{row}] = {sc}[n][e] > mx[{row}] ? {sc}[n][e] : mx[{row}];\n  }}\n}}");
+        tiles::each_tile(s, ind, qt, &w);
     };
-    let checked = format!("const int i = e < 2 ? ia : ib, j = (int)j0 + n * 8 + 2 * c + (e & 1);\n{check}");
+    let checked =
+        format!("const int i = e < 2 ? {ia} : {ib}, j = (int)j0 + n * 8 + 2 * c + (e & 1);\n{check}");
     if spec.m.is_some() {
         walk(&mut s, &checked, "    ");
     } else {
@@ -186,12 +223,12 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
         let _ = writeln!(s, "    if ({edge}) {{");
         walk(&mut s, &checked, "      ");
         s.push_str("    } else {\n");
-        walk(&mut s, &format!("sc[n][e] *= {scale};"), "      ");
+        walk(&mut s, &format!("{sc}[n][e] *= {scale};"), "      ");
         s.push_str("    }\n");
     }
     // The online softmax, per row: the 4 lanes of a row share its maximum.
-    s.push_str("    float base[2];\n");
-    s.push_str("    #pragma unroll\n    for (int r = 0; r < 2; ++r) {\n");
+    let _ = writeln!(s, "    float base[{nr}];");
+    let _ = writeln!(s, "    #pragma unroll\n    for (int r = 0; r < {nr}; ++r) {{");
     s.push_str("      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));\n");
     s.push_str("      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));\n");
     s.push_str("      const float mn = m[r] > mx[r] ? m[r] : mx[r];\n");
@@ -199,28 +236,37 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     // are all -inf, so every p is 0).
     s.push_str("      const float corr = mn == NEG_INF ? 1.f : exp2f(m[r] - mn);\n");
     s.push_str("      base[r] = mn == NEG_INF ? 0.f : mn;\n      m[r] = mn;\n      l[r] *= corr;\n");
+    let (oo, rr) = if qt > 1 { ("o[r / 2]", "(r % 2)") } else { ("o", "r") };
     let _ = writeln!(
         s,
-        "      #pragma unroll\n      for (int n = 0; n < {}; ++n) {{ o[n][2 * r] *= corr; o[n][2 * r + 1] *= corr; }}\n    }}",
+        "      #pragma unroll\n      for (int n = 0; n < {}; ++n) {{ {oo}[n][2 * {rr}] *= corr; {oo}[n][2 * {rr} + 1] *= corr; }}\n    }}",
         dv / 8
     );
-    let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n) {{", KEYS / 8);
-    s.push_str("      #pragma unroll\n      for (int e = 0; e < 4; ++e) {\n");
-    s.push_str(
-        "        sc[n][e] = exp2f(sc[n][e] - base[e / 2]);\n        l[e / 2] += sc[n][e];\n      }\n    }\n",
+    let mut exps = String::new();
+    let _ = writeln!(exps, "#pragma unroll\nfor (int n = 0; n < {}; ++n) {{", KEYS / 8);
+    exps.push_str("  #pragma unroll\n  for (int e = 0; e < 4; ++e) {\n");
+    let _ = writeln!(
+        exps,
+        "    {sc}[n][e] = exp2f({sc}[n][e] - base[{row}]);\n    l[{row}] += {sc}[n][e];\n  }}\n}}"
     );
+    tiles::each_tile(&mut s, "    ", qt, &exps);
     // p · v: the scores of keys 16kk .. 16kk + 15 are the A fragment.
-    mma_columns(&mut s, "o", "sc", dv / 8, "vs + vs_o", vst, &tag);
+    mma_columns(&mut s, "o", "sc", dv / 8, "vs + vs_o", vst, &tag, qt);
     let body = std::mem::replace(&mut s, s_outer);
     tile_loop(&mut s, "j0", ("0", "kend"), sk, &tiles, pipelined, |_, _, _| {}, |s| s.push_str(&body));
 
     // The row sums, combined over a row's 4 lanes; the output, in pairs.
-    s.push_str("  #pragma unroll\n  for (int r = 0; r < 2; ++r) {\n");
+    let (i_of, o_of, r_of) = if qt > 1 {
+        ("r % 2 == 0 ? ia[r / 2] : ib[r / 2]", "o[r / 2]", "(r % 2)")
+    } else {
+        ("r == 0 ? ia : ib", "o", "r")
+    };
+    let _ = writeln!(s, "  #pragma unroll\n  for (int r = 0; r < {nr}; ++r) {{");
     s.push_str("    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);\n");
     s.push_str("    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);\n");
     if lse {
         // As the stats kernel computes it: ln 2 · (m + log2 l), m in log2 units.
-        let _ = writeln!(s, "    const int i = r == 0 ? ia : ib;\n    if (c == 0 && i < {sq})");
+        let _ = writeln!(s, "    const int i = {i_of};\n    if (c == 0 && i < {sq})");
         let _ = writeln!(
             s,
             "      lse[bh * {sq} + i] = m[r] == NEG_INF ? __int_as_float(0x7f800000) : (m[r] + log2f(l[r])) * {:?}f;",
@@ -229,12 +275,26 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     }
     s.push_str("    l[r] = l[r] == 0.f ? 0.f : 1.f / l[r];\n  }\n");
     let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) {{", dv / 8);
-    s.push_str("    #pragma unroll\n    for (int r = 0; r < 2; ++r) {\n");
-    let _ = writeln!(s, "      const int i = r == 0 ? ia : ib;\n      if (i >= {sq}) continue;");
+    let _ = writeln!(s, "    #pragma unroll\n    for (int r = 0; r < {nr}; ++r) {{");
+    let _ = writeln!(s, "      const int i = {i_of};\n      if (i >= {sq}) continue;");
     let _ = writeln!(
         s,
-        "      *(U*)&out[(bh * {sq} + i) * {dv} + n * 8 + 2 * c] = kiln::pack2(o[n][2 * r] * l[r], o[n][2 * r + 1] * l[r], {tag});"
+        "      *(U*)&out[(bh * {sq} + i) * {dv} + n * 8 + 2 * c] = kiln::pack2({o_of}[n][2 * {r_of}] * l[r], {o_of}[n][2 * {r_of} + 1] * l[r], {tag});"
     );
     s.push_str("    }\n  }\n}\n");
     Kernel::new(name, s, grid as u32, THREADS as u32, spec.flash_reads()).with_shared(shared)
+}
+
+/// Query tiles of 16 rows a warp: two where the queries can be staged
+/// through both key buffers (pipelined), a warp's two tiles of queries,
+/// scores and outputs fit its registers (head dims up to 64), and there
+/// are more than 64 queries (else half the block would idle), so that
+/// each key or value fragment read from shared memory feeds twice the
+/// products (FlashAttention-2's warps own 32 or more rows); else one.
+fn query_tiles(spec: &Spec, pipelined: bool) -> usize {
+    if pipelined && spec.d <= 64 && spec.dv <= 64 && spec.sq > 64 {
+        2
+    } else {
+        1
+    }
 }

@@ -221,7 +221,9 @@ pub(super) fn indent(s: &mut String, ind: &str, code: &str) {
 /// (even), `a` the A fragment array `af[kk]` over `kk < ks`, and `B(n)`
 /// the 16 × 8 operand whose column `j` is row `8n + j` of the shared
 /// tile at `tile` (a C pointer expression; row stride `stride`), read
-/// along that row: four tiles an `ldmatrix`, two products.
+/// along that row: four tiles an `ldmatrix`, two products. With `qt > 1`
+/// query tiles a warp, `acc[tq][n] = af[tq] · B(n)` for each `tq < qt`: each
+/// `ldmatrix` feeds `2 qt` products.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn mma_rows(
     s: &mut String,
@@ -232,22 +234,27 @@ pub(super) fn mma_rows(
     tile: &str,
     stride: usize,
     tag: &str,
+    qt: usize,
 ) {
     debug_assert!(count % 2 == 0, "mma_rows pairs its column groups");
+    let (acc, af) = (tiled(acc, qt), tiled(af, qt));
     let ind = "    ";
     let _ = writeln!(s, "{ind}#pragma unroll\n{ind}for (int n = 0; n < {count}; n += 2) {{");
-    let _ = writeln!(s, "{ind}  {acc}[n][0] = {acc}[n][1] = {acc}[n][2] = {acc}[n][3] = 0.f;");
-    let _ =
-        writeln!(s, "{ind}  {acc}[n + 1][0] = {acc}[n + 1][1] = {acc}[n + 1][2] = {acc}[n + 1][3] = 0.f;");
+    let mut zero = String::new();
+    let _ = writeln!(zero, "{acc}[n][0] = {acc}[n][1] = {acc}[n][2] = {acc}[n][3] = 0.f;");
+    let _ = writeln!(zero, "{acc}[n + 1][0] = {acc}[n + 1][1] = {acc}[n + 1][2] = {acc}[n + 1][3] = 0.f;");
+    each_tile(s, &format!("{ind}  "), qt, &zero);
     let _ = writeln!(s, "{ind}  #pragma unroll\n{ind}  for (int kk = 0; kk < {ks}; ++kk) {{");
     let _ = writeln!(s, "{ind}    U bf[4];");
     let _ = writeln!(
         s,
         "{ind}    kiln::ldsm_x4(bf, &({tile})[((n + (lane >> 4)) * 8 + (lane & 7)) * {stride} + kk * 16 + ((lane >> 3) & 1) * 8]);"
     );
-    let _ = writeln!(s, "{ind}    kiln::mma_16816({acc}[n], {af}[kk], bf, {tag});");
-    let _ =
-        writeln!(s, "{ind}    kiln::mma_16816({acc}[n + 1], {af}[kk], bf + 2, {tag});\n{ind}  }}\n{ind}}}");
+    let products = format!(
+        "kiln::mma_16816({acc}[n], {af}[kk], bf, {tag});\nkiln::mma_16816({acc}[n + 1], {af}[kk], bf + 2, {tag});\n"
+    );
+    each_tile(s, &format!("{ind}    "), qt, &products);
+    let _ = writeln!(s, "{ind}  }}\n{ind}}}");
 }
 
 /// `acc[n] += A · B(n)` for `n < count`, with A the 16 × 64 tile held in
@@ -255,7 +262,9 @@ pub(super) fn mma_rows(
 /// `src[2kk + 1]` are its columns `16kk .. 16kk + 15`) and `B(n)` columns
 /// `8n .. 8n + 7` of the shared tile at `tile` (rows `0 .. 64`, stride
 /// `stride`), read down the columns: four tiles an `ldmatrix.trans` (two
-/// for a last, odd column group).
+/// for a last, odd column group). With `qt > 1`, `acc[tq][n] += A[tq] ·
+/// B(n)` for each of a warp's query tiles `tq`, from `src[tq]`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn mma_columns(
     s: &mut String,
     acc: &str,
@@ -264,16 +273,30 @@ pub(super) fn mma_columns(
     tile: &str,
     stride: usize,
     tag: &str,
+    qt: usize,
 ) {
+    let (acc, src) = (tiled(acc, qt), tiled(src, qt));
+    let pa = tiled("pa", qt);
     let ind = "    ";
     let _ = writeln!(s, "{ind}#pragma unroll\n{ind}for (int kk = 0; kk < {}; ++kk) {{", TILE / 16);
-    let _ = writeln!(
-        s,
-        "{ind}  const U pa[4] = {{kiln::pack2({src}[2 * kk][0], {src}[2 * kk][1], {tag}), \
-         kiln::pack2({src}[2 * kk][2], {src}[2 * kk][3], {tag}),\n{ind}    \
-         kiln::pack2({src}[2 * kk + 1][0], {src}[2 * kk + 1][1], {tag}), \
-         kiln::pack2({src}[2 * kk + 1][2], {src}[2 * kk + 1][3], {tag})}};"
-    );
+    if qt > 1 {
+        let _ = writeln!(s, "{ind}  U pa[{qt}][4];");
+        let pack = format!(
+            "{pa}[0] = kiln::pack2({src}[2 * kk][0], {src}[2 * kk][1], {tag});\n\
+             {pa}[1] = kiln::pack2({src}[2 * kk][2], {src}[2 * kk][3], {tag});\n\
+             {pa}[2] = kiln::pack2({src}[2 * kk + 1][0], {src}[2 * kk + 1][1], {tag});\n\
+             {pa}[3] = kiln::pack2({src}[2 * kk + 1][2], {src}[2 * kk + 1][3], {tag});\n"
+        );
+        each_tile(s, &format!("{ind}  "), qt, &pack);
+    } else {
+        let _ = writeln!(
+            s,
+            "{ind}  const U pa[4] = {{kiln::pack2({src}[2 * kk][0], {src}[2 * kk][1], {tag}), \
+             kiln::pack2({src}[2 * kk][2], {src}[2 * kk][3], {tag}),\n{ind}    \
+             kiln::pack2({src}[2 * kk + 1][0], {src}[2 * kk + 1][1], {tag}), \
+             kiln::pack2({src}[2 * kk + 1][2], {src}[2 * kk + 1][3], {tag})}};"
+        );
+    }
     if count >= 2 {
         let _ =
             writeln!(s, "{ind}  #pragma unroll\n{ind}  for (int n = 0; n < {}; n += 2) {{", count / 2 * 2);
@@ -282,8 +305,11 @@ pub(super) fn mma_columns(
             s,
             "{ind}    kiln::ldsm_x4_trans(bf, &({tile})[(kk * 16 + (lane & 15)) * {stride} + (n + (lane >> 4)) * 8]);"
         );
-        let _ = writeln!(s, "{ind}    kiln::mma_16816({acc}[n], pa, bf, {tag});");
-        let _ = writeln!(s, "{ind}    kiln::mma_16816({acc}[n + 1], pa, bf + 2, {tag});\n{ind}  }}");
+        let products = format!(
+            "kiln::mma_16816({acc}[n], {pa}, bf, {tag});\nkiln::mma_16816({acc}[n + 1], {pa}, bf + 2, {tag});\n"
+        );
+        each_tile(s, &format!("{ind}    "), qt, &products);
+        let _ = writeln!(s, "{ind}  }}");
     }
     if count % 2 == 1 {
         let n = count - 1;
@@ -292,7 +318,29 @@ pub(super) fn mma_columns(
             s,
             "{ind}    kiln::ldsm_x2_trans(bf, &({tile})[(kk * 16 + (lane & 15)) * {stride} + {n} * 8]);"
         );
-        let _ = writeln!(s, "{ind}    kiln::mma_16816({acc}[{n}], pa, bf, {tag});\n{ind}  }}");
+        each_tile(s, &format!("{ind}    "), qt, &format!("kiln::mma_16816({acc}[{n}], {pa}, bf, {tag});\n"));
+        let _ = writeln!(s, "{ind}  }}");
     }
     let _ = writeln!(s, "{ind}}}");
+}
+
+/// `x`, indexed by the query tile `tq` where a warp has several.
+fn tiled(x: &str, qt: usize) -> String {
+    if qt > 1 {
+        format!("{x}[tq]")
+    } else {
+        x.to_string()
+    }
+}
+
+/// `code` at indent `ind`: as it is for one query tile, else in an
+/// unrolled loop over the warp's `qt` tiles (`tq`).
+pub(super) fn each_tile(s: &mut String, ind: &str, qt: usize, code: &str) {
+    if qt > 1 {
+        let _ = writeln!(s, "{ind}#pragma unroll\n{ind}for (int tq = 0; tq < {qt}; ++tq) {{");
+        indent(s, &format!("{ind}  "), code);
+        let _ = writeln!(s, "{ind}}}");
+    } else {
+        indent(s, ind, code);
+    }
 }
