@@ -63,7 +63,12 @@
 //! A `reshape` of an elementwise node that nothing else reads moves to
 //! that node's operands first (`sink.rs`: `reshape(f(a, b)) =
 //! f(reshape(a), reshape(b))`, the same elements), so that the node joins
-//! its reader's group instead of ending its own there.
+//! its reader's group instead of ending its own there. The other way for
+//! a matmul's product: a reshape of it that keeps the last dimension
+//! moves below the elementwise ops that read it with a bias or a scalar
+//! (`f(reshape(p), expand(b))` becomes `reshape(f(p, expand(b)))`), so
+//! that a `[batch, seq, in]` linear layer's bias joins the GEMM as it
+//! does for a 2-d product.
 //!
 //! *Stats.* The note says `kernels A -> B, bytes moved C -> D`. A kernel is
 //! every needed node that is neither a source nor a view (a fused node is
@@ -117,7 +122,8 @@ impl Pass for Fusion {
         let before = build::cost(graph);
         let hoisted = gather_cast::hoist_casts_over_gathers(graph);
         let widened = wide_sum::widen_in_column_sums(graph);
-        let sunk = sink::sink_reshapes(graph) + hoisted + widened;
+        let lifted = sink::hoist_reshapes_over_epilogues(graph);
+        let sunk = sink::sink_reshapes(graph) + hoisted + widened + lifted;
         let index = group::Index::new(graph);
         let grouping = {
             let _span = tracing::debug_span!("fusion-group", nodes = index.len()).entered();
