@@ -13,7 +13,11 @@
 //!   warp, shared memory could not feed the tensor cores). Elsewhere a
 //!   block owns 64 rows, 16 a warp. The block stages its queries through
 //!   shared memory once, and each warp keeps its query tiles in registers
-//!   as `mma` fragments.
+//!   as `mma` fragments. Wider heads (up to 128) with more than 64 queries
+//!   take the *split* schedule ([`split_schedule`]): two query tiles a
+//!   warp too, their fragments left in shared memory and read a k-step
+//!   at a time, one buffer of keys and one of values, the values' copies
+//!   in flight during the scores and the next keys' during `p · v`.
 //! - The block walks the keys in tiles of 64 (`attention_tiles.rs`): the
 //!   tile's keys and values sit in shared memory row-major, rows padded by
 //!   8 elements, double-buffered where they fit, so that `cp.async` brings
@@ -87,11 +91,23 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
         Tile { smem: "vs", x: "v", strided: &spec.v, n: dv, len: None },
     ];
     let pipelined = tiles::pipelined(&tiles, 0);
-    let qt = query_tiles(spec, pipelined);
+    let split = split_schedule(spec);
+    let qt = if split { 2 } else { query_tiles(spec, pipelined) };
     let rows = 64 * qt;
     let qblocks = sq.div_ceil(rows).max(1);
     let grid = (batch * heads * qblocks).max(1);
-    let shared = tiles::declare(&mut s, &tiles, pipelined, 0);
+    let shared = if split {
+        // Queries, then one tile of keys and one of values.
+        let (q_elems, k_elems) = (rows * kst, TILE * kst);
+        let total = q_elems + k_elems + TILE * vst;
+        let _ = writeln!(s, "  KILN_DYNAMIC_SHARED(unsigned short, tiles_smem, {total});");
+        let _ = writeln!(s, "  unsigned short* const qs = tiles_smem;");
+        let _ = writeln!(s, "  unsigned short* const ks = tiles_smem + {q_elems};");
+        let _ = writeln!(s, "  unsigned short* const vs = tiles_smem + {};", q_elems + k_elems);
+        2 * total
+    } else {
+        tiles::declare(&mut s, &tiles, pipelined, 0)
+    };
     s.push_str("  const int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, c = lane % 4;\n");
     // Causal: the last query blocks walk the most keys; they run first
     // across every head, so the short ones fill in behind them.
@@ -123,26 +139,32 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     }
 
     // Queries: staged through `ks` (both buffers for two query tiles a
-    // warp), then held as A fragments.
+    // warp), then held as A fragments; or, split, kept in `qs`.
     for part in 0..qt {
         let (start, at) = (format!("i0 + {}", 64 * part), format!("{}", part * TILE * kst));
         let (start, at) = if part == 0 { ("i0".to_string(), "0".to_string()) } else { (start, at) };
-        tile_load(&mut s, "q", &spec.q, d, &start, sq, "ks", &at);
+        tile_load(&mut s, "q", &spec.q, d, &start, sq, if split { "qs" } else { "ks" }, &at);
     }
-    s.push_str("  __syncthreads();\n");
     let dims = |inner: String| if qt > 1 { format!("[{qt}]{inner}") } else { inner };
-    let _ = writeln!(s, "  U qf{};", dims(format!("[{}][4]", d / 16)));
-    let qf = if qt > 1 { "qf[tq]" } else { "qf" };
-    let mut frag = String::new();
-    let _ = writeln!(frag, "#pragma unroll\nfor (int kk = 0; kk < {}; ++kk) {{", d / 16);
-    for (x, row, col) in [(0, "", "0"), (1, " + 8", "0"), (2, "", "8"), (3, " + 8", "8")] {
-        let _ = writeln!(
-            frag,
-            "  {qf}[kk][{x}] = *(const U*)&ks[({r0}{row}) * {kst} + kk * 16 + {col} + 2 * c];"
-        );
+    if split {
+        // The first keys' copies start now; the loop waits for them.
+        tiles::tile_load_async(&mut s, &tiles[0], "0", sk, "0");
+        s.push_str("  kiln::cp_async_commit();\n");
+    } else {
+        s.push_str("  __syncthreads();\n");
+        let _ = writeln!(s, "  U qf{};", dims(format!("[{}][4]", d / 16)));
+        let qf = if qt > 1 { "qf[tq]" } else { "qf" };
+        let mut frag = String::new();
+        let _ = writeln!(frag, "#pragma unroll\nfor (int kk = 0; kk < {}; ++kk) {{", d / 16);
+        for (x, row, col) in [(0, "", "0"), (1, " + 8", "0"), (2, "", "8"), (3, " + 8", "8")] {
+            let _ = writeln!(
+                frag,
+                "  {qf}[kk][{x}] = *(const U*)&ks[({r0}{row}) * {kst} + kk * 16 + {col} + 2 * c];"
+            );
+        }
+        frag.push_str("}\n");
+        tiles::each_tile(&mut s, "  ", qt, &frag);
     }
-    frag.push_str("}\n");
-    tiles::each_tile(&mut s, "  ", qt, &frag);
     let o = if qt > 1 { "o[tq]" } else { "o" };
     let _ = writeln!(s, "  float o{};", dims(format!("[{}][4]", dv / 8)));
     tiles::each_tile(
@@ -166,7 +188,11 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     // Scores: sc[n] is keys j0 + 8n .. j0 + 8n + 7.
     let sc = if qt > 1 { "sc[tq]" } else { "sc" };
     let _ = writeln!(s, "    float sc{};", dims(format!("[{}][4]", KEYS / 8)));
-    mma_rows(&mut s, "sc", "qf", KEYS / 8, d / 16, "ks + ks_o", kst, &tag, qt);
+    if split {
+        tiles::mma_rows_shared_a(&mut s, "sc", KEYS / 8, d / 16, ("qs", kst), "ks", kst, &tag, qt);
+    } else {
+        mma_rows(&mut s, "sc", "qf", KEYS / 8, d / 16, "ks + ks_o", kst, &tag, qt);
+    }
 
     // Masks, the scale, and each row's tile maximum. Rows past the end
     // compute from zero queries and are never stored, so only keys are
@@ -250,10 +276,16 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
         "    {sc}[n][e] = exp2f({sc}[n][e] - base[{row}]);\n    l[{row}] += {sc}[n][e];\n  }}\n}}"
     );
     tiles::each_tile(&mut s, "    ", qt, &exps);
+    let scores = std::mem::take(&mut s);
     // p · v: the scores of keys 16kk .. 16kk + 15 are the A fragment.
-    mma_columns(&mut s, "o", "sc", dv / 8, "vs + vs_o", vst, &tag, qt);
-    let body = std::mem::replace(&mut s, s_outer);
-    tile_loop(&mut s, "j0", ("0", "kend"), sk, &tiles, pipelined, |_, _, _| {}, |s| s.push_str(&body));
+    mma_columns(&mut s, "o", "sc", dv / 8, if split { "vs" } else { "vs + vs_o" }, vst, &tag, qt);
+    let pv = std::mem::replace(&mut s, s_outer);
+    if split {
+        split_loop(&mut s, &tiles, sk, &scores, &pv);
+    } else {
+        let body = format!("{scores}{pv}");
+        tile_loop(&mut s, "j0", ("0", "kend"), sk, &tiles, pipelined, |_, _, _| {}, |s| s.push_str(&body));
+    }
 
     // The row sums, combined over a row's 4 lanes; the output, in pairs.
     let (i_of, o_of, r_of) = if qt > 1 {
@@ -283,6 +315,51 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     );
     s.push_str("    }\n  }\n}\n");
     Kernel::new(name, s, grid as u32, THREADS as u32, spec.flash_reads()).with_shared(shared)
+}
+
+/// Whether `spec` takes the split schedule: heads wider than 64 (two
+/// tiles of query fragments would not fit the registers beside the
+/// scores and the output), more than 64 queries, keys and values read 16
+/// bytes at a time, and the queries of two tiles a warp plus one tile of
+/// keys and one of values within the shared memory a block may have.
+/// The queries stay in shared memory, and the loop issues the values'
+/// copies before the scores and the next keys' before `p · v`
+/// (FlashAttention-2's order): each load hides under the other product,
+/// with one buffer of each (both double-buffered beside the queries
+/// would take 104 KiB at head dim 128).
+fn split_schedule(spec: &Spec) -> bool {
+    let bytes = 2 * (128 * (spec.d + PAD) + TILE * (spec.d + PAD) + TILE * (spec.dv + PAD));
+    (spec.d > 64 || spec.dv > 64)
+        && spec.sq > 64
+        && tiles::vectorized(&spec.k, spec.d)
+        && tiles::vectorized(&spec.v, spec.dv)
+        && bytes <= tiles::SMEM_BYTES
+}
+
+/// The split schedule's key loop ([`split_schedule`]): `scores` (the
+/// scores and the online softmax of keys `j0 .. j0 + 64`, from `ks`) and
+/// `pv` (their `p · v`, from `vs`), with the values' copies in flight
+/// during `scores` and the next keys' during `pv`. The first keys'
+/// copies were issued before the loop.
+fn split_loop(s: &mut String, tiles: &[Tile<'_>; 2], sk: usize, scores: &str, pv: &str) {
+    s.push_str("  for (I j0 = 0; j0 < kend; j0 += 64) {\n");
+    s.push_str("    kiln::cp_async_wait<0>();\n");
+    s.push_str("    __syncthreads();  // these keys (and the queries) are visible; the last values' readers are done\n");
+    let mut load = String::new();
+    tiles::tile_load_async(&mut load, &tiles[1], "j0", sk, "0");
+    load.push_str("  kiln::cp_async_commit();\n");
+    tiles::indent(s, "  ", &load);
+    s.push_str(scores);
+    s.push_str("    kiln::cp_async_wait<0>();\n");
+    s.push_str("    __syncthreads();  // these values are visible; the keys' readers are done\n");
+    s.push_str("    if (j0 + 64 < kend) {\n");
+    let mut load = String::new();
+    tiles::tile_load_async(&mut load, &tiles[0], "j0 + 64", sk, "0");
+    load.push_str("  kiln::cp_async_commit();\n");
+    tiles::indent(s, "    ", &load);
+    s.push_str("    }\n");
+    s.push_str(pv);
+    s.push_str("  }\n");
 }
 
 /// Query tiles of 16 rows a warp: two where the queries can be staged

@@ -32,7 +32,7 @@ pub(super) const PAD: usize = 8;
 /// past the 48 KiB of static shared memory, the tiles are sized at launch
 /// ([`declare`]). Two buffers of keys and values at head dim 128 are 68
 /// KiB: with static shared memory only, they loaded and computed in turn.
-const SMEM_BYTES: usize = Kernel::OPT_IN_SHARED as usize;
+pub(super) const SMEM_BYTES: usize = Kernel::OPT_IN_SHARED as usize;
 
 /// Whether an operand's rows of `n` head-dim elements can be read 8 at a
 /// time (16 bytes, aligned: buffers are 64-byte aligned).
@@ -132,7 +132,7 @@ pub(super) fn tile_load(
 
 /// [`tile_load`] of a vectorized operand by `cp.async` (rows past `len`
 /// are zero-filled from row 0's address, which exists).
-fn tile_load_async(s: &mut String, t: &Tile<'_>, start: &str, len: usize, at: &str) {
+pub(super) fn tile_load_async(s: &mut String, t: &Tile<'_>, start: &str, len: usize, at: &str) {
     let (per, stride) = (t.n / 8, t.stride());
     let _ = writeln!(s, "  for (int e = t; e < {}; e += {THREADS}) {{", TILE * per);
     let _ = writeln!(s, "    const int r = e / {per}, c8 = e % {per} * 8;\n    const I j = {start} + r;");
@@ -322,6 +322,50 @@ pub(super) fn mma_columns(
         let _ = writeln!(s, "{ind}  }}");
     }
     let _ = writeln!(s, "{ind}}}");
+}
+
+/// [`mma_rows`] for `qt` query tiles a warp whose A fragments stay in
+/// the shared array `a` (the warp's rows `16 qt w ..`, stride `astride`):
+/// a k-step at a time, each tile's fragment is one `ldmatrix` and serves
+/// every column group of B, so the queries cost half the bytes of the
+/// keys. For heads too wide for two tiles of query fragments in registers
+/// beside the scores and the output.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn mma_rows_shared_a(
+    s: &mut String,
+    acc: &str,
+    count: usize,
+    ks: usize,
+    (a, astride): (&str, usize),
+    tile: &str,
+    stride: usize,
+    tag: &str,
+    qt: usize,
+) {
+    debug_assert!(count % 2 == 0, "mma_rows_shared_a pairs its column groups");
+    let ind = "    ";
+    let zero = format!(
+        "#pragma unroll\nfor (int n = 0; n < {count}; ++n) {acc}[tq][n][0] = {acc}[tq][n][1] = {acc}[tq][n][2] = {acc}[tq][n][3] = 0.f;\n"
+    );
+    each_tile(s, ind, qt, &zero);
+    let _ = writeln!(s, "{ind}#pragma unroll\n{ind}for (int kk = 0; kk < {ks}; ++kk) {{");
+    let _ = writeln!(s, "{ind}  U qa[{qt}][4];");
+    let load = format!(
+        "kiln::ldsm_x4(qa[tq], &{a}[(w * {} + tq * 16 + (lane & 15)) * {astride} + kk * 16 + (lane >> 4) * 8]);\n",
+        16 * qt
+    );
+    each_tile(s, &format!("{ind}  "), qt, &load);
+    let _ = writeln!(s, "{ind}  #pragma unroll\n{ind}  for (int n = 0; n < {count}; n += 2) {{");
+    let _ = writeln!(s, "{ind}    U bf[4];");
+    let _ = writeln!(
+        s,
+        "{ind}    kiln::ldsm_x4(bf, &({tile})[((n + (lane >> 4)) * 8 + (lane & 7)) * {stride} + kk * 16 + ((lane >> 3) & 1) * 8]);"
+    );
+    let products = format!(
+        "kiln::mma_16816({acc}[tq][n], qa[tq], bf, {tag});\nkiln::mma_16816({acc}[tq][n + 1], qa[tq], bf + 2, {tag});\n"
+    );
+    each_tile(s, &format!("{ind}    "), qt, &products);
+    let _ = writeln!(s, "{ind}  }}\n{ind}}}");
 }
 
 /// `x`, indexed by the query tile `tq` where a warp has several.
