@@ -27,54 +27,41 @@ use crate::ir::{DType, Graph, Node, NodeId, Op, Shape};
 /// and is not an output, repeatedly (a reshape moved onto an elementwise
 /// operand may move again); returns how many moved.
 pub(super) fn sink_reshapes(graph: &mut Graph) -> usize {
-    let mut moved = 0;
-    loop {
-        let mut changed = false;
-        for id in graph.topo_order() {
-            if !graph.contains(id) {
-                continue;
-            }
-            let Op::Reshape(target) = graph.node(id).op.clone() else { continue };
-            let [p] = graph.operands(id)[..] else { continue };
-            let producer = graph.node(p).clone();
-            let joins =
-                |u: NodeId| elementwise(&graph.node(u).op) || matches!(graph.node(u).op, Op::Reduce { .. });
-            let users = graph.users(id);
-            if !elementwise(&producer.op)
-                || users.is_empty()
-                || !users.into_iter().all(joins)
-                || graph.users(p) != [id]
-                || graph.outputs().contains(&p)
-                || (epilogue(graph, p) && !widens_product(graph, p))
-            {
-                continue;
-            }
-            let operands: Vec<NodeId> = graph
-                .operands(p)
-                .into_iter()
-                .map(|o| {
-                    let node = Node {
-                        op: Op::Reshape(target.clone()),
-                        shape: target.clone(),
-                        dtype: graph.node(o).dtype,
-                        region: graph.node(id).region,
-                    };
-                    graph.add_unchecked(node, &[o])
-                })
-                .collect();
-            let rebuilt = graph.add_unchecked(Node { shape: target.clone(), ..producer }, &operands);
-            graph.replace_all_uses(id, rebuilt);
-            // Both are read by nothing now; removed, so that the users
-            // counted above stay exact for the next reshape.
-            graph.remove(id);
-            graph.remove(p);
-            moved += 1;
-            changed = true;
+    each_reshape(graph, |graph, id, target, p| {
+        let producer = graph.node(p).clone();
+        let joins =
+            |u: NodeId| elementwise(&graph.node(u).op) || matches!(graph.node(u).op, Op::Reduce { .. });
+        let users = graph.users(id);
+        if !elementwise(&producer.op)
+            || users.is_empty()
+            || !users.into_iter().all(joins)
+            || graph.users(p) != [id]
+            || graph.outputs().contains(&p)
+            || (epilogue(graph, p) && !widens_product(graph, p))
+        {
+            return 0;
         }
-        if !changed {
-            return moved;
-        }
-    }
+        let operands: Vec<NodeId> = graph
+            .operands(p)
+            .into_iter()
+            .map(|o| {
+                let node = Node {
+                    op: Op::Reshape(target.clone()),
+                    shape: target.clone(),
+                    dtype: graph.node(o).dtype,
+                    region: graph.node(id).region,
+                };
+                graph.add_unchecked(node, &[o])
+            })
+            .collect();
+        let rebuilt = graph.add_unchecked(Node { shape: target.clone(), ..producer }, &operands);
+        graph.replace_all_uses(id, rebuilt);
+        // Both are read by nothing now; removed, so that the users
+        // counted above stay exact for the next reshape.
+        graph.remove(id);
+        graph.remove(p);
+        1
+    })
 }
 
 /// Moves a reshape of a matmul's product (or of its epilogue) below the
@@ -95,7 +82,61 @@ pub(super) fn sink_reshapes(graph: &mut Graph) -> usize {
 /// a 2-layer GPT-2 bf16 training step took 108 launches instead of 98;
 /// 96 now). Returns how many moved.
 pub(super) fn hoist_reshapes_over_epilogues(graph: &mut Graph) -> usize {
-    let mut moved = 0;
+    each_reshape(graph, |graph, id, target, p| {
+        let product = graph.node(p).shape.clone();
+        let keeps_columns = product.rank() >= 1 && target.0.last() == product.0.last();
+        let from_product =
+            matches!(graph.node(p).op, Op::MatMul) || (elementwise(&graph.node(p).op) && epilogue(graph, p));
+        if !keeps_columns || !from_product {
+            return 0;
+        }
+        let mut moved = 0;
+        let narrowest = product_dtype(graph, p);
+        for e in graph.users(id) {
+            let node = graph.node(e).clone();
+            if !elementwise(&node.op)
+                || matches!(node.op, Op::Cast(_))
+                || narrowest.is_some_and(|d| super::widens_float(d, node.dtype))
+            {
+                continue;
+            }
+            let operands = graph.operands(e);
+            if !operands.iter().all(|&o| o == id || by_column(graph, o)) {
+                continue;
+            }
+            let cols = *product.0.last().unwrap_or(&1);
+            let rebuilt: Vec<NodeId> = operands
+                .iter()
+                .map(|&o| if o == id { p } else { column_broadcast(graph, o, &product, cols) })
+                .collect();
+            let inner = graph.add_unchecked(Node { shape: product.clone(), ..node.clone() }, &rebuilt);
+            let back = Node {
+                op: Op::Reshape(target.clone()),
+                shape: target.clone(),
+                dtype: node.dtype,
+                region: node.region,
+            };
+            let outer = graph.add_unchecked(back, &[inner]);
+            graph.replace_all_uses(e, outer);
+            graph.remove(e);
+            moved += 1;
+        }
+        if graph.users(id).is_empty() && !graph.outputs().contains(&id) {
+            graph.remove(id);
+        }
+        moved
+    })
+}
+
+/// Calls `rewrite(graph, reshape, target, operand)` on each reshape of
+/// one operand in topological order, again and again until a whole walk
+/// rewrites nothing (a moved reshape may move again); returns the sum of
+/// what the calls returned (how many rewrites each made).
+fn each_reshape(
+    graph: &mut Graph,
+    mut rewrite: impl FnMut(&mut Graph, NodeId, Shape, NodeId) -> usize,
+) -> usize {
+    let mut total = 0;
     loop {
         let mut changed = false;
         for id in graph.topo_order() {
@@ -104,50 +145,12 @@ pub(super) fn hoist_reshapes_over_epilogues(graph: &mut Graph) -> usize {
             }
             let Op::Reshape(target) = graph.node(id).op.clone() else { continue };
             let [p] = graph.operands(id)[..] else { continue };
-            let product = graph.node(p).shape.clone();
-            let keeps_columns = product.rank() >= 1 && target.0.last() == product.0.last();
-            let from_product = matches!(graph.node(p).op, Op::MatMul)
-                || (elementwise(&graph.node(p).op) && epilogue(graph, p));
-            if !keeps_columns || !from_product {
-                continue;
-            }
-            let narrowest = product_dtype(graph, p);
-            for e in graph.users(id) {
-                let node = graph.node(e).clone();
-                if !elementwise(&node.op)
-                    || matches!(node.op, Op::Cast(_))
-                    || narrowest.is_some_and(|d| super::widens_float(d, node.dtype))
-                {
-                    continue;
-                }
-                let operands = graph.operands(e);
-                if !operands.iter().all(|&o| o == id || by_column(graph, o)) {
-                    continue;
-                }
-                let cols = *product.0.last().unwrap_or(&1);
-                let rebuilt: Vec<NodeId> = operands
-                    .iter()
-                    .map(|&o| if o == id { p } else { column_broadcast(graph, o, &product, cols) })
-                    .collect();
-                let inner = graph.add_unchecked(Node { shape: product.clone(), ..node.clone() }, &rebuilt);
-                let back = Node {
-                    op: Op::Reshape(target.clone()),
-                    shape: target.clone(),
-                    dtype: node.dtype,
-                    region: node.region,
-                };
-                let outer = graph.add_unchecked(back, &[inner]);
-                graph.replace_all_uses(e, outer);
-                graph.remove(e);
-                moved += 1;
-                changed = true;
-            }
-            if graph.contains(id) && graph.users(id).is_empty() && !graph.outputs().contains(&id) {
-                graph.remove(id);
-            }
+            let n = rewrite(graph, id, target, p);
+            total += n;
+            changed |= n > 0;
         }
         if !changed {
-            return moved;
+            return total;
         }
     }
 }

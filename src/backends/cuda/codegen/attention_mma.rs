@@ -345,18 +345,18 @@ fn split_loop(s: &mut String, tiles: &[Tile<'_>; 2], sk: usize, scores: &str, pv
     s.push_str("  for (I j0 = 0; j0 < kend; j0 += 64) {\n");
     s.push_str("    kiln::cp_async_wait<0>();\n");
     s.push_str("    __syncthreads();  // these keys (and the queries) are visible; the last values' readers are done\n");
-    let mut load = String::new();
-    tiles::tile_load_async(&mut load, &tiles[1], "j0", sk, "0");
-    load.push_str("  kiln::cp_async_commit();\n");
-    tiles::indent(s, "  ", &load);
+    let issue = |s: &mut String, tile: &Tile<'_>, start: &str, ind: &str| {
+        let mut load = String::new();
+        tiles::tile_load_async(&mut load, tile, start, sk, "0");
+        load.push_str("  kiln::cp_async_commit();\n");
+        tiles::indent(s, ind, &load);
+    };
+    issue(s, &tiles[1], "j0", "  ");
     s.push_str(scores);
     s.push_str("    kiln::cp_async_wait<0>();\n");
     s.push_str("    __syncthreads();  // these values are visible; the keys' readers are done\n");
     s.push_str("    if (j0 + 64 < kend) {\n");
-    let mut load = String::new();
-    tiles::tile_load_async(&mut load, &tiles[0], "j0 + 64", sk, "0");
-    load.push_str("  kiln::cp_async_commit();\n");
-    tiles::indent(s, "    ", &load);
+    issue(s, &tiles[0], "j0 + 64", "    ");
     s.push_str("    }\n");
     s.push_str(pv);
     s.push_str("  }\n");
