@@ -349,7 +349,7 @@ fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
         "(int)j0 + n * 8 + 2 * c + (e & 1)",
         "const float p = sc[n][e] == NEG_INF ? 0.f : exp2f(sc[n][e] - lse[e / 2]);\n        sc[n][e] = p * (dp[n][e] - dl[e / 2]);",
     );
-    mma_columns(&mut s, "acc", "sc", d / 8, ("ks + ks_o", TILE), kst, &tag, 1);
+    mma_columns(&mut s, "acc", "sc", d / 8, "ks + ks_o", kst, &tag, 1);
     let body = std::mem::replace(&mut s, outer);
     tile_loop(&mut s, "j0", ("0", "kend"), sk, &tiles, pipelined, |_, _, _| {}, |s| s.push_str(&body));
     store_dq(&mut s, spec, &tag);
@@ -431,8 +431,8 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
     if let Some(ds) = ds {
         ds.store(&mut s, "dp", &tag);
     }
-    mma_columns(&mut s, "dvv", "sc", dv / 8, ("gs + gs_o", TILE), gst, &tag, 1);
-    mma_columns(&mut s, "dk", "dp", d / 8, ("qs + qs_o", TILE), qst, &tag, 1);
+    mma_columns(&mut s, "dvv", "sc", dv / 8, "gs + gs_o", gst, &tag, 1);
+    mma_columns(&mut s, "dk", "dp", d / 8, "qs + qs_o", qst, &tag, 1);
     let body = std::mem::replace(&mut s, outer);
     let rows_at = if pipelined { format!("buf * {TILE}") } else { "0".to_string() };
     tile_loop(&mut s, "i0", (start, &sq.to_string()), sq, &tiles, pipelined, row_stats_load, |s| {

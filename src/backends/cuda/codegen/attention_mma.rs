@@ -16,7 +16,7 @@
 //!   as `mma` fragments. Wider heads (up to 128) with more than 64 queries
 //!   take the *split* schedule ([`split_schedule`]): two query tiles a
 //!   warp too, their fragments left in shared memory and read a k-step
-//!   at a time, one buffer of 32 keys and one of values, the values' copies
+//!   at a time, one buffer of keys and one of values, the values' copies
 //!   in flight during the scores and the next keys' during `p · v`.
 //! - The block walks the keys in tiles of 64 (`attention_tiles.rs`): the
 //!   tile's keys and values sit in shared memory row-major, rows padded by
@@ -58,12 +58,8 @@ use super::{types, Kernel};
 use crate::ir::{AttnMask, DType};
 use std::fmt::Write;
 
-/// Keys per tile of the split schedule ([`split_schedule`]): half the
-/// tile loop's, so that a warp's scores of two query tiles are 32 floats
-/// a thread, not 64, beside 128 of output (FlashAttention-2's 128 × 32
-/// blocks at head dim 128). With 64 keys the kernel sat at 255 registers
-/// and spilled (ncu: 10 M local-memory requests at `[8,16,2048,128]`).
-const SPLIT_KEYS: usize = 32;
+/// Keys per tile: the tile loop's step.
+const KEYS: usize = TILE;
 /// The largest head dim the kernel keeps in registers.
 pub(crate) const MAX_MMA_HEAD_DIM: usize = 128;
 
@@ -97,15 +93,13 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     let pipelined = tiles::pipelined(&tiles, 0);
     let split = split_schedule(spec);
     let qt = if split { 2 } else { query_tiles(spec, pipelined) };
-    // Keys per tile (the tile loop's step).
-    let keys = if split { SPLIT_KEYS } else { TILE };
     let rows = 64 * qt;
     let qblocks = sq.div_ceil(rows).max(1);
     let grid = (batch * heads * qblocks).max(1);
     let shared = if split {
         // Queries, then one tile of keys and one of values.
-        let (q_elems, k_elems) = (rows * kst, keys * kst);
-        let total = q_elems + k_elems + keys * vst;
+        let (q_elems, k_elems) = (rows * kst, TILE * kst);
+        let total = q_elems + k_elems + TILE * vst;
         let _ = writeln!(s, "  KILN_DYNAMIC_SHARED(unsigned short, tiles_smem, {total});");
         let _ = writeln!(s, "  unsigned short* const qs = tiles_smem;");
         let _ = writeln!(s, "  unsigned short* const ks = tiles_smem + {q_elems};");
@@ -154,7 +148,7 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     let dims = |inner: String| if qt > 1 { format!("[{qt}]{inner}") } else { inner };
     if split {
         // The first keys' copies start now; the loop waits for them.
-        tiles::tile_load_async(&mut s, &tiles[0], keys, "0", sk, "0");
+        tiles::tile_load_async(&mut s, &tiles[0], "0", sk, "0");
         s.push_str("  kiln::cp_async_commit();\n");
     } else {
         s.push_str("  __syncthreads();\n");
@@ -193,11 +187,11 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     let s_outer = std::mem::take(&mut s);
     // Scores: sc[n] is keys j0 + 8n .. j0 + 8n + 7.
     let sc = if qt > 1 { "sc[tq]" } else { "sc" };
-    let _ = writeln!(s, "    float sc{};", dims(format!("[{}][4]", keys / 8)));
+    let _ = writeln!(s, "    float sc{};", dims(format!("[{}][4]", KEYS / 8)));
     if split {
-        tiles::mma_rows_shared_a(&mut s, "sc", keys / 8, d / 16, ("qs", kst), "ks", kst, &tag, qt);
+        tiles::mma_rows_shared_a(&mut s, "sc", KEYS / 8, d / 16, ("qs", kst), "ks", kst, &tag, qt);
     } else {
-        mma_rows(&mut s, "sc", "qf", keys / 8, d / 16, "ks + ks_o", kst, &tag, qt);
+        mma_rows(&mut s, "sc", "qf", KEYS / 8, d / 16, "ks + ks_o", kst, &tag, qt);
     }
 
     // Masks, the scale, and each row's tile maximum. Rows past the end
@@ -235,7 +229,7 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     let row = if qt > 1 { "2 * tq + e / 2" } else { "e / 2" };
     let walk = |s: &mut String, body: &str, ind: &str| {
         let mut w = String::new();
-        let _ = writeln!(w, "#pragma unroll\nfor (int n = 0; n < {}; ++n) {{", keys / 8);
+        let _ = writeln!(w, "#pragma unroll\nfor (int n = 0; n < {}; ++n) {{", KEYS / 8);
         let _ = writeln!(w, "  #pragma unroll\n  for (int e = 0; e < 4; ++e) {{");
         for line in body.lines() {
             let _ = writeln!(w, "    {line}");
@@ -248,9 +242,9 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     if spec.m.is_some() {
         walk(&mut s, &checked, "    ");
     } else {
-        let mut edge = format!("j0 + {keys} > {sk}");
+        let mut edge = format!("j0 + {KEYS} > {sk}");
         if spec.causal {
-            let _ = write!(edge, " || j0 + {} > i0", keys - 1);
+            let _ = write!(edge, " || j0 + {} > i0", KEYS - 1);
         }
         let _ = writeln!(s, "    if ({edge}) {{");
         walk(&mut s, &checked, "      ");
@@ -275,7 +269,7 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
         dv / 8
     );
     let mut exps = String::new();
-    let _ = writeln!(exps, "#pragma unroll\nfor (int n = 0; n < {}; ++n) {{", keys / 8);
+    let _ = writeln!(exps, "#pragma unroll\nfor (int n = 0; n < {}; ++n) {{", KEYS / 8);
     exps.push_str("  #pragma unroll\n  for (int e = 0; e < 4; ++e) {\n");
     let _ = writeln!(
         exps,
@@ -284,8 +278,7 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     tiles::each_tile(&mut s, "    ", qt, &exps);
     let scores = std::mem::take(&mut s);
     // p · v: the scores of keys 16kk .. 16kk + 15 are the A fragment.
-    let values = if split { ("vs", keys) } else { ("vs + vs_o", keys) };
-    mma_columns(&mut s, "o", "sc", dv / 8, values, vst, &tag, qt);
+    mma_columns(&mut s, "o", "sc", dv / 8, if split { "vs" } else { "vs + vs_o" }, vst, &tag, qt);
     let pv = std::mem::replace(&mut s, s_outer);
     if split {
         split_loop(&mut s, &tiles, sk, &scores, &pv);
@@ -335,7 +328,7 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
 /// with one buffer of each (both double-buffered beside the queries
 /// would take 104 KiB at head dim 128).
 fn split_schedule(spec: &Spec) -> bool {
-    let bytes = 2 * (128 * (spec.d + PAD) + SPLIT_KEYS * (spec.d + PAD) + SPLIT_KEYS * (spec.dv + PAD));
+    let bytes = 2 * (128 * (spec.d + PAD) + TILE * (spec.d + PAD) + TILE * (spec.dv + PAD));
     (spec.d > 64 || spec.dv > 64)
         && spec.sq > 64
         && tiles::vectorized(&spec.k, spec.d)
@@ -344,17 +337,17 @@ fn split_schedule(spec: &Spec) -> bool {
 }
 
 /// The split schedule's key loop ([`split_schedule`]): `scores` (the
-/// scores and the online softmax of keys `j0 .. j0 + 32`, from `ks`) and
+/// scores and the online softmax of keys `j0 .. j0 + 64`, from `ks`) and
 /// `pv` (their `p · v`, from `vs`), with the values' copies in flight
 /// during `scores` and the next keys' during `pv`. The first keys'
 /// copies were issued before the loop.
 fn split_loop(s: &mut String, tiles: &[Tile<'_>; 2], sk: usize, scores: &str, pv: &str) {
-    let _ = writeln!(s, "  for (I j0 = 0; j0 < kend; j0 += {SPLIT_KEYS}) {{");
+    s.push_str("  for (I j0 = 0; j0 < kend; j0 += 64) {\n");
     s.push_str("    kiln::cp_async_wait<0>();\n");
     s.push_str("    __syncthreads();  // these keys (and the queries) are visible; the last values' readers are done\n");
     let issue = |s: &mut String, tile: &Tile<'_>, start: &str, ind: &str| {
         let mut load = String::new();
-        tiles::tile_load_async(&mut load, tile, SPLIT_KEYS, start, sk, "0");
+        tiles::tile_load_async(&mut load, tile, start, sk, "0");
         load.push_str("  kiln::cp_async_commit();\n");
         tiles::indent(s, ind, &load);
     };
@@ -362,9 +355,8 @@ fn split_loop(s: &mut String, tiles: &[Tile<'_>; 2], sk: usize, scores: &str, pv
     s.push_str(scores);
     s.push_str("    kiln::cp_async_wait<0>();\n");
     s.push_str("    __syncthreads();  // these values are visible; the keys' readers are done\n");
-    let next = format!("j0 + {SPLIT_KEYS}");
-    let _ = writeln!(s, "    if ({next} < kend) {{");
-    issue(s, &tiles[0], &next, "    ");
+    s.push_str("    if (j0 + 64 < kend) {\n");
+    issue(s, &tiles[0], "j0 + 64", "    ");
     s.push_str("    }\n");
     s.push_str(pv);
     s.push_str("  }\n");

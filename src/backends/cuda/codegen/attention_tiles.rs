@@ -130,11 +130,11 @@ pub(super) fn tile_load(
     }
 }
 
-/// [`tile_load`] of `rows` rows of a vectorized operand by `cp.async`
-/// (rows past `len` are zero-filled from row 0's address, which exists).
-pub(super) fn tile_load_async(s: &mut String, t: &Tile<'_>, rows: usize, start: &str, len: usize, at: &str) {
+/// [`tile_load`] of a vectorized operand by `cp.async` (rows past `len`
+/// are zero-filled from row 0's address, which exists).
+pub(super) fn tile_load_async(s: &mut String, t: &Tile<'_>, start: &str, len: usize, at: &str) {
     let (per, stride) = (t.n / 8, t.stride());
-    let _ = writeln!(s, "  for (int e = t; e < {}; e += {THREADS}) {{", rows * per);
+    let _ = writeln!(s, "  for (int e = t; e < {}; e += {THREADS}) {{", TILE * per);
     let _ = writeln!(s, "    const int r = e / {per}, c8 = e % {per} * 8;\n    const I j = {start} + r;");
     let _ = writeln!(
         s,
@@ -190,7 +190,7 @@ pub(super) fn tile_loop(
         let mut loads = String::new();
         for t in tiles {
             let at = format!("{buffer} * {}", TILE * t.stride());
-            tile_load_async(&mut loads, t, TILE, from, t.len.unwrap_or(len), &at);
+            tile_load_async(&mut loads, t, from, t.len.unwrap_or(len), &at);
         }
         extra(&mut loads, buffer, from);
         loads.push_str("  kiln::cp_async_commit();\n");
@@ -257,10 +257,10 @@ pub(super) fn mma_rows(
     let _ = writeln!(s, "{ind}  }}\n{ind}}}");
 }
 
-/// `acc[n] += A · B(n)` for `n < count`, with A the 16 × `keys` tile held in
+/// `acc[n] += A · B(n)` for `n < count`, with A the 16 × 64 tile held in
 /// the accumulator array `src` (rounded to the input type: `src[2kk]`,
 /// `src[2kk + 1]` are its columns `16kk .. 16kk + 15`) and `B(n)` columns
-/// `8n .. 8n + 7` of the shared tile at `tile` (rows `0 .. keys`, stride
+/// `8n .. 8n + 7` of the shared tile at `tile` (rows `0 .. 64`, stride
 /// `stride`), read down the columns: four tiles an `ldmatrix.trans` (two
 /// for a last, odd column group). With `qt > 1`, `acc[tq][n] += A[tq] ·
 /// B(n)` for each of a warp's query tiles `tq`, from `src[tq]`.
@@ -270,7 +270,7 @@ pub(super) fn mma_columns(
     acc: &str,
     src: &str,
     count: usize,
-    (tile, keys): (&str, usize),
+    tile: &str,
     stride: usize,
     tag: &str,
     qt: usize,
@@ -278,7 +278,7 @@ pub(super) fn mma_columns(
     let (acc, src) = (tiled(acc, qt), tiled(src, qt));
     let pa = tiled("pa", qt);
     let ind = "    ";
-    let _ = writeln!(s, "{ind}#pragma unroll\n{ind}for (int kk = 0; kk < {}; ++kk) {{", keys / 16);
+    let _ = writeln!(s, "{ind}#pragma unroll\n{ind}for (int kk = 0; kk < {}; ++kk) {{", TILE / 16);
     if qt > 1 {
         let _ = writeln!(s, "{ind}  U pa[{qt}][4];");
         let pack = format!(
