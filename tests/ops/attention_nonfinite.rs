@@ -1,7 +1,8 @@
 //! NaN and ±inf through attention on every kernel path and backend
 //! (issue 33): the CPU kernel, the CUDA-core kernels (f32 at head dim
 //! 72 one row a thread, at 64 register-tiled) and the tensor-core kernel
-//! (f16 and bf16, head dim 64), on the CPU,
+//! (f16 and bf16, head dim 64; over 70 queries bf16 at 64, two query
+//! tiles a warp, and at 128, the split schedule), on the CPU,
 //! the CUDA emulator and a GPU when there is one (see `nonfinite.rs`).
 //!
 //! PyTorch's semantics, which [`reference`] computes in f64:
@@ -37,7 +38,8 @@ const NAN: f64 = f64::NAN;
 const INF: f64 = f64::INFINITY;
 
 /// `[1, H, SQ, d]` queries over `[1, H, SK, d]` keys and values (`SQ` and
-/// `SK` const parameters: 5 over 7 for the flash kernels, 5 over 40 and
+/// `SK` const parameters: 5 over 7 for the flash kernels, 70 over 75 for
+/// the tensor-core kernel's two query tiles a warp, 5 over 40 and
 /// 150 for the CUDA backend's split-key decode kernel, one chunk and two
 /// with a short last one, 40 over 256 and 600 for the register-tiled f32
 /// kernel with its keys split over 2 and 4 blocks).
@@ -279,6 +281,12 @@ fn nan_and_inf_through_attention_on_every_kernel_and_backend() {
             for (dtype, d) in [(DType::F32, 72), (DType::BF16, 64), (DType::F64, 8)] {
                 run_cases::<ROWS, 150>(backend, &ctx(), dtype, d, &mut failures);
             }
+        }
+        // More than 64 query rows: bf16 heads of 64 take two query tiles a
+        // warp, heads of 128 the split schedule (queries in shared memory).
+        // The NaN and inf keys and values reach every tile's rows.
+        for d in [64, 128] {
+            run_cases::<70, 75>(backend, &ctx(), DType::BF16, d, &mut failures);
         }
         // Many query rows over many keys in f32: the register-tiled kernel
         // with each query block's keys split over 2 blocks (4 on the GPU
