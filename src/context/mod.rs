@@ -264,7 +264,11 @@ impl Context {
             next_stream: 0,
             seed: 0,
             config: PipelineConfig::from_env(),
-            options: crate::passes::PassOptions::default(),
+            // See `PassOptions::reshape_epilogues`: measured slower on the CPU.
+            options: crate::passes::PassOptions {
+                reshape_epilogues: backend.name() != "cpu",
+                ..crate::passes::PassOptions::default()
+            },
             compile,
             region: RegionId::ROOT,
             cache: PlanCache::default(),

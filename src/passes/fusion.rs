@@ -68,7 +68,8 @@
 //! moves below the elementwise ops that read it with a bias or a scalar
 //! (`f(reshape(p), expand(b))` becomes `reshape(f(p, expand(b)))`), so
 //! that a `[batch, seq, in]` linear layer's bias joins the GEMM as it
-//! does for a 2-d product.
+//! does for a 2-d product (not on the CPU backend:
+//! `PassOptions::reshape_epilogues`).
 //!
 //! *Stats.* The note says `kernels A -> B, bytes moved C -> D`. A kernel is
 //! every needed node that is neither a source nor a view (a fused node is
@@ -122,7 +123,8 @@ impl Pass for Fusion {
         let before = build::cost(graph);
         let hoisted = gather_cast::hoist_casts_over_gathers(graph);
         let widened = wide_sum::widen_in_column_sums(graph);
-        let lifted = sink::hoist_reshapes_over_epilogues(graph);
+        let lifted =
+            if cx.options.reshape_epilogues { sink::hoist_reshapes_over_epilogues(graph) } else { 0 };
         let sunk = sink::sink_reshapes(graph) + hoisted + widened + lifted;
         let index = group::Index::new(graph);
         let grouping = {

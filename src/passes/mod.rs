@@ -162,12 +162,19 @@ pub struct PassOptions {
     /// `Context::with_autocast` sets it; any other dtype is refused by the
     /// pass with [`Error::Config`].
     pub autocast: Option<DType>,
+    /// Fusion moves a matmul product's reshape below its bias so that the
+    /// bias joins the GEMM (`fusion/sink.rs`, cuBLASLt's bias epilogue on
+    /// CUDA). On by default; a CPU context turns it off: there the fused
+    /// product measured slower than the plain GEMM and a bias kernel
+    /// (MiniLM-L6 8x128 f32 on 2 cores, alternating: medians 136-139 ms
+    /// off against 143-148 on, first calls 175-207 against 243-273).
+    pub reshape_epilogues: bool,
 }
 
 impl Default for PassOptions {
-    /// Exact math, one stream, no autocast.
+    /// Exact math, one stream, no autocast, reshape epilogues.
     fn default() -> PassOptions {
-        PassOptions { fast_math: false, streams: 1, autocast: None }
+        PassOptions { fast_math: false, streams: 1, autocast: None, reshape_epilogues: true }
     }
 }
 
@@ -182,19 +189,25 @@ impl fmt::Display for PassOptions {
         if let Some(low) = self.autocast {
             write!(f, " autocast={low}")?;
         }
+        if !self.reshape_epilogues {
+            write!(f, " no-reshape-epilogues")?;
+        }
         Ok(())
     }
 }
 
 impl PassOptions {
     /// Options from a pass test header's settings (`fast-math`,
-    /// `streams=N`, `autocast=bf16|f16`); anything else is [`Error::Config`].
+    /// `streams=N`, `autocast=bf16|f16`, `no-reshape-epilogues`); anything
+    /// else is [`Error::Config`].
     pub fn from_settings<S: AsRef<str>>(settings: &[S]) -> Result<PassOptions> {
         let mut options = PassOptions::default();
         for setting in settings {
             let setting = setting.as_ref();
             if setting == "fast-math" {
                 options.fast_math = true;
+            } else if setting == "no-reshape-epilogues" {
+                options.reshape_epilogues = false;
             } else if let Some(n) = setting.strip_prefix("streams=") {
                 options.streams = n.parse().ok().filter(|&n| n >= 1).ok_or_else(|| {
                     Error::Config(format!("`{setting}`: streams must be a whole number of at least 1"))
@@ -210,7 +223,7 @@ impl PassOptions {
                 };
             } else {
                 return Err(Error::Config(format!(
-                    "unknown pass setting `{setting}`; settings are `fast-math`, `streams=N` and `autocast=bf16|f16`"
+                    "unknown pass setting `{setting}`; settings are `fast-math`, `streams=N`, `autocast=bf16|f16` and `no-reshape-epilogues`"
                 )));
             }
         }
