@@ -166,8 +166,9 @@ pub struct PassOptions {
     /// bias joins the GEMM (`fusion/sink.rs`, cuBLASLt's bias epilogue on
     /// CUDA). On by default; a CPU context turns it off: there the fused
     /// product measured slower than the plain GEMM and a bias kernel
-    /// (MiniLM-L6 8x128 f32 on 2 cores, alternating: medians 136-139 ms
-    /// off against 143-148 on, first calls 175-207 against 243-273).
+    /// (MiniLM-L6 8x128 f32 on 2 cores, three rounds alternating: medians
+    /// 132.8-134.8 ms off against 140.1-145.9 on, first calls 173-207
+    /// against 226-273; benches/RESULTS.md, "Eighteenth measurement").
     pub reshape_epilogues: bool,
 }
 
