@@ -172,6 +172,12 @@ pub trait Backend: Send + Sync {
     fn describe(&self) -> String {
         self.name().to_string()
     }
+    /// Whether plans for this backend should move a matmul product's
+    /// reshape below its bias so the bias joins the GEMM
+    /// (`PassOptions::reshape_epilogues`, the default for a new context).
+    fn reshape_epilogues(&self) -> bool {
+        true
+    }
     /// Copies host data (row-major, `shape.numel()` elements) to the device.
     fn upload(&self, data: HostData, shape: &Shape) -> Result<Buffer>;
     /// Copies a buffer to the host, row-major.

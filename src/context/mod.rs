@@ -264,9 +264,8 @@ impl Context {
             next_stream: 0,
             seed: 0,
             config: PipelineConfig::from_env(),
-            // See `PassOptions::reshape_epilogues`: measured slower on the CPU.
             options: crate::passes::PassOptions {
-                reshape_epilogues: backend.name() != "cpu",
+                reshape_epilogues: backend.reshape_epilogues(),
                 ..crate::passes::PassOptions::default()
             },
             compile,

@@ -471,6 +471,9 @@ mod overlap {
         fn name(&self) -> &'static str {
             "rendezvous"
         }
+        fn reshape_epilogues(&self) -> bool {
+            self.cpu.reshape_epilogues()
+        }
         fn upload(&self, data: HostData, shape: &Shape) -> Result<Buffer> {
             self.cpu.upload(data, shape)
         }

@@ -85,18 +85,14 @@ pub(super) fn hoist_reshapes_over_epilogues(graph: &mut Graph) -> usize {
     each_reshape(graph, |graph, id, target, p| {
         let product = graph.node(p).shape.clone();
         let keeps_columns = product.rank() >= 1 && target.0.last() == product.0.last();
-        let from_product =
-            matches!(graph.node(p).op, Op::MatMul) || (elementwise(&graph.node(p).op) && epilogue(graph, p));
-        if !keeps_columns || !from_product {
-            return 0;
-        }
+        // `p` is a product or an epilogue chain reading one, of this dtype.
+        let Some(narrowest) = product_dtype(graph, p).filter(|_| keeps_columns) else { return 0 };
         let mut moved = 0;
-        let narrowest = product_dtype(graph, p);
         for e in graph.users(id) {
             let node = graph.node(e).clone();
             if !elementwise(&node.op)
                 || matches!(node.op, Op::Cast(_))
-                || narrowest.is_some_and(|d| super::widens_float(d, node.dtype))
+                || super::widens_float(narrowest, node.dtype)
             {
                 continue;
             }
@@ -104,10 +100,9 @@ pub(super) fn hoist_reshapes_over_epilogues(graph: &mut Graph) -> usize {
             if !operands.iter().all(|&o| o == id || by_column(graph, o)) {
                 continue;
             }
-            let cols = *product.0.last().unwrap_or(&1);
             let rebuilt: Vec<NodeId> = operands
                 .iter()
-                .map(|&o| if o == id { p } else { column_broadcast(graph, o, &product, cols) })
+                .map(|&o| if o == id { p } else { column_broadcast(graph, o, &product) })
                 .collect();
             let inner = graph.add_unchecked(Node { shape: product.clone(), ..node.clone() }, &rebuilt);
             let back = Node {
@@ -185,15 +180,15 @@ fn by_column(graph: &Graph, o: NodeId) -> bool {
 }
 
 /// The column broadcast `o` ([`by_column`]) over `product`'s shape: its
-/// source as `[n]` (or `[1]`), expanded.
-fn column_broadcast(graph: &mut Graph, o: NodeId, product: &Shape, cols: usize) -> NodeId {
+/// source as `[n]` (its last dim: all others are 1), expanded.
+fn column_broadcast(graph: &mut Graph, o: NodeId, product: &Shape) -> NodeId {
     let [src] = graph.operands(o)[..] else { return o };
     let (dtype, region) = (graph.node(src).dtype, graph.node(o).region);
     let n = graph.node(src).shape.0.last().copied().unwrap_or(1);
     let flat = if graph.node(src).shape.rank() == 1 {
         src
     } else {
-        let shape = Shape::new([if n == cols { n } else { 1 }]);
+        let shape = Shape::new([n]);
         graph.add_unchecked(Node { op: Op::Reshape(shape.clone()), shape, dtype, region }, &[src])
     };
     graph.add_unchecked(

@@ -141,6 +141,9 @@ impl Backend for Delayed {
     fn name(&self) -> &'static str {
         "delayed"
     }
+    fn reshape_epilogues(&self) -> bool {
+        self.cpu.reshape_epilogues()
+    }
     fn upload(&self, data: HostData, shape: &Shape) -> Result<Buffer> {
         self.cpu.upload(data, shape)
     }

@@ -245,16 +245,32 @@ pub(super) fn mma_rows(
     let _ = writeln!(zero, "{acc}[n + 1][0] = {acc}[n + 1][1] = {acc}[n + 1][2] = {acc}[n + 1][3] = 0.f;");
     each_tile(s, &format!("{ind}  "), qt, &zero);
     let _ = writeln!(s, "{ind}  #pragma unroll\n{ind}  for (int kk = 0; kk < {ks}; ++kk) {{");
-    let _ = writeln!(s, "{ind}    U bf[4];");
+    row_pair_products(s, &format!("{ind}    "), (tile, stride), &acc, &format!("{af}[kk]"), tag, qt);
+    let _ = writeln!(s, "{ind}  }}\n{ind}}}");
+}
+
+/// (At indent `ind`, inside loops over `n` (column groups, by 2) and `kk`
+/// (k-steps).) `acc[n] += a · B(n)` and `acc[n + 1] += a · B(n + 1)`,
+/// each query tile's, with both B fragments (rows `8n .. 8n + 15` of the
+/// shared tile, k-step `kk`) from one `ldmatrix`.
+fn row_pair_products(
+    s: &mut String,
+    ind: &str,
+    (tile, stride): (&str, usize),
+    acc: &str,
+    a: &str,
+    tag: &str,
+    qt: usize,
+) {
+    let _ = writeln!(s, "{ind}U bf[4];");
     let _ = writeln!(
         s,
-        "{ind}    kiln::ldsm_x4(bf, &({tile})[((n + (lane >> 4)) * 8 + (lane & 7)) * {stride} + kk * 16 + ((lane >> 3) & 1) * 8]);"
+        "{ind}kiln::ldsm_x4(bf, &({tile})[((n + (lane >> 4)) * 8 + (lane & 7)) * {stride} + kk * 16 + ((lane >> 3) & 1) * 8]);"
     );
     let products = format!(
-        "kiln::mma_16816({acc}[n], {af}[kk], bf, {tag});\nkiln::mma_16816({acc}[n + 1], {af}[kk], bf + 2, {tag});\n"
+        "kiln::mma_16816({acc}[n], {a}, bf, {tag});\nkiln::mma_16816({acc}[n + 1], {a}, bf + 2, {tag});\n"
     );
-    each_tile(s, &format!("{ind}    "), qt, &products);
-    let _ = writeln!(s, "{ind}  }}\n{ind}}}");
+    each_tile(s, ind, qt, &products);
 }
 
 /// `acc[n] += A · B(n)` for `n < count`, with A the 16 × 64 tile held in
@@ -356,15 +372,7 @@ pub(super) fn mma_rows_shared_a(
     );
     each_tile(s, &format!("{ind}  "), qt, &load);
     let _ = writeln!(s, "{ind}  #pragma unroll\n{ind}  for (int n = 0; n < {count}; n += 2) {{");
-    let _ = writeln!(s, "{ind}    U bf[4];");
-    let _ = writeln!(
-        s,
-        "{ind}    kiln::ldsm_x4(bf, &({tile})[((n + (lane >> 4)) * 8 + (lane & 7)) * {stride} + kk * 16 + ((lane >> 3) & 1) * 8]);"
-    );
-    let products = format!(
-        "kiln::mma_16816({acc}[tq][n], qa[tq], bf, {tag});\nkiln::mma_16816({acc}[tq][n + 1], qa[tq], bf + 2, {tag});\n"
-    );
-    each_tile(s, &format!("{ind}    "), qt, &products);
+    row_pair_products(s, &format!("{ind}    "), (tile, stride), &format!("{acc}[tq]"), "qa[tq]", tag, qt);
     let _ = writeln!(s, "{ind}  }}\n{ind}}}");
 }
 
