@@ -145,6 +145,11 @@ inline float __uint_as_float(unsigned u) {
   memcpy(&f, &u, 4);
   return f;
 }
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  memcpy(&u, &f, 4);
+  return u;
+}
 inline float __int_as_float(int u) {
   float f;
   memcpy(&f, &u, 4);

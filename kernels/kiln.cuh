@@ -114,6 +114,52 @@ __device__ __forceinline__ bf16 bf16_from(double d) {
 __device__ __forceinline__ float rnd_f16(float f) { return to_float(f16_from(f)); }
 __device__ __forceinline__ float rnd_bf16(float f) { return to_float(bf16_from(f)); }
 
+// Two roundings at once, `ra = rnd(a)` and `rb = rnd(b)`: on the GPU one
+// `cvt.rn.bf16x2.f32` (`f16x2`) for both. Conversions issue at a quarter
+// of float arithmetic's rate (16 a cycle per multiprocessor on sm_80 and
+// sm_90), and a bf16 chain rounds after every op: BERT-base's residual add
+// and layer norm over [4096, 768] bf16 took 9.9 us with one conversion a
+// rounding and 8.2 in pairs (7.9 with no rounding at all; H200,
+// benches/probes/layer_norm.py). Codegen pairs the roundings of two
+// elements a thread computes side by side (codegen/paired.rs).
+#ifdef KILN_EMULATE
+__device__ __forceinline__ void rnd2_bf16(float a, float b, float& ra, float& rb) {
+  ra = rnd_bf16(a);
+  rb = rnd_bf16(b);
+}
+__device__ __forceinline__ void rnd2_f16(float a, float b, float& ra, float& rb) {
+  ra = rnd_f16(a);
+  rb = rnd_f16(b);
+}
+#else
+__device__ __forceinline__ void rnd2_bf16(float a, float b, float& ra, float& rb) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));  // a in the low half
+  ra = __uint_as_float(r << 16);
+  rb = __uint_as_float(r & 0xffff0000u);
+}
+__device__ __forceinline__ void rnd2_f16(float a, float b, float& ra, float& rb) {
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+  f16 lo, hi;
+  lo.bits = (unsigned short)(r & 0xffffu);
+  hi.bits = (unsigned short)(r >> 16);
+  ra = to_float(lo);
+  rb = to_float(hi);
+}
+#endif
+
+// A float that a bf16 holds exactly (a bf16 node's compute value: every
+// one is rounded) as its bits, without a conversion: its high half. NaN
+// keeps its quiet bit, as the rounding left it. Only for such values: a
+// double argument does not compile, so a wide sum cannot slip through.
+__device__ __forceinline__ bf16 bf16_exact(float f) {
+  bf16 h;
+  h.bits = (unsigned short)(__float_as_uint(f) >> 16);
+  return h;
+}
+__device__ bf16 bf16_exact(double) = delete;
+
 __device__ __forceinline__ float nan_f32() { return __int_as_float(0x7fc00000); }
 __device__ __forceinline__ double nan_f64() { return __longlong_as_double(0x7ff8000000000000LL); }
 __device__ __forceinline__ float inf_f32() { return __int_as_float(0x7f800000); }

@@ -155,22 +155,51 @@ impl<'a> Body<'a> {
         var: &str,
         operand: &dyn Fn(NodeId) -> String,
     ) -> Result<String, String> {
+        let (e, round) = self.unsettled(id, operand)?;
+        let e = match round {
+            Some(half) => types::settle(half, &e),
+            None => e,
+        };
+        Ok(format!("const {} {var} = {e};", types::compute(self.g.node(id).dtype)))
+    }
+
+    /// Compute node `id`'s expression before its rounding to a 16-bit
+    /// float, and that type (`None`: the expression is its value already;
+    /// f32, f64 and integer results are settled in it). Split so that two
+    /// elements' roundings can be one conversion (`super::lanes`).
+    pub fn unsettled(
+        &self,
+        id: NodeId,
+        operand: &dyn Fn(NodeId) -> String,
+    ) -> Result<(String, Option<DType>), String> {
         let node = self.g.node(id);
         let ops = self.g.operands(id);
         let arg = |k: usize| ops.get(k).map(|&o| operand(o)).ok_or_else(|| format!("{id} lacks operand {k}"));
         let d = node.dtype;
-        let e = match &node.op {
-            Op::Unary(u) => expr::unary(*u, d, &arg(0)?),
-            Op::Binary(b) => expr::binary(*b, d, &arg(0)?, &arg(1)?),
-            Op::Compare(c) => expr::compare(*c, &arg(0)?, &arg(1)?),
-            Op::Where => expr::select(&arg(0)?, &arg(1)?, &arg(2)?),
-            Op::Cast(to) => expr::convert(self.g.node(ops[0]).dtype, *to, &arg(0)?),
+        let half = matches!(d, DType::F16 | DType::BF16).then_some(d);
+        let settled = |e: String| match half {
+            Some(_) => (e, half),
+            None => (types::settle(d, &e), None),
+        };
+        Ok(match &node.op {
+            Op::Unary(u) => settled(expr::unary_unsettled(*u, d, &arg(0)?)),
+            Op::Binary(b) => settled(expr::binary_unsettled(*b, d, &arg(0)?, &arg(1)?)),
+            Op::Compare(c) => (expr::compare(*c, &arg(0)?, &arg(1)?), None),
+            Op::Where => (expr::select(&arg(0)?, &arg(1)?, &arg(2)?), None),
+            Op::Cast(to) => {
+                let from = self.g.node(ops[0]).dtype;
+                // A float narrowed to a 16-bit float is one rounding of its
+                // compute value (`types::cast`); other casts are final.
+                match half {
+                    Some(_) if from != *to && types::compute(from) == "float" => (arg(0)?, half),
+                    _ => (expr::convert(from, *to, &arg(0)?), None),
+                }
+            }
             // An expand of a computed value: the value itself (a row value
             // read along its row, or an expand to the same shape).
-            Op::Expand(_) => arg(0)?,
+            Op::Expand(_) => (arg(0)?, None),
             op => return Err(format!("{id} ({}) is not an elementwise op", op.mnemonic())),
-        };
-        Ok(format!("const {} {var} = {e};", types::compute(d)))
+        })
     }
 
     /// True if `id` is a leaf.

@@ -19,7 +19,7 @@
 //! element another output still reads.
 
 use super::body::{buffer_operands, out_name, params_named, Body, Operand};
-use super::{types, Kernel, BLOCK};
+use super::{paired, types, Kernel, BLOCK};
 use crate::ir::{DType, Graph, NodeId, Padded};
 
 /// Elements per thread when vector access is possible.
@@ -107,6 +107,8 @@ pub(crate) fn function(
         1
     };
     let vec = step > 1;
+    // Two elements at a time where their roundings can share conversions.
+    let pair = vec && paired::rounds(&body, &computed);
 
     let mut src = String::new();
     let (block, grid) = match frame {
@@ -169,32 +171,59 @@ pub(crate) fn function(
         for (j, d) in out_dtypes.iter().enumerate() {
             src.push_str(&format!("    kiln::vec{step}<{}> {};\n", types::storage(*d), vec_name(j)));
         }
-        src.push_str(&format!(
-            "#pragma unroll\n    for (int j = 0; j < {step}; ++j) {{\n      const I i = base + j;\n"
-        ));
+        let next = if pair { "j += 2" } else { "++j" };
+        src.push_str(&format!("#pragma unroll\n    for (int j = 0; j < {step}; {next}) {{\n"));
+        src.push_str(if pair {
+            "      const I i = base + j, i1 = i + 1;\n"
+        } else {
+            "      const I i = base + j;\n"
+        });
     } else {
         src.push_str("    {\n      const I i = base;\n");
     }
-    let operand = |o: NodeId| -> String {
-        if let Some((_, v)) = hoisted.iter().find(|(h, _)| *h == o) {
-            return v.clone();
-        }
-        if let Some((_, v)) = vectors.iter().find(|(h, _)| *h == o) {
-            return types::load(g.node(o).dtype, &format!("{v}.v[j]"));
-        }
-        match body.leaves.get(&o) {
-            Some(leaf) => leaf.read_at(&leaf.access.offset_of("i")),
-            None => format!("v{}", o.index()),
+    // Element `k` of the pair (0 alone): its index, vector slot and names.
+    let operand = |k: usize| {
+        let (i, slot, suffix) = if k == 0 { ("i", "j", "") } else { ("i1", "j + 1", "_1") };
+        let hoisted = &hoisted;
+        let vectors = &vectors;
+        let body = &body;
+        move |o: NodeId| -> String {
+            if let Some((_, v)) = hoisted.iter().find(|(h, _)| *h == o) {
+                return v.clone();
+            }
+            if let Some((_, v)) = vectors.iter().find(|(h, _)| *h == o) {
+                return types::load(g.node(o).dtype, &format!("{v}.v[{slot}]"));
+            }
+            match body.leaves.get(&o) {
+                Some(leaf) => leaf.read_at(&leaf.access.offset_of(i)),
+                None => format!("v{}{suffix}", o.index()),
+            }
         }
     };
+    let (first, second) = (operand(0), operand(1));
     for &id in &computed {
-        src.push_str(&format!("      {}\n", body.statement(id, &format!("v{}", id.index()), &operand)?));
+        let v = format!("v{}", id.index());
+        if pair {
+            for line in paired::statements(&body, id, [&v, &format!("{v}_1")], [&first, &second])? {
+                src.push_str(&format!("      {line}\n"));
+            }
+        } else {
+            src.push_str(&format!("      {}\n", body.statement(id, &v, &first)?));
+        }
     }
     for (j, (&o, &d)) in outputs.iter().zip(&out_dtypes).enumerate() {
-        let result = types::store(d, &operand(o));
+        // Every value of a node is already what its dtype holds.
+        let result = types::store_exact(d, &first(o));
         match vec {
             true => src.push_str(&format!("      {}.v[j] = {result};\n", vec_name(j))),
             false => src.push_str(&format!("      {}[i] = {result};\n", out_name(j))),
+        }
+        if pair {
+            src.push_str(&format!(
+                "      {}.v[j + 1] = {};\n",
+                vec_name(j),
+                types::store_exact(d, &second(o))
+            ));
         }
     }
     src.push_str("    }\n");

@@ -13,7 +13,12 @@ use crate::ir::{BinaryOp, CompareOp, DType, UnaryOp};
 
 /// `op(x)` for a value of dtype `d`.
 pub(crate) fn unary(op: UnaryOp, d: DType, x: &str) -> String {
-    let e = match compute(d) {
+    settle(d, &unary_unsettled(op, d, x))
+}
+
+/// [`unary`] before its result is settled to `d`.
+pub(crate) fn unary_unsettled(op: UnaryOp, d: DType, x: &str) -> String {
+    match compute(d) {
         "float" => float_unary(op, x, "f", "f"),
         "double" => float_unary(op, x, "", ""),
         "bool" => x.to_string(),
@@ -24,8 +29,7 @@ pub(crate) fn unary(op: UnaryOp, d: DType, x: &str) -> String {
             // infer() rejects the float-only ops on integers.
             _ => x.to_string(),
         },
-    };
-    settle(d, &e)
+    }
 }
 
 /// `suffix` picks the float (`f`) or double (``) libm functions and
@@ -59,9 +63,10 @@ fn float_unary(op: UnaryOp, x: &str, func: &str, lit: &str) -> String {
     }
 }
 
-/// `op(a, b)` for values of dtype `d`.
-pub(crate) fn binary(op: BinaryOp, d: DType, a: &str, b: &str) -> String {
-    let e = match compute(d) {
+/// `op(a, b)` for values of dtype `d`, before the result is settled to
+/// `d` (`types::settle`).
+pub(crate) fn binary_unsettled(op: BinaryOp, d: DType, a: &str, b: &str) -> String {
+    match compute(d) {
         "float" | "double" => {
             let func = if compute(d) == "float" { "f" } else { "" };
             match op {
@@ -107,8 +112,7 @@ pub(crate) fn binary(op: BinaryOp, d: DType, a: &str, b: &str) -> String {
             // infer() rejects the activation gradients on integers.
             BinaryOp::GeluTanhGrad | BinaryOp::GeluGrad | BinaryOp::SiluGrad => "0".to_string(),
         },
-    };
-    settle(d, &e)
+    }
 }
 
 /// `a op b` for operands of dtype `d`: a bool.

@@ -40,6 +40,7 @@ pub(crate) mod index;
 pub(crate) mod index_add;
 pub(crate) mod multi;
 pub(crate) mod ops;
+mod paired;
 pub(crate) mod pool_grad;
 pub(crate) mod reduction;
 pub(crate) mod types;

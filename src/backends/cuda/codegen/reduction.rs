@@ -27,9 +27,9 @@
 
 use super::body::{buffer_operands, out_name, params_named, Body, Leaf, Operand};
 use super::expr;
-use super::{types, Kernel};
+use super::{paired, types, Kernel};
 use crate::ir::{BinaryOp, DType, Graph, NodeId, Op, Padded, ReduceOp, Shape, UnaryOp};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
 /// Whether a body node is known per row or per element of the domain.
@@ -125,26 +125,30 @@ pub(crate) fn generate(
     if !full.is_empty() {
         passes.push(full.iter().map(|&j| outputs[j]).collect());
     }
-    // Operands read in more than one pass stay in registers.
+    // Only rows too long for registers: a row in registers reads memory
+    // once however many passes it takes.
+    let online = if unrolled { Vec::new() } else { online_pairs(&body) };
+    // Computed values that later passes read again stay in registers (a
+    // residual sum, a softmax's exp), then operands read in more than one
+    // pass (of what is still computed from them).
+    let kept =
+        if unrolled { kept_values(&body, &class, &passes, MAX_CACHED / items.max(1)) } else { Vec::new() };
     let mut uses: HashMap<NodeId, usize> = HashMap::new();
-    for p in &passes {
-        let mut seen = leaves_of(&body, p, &class);
+    for (k, p) in passes.iter().enumerate() {
+        let mut seen = leaves_of(&body, p, &|n| available(&class, &kept, k, n));
         seen.sort();
         seen.dedup();
         for l in seen {
             *uses.entry(l).or_default() += 1;
         }
     }
-    // Only rows too long for registers: a row in registers reads memory
-    // once however many passes it takes.
-    let online = if unrolled { Vec::new() } else { online_pairs(&body) };
     let mut cached: Vec<NodeId> = Vec::new();
     if unrolled {
         for &id in &read {
             let cacheable = body.leaves.get(&id).is_some_and(|l| l.operand.is_some() && !l.is_uniform());
             if cacheable
                 && uses.get(&id).copied().unwrap_or(0) >= 2
-                && (cached.len() + 1) * items <= MAX_CACHED
+                && (kept.len() + cached.len() + 1) * items <= MAX_CACHED
             {
                 cached.push(id);
             }
@@ -165,6 +169,8 @@ pub(crate) fn generate(
         split,
         cached: &cached,
         loaded: Vec::new(),
+        kept: &kept,
+        pass: 0,
         unrolled,
         items,
         group,
@@ -195,6 +201,9 @@ pub(crate) fn generate(
         let l = &body.leaves[&id];
         let _ = writeln!(src, "    {} c{}[{items}];", types::compute(l.dtype), id.index());
     }
+    for &(id, _) in &kept {
+        let _ = writeln!(src, "    {} k{}[{items}];", types::compute(g.node(id).dtype), id.index());
+    }
     for &id in &body.order {
         match (class[&id], &g.node(id).op) {
             (Class::Row, Op::Reduce { op, .. }) => match online.iter().find(|p| p.max == id || p.sum == id) {
@@ -211,10 +220,15 @@ pub(crate) fn generate(
     }
     if !full.is_empty() {
         let targets: Vec<NodeId> = full.iter().map(|&j| outputs[j]).collect();
-        gen.column_pass(&mut src, &targets, &|gen, src, col_value| {
+        gen.column_pass(&mut src, &targets, &|gen, src, col_value, col| {
             for &j in &full {
-                let v = types::store(out_dtypes[j], &col_value(gen, outputs[j]));
-                let at = if j == 0 && pad.is_some() { "row * W + col" } else { "row * C + col" };
+                // A node's value: already what its dtype holds.
+                let v = types::store_exact(out_dtypes[j], &col_value(gen, outputs[j]));
+                let at = if j == 0 && pad.is_some() {
+                    format!("row * W + {col}")
+                } else {
+                    format!("row * C + {col}")
+                };
                 let _ = writeln!(src, "        {}[{at}] = {v};", out_name(j));
             }
         })?;
@@ -223,7 +237,7 @@ pub(crate) fn generate(
         pad_columns(&mut src, p, out_dtypes[0], group);
     }
     for &j in &per_row {
-        let v = types::store(out_dtypes[j], &gen.row_operand(outputs[j]));
+        let v = types::store_exact(out_dtypes[j], &gen.row_operand(outputs[j]));
         let _ = writeln!(src, "    if (lane == 0) {}[row] = {v};", out_name(j));
     }
     src.push_str("  }\n}\n");
@@ -334,25 +348,89 @@ fn online_pairs(body: &Body<'_>) -> Vec<OnlinePair> {
     pairs
 }
 
-/// The leaves a column pass computing `targets` reads.
-fn leaves_of(body: &Body<'_>, targets: &[NodeId], class: &HashMap<NodeId, Class>) -> Vec<NodeId> {
+/// The leaves a column pass computing `targets` reads, its cone ending at
+/// the values `known` before it.
+fn leaves_of(body: &Body<'_>, targets: &[NodeId], known: &dyn Fn(NodeId) -> bool) -> Vec<NodeId> {
     let mut out = Vec::new();
     for &target in targets {
         if body.is_leaf(target) {
             out.push(target);
         }
-        for n in body.cone(target, &|n| class[&n] == Class::Row) {
+        for n in body.cone(target, known) {
             out.extend(body.g.operands(n).into_iter().filter(|o| body.is_leaf(*o)));
         }
     }
     out
 }
 
-/// The nodes a column pass computes for `targets`, in body order.
-fn pass_cone(body: &Body<'_>, targets: &[NodeId], class: &HashMap<NodeId, Class>) -> Vec<NodeId> {
-    let need: std::collections::HashSet<NodeId> =
-        targets.iter().flat_map(|&t| body.cone(t, &|n| class[&n] == Class::Row)).collect();
+/// The nodes a column pass computes for `targets`, in body order, its
+/// cone ending at the values `known` before it.
+fn pass_cone(body: &Body<'_>, targets: &[NodeId], known: &dyn Fn(NodeId) -> bool) -> Vec<NodeId> {
+    let need: HashSet<NodeId> = targets.iter().flat_map(|&t| body.cone(t, known)).collect();
     body.order.iter().copied().filter(|n| need.contains(n)).collect()
+}
+
+/// True when pass `pass` finds `n` computed: a row value, or a value kept
+/// by an earlier pass.
+fn available(class: &HashMap<NodeId, Class>, kept: &[(NodeId, usize)], pass: usize, n: NodeId) -> bool {
+    class[&n] == Class::Row || kept.iter().any(|&(k, p)| k == n && p < pass)
+}
+
+/// Per-column values computed in one pass and read again by later ones,
+/// each with the pass that computes it, at most `room` of them: a later
+/// pass reads `k<id>[it]` instead of computing the value again (and
+/// reloading its operands). Only the frontier is kept: a value whose later
+/// readers are not themselves recomputed (a layer norm keeps its residual
+/// sum `x`, then `x - mean`; a softmax keeps `exp(x - max)`, not
+/// `x - max` too). Expands of row values cost nothing and stay out.
+///
+/// A bf16 layer norm without it computed the residual sum and its rounding
+/// in all three passes: measured alone (H200), one rounding less an
+/// element is worth about a microsecond on BERT-base's `[4096, 768]`.
+fn kept_values(
+    body: &Body<'_>,
+    class: &HashMap<NodeId, Class>,
+    passes: &[Vec<NodeId>],
+    room: usize,
+) -> Vec<(NodeId, usize)> {
+    let g = body.g;
+    let mut kept: Vec<(NodeId, usize)> = Vec::new();
+    for p in 0..passes.len() {
+        let known = |n: NodeId| available(class, &kept, p + 1, n);
+        let here: HashSet<NodeId> =
+            pass_cone(body, &passes[p], &|n| available(class, &kept, p, n)).into_iter().collect();
+        let later: HashSet<NodeId> =
+            passes[p + 1..].iter().flat_map(|t| pass_cone(body, t, &known)).collect();
+        let shared: Vec<NodeId> =
+            body.order.iter().copied().filter(|n| here.contains(n) && later.contains(n)).collect();
+        let mut keep = Vec::new();
+        for &n in &shared {
+            let read_later = passes[p + 1..].iter().any(|t| t.contains(&n))
+                || later.iter().any(|&u| !shared.contains(&u) && g.operands(u).contains(&n));
+            if read_later && !matches!(g.node(n).op, Op::Expand(_)) && kept.len() + keep.len() < room {
+                keep.push((n, p));
+            }
+        }
+        kept.extend(keep);
+    }
+    kept
+}
+
+/// Whether a thread sums its columns of an unrolled row (at most
+/// [`MAX_ITEMS`]) in float before the group adds the threads' sums in
+/// double. Each conversion to double issues at a quarter of float
+/// arithmetic's rate, and one a column set the time of BERT-base's layer
+/// norm (`[4096, 768]` bf16, H200, `benches/probes/layer_norm.py`: 11.5 us
+/// with double terms, 9.9 with float partials; both with one conversion a
+/// rounding). The online max-and-sum pass does the same with [`CHUNK`]
+/// columns. What it costs: a partial of at most 16 floats rounds up to 15
+/// times, a relative error of about `15 * 2^-24` of the sum of the
+/// terms' magnitudes (a bf16 or f16 result cannot see it; an f32 one can,
+/// in its last bits, where the CPU backend sums in double), and a partial
+/// can overflow where a double would not (terms near `f32::MAX` that
+/// cancel), as PyTorch's float accumulation does.
+fn partial_in_float(op: ReduceOp, xd: DType) -> bool {
+    matches!(op, ReduceOp::Sum | ReduceOp::Mean) && types::compute(xd) == "float"
 }
 
 /// Emission state: which cached operands the passes so far have loaded.
@@ -362,6 +440,10 @@ struct Gen<'b, 'a> {
     split: usize,
     cached: &'b [NodeId],
     loaded: Vec<NodeId>,
+    /// Computed values kept in `k<id>[]` (see [`kept_values`]), and the
+    /// column pass being emitted.
+    kept: &'b [(NodeId, usize)],
+    pass: usize,
     unrolled: bool,
     items: usize,
     group: usize,
@@ -406,29 +488,47 @@ impl Gen<'_, '_> {
         }
     }
 
-    /// A value inside a column pass.
+    /// A value inside a column pass, at the pass's column `col`.
     fn col_operand(&self, id: NodeId) -> String {
+        self.col_operand_at(id, 0)
+    }
+
+    /// A value inside a column pass for element `k` of a pair (see
+    /// [`Gen::column_pass`]): 0 at `col` (item `it`), 1 at `col1` (item
+    /// `it + 1`).
+    fn col_operand_at(&self, id: NodeId, k: usize) -> String {
+        let (col, item, suffix) = if k == 0 { ("col", "it", "") } else { ("col1", "it + 1", "_1") };
         match (self.class[&id], self.body.leaves.get(&id)) {
             (Class::Row, _) => format!("r{}", id.index()),
-            (_, Some(l)) if self.cached.contains(&id) && self.loaded.contains(&id) => {
-                let _ = l;
-                format!("c{}[it]", id.index())
+            _ if available(self.class, self.kept, self.pass, id) => format!("k{}[{item}]", id.index()),
+            (_, Some(_)) if self.cached.contains(&id) && self.loaded.contains(&id) => {
+                format!("c{}[{item}]", id.index())
             }
-            (_, Some(l)) => self.leaf_at(id, l, Some("col")),
-            _ => format!("v{}", id.index()),
+            (_, Some(l)) => self.leaf_at(id, l, Some(col)),
+            _ => format!("v{}{suffix}", id.index()),
         }
     }
 
     /// One pass over the row's columns computing `targets` per column, then
-    /// `finish(their values)` inside the loop.
+    /// `finish(their values, the column)` inside the loop. Where every
+    /// thread has an even number of whole columns and the pass rounds to a
+    /// 16-bit float, the columns go two at a time (items `it` and `it + 1`,
+    /// columns `col` and `col1`), their roundings paired (`super::paired`),
+    /// and `finish` runs for each.
     fn column_pass(
         &mut self,
         src: &mut String,
         targets: &[NodeId],
-        finish: &dyn Fn(&Gen<'_, '_>, &mut String, ColValue<'_>),
+        finish: &dyn Fn(&Gen<'_, '_>, &mut String, ColValue<'_>, &str),
     ) -> Result<(), String> {
-        let (items, group) = (self.items, self.group);
-        if self.unrolled {
+        let (items, group, pass) = (self.items, self.group, self.pass);
+        let known = |n: NodeId| available(self.class, self.kept, pass, n);
+        let cone = pass_cone(self.body, targets, &known);
+        let pair = self.unrolled && self.cols_exact() && items % 2 == 0 && paired::rounds(self.body, &cone);
+        if pair {
+            let _ = writeln!(src, "#pragma unroll\n    for (int it = 0; it < {items}; it += 2) {{");
+            let _ = writeln!(src, "      const I col = lane + it * {group}, col1 = col + {group};\n      {{");
+        } else if self.unrolled {
             let _ = writeln!(src, "#pragma unroll\n    for (int it = 0; it < {items}; ++it) {{");
             let _ = writeln!(src, "      const I col = lane + it * {group};");
             if !self.cols_exact() {
@@ -440,21 +540,47 @@ impl Gen<'_, '_> {
             let _ = writeln!(src, "    for (I col = lane; col < C; col += {group}) {{\n      {{");
         }
         // Load the cached operands this pass is the first to read.
-        let reads = leaves_of(self.body, targets, self.class);
+        let reads = leaves_of(self.body, targets, &known);
         for &id in self.cached {
             if reads.contains(&id) && !self.loaded.contains(&id) {
                 let l = &self.body.leaves[&id];
-                let v = self.leaf_at(id, l, Some("col"));
-                let _ = writeln!(src, "        c{}[it] = {v};", id.index());
+                let _ = writeln!(src, "        c{}[it] = {};", id.index(), self.leaf_at(id, l, Some("col")));
+                if pair {
+                    let _ = writeln!(
+                        src,
+                        "        c{}[it + 1] = {};",
+                        id.index(),
+                        self.leaf_at(id, l, Some("col1"))
+                    );
+                }
                 self.loaded.push(id);
             }
         }
-        for n in pass_cone(self.body, targets, self.class) {
-            let s = self.body.statement(n, &format!("v{}", n.index()), &|o| self.col_operand(o))?;
-            let _ = writeln!(src, "        {s}");
+        for n in cone {
+            let v = format!("v{}", n.index());
+            if pair {
+                let (first, second) = (|o| self.col_operand_at(o, 0), |o| self.col_operand_at(o, 1));
+                for line in paired::statements(self.body, n, [&v, &format!("{v}_1")], [&first, &second])? {
+                    let _ = writeln!(src, "        {line}");
+                }
+            } else {
+                let s = self.body.statement(n, &v, &|o| self.col_operand(o))?;
+                let _ = writeln!(src, "        {s}");
+            }
         }
-        finish(self, src, &|gen, id| gen.col_operand(id));
+        // Keep what later passes read again.
+        for &(id, _) in self.kept.iter().filter(|&&(_, p)| p == pass) {
+            let _ = writeln!(src, "        k{0}[it] = v{0};", id.index());
+            if pair {
+                let _ = writeln!(src, "        k{0}[it + 1] = v{0}_1;", id.index());
+            }
+        }
+        finish(self, src, &|gen, id| gen.col_operand_at(id, 0), "col");
+        if pair {
+            finish(self, src, &|gen, id| gen.col_operand_at(id, 1), "col1");
+        }
         src.push_str("      }\n    }\n");
+        self.pass += 1;
         Ok(())
     }
 
@@ -480,7 +606,7 @@ impl Gen<'_, '_> {
             src,
             "        const I col = c0 + it * {g};\n        xs[it] = {neg_inf};\n        if (col < C) {{"
         );
-        for id in pass_cone(self.body, &[a], self.class) {
+        for id in pass_cone(self.body, &[a], &|n| self.class[&n] == Class::Row) {
             let st = self.body.statement(id, &format!("v{}", id.index()), &|o| self.col_operand(o))?;
             let _ = writeln!(src, "          {st}");
         }
@@ -555,12 +681,32 @@ impl Gen<'_, '_> {
             ),
         };
         let acc = format!("a{}", id.index());
+        // A thread's own columns (at most `MAX_ITEMS`) add in float, then
+        // the threads' sums in double: one conversion a thread, not one a
+        // column (see [`partial_in_float`]).
+        let partial = self.unrolled && partial_in_float(op, xd);
+        let (acc_ty, init, combine) = match partial {
+            true => ("float".to_string(), "-0.0f".to_string(), "acc += {X};".to_string()),
+            false => (acc_ty, init, combine),
+        };
         let _ = writeln!(src, "    {acc_ty} {acc} = {init};");
         let combine = combine.replace("acc", &acc);
-        self.column_pass(src, &[x], &|gen, src, value| {
+        self.column_pass(src, &[x], &|gen, src, value, _| {
             let _ = writeln!(src, "        {}", combine.replace("{X}", &value(gen, x)));
         })?;
-        let _ = writeln!(src, "    {acc} = kiln::group_reduce<{}>({acc}, {functor});", self.group);
+        let group = self.group;
+        match partial {
+            true => {
+                let _ = writeln!(
+                    src,
+                    "    const double {acc}d = kiln::group_reduce<{group}>((double){acc}, {functor});"
+                );
+            }
+            false => {
+                let _ = writeln!(src, "    {acc} = kiln::group_reduce<{group}>({acc}, {functor});");
+            }
+        }
+        let acc = if partial { format!("{acc}d") } else { acc };
         let value = match op {
             ReduceOp::Sum if float => types::cast(DType::F64, d, &acc),
             ReduceOp::Mean => types::cast(DType::F64, d, &format!("({acc} / (double)C)")),

@@ -53,6 +53,17 @@ pub(crate) fn store(d: DType, v: &str) -> String {
     }
 }
 
+/// [`store`] of a compute value that `d` holds exactly (any node's value:
+/// each is settled to its dtype): a bf16 is then the float's high half,
+/// with no conversion (`kiln::bf16_exact`). Not for wider values (a
+/// double sum, a float accumulator), which need [`store`]'s rounding.
+pub(crate) fn store_exact(d: DType, v: &str) -> String {
+    match d {
+        DType::BF16 => format!("kiln::bf16_exact({v})"),
+        _ => store(d, v),
+    }
+}
+
 /// A freshly computed value of dtype `d` (in its compute type) rounded to
 /// what `d` can hold: f16/bf16 round once, integers wrap, others are as is.
 pub(crate) fn settle(d: DType, v: &str) -> String {
