@@ -59,6 +59,9 @@ def kernel(R, C, group, vec, acc, add, one_barrier=False, rounding="cvt"):
     residual add of two inputs (BERT) or one input (GPT-2's norm);
     `rounding`: a key of ROUNDINGS, or "pair" (cvt.rn.bf16x2.f32 on two
     values at once)."""
+    combine_double = acc == "float-double"
+    if combine_double:
+        acc = "float"
     runs = C // vec
     items = runs // group
     assert items * group * vec == C, (C, group, vec)
@@ -94,7 +97,9 @@ def kernel(R, C, group, vec, acc, add, one_barrier=False, rounding="cvt"):
             s += f"        const float {dst}{2 * w} = lo16(u_{dst}[{w}]), {dst}{2 * w + 1} = hi16(u_{dst}[{w}]);\n"
         return s
 
-    if group <= 32:
+    if combine_double:
+        red = lambda v: f"    const double {v}d = kiln::group_reduce<{group}>((double){v}, kiln::Sum());\n    const float {v}f = (float)({v}d / (double)C);\n"
+    elif group <= 32:
         red = lambda v: f"#pragma unroll\n    for (int o = {group // 2}; o > 0; o >>= 1) {v} += kiln::shfl_xor({v}, o);\n"
     elif one_barrier:
         red = lambda v: (f"#pragma unroll\n    for (int o = 16; o > 0; o >>= 1) {v} += kiln::shfl_xor({v}, o);\n"
@@ -120,14 +125,15 @@ def kernel(R, C, group, vec, acc, add, one_barrier=False, rounding="cvt"):
         src += "".join(f"        x[it * {vec} + {j}] = p{j};\n" for j in J)
     src += "".join(f"        a3 += ({acc})(x[it * {vec} + {j}]);\n" for j in J)
     src += "      }\n    }\n" + red("a3")
-    src += f"    const float r3 = kiln::to_float(kiln::bf16_from((double)(a3 / ({acc})C)));\n    {acc} a7 = 0;\n"
+    mean = lambda v: f"{v}f" if combine_double else f"(double)({v} / ({acc})C)"
+    src += f"    const float r3 = kiln::to_float(kiln::bf16_from({mean('a3')}));\n    {acc} a7 = 0;\n"
     step = 2 if pair else 1
     src += f"#pragma unroll\n    for (int i = 0; i < {cached}; i += {step}) {{\n"
     K = range(step)
     src += rnd_stage([f"v{k}" for k in K], [f"x[i + {k}] - r3" for k in K])
     src += rnd_stage([f"s{k}" for k in K], [f"v{k} * v{k}" for k in K])
     src += "".join(f"        a7 += ({acc})(s{k});\n" for k in K) + "    }\n" + red("a7")
-    src += f"    const float r7 = kiln::to_float(kiln::bf16_from((double)(a7 / ({acc})C)));\n"
+    src += f"    const float r7 = kiln::to_float(kiln::bf16_from({mean('a7')}));\n"
     src += "    const float r10 = kiln::rnd_bf16((r7 + 1.0018653e-12f));\n"
     src += "    const float r11 = kiln::rnd_bf16((1.0f / sqrtf(r10)));\n"
     src += f"#pragma unroll\n    for (int it = 0; it < {items}; ++it) {{\n      const I col = (lane + it * {group}) * {vec};\n"
@@ -186,8 +192,12 @@ def main():
     b = cp.asarray(bf16(0.1 * rng.standard_normal(C, dtype=np.float32)))
     outs = [cp.zeros((R, C), dtype=cp.uint16) for _ in range(COPIES)]
     variants = {"before (block 128, double, one cvt each)": (before, R, 128), "codegen (paired, float partials, kept)": (now, R, 128)}
+    # The generated kernel with its threads' partials combined in float.
+    float_combine = re.sub(r"const double (a\d+)d = kiln::group_reduce<(\d+)>\(\(double\)(a\d+), kiln::Sum\(\)\);",
+                           r"const float \1d = kiln::group_reduce<\2>(\3, kiln::Sum());", now)
+    variants["codegen, partials combined in float"] = (float_combine, R, 128)
     for group, vec, acc, rounding in [
-        (128, 1, "double", "cvt"), (128, 2, "float", "cvt"), (128, 2, "float", "pair"),
+        (128, 1, "double", "cvt"), (128, 2, "float", "cvt"), (128, 2, "float", "pair"), (128, 2, "float-double", "pair"),
         (96, 8, "double", "cvt"), (96, 8, "double", "pair"),
         (96, 8, "float", "cvt"), (96, 8, "float", "int"), (96, 8, "float", "pair"), (96, 8, "float", "none"),
         (32, 4, "float", "pair"), (32, 8, "float", "cvt"), (32, 8, "float", "pair"),
