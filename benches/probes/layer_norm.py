@@ -196,6 +196,10 @@ def main():
     float_combine = re.sub(r"const double (a\d+)d = kiln::group_reduce<(\d+)>\(\(double\)(a\d+), kiln::Sum\(\)\);",
                            r"const float \1d = kiln::group_reduce<\2>(\3, kiln::Sum());", now)
     variants["codegen, partials combined in float"] = (float_combine, R, 128)
+    # ... and held to 32 registers (16 blocks of 128 an SM)
+    bounded = lambda t: t.replace('extern "C" __global__ void k(', 'extern "C" __global__ void __launch_bounds__(128, 16) k(')
+    variants["codegen, launch bounds (128, 16)"] = (bounded(now), R, 128)
+    variants["codegen, float combine, launch bounds"] = (bounded(float_combine), R, 128)
     for group, vec, acc, rounding in [
         (128, 1, "double", "cvt"), (128, 2, "float", "cvt"), (128, 2, "float", "pair"), (128, 2, "float-double", "pair"),
         (96, 8, "double", "cvt"), (96, 8, "double", "pair"),

@@ -4,7 +4,9 @@
 //! Each thread handles four consecutive elements when the element count is
 //! a multiple of four: operands read densely from a four-aligned offset are
 //! then loaded with one vector load (16 bytes for f32), the output is
-//! stored with one, and other operands are read element by element
+//! stored with one, an operand whose runs of four are consecutive (a bias
+//! broadcast over rows, `Access::runs_of`) is loaded with one at the run's
+//! first element, and other operands are read element by element
 //! (broadcast values are read once per thread, before the loop). When every
 //! such operand and every output is 16-bit (bf16, f16), a thread takes
 //! eight: 16-byte accesses for halves too. With four, a warp's bf16 load
@@ -157,16 +159,26 @@ pub(crate) fn function(
             if leaf.is_uniform() || !needed(&body, outputs, &computed, id) {
                 continue;
             }
-            if let Some(b) = leaf.access.dense_base() {
-                let var = format!("d{}", id.index());
-                let at = if b == 0 { "base".to_string() } else { format!("base + {b}") };
-                src.push_str(&format!(
-                    "    const kiln::vec{step}<{}> {var} = kiln::load{step}({} + {at});\n",
-                    types::storage(leaf.dtype),
-                    leaf.param()
-                ));
-                vectors.push((id, var));
-            }
+            let at = match leaf.access.dense_base() {
+                Some(0) => "base".to_string(),
+                Some(b) => format!("base + {b}"),
+                // A run of a row vector (a bias): one load at its first
+                // element, where the vector is at most 16 bytes. Eight
+                // scalar loads of BERT's bias (`in2[i % 3072]`) made its
+                // erf GELU over [4096, 3072] bf16 take 24.9 us, one load
+                // 22.8 (H200, benches/probes/erf_gelu.py).
+                None if leaf.access.runs_of(step) && leaf.dtype.size() * step <= 16 => {
+                    format!("({})", leaf.access.offset_of("base"))
+                }
+                None => continue,
+            };
+            let var = format!("d{}", id.index());
+            src.push_str(&format!(
+                "    const kiln::vec{step}<{}> {var} = kiln::load{step}({} + {at});\n",
+                types::storage(leaf.dtype),
+                leaf.param()
+            ));
+            vectors.push((id, var));
         }
         for (j, d) in out_dtypes.iter().enumerate() {
             src.push_str(&format!("    kiln::vec{step}<{}> {};\n", types::storage(*d), vec_name(j)));

@@ -79,6 +79,26 @@ impl Access {
         l.is_contiguous().then_some(l.offset)
     }
 
+    /// True when positions `i .. i + step`, for every `i` that is a
+    /// multiple of `step`, read `step` consecutive storage elements that
+    /// start at a multiple of `step`: the innermost dim is contiguous and
+    /// a multiple of `step` long, and every other stride and the offset
+    /// are multiples of `step`. A bias broadcast over rows is such an
+    /// operand: an elementwise kernel then reads a thread's run of it with
+    /// one vector load at [`Access::offset_of`] its first position.
+    pub fn runs_of(&self, step: usize) -> bool {
+        let Some(l) = self.single() else { return false };
+        let (Some((&last, _)), Some((&inner, outer))) = (l.shape.0.split_last(), l.strides.split_last())
+        else {
+            return false;
+        };
+        step > 0
+            && last % step == 0
+            && inner == 1
+            && l.offset % step == 0
+            && outer.iter().all(|s| s % step == 0)
+    }
+
     /// One more than the largest value any index expression of this
     /// access takes (0 for an empty shape): decides whether 32-bit indices
     /// suffice. Every stage counts, not only the storage one: a later
@@ -209,6 +229,22 @@ mod tests {
         let col = dense(&[4, 1]).view(&Op::Expand(Shape::new([4, 8])));
         assert_eq!(col.offset_of("i"), "(i / 8)");
         assert!(dense(&[1]).view(&Op::Expand(Shape::new([4, 8]))).is_uniform());
+    }
+
+    #[test]
+    fn runs_are_consecutive_aligned_pieces_of_the_innermost_dim() {
+        let bias = dense(&[96]).view(&Op::Expand(Shape::new([32, 96])));
+        assert!(bias.runs_of(8) && bias.runs_of(4));
+        assert!(!dense(&[36]).view(&Op::Expand(Shape::new([2, 36]))).runs_of(8), "36 is no multiple of 8");
+        // heads merged: [b, h, s, d] read as [b, s, h, d], d = 16 contiguous
+        let heads = dense(&[2, 3, 4, 16]).view(&Op::Permute(vec![0, 2, 1, 3]));
+        assert!(heads.runs_of(4) && heads.runs_of(8) && heads.runs_of(16) && !heads.runs_of(32));
+        // a transpose's innermost dim is strided; a slice may start off a run
+        assert!(!dense(&[8, 8]).view(&Op::Permute(vec![1, 0])).runs_of(4));
+        assert!(!dense(&[4, 12]).view(&Op::Slice { dim: 1, start: 2, step: 1, len: 8 }).runs_of(4));
+        assert!(dense(&[4, 12]).view(&Op::Slice { dim: 1, start: 4, step: 1, len: 8 }).runs_of(4));
+        // a column broadcast along the innermost dim is no run
+        assert!(!dense(&[4, 1]).view(&Op::Expand(Shape::new([4, 8]))).runs_of(4));
     }
 
     #[test]

@@ -1,0 +1,91 @@
+"""BERT-base's bias + erf GELU epilogue over [4096, 3072] bf16 timed alone
+on the GPU (CuPy, NVRTC with kiln's options, CUDA events over 40
+back-to-back launches, median of 30), as codegen emits it (read from the
+`linear-bias-gelu-bf16.kir` codegen snapshot, sizes set to BERT's) and
+changed one thing at a time; with the input rotated over 4 copies (not
+in L2) and with one copy (in L2, as a GEMM's output just written may be).
+
+    python3 benches/probes/erf_gelu.py   # from the checkout, on the GPU machine
+"""
+import os
+import re
+
+import cupy as cp
+import numpy as np
+
+R, C = 4096, 3072
+OPTS = ("--fmad=false", "--std=c++17", "-default-device", "--diag-suppress=177,128,550", "-Ikernels",
+        "--gpu-architecture=sm_90")
+
+
+def generated():
+    here = os.path.dirname(os.path.abspath(__file__))
+    snap = os.path.join(here, "..", "..", "snapshots", "fused_op_cases_lower_to_cuda@linear-bias-gelu-bf16.kir.snap")
+    text = open(snap).read()
+    src = text[text.index('#include "kiln.cuh"'):]
+    src = re.sub(r"void matmul_epilogue_[0-9a-f]+\(", "void k(", src)
+    return src.replace("const I n = 3072;", f"const I n = {R * C};").replace("% 96)", f"% {C})")
+
+
+def variants():
+    gen = generated()
+    v = {"generated": gen}
+    v["bias as one 16-byte load a thread"] = gen.replace(
+        "    kiln::vec8<kiln::bf16> o;",
+        f"    const kiln::vec8<kiln::bf16> b8 = kiln::load8(in2 + base % {C});\n    kiln::vec8<kiln::bf16> o;").replace(
+        f"kiln::to_float(in2[(i % {C})])", "kiln::to_float(b8.v[j])").replace(
+        f"kiln::to_float(in2[(i1 % {C})])", "kiln::to_float(b8.v[j + 1])")
+    v["no erf (wrong values: the rest's cost)"] = gen.replace("erff(", "(")
+    v["copy of the same bytes"] = (
+        '#include "kiln.cuh"\nextern "C" __global__ void k(kiln::bf16* out, const kiln::bf16* in0, const kiln::bf16* in1, '
+        "const kiln::bf16* in2, const kiln::bf16* in3) {\n  typedef int I;\n"
+        f"  const I n = {R * C};\n"
+        "  for (I base = ((I)blockIdx.x * blockDim.x + threadIdx.x) * 8; base < n; base += (I)gridDim.x * blockDim.x * 8)\n"
+        "    kiln::store8(out + base, kiln::load8(in3 + base));\n}\n")
+    return v
+
+
+def bf16(a):
+    u = a.astype(np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def main():
+    rng = np.random.default_rng(2)
+    copies = [cp.asarray(bf16(rng.standard_normal((R, C), dtype=np.float32))) for _ in range(4)]
+    bias = cp.asarray(bf16(0.1 * rng.standard_normal(C, dtype=np.float32)))
+    outs = [cp.zeros((R, C), dtype=cp.uint16) for _ in range(4)]
+    dummy = cp.zeros(1, dtype=cp.uint16)
+    threads = R * C // 8
+    grid, block = (threads + 255) // 256, 256
+    fns = {}
+    ref = None
+    for name, src in variants().items():
+        fn = cp.RawKernel(src, "k", options=OPTS)
+        fn((grid,), (block,), (outs[0], dummy, dummy, bias, copies[0]))
+        o = cp.asnumpy(outs[0])
+        if ref is None:
+            ref = o
+        fns[name] = (fn, (o != ref).mean(), fn.attributes["num_regs"])
+    s, e = cp.cuda.Event(), cp.cuda.Event()
+    times = {(n, m): [] for n in fns for m in (4, 1)}
+    for _round in range(5):
+        for name, (fn, _, _) in fns.items():
+            for m in (4, 1):
+                for _rep in range(6):
+                    s.record()
+                    for i in range(40):
+                        j = i % m
+                        fn((grid,), (block,), (outs[j], dummy, dummy, bias, copies[j]))
+                    e.record()
+                    e.synchronize()
+                    times[(name, m)].append(cp.cuda.get_elapsed_time(s, e) / 40 * 1000)
+    moved = 2 * R * C * 2
+    print(f"bias + erf GELU [{R}, {C}] bf16, us a launch (median of 30 x 40): not in L2 / in L2")
+    for name, (fn, diff, regs) in fns.items():
+        a, b = (float(np.median(times[(name, m)])) for m in (4, 1))
+        print(f"  {name:<40} {a:7.2f} ({moved / a / 1e6:4.2f} TB/s) / {b:7.2f}  regs {regs:3d}  bits differing {diff:.5f}")
+
+
+if __name__ == "__main__":
+    main()
