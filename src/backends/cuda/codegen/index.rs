@@ -86,8 +86,16 @@ impl Access {
     /// are multiples of `step`. A bias broadcast over rows is such an
     /// operand: an elementwise kernel then reads a thread's run of it with
     /// one vector load at [`Access::offset_of`] its first position.
+    ///
+    /// Later stages that are plain reshapes (dense, offset 0) keep runs:
+    /// consecutive positions are consecutive row-major indices of the
+    /// stage before (heads read as `[b, s, h, d]` and merged to `[b, s,
+    /// h·d]`: a permute, then a reshape no strides express).
     pub fn runs_of(&self, step: usize) -> bool {
-        let Some(l) = self.single() else { return false };
+        let (l, later) = self.stages.split_first().expect("an access has at least one stage");
+        if !later.iter().all(|r| r.is_contiguous() && r.offset == 0) {
+            return false;
+        }
         let (Some((&last, _)), Some((&inner, outer))) = (l.shape.0.split_last(), l.strides.split_last())
         else {
             return false;
@@ -97,6 +105,26 @@ impl Access {
             && inner == 1
             && l.offset % step == 0
             && outer.iter().all(|s| s % step == 0)
+    }
+
+    /// True when, split at `split` into rows and columns, each row's
+    /// columns are consecutive in storage and every pair of columns `2j,
+    /// 2j + 1` starts at an even element: the column dims are row-major
+    /// and dense, the row strides and the offset even. A row kernel then
+    /// reads a thread's two adjacent columns with one load.
+    pub fn column_pairs(&self, split: usize) -> bool {
+        let Some(l) = self.single() else { return false };
+        if split > l.shape.rank() {
+            return false;
+        }
+        let mut expected = 1;
+        for (&d, &s) in l.shape.0[split..].iter().zip(&l.strides[split..]).rev() {
+            if d != 1 && s != expected {
+                return false;
+            }
+            expected *= d;
+        }
+        expected % 2 == 0 && l.offset % 2 == 0 && l.strides[..split].iter().all(|s| s % 2 == 0)
     }
 
     /// One more than the largest value any index expression of this
@@ -243,8 +271,26 @@ mod tests {
         assert!(!dense(&[8, 8]).view(&Op::Permute(vec![1, 0])).runs_of(4));
         assert!(!dense(&[4, 12]).view(&Op::Slice { dim: 1, start: 2, step: 1, len: 8 }).runs_of(4));
         assert!(dense(&[4, 12]).view(&Op::Slice { dim: 1, start: 4, step: 1, len: 8 }).runs_of(4));
+        // ... and merged to [b, s, h·d]: a second stage, a plain reshape
+        let merged = heads.view(&Op::Reshape(Shape::new([2, 4, 48])));
+        assert!(merged.single().is_none() && merged.runs_of(16) && !merged.runs_of(32));
+        let odd = dense(&[2, 3, 4, 6])
+            .view(&Op::Permute(vec![0, 2, 1, 3]))
+            .view(&Op::Reshape(Shape::new([2, 4, 18])));
+        assert!(!odd.runs_of(4), "runs of 4 would cross heads of 6");
         // a column broadcast along the innermost dim is no run
         assert!(!dense(&[4, 1]).view(&Op::Expand(Shape::new([4, 8]))).runs_of(4));
+    }
+
+    #[test]
+    fn column_pairs_need_dense_even_rows() {
+        assert!(dense(&[4, 6]).column_pairs(1));
+        assert!(!dense(&[4, 5]).column_pairs(1), "odd rows put a pair across two rows");
+        let gamma = dense(&[6]).view(&Op::Expand(Shape::new([4, 6])));
+        assert!(gamma.column_pairs(1));
+        assert!(!dense(&[6, 4]).view(&Op::Permute(vec![1, 0])).column_pairs(1), "strided columns");
+        assert!(!dense(&[4, 7]).view(&Op::Slice { dim: 1, start: 1, step: 1, len: 6 }).column_pairs(1));
+        assert!(dense(&[2, 3, 4]).column_pairs(1) && dense(&[2, 3, 4]).column_pairs(2));
     }
 
     #[test]

@@ -21,6 +21,11 @@ pub(super) struct Gen<'b, 'a> {
     /// column pass being emitted.
     pub(super) kept: &'b [(NodeId, usize)],
     pub(super) pass: usize,
+    /// Columns two adjacent at a time (`col`, `col1 = col + 1`), their
+    /// roundings paired, in every column pass (see [`Gen::column_pass`]).
+    pub(super) pairs: bool,
+    /// Leaves the current paired pass read as one `kiln::vec2` (`w<id>`).
+    pub(super) vectors: Vec<NodeId>,
     pub(super) unrolled: bool,
     pub(super) items: usize,
     pub(super) group: usize,
@@ -71,8 +76,8 @@ impl Gen<'_, '_> {
     }
 
     /// A value inside a column pass for element `k` of a pair (see
-    /// [`Gen::column_pass`]): 0 at `col` (item `it`), 1 at `col1` (item
-    /// `it + 1`).
+    /// [`Gen::column_pass`]): 0 at `col` (item `it`), 1 at `col1 = col + 1`
+    /// (item `it + 1`).
     pub(super) fn col_operand_at(&self, id: NodeId, k: usize) -> String {
         let (col, item, suffix) = if k == 0 { ("col", "it", "") } else { ("col1", "it + 1", "_1") };
         match (self.class[&id], self.body.leaves.get(&id)) {
@@ -81,17 +86,24 @@ impl Gen<'_, '_> {
             (_, Some(_)) if self.cached.contains(&id) && self.loaded.contains(&id) => {
                 format!("c{}[{item}]", id.index())
             }
+            (_, Some(l)) if self.vectors.contains(&id) => {
+                types::load(l.dtype, &format!("w{}.v[{k}]", id.index()))
+            }
             (_, Some(l)) => self.leaf_at(id, l, Some(col)),
             _ => format!("v{}{suffix}", id.index()),
         }
     }
 
     /// One pass over the row's columns computing `targets` per column, then
-    /// `finish(their values, the column)` inside the loop. Where every
-    /// thread has an even number of whole columns and the pass rounds to a
-    /// 16-bit float, the columns go two at a time (items `it` and `it + 1`,
-    /// columns `col` and `col1`), their roundings paired (`super::paired`),
-    /// and `finish` runs for each.
+    /// `finish(their values, the column)` inside the loop. With
+    /// [`Gen::pairs`] (every thread has an even number of whole columns,
+    /// and the body rounds to a 16-bit float) a thread's columns go two
+    /// adjacent at a time: items `it` and `it + 1` are columns `col = 2 *
+    /// lane + it * group` and `col1 = col + 1`, an operand whose columns
+    /// pair (`Access::column_pairs`) is read with one two-element load,
+    /// their roundings are paired (`super::paired`), and `finish` runs for
+    /// each. Every pass maps items to columns the same way, so values kept
+    /// or cached by one pass are where the next expects them.
     pub(super) fn column_pass(
         &mut self,
         src: &mut String,
@@ -101,10 +113,29 @@ impl Gen<'_, '_> {
         let (items, group, pass) = (self.items, self.group, self.pass);
         let known = |n: NodeId| available(self.class, self.kept, pass, n);
         let cone = pass_cone(self.body, targets, &known);
-        let pair = self.unrolled && self.cols_exact() && items % 2 == 0 && paired::rounds(self.body, &cone);
+        let pair = self.pairs;
+        let reads = leaves_of(self.body, targets, &known);
+        self.vectors.clear();
         if pair {
             let _ = writeln!(src, "#pragma unroll\n    for (int it = 0; it < {items}; it += 2) {{");
-            let _ = writeln!(src, "      const I col = lane + it * {group}, col1 = col + {group};\n      {{");
+            let _ = writeln!(src, "      const I col = 2 * lane + it * {group}, col1 = col + 1;\n      {{");
+            for &id in &reads {
+                let l = &self.body.leaves[&id];
+                let cached = self.cached.contains(&id) && self.loaded.contains(&id);
+                if l.operand.is_none() || l.is_uniform() || cached || self.vectors.contains(&id) {
+                    continue;
+                }
+                if !l.access.column_pairs(self.split) {
+                    continue;
+                }
+                let Some((_, co)) = l.access.split_offsets(self.split, "row", "col") else { continue };
+                let (ty, n, param) = (types::storage(l.dtype), id.index(), l.param());
+                let _ = writeln!(
+                    src,
+                    "        const kiln::vec2<{ty}> w{n} = kiln::load2({param} + rb{n} + {co});"
+                );
+                self.vectors.push(id);
+            }
         } else if self.unrolled {
             let _ = writeln!(src, "#pragma unroll\n    for (int it = 0; it < {items}; ++it) {{");
             let _ = writeln!(src, "      const I col = lane + it * {group};");
@@ -117,18 +148,12 @@ impl Gen<'_, '_> {
             let _ = writeln!(src, "    for (I col = lane; col < C; col += {group}) {{\n      {{");
         }
         // Load the cached operands this pass is the first to read.
-        let reads = leaves_of(self.body, targets, &known);
         for &id in self.cached {
             if reads.contains(&id) && !self.loaded.contains(&id) {
-                let l = &self.body.leaves[&id];
-                let _ = writeln!(src, "        c{}[it] = {};", id.index(), self.leaf_at(id, l, Some("col")));
+                let _ = writeln!(src, "        c{}[it] = {};", id.index(), self.col_operand_at(id, 0));
                 if pair {
-                    let _ = writeln!(
-                        src,
-                        "        c{}[it + 1] = {};",
-                        id.index(),
-                        self.leaf_at(id, l, Some("col1"))
-                    );
+                    let _ =
+                        writeln!(src, "        c{}[it + 1] = {};", id.index(), self.col_operand_at(id, 1));
                 }
                 self.loaded.push(id);
             }

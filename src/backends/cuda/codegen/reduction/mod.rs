@@ -30,7 +30,7 @@ mod online;
 mod passes;
 
 use super::body::{buffer_operands, out_name, params_named, Body, Operand};
-use super::{types, Kernel};
+use super::{paired, types, Kernel};
 use crate::ir::{DType, Graph, NodeId, Op, Padded, Shape};
 use emit::Gen;
 use online::online_pairs;
@@ -177,6 +177,8 @@ pub(crate) fn generate(
         loaded: Vec::new(),
         kept: &kept,
         pass: 0,
+        pairs: unrolled && items * group == cols && items % 2 == 0 && paired::rounds(&body, &body.order),
+        vectors: Vec::new(),
         unrolled,
         items,
         group,
