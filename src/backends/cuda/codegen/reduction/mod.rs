@@ -10,10 +10,16 @@
 //! eps)`) are then known to every thread of the group; the output is
 //! written in a last pass over the columns, or once per row.
 //!
-//! When each thread has at most 16 columns, operands read by several
-//! passes are kept in registers after the first pass: softmax reads its
-//! input once and writes its output once. Float sums accumulate in double
-//! (as the CPU backend does), integer sums wrap.
+//! When each thread has at most 16 columns, the row stays in registers
+//! between passes (`passes`): per-column values a later pass reads again
+//! are kept (a residual sum, `x - mean`, a softmax's `exp`), and operands
+//! read by several passes are cached, so softmax reads its input once and
+//! writes its output once. A thread's columns then add in float and the
+//! threads' sums in double (the CPU backend sums in double throughout;
+//! see `passes::partial_in_float` for what that costs), integer sums wrap.
+//! Where the body rounds to bf16 or f16, a thread takes its columns two
+//! adjacent at a time, loaded together and rounded with one conversion
+//! (`emit::Gen::column_pass`, `super::paired`).
 //!
 //! Longer rows are read from memory in every pass, and a row's max and
 //! its sum of `exp(x - max)` (softmax, log-sum-exp, cross-entropy) take
