@@ -22,6 +22,16 @@
 //! on (every node timed by CUDA events, launched eagerly) and prints where
 //! the device time goes, by op.
 //!
+//! `--captured` runs the encoders as captured steps (`Context::capture`:
+//! the forward recorded once, then replayed without recording, as
+//! torch.compile traces once); by default each call records the model's
+//! ops again, as eager-looking code does.
+//!
+//! `--host` also splits 50 more calls on the host's clock: recording the
+//! call (`call()`, the model's ops into a graph) and `realize` (the plan
+//! found, launched, waited for), medians of each, next to the device
+//! median: what of a call's time is not its kernels.
+//!
 //! Without a GPU it says so and exits 0 (with `KILN_REQUIRE_CUDA=1`, 1).
 
 use kiln::nn::bert::{Bert, BertConfig};
@@ -123,7 +133,12 @@ fn encoder(label: &str, config: BertConfig, batch: usize, seq: usize, dtype: DTy
             let ids = ctx.tensor(&ids, [batch, seq]);
             let mask = ctx.ones_dtype([batch, seq], DType::I64);
             ctx.realize(&[&ids, &mask])?;
-            Ok(Box::new(move || model.forward(&ids, &mask)))
+            if !std::env::args().any(|a| a == "--captured") {
+                return Ok(Box::new(move || model.forward(&ids, &mask)));
+            }
+            // Recorded once and replayed, as torch.compile traces once.
+            let mut step = ctx.capture(move |args: &[Tensor]| Ok(vec![model.forward(&args[0], &args[1])?]));
+            Ok(Box::new(move || Ok(step.call(&[&ids, &mask])?.remove(0))))
         }),
     }
 }
@@ -162,6 +177,7 @@ fn main() -> Result<()> {
     let mut out = std::env::var("KILN_BENCH_OUT").ok().and_then(|p| std::fs::File::create(p).ok());
     let only = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let profile = std::env::args().any(|a| a == "--profile");
+    let host = std::env::args().any(|a| a == "--host");
     println!(
         "{:<48} {:>10} {:>10} {:>9} {:>8}",
         "workload (kiln)", "first ms", "median ms", "peak MiB", "TFLOP/s"
@@ -196,6 +212,22 @@ fn main() -> Result<()> {
                 f,
                 "{{\"impl\":\"kiln\",\"workload\":\"{}\",\"first_ms\":{first_ms:.3},\"median_ms\":{ms:.4},\"peak_mib\":{peak:.1},\"tflops\":{tflops:.2},\"compiles\":{},\"kernels\":{}}}",
                 w.name, s.compiles, s.kernel_compiles
+            );
+        }
+        if host {
+            let (mut record, mut run) = (Vec::new(), Vec::new());
+            for _ in 0..50 {
+                let t0 = Instant::now();
+                let y = call()?;
+                let t1 = Instant::now();
+                y.realize()?;
+                record.push((t1 - t0).as_secs_f64() * 1e3);
+                run.push(t1.elapsed().as_secs_f64() * 1e3);
+            }
+            let (record, run) = (median(record), median(run));
+            println!(
+                "  host: record {record:.3} ms, realize {run:.3} ms (sum {:.3}; device median {ms:.3})",
+                record + run
             );
         }
         if profile {
