@@ -20,7 +20,8 @@
 #   bash benches/gpu_session.sh dist         # tests-dist on every GPU (the NCCL tests need 2: a kind with
 #                                            # several GPUs), then its gpu:: tests under memcheck
 #   bash benches/gpu_session.sh digits-amp   # examples/digits.rs MLP and --conv under --autocast bf16 (and f32)
-#   bash benches/gpu_session.sh transformer  # benches/gpu_transformer.rs + torch_transformer.py (issue 20)
+#   bash benches/gpu_session.sh transformer  # benches/gpu_transformer.rs + torch_transformer.py (issue 20);
+#                                            # TRANSFORMER_ARGS (e.g. "encoder --captured --host") for kiln's side
 #   bash benches/gpu_session.sh train-gpt    # benches/gpu_train_gpt.rs + torch_train_gpt.py: GPT-style decoder training
 #                                            # (issue 35); TRAIN_ARGS (kiln) and TORCH_TRAIN_ARGS (--only, --modes, ...) pick rows
 #   bash benches/gpu_session.sh generate     # benches/gpu_generate.rs + hf_generate.py: GPT-2 small decode and
@@ -144,7 +145,7 @@ for stage in "$@"; do
         echo "-- digits $a"; tail -4 "$OUT/$f.log"
       done ;;
     transformer)
-      KILN_BENCH_OUT=$OUT/kiln_transformer.jsonl timeout 400 $bin/benches-gpu_transformer > "$OUT/transformer-kiln.log" 2>&1 || status=1
+      KILN_BENCH_OUT=$OUT/kiln_transformer.jsonl timeout 400 $bin/benches-gpu_transformer ${TRANSFORMER_ARGS:-} > "$OUT/transformer-kiln.log" 2>&1 || status=1
       cat "$OUT/transformer-kiln.log"
       PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-500} python3 benches/torch_transformer.py "$OUT/kiln_transformer.jsonl" --markdown "$OUT/transformer.md" > "$OUT/transformer-torch.log" 2>&1 || status=1
       tail -50 "$OUT/transformer-torch.log" ;;
