@@ -10,15 +10,17 @@ use crate::ir::{DType, NodeId, ReduceOp};
 use std::collections::HashMap;
 use std::fmt::Write;
 
-/// Emission state: which cached operands the passes so far have loaded.
+/// Emission state of one row kernel: its row's shape, what stays in
+/// registers (cached operands, kept values), and what the passes so far
+/// have loaded.
 pub(super) struct Gen<'b, 'a> {
     pub(super) body: &'b Body<'a>,
     pub(super) class: &'b HashMap<NodeId, Class>,
     pub(super) split: usize,
     pub(super) cached: &'b [NodeId],
     pub(super) loaded: Vec<NodeId>,
-    /// Computed values kept in `k<id>[]` (see [`super::passes::kept_values`]), and the
-    /// column pass being emitted.
+    /// Computed values kept in `k<id>[]` (see
+    /// [`super::passes::kept_values`]), and the column pass being emitted.
     pub(super) kept: &'b [(NodeId, usize)],
     pub(super) pass: usize,
     /// Columns two adjacent at a time (`col`, `col1 = col + 1`), their
