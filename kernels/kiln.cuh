@@ -5,7 +5,10 @@
 // f16/bf16 compute in float and round after every op, integers compute in
 // 64 bits and wrap to their dtype, float->int casts truncate and saturate
 // (NaN -> 0), comparisons with NaN are false except `ne`, max/min let NaN
-// win. Nothing here includes a CUDA header: NVRTC compiles it as it is, so
+// win. One difference: a row kernel adds a thread's float terms in float
+// before the threads' sums in double, where the CPU sums in double
+// throughout (codegen/reduction/passes.rs, partial_in_float, says what
+// that costs). Nothing here includes a CUDA header: NVRTC compiles it as it is, so
 // a machine needs only the driver and libnvrtc, not a toolkit.
 //
 // Sections: storage types and conversions, integer arithmetic, float
