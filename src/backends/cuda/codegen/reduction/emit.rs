@@ -201,7 +201,14 @@ impl Gen<'_, '_> {
         let d = g.node(id).dtype;
         let ct = types::compute(xd);
         let float = xd.is_float();
+        let partial = self.unrolled && partial_in_float(op, xd);
         let (acc_ty, init, combine, functor) = match op {
+            // A thread's own columns (at most `MAX_ITEMS`) add in float,
+            // then the threads' sums in double: one conversion a thread,
+            // not one a column (see [`partial_in_float`]).
+            ReduceOp::Sum | ReduceOp::Mean if partial => {
+                ("float".to_string(), "-0.0f".to_string(), "acc += {X};".to_string(), "kiln::Sum()")
+            }
             ReduceOp::Sum | ReduceOp::Mean if float => {
                 ("double".to_string(), "-0.0".to_string(), "acc += (double)({X});".to_string(), "kiln::Sum()")
             }
@@ -231,32 +238,18 @@ impl Gen<'_, '_> {
             ),
         };
         let acc = format!("a{}", id.index());
-        // A thread's own columns (at most `MAX_ITEMS`) add in float, then
-        // the threads' sums in double: one conversion a thread, not one a
-        // column (see [`partial_in_float`]).
-        let partial = self.unrolled && partial_in_float(op, xd);
-        let (acc_ty, init, combine) = match partial {
-            true => ("float".to_string(), "-0.0f".to_string(), "acc += {X};".to_string()),
-            false => (acc_ty, init, combine),
-        };
         let _ = writeln!(src, "    {acc_ty} {acc} = {init};");
         let combine = combine.replace("acc", &acc);
         self.column_pass(src, &[x], &|gen, src, value, _| {
             let _ = writeln!(src, "        {}", combine.replace("{X}", &value(gen, x)));
         })?;
+        // Float partials combine in double, into a new `a<id>d`.
         let group = self.group;
-        match partial {
-            true => {
-                let _ = writeln!(
-                    src,
-                    "    const double {acc}d = kiln::group_reduce<{group}>((double){acc}, {functor});"
-                );
-            }
-            false => {
-                let _ = writeln!(src, "    {acc} = kiln::group_reduce<{group}>({acc}, {functor});");
-            }
-        }
-        let acc = if partial { format!("{acc}d") } else { acc };
+        let (into, from, acc) = match partial {
+            true => (format!("const double {acc}d"), format!("(double){acc}"), format!("{acc}d")),
+            false => (acc.clone(), acc.clone(), acc),
+        };
+        let _ = writeln!(src, "    {into} = kiln::group_reduce<{group}>({from}, {functor});");
         let value = match op {
             ReduceOp::Sum if float => types::cast(DType::F64, d, &acc),
             ReduceOp::Mean => types::cast(DType::F64, d, &format!("({acc} / (double)C)")),
