@@ -340,8 +340,8 @@ __device__ __forceinline__ vec4<T> splat4(T x) {
   q.v[3] = x;
   return q;
 }
-// Two adjacent elements in one load or store (a row kernel's column pairs,
-// codegen/reduction/emit.rs; pointers aligned to 2 elements).
+// Two adjacent elements in one load or store (a row kernel's runs of two
+// columns, codegen/reduction/emit.rs; pointers aligned to 2 elements).
 template <class T>
 struct __align__(sizeof(T) * 2) vec2 {
   T v[2];
@@ -350,7 +350,12 @@ template <class T>
 __device__ __forceinline__ vec2<T> load2(const T* p) {
   return *reinterpret_cast<const vec2<T>*>(p);
 }
-// Eight 16-bit elements in one 16-byte load (pointers aligned to 8 elements).
+template <class T>
+__device__ __forceinline__ void store2(T* p, vec2<T> v) {
+  *reinterpret_cast<vec2<T>*>(p) = v;
+}
+// Eight elements in one load or store (16 bytes of 16-bit elements; pointers
+// aligned to 8 elements).
 template <class T>
 struct __align__(sizeof(T) * 8) vec8 {
   T v[8];

@@ -191,15 +191,30 @@ def main():
     g = cp.asarray(bf16(1 + 0.1 * rng.standard_normal(C, dtype=np.float32)))
     b = cp.asarray(bf16(0.1 * rng.standard_normal(C, dtype=np.float32)))
     outs = [cp.zeros((R, C), dtype=cp.uint16) for _ in range(COPIES)]
-    variants = {"before (block 128, double, one cvt each)": (before, R, 128), "codegen (paired, float partials, kept)": (now, R, 128)}
+    # The generated kernel's launch: 96 threads a row since row runs
+    # (8 columns a thread), 128 before.
+    threads = int(re.search(r"const int lane = threadIdx.x % (\d+);", now).group(1))
+    variants = {"before (block 128, double, one cvt each)": (before, R, 128)}
+    # LAYER_NORM_PREVIOUS=FILE: a snapshot of the same case from an earlier
+    # commit (`git show REV:snapshots/...`), timed beside the current one.
+    previous = os.environ.get("LAYER_NORM_PREVIOUS")
+    if previous:
+        with open(previous) as f:
+            old = f.read()
+        old = old[old.index('#include "kiln.cuh"'):]
+        old = re.sub(r"void fused_reduction_[0-9a-f]+\(", "void k(", old).replace("const I R = 4,", f"const I R = {R},")
+        old_threads = int(re.search(r"const int lane = threadIdx.x % (\d+);", old).group(1))
+        variants[f"codegen from {os.path.basename(previous)}"] = (old, R, old_threads)
+    variants["codegen (runs, paired, float partials, kept)"] = (now, R, threads)
     # The generated kernel with its threads' partials combined in float.
     float_combine = re.sub(r"const double (a\d+)d = kiln::group_reduce<(\d+)>\(\(double\)(a\d+), kiln::Sum\(\)\);",
                            r"const float \1d = kiln::group_reduce<\2>(\3, kiln::Sum());", now)
-    variants["codegen, partials combined in float"] = (float_combine, R, 128)
-    # ... and held to 32 registers (16 blocks of 128 an SM)
-    bounded = lambda t: t.replace('extern "C" __global__ void k(', 'extern "C" __global__ void __launch_bounds__(128, 16) k(')
-    variants["codegen, launch bounds (128, 16)"] = (bounded(now), R, 128)
-    variants["codegen, float combine, launch bounds"] = (bounded(float_combine), R, 128)
+    variants["codegen, partials combined in float"] = (float_combine, R, threads)
+    # ... and held to 32 registers (2048 threads an SM)
+    bound = f"__launch_bounds__({threads}, {2048 // threads})"
+    bounded = lambda t: t.replace('extern "C" __global__ void k(', f'extern "C" __global__ void {bound} k(')
+    variants[f"codegen, {bound}"] = (bounded(now), R, threads)
+    variants["codegen, float combine, launch bounds"] = (bounded(float_combine), R, threads)
     for group, vec, acc, rounding in [
         (128, 1, "double", "cvt"), (128, 2, "float", "cvt"), (128, 2, "float", "pair"), (128, 2, "float-double", "pair"),
         (96, 8, "double", "cvt"), (96, 8, "double", "pair"),

@@ -243,6 +243,31 @@ fn argmax_on_every_numeric_dtype() {
     });
 }
 
+/// A row kernel takes a thread's adjacent columns in runs (read with one
+/// vector load) and, where its body rounds to a 16-bit float, two at a
+/// time: each element's index must be its own column, and ties go to the
+/// first. Rows of 8 (a thread a row), 64 (a warp) and 768 (96 threads of
+/// 8 columns), of an input and of a sum rounded to the dtype.
+#[test]
+fn argmax_over_runs_of_columns_finds_the_first_maximum() {
+    each_backend(|| {
+        let ctx = dev();
+        let mut rng = Rng::new(25);
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            for shape in [[6usize, 8], [5, 64], [3, 768]] {
+                // Tie-heavy halves: every sum is exact in each dtype.
+                let mut halves = || rand_small_i(&mut rng, DType::I64, &shape, -3, 4).map(|x| x as f64 * 0.5);
+                let (a, b) = (halves(), halves());
+                let (ta, tb) = (tensor_f(&ctx, dtype, &a), tensor_f(&ctx, dtype, &b));
+                let what = format!("argmax of {dtype} {shape:?}");
+                check_i(&ta.argmax(1, false), DType::I64, &a.reduce(&[1], false, argmax_f), &what);
+                let want = a.zip(&b, |x, y| x + y).reduce(&[1], false, argmax_f);
+                check_i(&(&ta + &tb).argmax(1, false), DType::I64, &want, &format!("{what}, of a sum"));
+            }
+        }
+    });
+}
+
 #[test]
 fn nan_wins_in_max_min_and_argmax() {
     each_backend(|| {

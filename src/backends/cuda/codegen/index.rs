@@ -108,13 +108,16 @@ impl Access {
     }
 
     /// True when, split at `split` into rows and columns, each row's
-    /// columns are consecutive in storage and every pair of columns `2j,
-    /// 2j + 1` starts at an even element: the column dims are row-major
-    /// and dense, the row strides and the offset even. A row kernel then
-    /// reads a thread's two adjacent columns with one load.
-    pub fn column_pairs(&self, split: usize) -> bool {
+    /// columns are consecutive in storage and every run of `step` columns
+    /// `step j .. step j + step` starts at a multiple of `step` elements:
+    /// the column dims are row-major and dense, a multiple of `step` in
+    /// all, and the row strides and the offset multiples of `step`. A row
+    /// kernel then reads a thread's `step` adjacent columns with one load
+    /// (a bias or layer norm weight broadcast over rows is such an operand:
+    /// its row stride is 0).
+    pub fn column_runs(&self, split: usize, step: usize) -> bool {
         let Some(l) = self.single() else { return false };
-        if split > l.shape.rank() {
+        if split > l.shape.rank() || step == 0 {
             return false;
         }
         let mut expected = 1;
@@ -124,7 +127,7 @@ impl Access {
             }
             expected *= d;
         }
-        expected % 2 == 0 && l.offset % 2 == 0 && l.strides[..split].iter().all(|s| s % 2 == 0)
+        expected % step == 0 && l.offset % step == 0 && l.strides[..split].iter().all(|s| s % step == 0)
     }
 
     /// One more than the largest value any index expression of this
@@ -283,14 +286,19 @@ mod tests {
     }
 
     #[test]
-    fn column_pairs_need_dense_even_rows() {
-        assert!(dense(&[4, 6]).column_pairs(1));
-        assert!(!dense(&[4, 5]).column_pairs(1), "odd rows put a pair across two rows");
+    fn column_runs_need_dense_rows_a_multiple_of_the_run() {
+        assert!(dense(&[4, 6]).column_runs(1, 2));
+        assert!(!dense(&[4, 5]).column_runs(1, 2), "odd rows put a pair across two rows");
+        assert!(dense(&[4, 8]).column_runs(1, 8) && !dense(&[4, 12]).column_runs(1, 8));
         let gamma = dense(&[6]).view(&Op::Expand(Shape::new([4, 6])));
-        assert!(gamma.column_pairs(1));
-        assert!(!dense(&[6, 4]).view(&Op::Permute(vec![1, 0])).column_pairs(1), "strided columns");
-        assert!(!dense(&[4, 7]).view(&Op::Slice { dim: 1, start: 1, step: 1, len: 6 }).column_pairs(1));
-        assert!(dense(&[2, 3, 4]).column_pairs(1) && dense(&[2, 3, 4]).column_pairs(2));
+        assert!(gamma.column_runs(1, 2) && !gamma.column_runs(1, 4));
+        assert!(!dense(&[6, 4]).view(&Op::Permute(vec![1, 0])).column_runs(1, 2), "strided columns");
+        assert!(!dense(&[4, 7]).view(&Op::Slice { dim: 1, start: 1, step: 1, len: 6 }).column_runs(1, 2));
+        // a slice that starts on a run keeps runs, one that starts inside one does not
+        assert!(dense(&[4, 12]).view(&Op::Slice { dim: 1, start: 4, step: 1, len: 8 }).column_runs(1, 4));
+        assert!(!dense(&[4, 12]).view(&Op::Slice { dim: 1, start: 2, step: 1, len: 8 }).column_runs(1, 4));
+        assert!(dense(&[2, 3, 4]).column_runs(1, 2) && dense(&[2, 3, 4]).column_runs(2, 4));
+        assert!(!dense(&[3, 4]).column_runs(1, 0), "a run of nothing");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Emitting a row kernel's passes: values in the row and column
-//! contexts, one column pass (its columns paired where they round to a
-//! 16-bit float), and a reduction's accumulate-and-combine.
+//! contexts, one column pass (a thread's columns in runs read and written
+//! as vectors, their roundings paired where they round to a 16-bit
+//! float), and a reduction's accumulate-and-combine.
 
 use super::passes::{available, leaves_of, partial_in_float, pass_cone};
 use super::Class;
@@ -23,10 +24,16 @@ pub(super) struct Gen<'b, 'a> {
     /// [`super::passes::kept_values`]), and the column pass being emitted.
     pub(super) kept: &'b [(NodeId, usize)],
     pub(super) pass: usize,
-    /// Columns two adjacent at a time (`col`, `col1 = col + 1`), their
-    /// roundings paired, in every column pass (see [`Gen::column_pass`]).
+    /// Columns a thread takes at once, adjacent (1: one at a time, `col
+    /// = lane + it * group`): every column pass reads and writes them as
+    /// vectors of this many elements where their layout allows (see
+    /// [`Gen::column_pass`]).
+    pub(super) width: usize,
+    /// Elements of a run computed two at a time, their roundings to a
+    /// 16-bit float paired (`super::paired`); only with `width >= 2`.
     pub(super) pairs: bool,
-    /// Leaves the current paired pass read as one `kiln::vec2` (`w<id>`).
+    /// Leaves the current vector pass read as one `kiln::vec<width>`
+    /// (`w<id>`).
     pub(super) vectors: Vec<NodeId>,
     pub(super) unrolled: bool,
     pub(super) items: usize,
@@ -35,6 +42,32 @@ pub(super) struct Gen<'b, 'a> {
 }
 
 pub(super) type ColValue<'x> = &'x dyn Fn(&Gen<'_, '_>, NodeId) -> String;
+
+/// One element of a column pass: its column, its item (the index into
+/// kept and cached arrays), its slot in the run's vectors, and the suffix
+/// of its values' names (`v5`, `v5_1`).
+pub(super) struct Element {
+    pub(super) col: &'static str,
+    item: &'static str,
+    pub(super) slot: &'static str,
+    suffix: &'static str,
+}
+
+/// The element of a pass one column at a time.
+pub(super) const SCALAR: Element = Element { col: "col", item: "it", slot: "", suffix: "" };
+/// The elements of a run's step: `at`, and `at1` when roundings pair.
+const RUN: [Element; 2] = [
+    Element { col: "at", item: "it + j", slot: "j", suffix: "" },
+    Element { col: "at1", item: "it + j + 1", slot: "j + 1", suffix: "_1" },
+];
+
+/// A per-element output a vector pass collects in `o<j>` and stores once
+/// a run, at `at` (its pointer at the run's first column).
+pub(super) struct VectorOut {
+    pub(super) name: String,
+    pub(super) storage: &'static str,
+    pub(super) at: String,
+}
 
 impl Gen<'_, '_> {
     /// A value in the row context (per-row values and leaves at column 0).
@@ -72,72 +105,82 @@ impl Gen<'_, '_> {
         }
     }
 
-    /// A value inside a column pass, at the pass's column `col`.
-    pub(super) fn col_operand(&self, id: NodeId) -> String {
-        self.col_operand_at(id, 0)
-    }
-
-    /// A value inside a column pass for element `k` of a pair (see
-    /// [`Gen::column_pass`]): 0 at `col` (item `it`), 1 at `col1 = col + 1`
-    /// (item `it + 1`).
-    pub(super) fn col_operand_at(&self, id: NodeId, k: usize) -> String {
-        let (col, item, suffix) = if k == 0 { ("col", "it", "") } else { ("col1", "it + 1", "_1") };
+    /// A value inside a column pass, for element `e`.
+    pub(super) fn col_operand(&self, id: NodeId, e: &Element) -> String {
         match (self.class[&id], self.body.leaves.get(&id)) {
             (Class::Row, _) => format!("r{}", id.index()),
-            _ if available(self.class, self.kept, self.pass, id) => format!("k{}[{item}]", id.index()),
+            _ if available(self.class, self.kept, self.pass, id) => format!("k{}[{}]", id.index(), e.item),
             (_, Some(_)) if self.cached.contains(&id) && self.loaded.contains(&id) => {
-                format!("c{}[{item}]", id.index())
+                format!("c{}[{}]", id.index(), e.item)
             }
             (_, Some(l)) if self.vectors.contains(&id) => {
-                types::load(l.dtype, &format!("w{}.v[{k}]", id.index()))
+                types::load(l.dtype, &format!("w{}.v[{}]", id.index(), e.slot))
             }
-            (_, Some(l)) => self.leaf_at(id, l, Some(col)),
-            _ => format!("v{}{suffix}", id.index()),
+            (_, Some(l)) => self.leaf_at(id, l, Some(e.col)),
+            _ => format!("v{}{}", id.index(), e.suffix),
         }
     }
 
     /// One pass over the row's columns computing `targets` per column, then
-    /// `finish(their values, the column)` inside the loop. With
-    /// [`Gen::pairs`] (every thread has an even number of whole columns,
-    /// and the body rounds to a 16-bit float) a thread's columns go two
-    /// adjacent at a time: items `it` and `it + 1` are columns `col = 2 *
-    /// lane + it * group` and `col1 = col + 1`, an operand whose columns
-    /// pair (`Access::column_pairs`) is read with one two-element load,
-    /// their roundings are paired (`super::paired`), and `finish` runs for
-    /// each. Every pass maps items to columns the same way, so values kept
-    /// or cached by one pass are where the next expects them.
+    /// `finish(their values, the element)` inside the loop.
+    ///
+    /// With [`Gen::width`] `w > 1` (every thread has whole runs of `w`
+    /// columns) a thread's items `it .. it + w` are the adjacent columns
+    /// `col = w * lane + it * group` onwards: an operand whose runs allow
+    /// it (`Access::column_runs`) is read with one `w`-element load, the
+    /// run's elements are computed in a loop over `j` (two at a time, `at`
+    /// and `at1`, with their roundings paired, when [`Gen::pairs`]), and
+    /// `stores` (the per-element outputs) are collected in vectors written
+    /// once a run. Every pass maps items to columns the same way, so values
+    /// kept or cached by one pass are where the next expects them.
     pub(super) fn column_pass(
         &mut self,
         src: &mut String,
         targets: &[NodeId],
-        finish: &dyn Fn(&Gen<'_, '_>, &mut String, ColValue<'_>, &str),
+        stores: &[VectorOut],
+        finish: &dyn Fn(&Gen<'_, '_>, &mut String, ColValue<'_>, &Element),
     ) -> Result<(), String> {
-        let (items, group, pass) = (self.items, self.group, self.pass);
+        let (items, group, pass, width) = (self.items, self.group, self.pass, self.width);
         let known = |n: NodeId| available(self.class, self.kept, pass, n);
         let cone = pass_cone(self.body, targets, &known);
-        let pair = self.pairs;
         let reads = leaves_of(self.body, targets, &known);
         self.vectors.clear();
-        if pair {
-            let _ = writeln!(src, "#pragma unroll\n    for (int it = 0; it < {items}; it += 2) {{");
-            let _ = writeln!(src, "      const I col = 2 * lane + it * {group}, col1 = col + 1;\n      {{");
+        let run = width > 1;
+        let elements: &[Element] = match (run, self.pairs) {
+            (false, _) => std::slice::from_ref(&SCALAR),
+            (true, false) => &RUN[..1],
+            (true, true) => &RUN,
+        };
+        let indent = if run { "          " } else { "        " };
+        if run {
+            let _ = writeln!(src, "#pragma unroll\n    for (int it = 0; it < {items}; it += {width}) {{");
+            let _ = writeln!(src, "      const I col = {width} * lane + it * {group};\n      {{");
             for &id in &reads {
                 let l = &self.body.leaves[&id];
                 let cached = self.cached.contains(&id) && self.loaded.contains(&id);
                 if l.operand.is_none() || l.is_uniform() || cached || self.vectors.contains(&id) {
                     continue;
                 }
-                if !l.access.column_pairs(self.split) {
+                if !l.access.column_runs(self.split, width) || l.dtype.size() * width > 16 {
                     continue;
                 }
                 let Some((_, co)) = l.access.split_offsets(self.split, "row", "col") else { continue };
                 let (ty, n, param) = (types::storage(l.dtype), id.index(), l.param());
                 let _ = writeln!(
                     src,
-                    "        const kiln::vec2<{ty}> w{n} = kiln::load2({param} + rb{n} + {co});"
+                    "        const kiln::vec{width}<{ty}> w{n} = kiln::load{width}({param} + rb{n} + {co});"
                 );
                 self.vectors.push(id);
             }
+            for out in stores {
+                let _ = writeln!(src, "        kiln::vec{width}<{}> {};", out.storage, out.name);
+            }
+            let (step, at) = match self.pairs {
+                true => ("j += 2", "at = col + j, at1 = at + 1"),
+                false => ("++j", "at = col + j"),
+            };
+            let _ = writeln!(src, "#pragma unroll\n        for (int j = 0; j < {width}; {step}) {{");
+            let _ = writeln!(src, "          const I {at};");
         } else if self.unrolled {
             let _ = writeln!(src, "#pragma unroll\n    for (int it = 0; it < {items}; ++it) {{");
             let _ = writeln!(src, "      const I col = lane + it * {group};");
@@ -152,36 +195,46 @@ impl Gen<'_, '_> {
         // Load the cached operands this pass is the first to read.
         for &id in self.cached {
             if reads.contains(&id) && !self.loaded.contains(&id) {
-                let _ = writeln!(src, "        c{}[it] = {};", id.index(), self.col_operand_at(id, 0));
-                if pair {
+                for e in elements {
                     let _ =
-                        writeln!(src, "        c{}[it + 1] = {};", id.index(), self.col_operand_at(id, 1));
+                        writeln!(src, "{indent}c{}[{}] = {};", id.index(), e.item, self.col_operand(id, e));
                 }
                 self.loaded.push(id);
             }
         }
         for n in cone {
             let v = format!("v{}", n.index());
-            if pair {
-                let (first, second) = (|o| self.col_operand_at(o, 0), |o| self.col_operand_at(o, 1));
-                for line in paired::statements(self.body, n, [&v, &format!("{v}_1")], [&first, &second])? {
-                    let _ = writeln!(src, "        {line}");
+            if let [first, second] = elements {
+                let (a, b) = (|o| self.col_operand(o, first), |o| self.col_operand(o, second));
+                for line in paired::statements(self.body, n, [&v, &format!("{v}_1")], [&a, &b])? {
+                    let _ = writeln!(src, "{indent}{line}");
                 }
             } else {
-                let s = self.body.statement(n, &v, &|o| self.col_operand(o))?;
-                let _ = writeln!(src, "        {s}");
+                let s = self.body.statement(n, &v, &|o| self.col_operand(o, &elements[0]))?;
+                let _ = writeln!(src, "{indent}{s}");
             }
         }
         // Keep what later passes read again.
         for &(id, _) in self.kept.iter().filter(|&&(_, p)| p == pass) {
-            let _ = writeln!(src, "        k{0}[it] = v{0};", id.index());
-            if pair {
-                let _ = writeln!(src, "        k{0}[it + 1] = v{0}_1;", id.index());
+            for e in elements {
+                let _ = writeln!(src, "{indent}k{0}[{1}] = v{0}{2};", id.index(), e.item, e.suffix);
             }
         }
-        finish(self, src, &|gen, id| gen.col_operand_at(id, 0), "col");
-        if pair {
-            finish(self, src, &|gen, id| gen.col_operand_at(id, 1), "col1");
+        let mut body = String::new();
+        for e in elements {
+            finish(self, &mut body, &|gen, id| gen.col_operand(id, e), e);
+        }
+        if run {
+            // `finish` wrote at 8 spaces, as in a scalar pass.
+            for line in body.lines() {
+                let _ = writeln!(src, "  {line}");
+            }
+            src.push_str("        }\n");
+            for out in stores {
+                let _ = writeln!(src, "        kiln::store{width}({}, {});", out.at, out.name);
+            }
+        } else {
+            src.push_str(&body);
         }
         src.push_str("      }\n    }\n");
         self.pass += 1;
@@ -233,15 +286,16 @@ impl Gen<'_, '_> {
             ReduceOp::ArgMax => (
                 format!("kiln::Arg<{ct}>"),
                 format!("{{{}, (kiln::i64)9223372036854775807LL}}", types::lowest(xd, true)),
-                format!("acc = kiln::ArgMax()(acc, kiln::Arg<{ct}>{{{{X}}, (kiln::i64)col}});"),
+                format!("acc = kiln::ArgMax()(acc, kiln::Arg<{ct}>{{{{X}}, (kiln::i64){{COL}}}});"),
                 "kiln::ArgMax()",
             ),
         };
         let acc = format!("a{}", id.index());
         let _ = writeln!(src, "    {acc_ty} {acc} = {init};");
         let combine = combine.replace("acc", &acc);
-        self.column_pass(src, &[x], &|gen, src, value, _| {
-            let _ = writeln!(src, "        {}", combine.replace("{X}", &value(gen, x)));
+        self.column_pass(src, &[x], &[], &|gen, src, value, e| {
+            let _ =
+                writeln!(src, "        {}", combine.replace("{X}", &value(gen, x)).replace("{COL}", e.col));
         })?;
         // Float partials combine in double, into a new `a<id>d`.
         let group = self.group;

@@ -17,8 +17,11 @@
 //! writes its output once. A thread's columns then add in float and the
 //! threads' sums in double (the CPU backend sums in double throughout;
 //! see `passes::partial_in_float` for what that costs), integer sums wrap.
-//! Where the body rounds to bf16 or f16, a thread takes its columns two
-//! adjacent at a time, loaded together and rounded with one conversion
+//! A thread takes its columns in runs of up to 8 adjacent ones (16 bytes
+//! of a 16-bit row, see `vector_width`): each operand whose layout allows
+//! it is read with one vector load a run and each per-element output
+//! written with one store, and where the body rounds to bf16 or f16 the
+//! run's elements go two at a time, rounded with one conversion
 //! (`emit::Gen::column_pass`, `super::paired`).
 //!
 //! Longer rows are read from memory in every pass, and a row's max and
@@ -54,17 +57,38 @@ enum Class {
 
 /// Threads that own one row, for rows of `cols` columns: a warp while
 /// each lane has at most [`MAX_ITEMS`] columns (kept in registers between
-/// passes), a block beyond. A warp over a 768-wide layer norm row (GPT-2's)
-/// had 24 columns a lane, read from memory in each of its three passes:
-/// 6.3 µs a row on an H100, a sixth of a decode step's kernel time.
+/// passes), a block beyond: exactly 8 columns a thread where the row
+/// splits into whole warps of them (`cols / 8` threads, 96 for a 768-wide
+/// row), else about 8 (a power of two, 128 to 1024 threads). A warp over a
+/// 768-wide layer norm row (GPT-2's) had 24 columns a lane, read from
+/// memory in each of its three passes: 6.3 µs a row on an H100, a sixth of
+/// a decode step's kernel time. Eight a thread make a 16-byte run of a
+/// 16-bit row (see [`vector_width`]): BERT-base's bf16 residual add and
+/// layer norm over `[4096, 768]`, alone on an H200
+/// (`benches/probes/layer_norm.py`), took 8.2-8.5 µs with 96 threads of 8
+/// columns against 8.8-8.9 with 128 threads of 6.
 fn group_for(cols: usize) -> usize {
     if cols <= 16 {
         1
     } else if cols <= 32 * MAX_ITEMS {
         32
+    } else if cols % 256 == 0 && cols / 8 <= 1024 {
+        cols / 8
     } else {
-        // About 8 columns per thread, 128 to 1024 threads.
         (cols.div_ceil(8)).next_power_of_two().clamp(128, 1024)
+    }
+}
+
+/// Columns a thread takes at once (one vector load or store of each
+/// operand whose layout allows it): the most of 8, 4 and 2 that divides
+/// its `items` columns with a run of every column-read operand and
+/// output, `sizes` bytes an element, at most 16 bytes (the widest load);
+/// 1 when none does, or when the row is not whole runs of the group.
+fn vector_width(items: usize, exact: bool, sizes: impl Iterator<Item = usize>) -> usize {
+    let widest = sizes.max().unwrap_or(4).max(1);
+    match exact {
+        true => [8, 4, 2].into_iter().find(|&w| items % w == 0 && w * widest <= 16).unwrap_or(1),
+        false => 1,
     }
 }
 
@@ -120,7 +144,7 @@ pub(crate) fn generate(
         })
         .collect();
     let group = group_for(cols);
-    let (block, rows_per_block) = if group >= 128 { (group, 1) } else { (256, 256 / group) };
+    let (block, rows_per_block) = if group > 32 { (group, 1) } else { (256, 256 / group) };
     let items = cols.div_ceil(group);
     let unrolled = items <= MAX_ITEMS;
     let index = body.index_type(rows * width.max(1), operands);
@@ -167,6 +191,27 @@ pub(crate) fn generate(
         }
     }
 
+    // Columns a thread takes at once: as wide as the widest element read
+    // or written per column allows, where that pays (a vector load or
+    // store, or paired roundings).
+    let column_leaves: Vec<&super::body::Leaf> = read
+        .iter()
+        .filter_map(|id| body.leaves.get(id))
+        .filter(|l| l.operand.is_some() && !l.is_uniform())
+        .collect();
+    let sizes =
+        column_leaves.iter().map(|l| l.dtype.size()).chain(full.iter().map(|&j| out_dtypes[j].size()));
+    let run = match unrolled {
+        true => vector_width(items, items * group == cols, sizes),
+        false => 1,
+    };
+    let rounds = paired::rounds(&body, &body.order);
+    let run =
+        match !full.is_empty() || rounds || column_leaves.iter().any(|l| l.access.column_runs(split, run)) {
+            true => run,
+            false => 1,
+        };
+
     let mut src = String::new();
     let p = params_named(&out_dtypes, operands, in_place, "");
     let _ = writeln!(src, "extern \"C\" __global__ void {name}({p}) {{");
@@ -183,7 +228,8 @@ pub(crate) fn generate(
         loaded: Vec::new(),
         kept: &kept,
         pass: 0,
-        pairs: unrolled && items * group == cols && items % 2 == 0 && paired::rounds(&body, &body.order),
+        width: run,
+        pairs: run > 1 && rounds,
         vectors: Vec::new(),
         unrolled,
         items,
@@ -234,16 +280,37 @@ pub(crate) fn generate(
     }
     if !full.is_empty() {
         let targets: Vec<NodeId> = full.iter().map(|&j| outputs[j]).collect();
-        gen.column_pass(&mut src, &targets, &|gen, src, col_value, col| {
+        let row_at = |j: usize| if j == 0 && pad.is_some() { "row * W" } else { "row * C" };
+        // In a vector pass, outputs whose runs are aligned (a padded
+        // output's rows must be too) are stored once a run.
+        let vectored: Vec<usize> = match run > 1 {
+            true => full
+                .iter()
+                .copied()
+                .filter(|&j| !(j == 0 && pad.as_ref().is_some_and(|p| p.width % run != 0)))
+                .collect(),
+            false => Vec::new(),
+        };
+        let stores: Vec<emit::VectorOut> = vectored
+            .iter()
+            .map(|&j| emit::VectorOut {
+                name: format!("o{j}"),
+                storage: types::storage(out_dtypes[j]),
+                at: format!("{} + {} + col", out_name(j), row_at(j)),
+            })
+            .collect();
+        gen.column_pass(&mut src, &targets, &stores, &|gen, src, col_value, e| {
             for &j in &full {
                 // A node's value: already what its dtype holds.
                 let v = types::store_exact(out_dtypes[j], &col_value(gen, outputs[j]));
-                let at = if j == 0 && pad.is_some() {
-                    format!("row * W + {col}")
-                } else {
-                    format!("row * C + {col}")
-                };
-                let _ = writeln!(src, "        {}[{at}] = {v};", out_name(j));
+                match vectored.contains(&j) {
+                    true => {
+                        let _ = writeln!(src, "        o{j}.v[{}] = {v};", e.slot);
+                    }
+                    false => {
+                        let _ = writeln!(src, "        {}[{} + {}] = {v};", out_name(j), row_at(j), e.col);
+                    }
+                }
             }
         })?;
     }

@@ -1,7 +1,7 @@
 //! A row's max and its sum of `exp(x - max)` in one pass (softmax,
 //! log-sum-exp, cross-entropy over rows too long for registers).
 
-use super::emit::Gen;
+use super::emit::{Gen, SCALAR};
 use super::passes::pass_cone;
 use super::{Class, CHUNK};
 use crate::backends::cuda::codegen::body::Body;
@@ -85,10 +85,11 @@ impl Gen<'_, '_> {
             "        const I col = c0 + it * {g};\n        xs[it] = {neg_inf};\n        if (col < C) {{"
         );
         for id in pass_cone(self.body, &[a], &|n| self.class[&n] == Class::Row) {
-            let st = self.body.statement(id, &format!("v{}", id.index()), &|o| self.col_operand(o))?;
+            let st =
+                self.body.statement(id, &format!("v{}", id.index()), &|o| self.col_operand(o, &SCALAR))?;
             let _ = writeln!(src, "          {st}");
         }
-        let _ = writeln!(src, "          xs[it] = {};\n        }}\n      }}", self.col_operand(a));
+        let _ = writeln!(src, "          xs[it] = {};\n        }}\n      }}", self.col_operand(a, &SCALAR));
         let _ = writeln!(src, "      float cm = xs[0];\n#pragma unroll");
         let _ = writeln!(src, "      for (int it = 1; it < {n}; ++it) cm = kiln::Max()(cm, xs[it]);");
         let _ = writeln!(src, "      const float mx = kiln::Max()({m}, cm);");
