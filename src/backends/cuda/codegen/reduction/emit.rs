@@ -19,6 +19,8 @@ pub(super) struct Gen<'b, 'a> {
     pub(super) class: &'b HashMap<NodeId, Class>,
     pub(super) split: usize,
     pub(super) cached: &'b [NodeId],
+    /// Leaves that vary by row only, read once a row into `h<id>`.
+    pub(super) per_row: &'b [NodeId],
     pub(super) loaded: Vec<NodeId>,
     /// Computed values kept in `k<id>[]` (see
     /// [`super::passes::kept_values`]), and the column pass being emitted.
@@ -73,6 +75,7 @@ impl Gen<'_, '_> {
     /// A value in the row context (per-row values and leaves at column 0).
     pub(super) fn row_operand(&self, id: NodeId) -> String {
         match self.body.leaves.get(&id) {
+            Some(_) if self.per_row.contains(&id) => format!("h{}", id.index()),
             Some(l) => self.leaf_at(id, l, None),
             None => format!("r{}", id.index()),
         }
@@ -110,6 +113,7 @@ impl Gen<'_, '_> {
         match (self.class[&id], self.body.leaves.get(&id)) {
             (Class::Row, _) => format!("r{}", id.index()),
             _ if available(self.class, self.kept, self.pass, id) => format!("k{}[{}]", id.index(), e.item),
+            (_, Some(_)) if self.per_row.contains(&id) => format!("h{}", id.index()),
             (_, Some(_)) if self.cached.contains(&id) && self.loaded.contains(&id) => {
                 format!("c{}[{}]", id.index(), e.item)
             }

@@ -178,10 +178,24 @@ pub(crate) fn generate(
             *uses.entry(l).or_default() += 1;
         }
     }
+    // Leaves that vary by row only (a layer norm's saved mean, `[rows, 1]`
+    // expanded over the columns): read once a row, into `h<id>`.
+    let per_row_leaves: Vec<NodeId> = read
+        .iter()
+        .copied()
+        .filter(|id| {
+            body.leaves.get(id).is_some_and(|l| {
+                l.operand.is_some()
+                    && !l.is_uniform()
+                    && l.access.split_offsets(split, "row", "col").is_some_and(|(_, c)| c == "0")
+            })
+        })
+        .collect();
     let mut cached: Vec<NodeId> = Vec::new();
     if unrolled {
         for &id in &read {
-            let cacheable = body.leaves.get(&id).is_some_and(|l| l.operand.is_some() && !l.is_uniform());
+            let cacheable = body.leaves.get(&id).is_some_and(|l| l.operand.is_some() && !l.is_uniform())
+                && !per_row_leaves.contains(&id);
             if cacheable
                 && uses.get(&id).copied().unwrap_or(0) >= 2
                 && (kept.len() + cached.len() + 1) * items <= MAX_CACHED
@@ -225,6 +239,7 @@ pub(crate) fn generate(
         class: &class,
         split,
         cached: &cached,
+        per_row: &per_row_leaves,
         loaded: Vec::new(),
         kept: &kept,
         pass: 0,
@@ -256,6 +271,16 @@ pub(crate) fn generate(
                 let _ = writeln!(src, "    const I rb{} = {rb};", id.index());
             }
         }
+    }
+    for &id in &per_row_leaves {
+        let l = &body.leaves[&id];
+        let _ = writeln!(
+            src,
+            "    const {} h{} = {};",
+            types::compute(l.dtype),
+            id.index(),
+            gen.leaf_at(id, l, None)
+        );
     }
     for &id in &cached {
         let l = &body.leaves[&id];
