@@ -4,6 +4,8 @@ alone on the GPU (CuPy, NVRTC with kiln's options, CUDA events): BERT-base's
 add), inputs rotated over enough copies that L2 holds none of them.
 
     python3 benches/probes/layer_norm.py   # from the checkout, on the GPU machine
+    git show REV:snapshots/fused_op_cases_lower_to_cuda@add-layernorm-bf16.kir.snap > prev.snap
+    LAYER_NORM_PREVIOUS=prev.snap python3 benches/probes/layer_norm.py   # REV's kernel beside today's
 
 `before` is the kernel codegen emitted before pairing (layer_norm_before.cu:
 a block of 128 threads a row, two block-wide combines of doubles, one
