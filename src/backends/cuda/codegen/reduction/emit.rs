@@ -57,6 +57,9 @@ pub(super) struct Element {
 
 /// The element of a pass one column at a time.
 pub(super) const SCALAR: Element = Element { col: "col", item: "it", slot: "", suffix: "" };
+/// The element of a long row's last columns, past its whole runs (no
+/// vectors, nothing kept: long rows keep nothing in registers).
+const TAIL: Element = Element { col: "at", item: "", slot: "", suffix: "" };
 /// The elements of a run's step: `at`, and `at1` when roundings pair.
 const RUN: [Element; 2] = [
     Element { col: "at", item: "it + j", slot: "j", suffix: "" },
@@ -155,47 +158,99 @@ impl Gen<'_, '_> {
             (true, false) => &RUN[..1],
             (true, true) => &RUN,
         };
-        let indent = if run { "          " } else { "        " };
-        if run {
+        let (step, at) = match self.pairs {
+            true => ("j += 2", "at = col + j, at1 = at + 1"),
+            false => ("++j", "at = col + j"),
+        };
+        if run && self.unrolled {
             let _ = writeln!(src, "#pragma unroll\n    for (int it = 0; it < {items}; it += {width}) {{");
             let _ = writeln!(src, "      const I col = {width} * lane + it * {group};\n      {{");
-            for &id in &reads {
-                let l = &self.body.leaves[&id];
-                let cached = self.cached.contains(&id) && self.loaded.contains(&id);
-                if l.operand.is_none() || l.is_uniform() || cached || self.vectors.contains(&id) {
-                    continue;
-                }
-                if !l.access.column_runs(self.split, width) || l.dtype.size() * width > 16 {
-                    continue;
-                }
-                let Some((_, co)) = l.access.split_offsets(self.split, "row", "col") else { continue };
-                let (ty, n, param) = (types::storage(l.dtype), id.index(), l.param());
-                let _ = writeln!(
-                    src,
-                    "        const kiln::vec{width}<{ty}> w{n} = kiln::load{width}({param} + rb{n} + {co});"
-                );
-                self.vectors.push(id);
-            }
-            for out in stores {
-                let _ = writeln!(src, "        kiln::vec{width}<{}> {};", out.storage, out.name);
-            }
-            let (step, at) = match self.pairs {
-                true => ("j += 2", "at = col + j, at1 = at + 1"),
-                false => ("++j", "at = col + j"),
-            };
+            self.vector_loads(src, &reads, stores);
             let _ = writeln!(src, "#pragma unroll\n        for (int j = 0; j < {width}; {step}) {{");
             let _ = writeln!(src, "          const I {at};");
-        } else if self.unrolled {
-            let _ = writeln!(src, "#pragma unroll\n    for (int it = 0; it < {items}; ++it) {{");
-            let _ = writeln!(src, "      const I col = lane + it * {group};");
-            if !self.cols_exact() {
-                let _ = writeln!(src, "      if (col < C) {{");
-            } else {
-                let _ = writeln!(src, "      {{");
-            }
+            self.elements(src, &cone, &reads, elements, finish, true)?;
+            self.vector_stores(src, stores);
+        } else if run {
+            // A long row: whole runs, then the last columns one at a time.
+            let _ = writeln!(src, "    for (I col = {width} * lane; col < C; col += {width} * {group}) {{");
+            let _ = writeln!(src, "      if (col + {width} <= C) {{");
+            self.vector_loads(src, &reads, stores);
+            let _ = writeln!(src, "#pragma unroll\n        for (int j = 0; j < {width}; {step}) {{");
+            let _ = writeln!(src, "          const I {at};");
+            self.elements(src, &cone, &reads, elements, finish, true)?;
+            self.vector_stores(src, stores);
+            src.push_str("      } else {\n        for (I at = col; at < C; ++at) {\n");
+            self.vectors.clear();
+            self.elements(src, &cone, &reads, std::slice::from_ref(&TAIL), finish, true)?;
+            src.push_str("        }\n");
         } else {
-            let _ = writeln!(src, "    for (I col = lane; col < C; col += {group}) {{\n      {{");
+            if self.unrolled {
+                let _ = writeln!(src, "#pragma unroll\n    for (int it = 0; it < {items}; ++it) {{");
+                let _ = writeln!(src, "      const I col = lane + it * {group};");
+                if !self.cols_exact() {
+                    let _ = writeln!(src, "      if (col < C) {{");
+                } else {
+                    let _ = writeln!(src, "      {{");
+                }
+            } else {
+                let _ = writeln!(src, "    for (I col = lane; col < C; col += {group}) {{\n      {{");
+            }
+            self.elements(src, &cone, &reads, elements, finish, false)?;
         }
+        src.push_str("      }\n    }\n");
+        // Later passes (and the online pass) read no vector of this one.
+        self.vectors.clear();
+        self.pass += 1;
+        Ok(())
+    }
+
+    /// One vector load a run of each leaf `reads` whose runs are aligned,
+    /// and the vectors collecting `stores`.
+    fn vector_loads(&mut self, src: &mut String, reads: &[NodeId], stores: &[VectorOut]) {
+        let width = self.width;
+        for &id in reads {
+            let l = &self.body.leaves[&id];
+            let cached = self.cached.contains(&id) && self.loaded.contains(&id);
+            if l.operand.is_none() || l.is_uniform() || cached || self.vectors.contains(&id) {
+                continue;
+            }
+            if !l.access.column_runs(self.split, width) || l.dtype.size() * width > 16 {
+                continue;
+            }
+            let Some((_, co)) = l.access.split_offsets(self.split, "row", "col") else { continue };
+            let (ty, n, param) = (types::storage(l.dtype), id.index(), l.param());
+            let _ = writeln!(
+                src,
+                "        const kiln::vec{width}<{ty}> w{n} = kiln::load{width}({param} + rb{n} + {co});"
+            );
+            self.vectors.push(id);
+        }
+        for out in stores {
+            let _ = writeln!(src, "        kiln::vec{width}<{}> {};", out.storage, out.name);
+        }
+    }
+
+    /// Closes a run's `j` loop and writes its vectors.
+    fn vector_stores(&self, src: &mut String, stores: &[VectorOut]) {
+        src.push_str("        }\n");
+        for out in stores {
+            let _ = writeln!(src, "        kiln::store{}({}, {});", self.width, out.at, out.name);
+        }
+    }
+
+    /// The statements of one step of a pass over `elements`: cached loads,
+    /// the cone, kept values, then `finish` for each element (one level
+    /// deeper when `nested`: inside a run's `j` loop or a row's tail).
+    fn elements(
+        &mut self,
+        src: &mut String,
+        cone: &[NodeId],
+        reads: &[NodeId],
+        elements: &[Element],
+        finish: &dyn Fn(&Gen<'_, '_>, &mut String, ColValue<'_>, &Element),
+        nested: bool,
+    ) -> Result<(), String> {
+        let indent = if nested { "          " } else { "        " };
         // Load the cached operands this pass is the first to read.
         for &id in self.cached {
             if reads.contains(&id) && !self.loaded.contains(&id) {
@@ -206,7 +261,7 @@ impl Gen<'_, '_> {
                 self.loaded.push(id);
             }
         }
-        for n in cone {
+        for &n in cone {
             let v = format!("v{}", n.index());
             if let [first, second] = elements {
                 let (a, b) = (|o| self.col_operand(o, first), |o| self.col_operand(o, second));
@@ -219,7 +274,7 @@ impl Gen<'_, '_> {
             }
         }
         // Keep what later passes read again.
-        for &(id, _) in self.kept.iter().filter(|&&(_, p)| p == pass) {
+        for &(id, _) in self.kept.iter().filter(|&&(_, p)| p == self.pass) {
             for e in elements {
                 let _ = writeln!(src, "{indent}k{0}[{1}] = v{0}{2};", id.index(), e.item, e.suffix);
             }
@@ -228,20 +283,10 @@ impl Gen<'_, '_> {
         for e in elements {
             finish(self, &mut body, &|gen, id| gen.col_operand(id, e), e);
         }
-        if run {
-            // `finish` wrote at 8 spaces, as in a scalar pass.
-            for line in body.lines() {
-                let _ = writeln!(src, "  {line}");
-            }
-            src.push_str("        }\n");
-            for out in stores {
-                let _ = writeln!(src, "        kiln::store{width}({}, {});", out.at, out.name);
-            }
-        } else {
-            src.push_str(&body);
+        // `finish` writes at 8 spaces, as in a plain pass.
+        for line in body.lines() {
+            let _ = writeln!(src, "{}{line}", if nested { "  " } else { "" });
         }
-        src.push_str("      }\n    }\n");
-        self.pass += 1;
         Ok(())
     }
 

@@ -210,14 +210,17 @@ pub(crate) fn generate(
     // store, or paired roundings).
     let column_leaves: Vec<&super::body::Leaf> = read
         .iter()
+        .filter(|id| !per_row_leaves.contains(id))
         .filter_map(|id| body.leaves.get(id))
         .filter(|l| l.operand.is_some() && !l.is_uniform())
         .collect();
     let sizes =
         column_leaves.iter().map(|l| l.dtype.size()).chain(full.iter().map(|&j| out_dtypes[j].size()));
+    // A long row takes runs too, its last columns (past its whole runs)
+    // one at a time.
     let run = match unrolled {
         true => vector_width(items, items * group == cols, sizes),
-        false => 1,
+        false => vector_width(CHUNK, true, sizes),
     };
     let rounds = paired::rounds(&body, &body.order);
     let run =
@@ -308,12 +311,12 @@ pub(crate) fn generate(
         let row_at = |j: usize| if j == 0 && pad.is_some() { "row * W" } else { "row * C" };
         // In a vector pass, outputs whose runs are aligned (a padded
         // output's rows must be too) are stored once a run.
+        let aligned = |j: usize| match (j, &pad) {
+            (0, Some(p)) => p.width % run == 0,
+            _ => cols % run == 0,
+        };
         let vectored: Vec<usize> = match run > 1 {
-            true => full
-                .iter()
-                .copied()
-                .filter(|&j| !(j == 0 && pad.as_ref().is_some_and(|p| p.width % run != 0)))
-                .collect(),
+            true => full.iter().copied().filter(|&j| aligned(j)).collect(),
             false => Vec::new(),
         };
         let stores: Vec<emit::VectorOut> = vectored
@@ -328,7 +331,8 @@ pub(crate) fn generate(
             for &j in &full {
                 // A node's value: already what its dtype holds.
                 let v = types::store_exact(out_dtypes[j], &col_value(gen, outputs[j]));
-                match vectored.contains(&j) {
+                // A long row's last columns are stored one at a time.
+                match vectored.contains(&j) && !e.slot.is_empty() {
                     true => {
                         let _ = writeln!(src, "        o{j}.v[{}] = {v};", e.slot);
                     }
