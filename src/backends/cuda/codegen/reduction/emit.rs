@@ -158,27 +158,15 @@ impl Gen<'_, '_> {
             (true, false) => &RUN[..1],
             (true, true) => &RUN,
         };
-        let (step, at) = match self.pairs {
-            true => ("j += 2", "at = col + j, at1 = at + 1"),
-            false => ("++j", "at = col + j"),
-        };
         if run && self.unrolled {
             let _ = writeln!(src, "#pragma unroll\n    for (int it = 0; it < {items}; it += {width}) {{");
             let _ = writeln!(src, "      const I col = {width} * lane + it * {group};\n      {{");
-            self.vector_loads(src, &reads, stores);
-            let _ = writeln!(src, "#pragma unroll\n        for (int j = 0; j < {width}; {step}) {{");
-            let _ = writeln!(src, "          const I {at};");
-            self.elements(src, &cone, &reads, elements, finish, true)?;
-            self.vector_stores(src, stores);
+            self.run(src, &cone, &reads, elements, stores, finish)?;
         } else if run {
             // A long row: whole runs, then the last columns one at a time.
             let _ = writeln!(src, "    for (I col = {width} * lane; col < C; col += {width} * {group}) {{");
             let _ = writeln!(src, "      if (col + {width} <= C) {{");
-            self.vector_loads(src, &reads, stores);
-            let _ = writeln!(src, "#pragma unroll\n        for (int j = 0; j < {width}; {step}) {{");
-            let _ = writeln!(src, "          const I {at};");
-            self.elements(src, &cone, &reads, elements, finish, true)?;
-            self.vector_stores(src, stores);
+            self.run(src, &cone, &reads, elements, stores, finish)?;
             src.push_str("      } else {\n        for (I at = col; at < C; ++at) {\n");
             self.vectors.clear();
             self.elements(src, &cone, &reads, std::slice::from_ref(&TAIL), finish, true)?;
@@ -204,9 +192,18 @@ impl Gen<'_, '_> {
         Ok(())
     }
 
-    /// One vector load a run of each leaf `reads` whose runs are aligned,
-    /// and the vectors collecting `stores`.
-    fn vector_loads(&mut self, src: &mut String, reads: &[NodeId], stores: &[VectorOut]) {
+    /// One run at `col`: a vector load of each leaf `reads` whose runs are
+    /// aligned, the vectors collecting `stores`, the run's elements in a
+    /// `j` loop, then one store of each vector.
+    fn run(
+        &mut self,
+        src: &mut String,
+        cone: &[NodeId],
+        reads: &[NodeId],
+        elements: &[Element],
+        stores: &[VectorOut],
+        finish: &dyn Fn(&Gen<'_, '_>, &mut String, ColValue<'_>, &Element),
+    ) -> Result<(), String> {
         let width = self.width;
         for &id in reads {
             let l = &self.body.leaves[&id];
@@ -228,14 +225,18 @@ impl Gen<'_, '_> {
         for out in stores {
             let _ = writeln!(src, "        kiln::vec{width}<{}> {};", out.storage, out.name);
         }
-    }
-
-    /// Closes a run's `j` loop and writes its vectors.
-    fn vector_stores(&self, src: &mut String, stores: &[VectorOut]) {
+        let (step, at) = match self.pairs {
+            true => ("j += 2", "at = col + j, at1 = at + 1"),
+            false => ("++j", "at = col + j"),
+        };
+        let _ = writeln!(src, "#pragma unroll\n        for (int j = 0; j < {width}; {step}) {{");
+        let _ = writeln!(src, "          const I {at};");
+        self.elements(src, cone, reads, elements, finish, true)?;
         src.push_str("        }\n");
         for out in stores {
-            let _ = writeln!(src, "        kiln::store{}({}, {});", self.width, out.at, out.name);
+            let _ = writeln!(src, "        kiln::store{width}({}, {});", out.at, out.name);
         }
+        Ok(())
     }
 
     /// The statements of one step of a pass over `elements`: cached loads,
