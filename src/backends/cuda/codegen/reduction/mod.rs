@@ -24,10 +24,12 @@
 //! run's elements go two at a time, rounded with one conversion
 //! (`emit::Gen::column_pass`, `super::paired`).
 //!
-//! Longer rows are read from memory in every pass, and a row's max and
-//! its sum of `exp(x - max)` (softmax, log-sum-exp, cross-entropy) take
-//! one pass between them, `CHUNK` columns a thread at a time, the sum
-//! rescaled whenever the running max grows (see [`online::OnlinePair`]).
+//! Longer rows are read from memory in every pass (their column passes
+//! in runs too, a row's last columns past its whole runs one at a time),
+//! and a row's max and its sum of `exp(x - max)` (softmax, log-sum-exp,
+//! cross-entropy) take one pass between them, `CHUNK` columns a thread at
+//! a time, the sum rescaled whenever the running max grows (see
+//! [`online::OnlinePair`]).
 //!
 //! A body with extra outputs (`out1`, `out2`, ...) writes the per-element
 //! ones in the same last pass as the output, and the per-row ones once
