@@ -219,6 +219,183 @@ pub(super) unsafe fn kernel_6x32(
     }
 }
 
+/// One step of `p` of [`kernel_6x32_rows`]: B's two 16-float rows at byte
+/// offset `$b` (and `$b + next`), then A's six rows, each at byte offset
+/// `$a` of its own row (`{a}`, `{a} + lda`, `{a} + 2 lda`, and the same
+/// from `{a3}`, row 3), broadcast and multiplied into its accumulators.
+#[cfg(target_arch = "x86_64")]
+macro_rules! step_rows {
+    ($b:literal, $a:literal) => {
+        concat!(
+            "vmovups zmm12, zmmword ptr [{b} + ",
+            $b,
+            "]\n",
+            "vmovups zmm13, zmmword ptr [{b} + {next} + ",
+            $b,
+            "]\n",
+            "vbroadcastss zmm14, dword ptr [{a} + ",
+            $a,
+            "]\n",
+            "vbroadcastss zmm15, dword ptr [{a} + {lda} + ",
+            $a,
+            "]\n",
+            "vfmadd231ps zmm0, zmm12, zmm14\n",
+            "vfmadd231ps zmm1, zmm13, zmm14\n",
+            "vfmadd231ps zmm2, zmm12, zmm15\n",
+            "vfmadd231ps zmm3, zmm13, zmm15\n",
+            "vbroadcastss zmm14, dword ptr [{a} + 2*{lda} + ",
+            $a,
+            "]\n",
+            "vbroadcastss zmm15, dword ptr [{a3} + ",
+            $a,
+            "]\n",
+            "vfmadd231ps zmm4, zmm12, zmm14\n",
+            "vfmadd231ps zmm5, zmm13, zmm14\n",
+            "vfmadd231ps zmm6, zmm12, zmm15\n",
+            "vfmadd231ps zmm7, zmm13, zmm15\n",
+            "vbroadcastss zmm14, dword ptr [{a3} + {lda} + ",
+            $a,
+            "]\n",
+            "vbroadcastss zmm15, dword ptr [{a3} + 2*{lda} + ",
+            $a,
+            "]\n",
+            "vfmadd231ps zmm8, zmm12, zmm14\n",
+            "vfmadd231ps zmm9, zmm13, zmm14\n",
+            "vfmadd231ps zmm10, zmm12, zmm15\n",
+            "vfmadd231ps zmm11, zmm13, zmm15",
+        )
+    };
+}
+
+/// [`kernel_6x32`] with A read where it lies instead of packed: six rows
+/// of `kc` adjacent floats, `lda` floats apart (a weight's rows, in the
+/// transposed products of `transposed.rs`). Each of the six is a
+/// sequential stream, so nothing is gained by copying them into a sliver
+/// first. The same chain of multiply-adds per element as `kernel_6x32`
+/// (and the same bits).
+///
+/// # Safety
+/// `a + r * lda` has `kc` readable floats for each row `r < 6`; `b` and
+/// `b + next` have `kc * 16` each; `c` has 6 rows of 32 writable floats
+/// `ldc` apart; [`available`] is true.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn kernel_6x32_rows(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    next: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    use std::arch::asm;
+    // SAFETY: as `kernel_6x32`'s, with A's six rows read at `a + r * lda`
+    // (`r < 6`), `kc` floats each: inside the caller's buffer.
+    unsafe {
+        asm!(
+            "vxorps xmm0, xmm0, xmm0",
+            "vxorps xmm1, xmm1, xmm1",
+            "vxorps xmm2, xmm2, xmm2",
+            "vxorps xmm3, xmm3, xmm3",
+            "vxorps xmm4, xmm4, xmm4",
+            "vxorps xmm5, xmm5, xmm5",
+            "vxorps xmm6, xmm6, xmm6",
+            "vxorps xmm7, xmm7, xmm7",
+            "vxorps xmm8, xmm8, xmm8",
+            "vxorps xmm9, xmm9, xmm9",
+            "vxorps xmm10, xmm10, xmm10",
+            "vxorps xmm11, xmm11, xmm11",
+            "lea {a3}, [{a} + 2*{lda}]",
+            "add {a3}, {lda}",
+            "cmp {kc}, 4",
+            "jb 5f",
+            "6:",
+            step_rows!("0", "0"),
+            step_rows!("64", "4"),
+            step_rows!("128", "8"),
+            step_rows!("192", "12"),
+            "add {a}, 16",
+            "add {a3}, 16",
+            "add {b}, 256",
+            "sub {kc}, 4",
+            "cmp {kc}, 4",
+            "jae 6b",
+            "5:",
+            "test {kc}, {kc}",
+            "jz 3f",
+            "2:",
+            step_rows!("0", "0"),
+            "add {a}, 4",
+            "add {a3}, 4",
+            "add {b}, 64",
+            "dec {kc}",
+            "jnz 2b",
+            "3:",
+            "lea {a3}, [{c} + 2*{ldc}]",
+            "add {a3}, {ldc}",
+            "test {acc}, {acc}",
+            "jz 4f",
+            "vaddps zmm0, zmm0, zmmword ptr [{c}]",
+            "vaddps zmm1, zmm1, zmmword ptr [{c} + 64]",
+            "vaddps zmm2, zmm2, zmmword ptr [{c} + {ldc}]",
+            "vaddps zmm3, zmm3, zmmword ptr [{c} + {ldc} + 64]",
+            "vaddps zmm4, zmm4, zmmword ptr [{c} + 2*{ldc}]",
+            "vaddps zmm5, zmm5, zmmword ptr [{c} + 2*{ldc} + 64]",
+            "vaddps zmm6, zmm6, zmmword ptr [{a3}]",
+            "vaddps zmm7, zmm7, zmmword ptr [{a3} + 64]",
+            "vaddps zmm8, zmm8, zmmword ptr [{a3} + {ldc}]",
+            "vaddps zmm9, zmm9, zmmword ptr [{a3} + {ldc} + 64]",
+            "vaddps zmm10, zmm10, zmmword ptr [{a3} + 2*{ldc}]",
+            "vaddps zmm11, zmm11, zmmword ptr [{a3} + 2*{ldc} + 64]",
+            "4:",
+            "vmovups zmmword ptr [{c}], zmm0",
+            "vmovups zmmword ptr [{c} + 64], zmm1",
+            "vmovups zmmword ptr [{c} + {ldc}], zmm2",
+            "vmovups zmmword ptr [{c} + {ldc} + 64], zmm3",
+            "vmovups zmmword ptr [{c} + 2*{ldc}], zmm4",
+            "vmovups zmmword ptr [{c} + 2*{ldc} + 64], zmm5",
+            "vmovups zmmword ptr [{a3}], zmm6",
+            "vmovups zmmword ptr [{a3} + 64], zmm7",
+            "vmovups zmmword ptr [{a3} + {ldc}], zmm8",
+            "vmovups zmmword ptr [{a3} + {ldc} + 64], zmm9",
+            "vmovups zmmword ptr [{a3} + 2*{ldc}], zmm10",
+            "vmovups zmmword ptr [{a3} + 2*{ldc} + 64], zmm11",
+            "vzeroupper",
+            kc = inout(reg) kc => _,
+            a = inout(reg) a => _,
+            lda = in(reg) lda * 4,
+            b = inout(reg) b => _,
+            next = in(reg) next * 4,
+            c = in(reg) c,
+            ldc = in(reg) ldc * 4,
+            acc = in(reg) usize::from(accumulate),
+            a3 = out(reg) _,
+            out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _,
+            out("xmm4") _, out("xmm5") _, out("xmm6") _, out("xmm7") _,
+            out("xmm8") _, out("xmm9") _, out("xmm10") _, out("xmm11") _,
+            out("xmm12") _, out("xmm13") _, out("xmm14") _, out("xmm15") _,
+            options(nostack),
+        );
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn kernel_6x32_rows(
+    _: usize,
+    _: *const f32,
+    _: usize,
+    _: *const f32,
+    _: usize,
+    _: *mut f32,
+    _: usize,
+    _: bool,
+) {
+    unreachable!("the AVX-512 kernel is only called where `available()`")
+}
+
 #[cfg(not(target_arch = "x86_64"))]
 pub(super) unsafe fn kernel_6x32(
     _: usize,

@@ -136,20 +136,12 @@ fn pack_b_transposed(b: Mat<'_>, p0: usize, kc: usize, j0: usize, w: usize, dst:
     }
 }
 
-/// Rows `0..rows` (a multiple of 8) of 16 runs, transposed into `dst`
-/// row by row (row `p` is 16 floats: element `p` of each run), as 8x8
-/// blocks: 8 loads, the three-stage unpack/shuffle/permute transpose,
-/// 8 stores.
-///
-/// # Safety
-/// The CPU supports avx2; every run has at least `rows` floats and `dst`
-/// at least `rows * 16`.
-#[cfg(target_arch = "x86_64")]
 /// The 8x8 transpose of eight rows of eight floats: column `q` of the
 /// input is row `q` of the output (the unpack / shuffle / permute
 /// network of the packing loops below).
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn transpose_8x8(r: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m256; 8] {
+pub(super) unsafe fn transpose_8x8(r: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m256; 8] {
     use std::arch::x86_64::*;
     let t0 = _mm256_unpacklo_ps(r[0], r[1]);
     let t1 = _mm256_unpackhi_ps(r[0], r[1]);
@@ -179,6 +171,15 @@ unsafe fn transpose_8x8(r: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64
     ]
 }
 
+/// Rows `0..rows` (a multiple of 8) of 16 runs, transposed into `dst`
+/// row by row (row `p` is 16 floats: element `p` of each run), as 8x8
+/// blocks: 8 loads, the three-stage unpack/shuffle/permute transpose,
+/// 8 stores.
+///
+/// # Safety
+/// The CPU supports avx2; every run has at least `rows` floats and `dst`
+/// at least `rows * 16`.
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn transpose_runs(cols: &[&[f32]; NR], rows: usize, dst: &mut [f32]) {
     use std::arch::x86_64::*;
