@@ -44,6 +44,7 @@ pass_test!(constant_fold, "constant-fold");
 pass_test!(cse, "cse");
 pass_test!(simplify, "simplify");
 pass_test!(narrow, "narrow");
+pass_test!(attention_layout, "attention-layout");
 pass_test!(dce, "dce");
 pass_test!(remat, "remat");
 pass_test!(fusion, "fusion");
@@ -343,17 +344,18 @@ fn pipeline_dumps_every_step() {
             "06-simplify.kir",
             // 01 is `autocast` and 02 `attention-grad`, which apply only to
             // graphs with autocast and attention gradients; 07 is `narrow`,
-            // which applies only to graphs with slices.
-            "08-dce.kir",
-            "09-remat.kir",
-            "10-fusion.kir",
-            // 11 is `assign`, which applies only to graphs with assignments,
-            // and 12 `multi-output`, only to fused elementwise nodes that
+            // which applies only to graphs with slices, and 08
+            // `attention-layout`, only to attentions whose heads are merged.
+            "09-dce.kir",
+            "10-remat.kir",
+            "11-fusion.kir",
+            // 12 is `assign`, which applies only to graphs with assignments,
+            // and 13 `multi-output`, only to fused elementwise nodes that
             // read another of their shape.
-            "13-schedule.kir",
-            "14-horizontal.kir",
-            "15-streams.kir",
-            "16-memory.kir"
+            "14-schedule.kir",
+            "15-horizontal.kir",
+            "16-streams.kir",
+            "17-memory.kir"
         ]
     );
     let mut dumps = String::new();

@@ -120,7 +120,7 @@ impl Tensor {
                 (kind, Some(m.broadcast_at(full, location)))
             }
         };
-        let op = Op::Attention { scale, causal, mask: kind };
+        let op = Op::Attention { scale, causal, mask: kind, layout: crate::ir::AttnLayout::Bhsd };
         match &mask {
             Some(m) => Tensor::record(&[self, key, value, m], op, None, location),
             None => Tensor::record(&[self, key, value], op, None, location),

@@ -301,7 +301,13 @@ fn encode(graph: &Graph, id: NodeId, operands: &[NodeId], marks: &[(u32, u32)], 
         | Op::IndexAdd { dim }
         | Op::WriteAt { dim }
         | Op::Cat { dim } => put(w, *dim as u64),
-        Op::Attention { scale, causal, mask } | Op::AttentionStats { scale, causal, mask } => {
+        Op::Attention { scale, causal, mask, layout } => {
+            put(w, scale.to_bits());
+            put(w, *causal as u64);
+            put(w, *mask as u64);
+            put(w, *layout as u64);
+        }
+        Op::AttentionStats { scale, causal, mask } => {
             put(w, scale.to_bits());
             put(w, *causal as u64);
             put(w, *mask as u64);

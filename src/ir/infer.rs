@@ -2,7 +2,7 @@
 //! accepts and what it produces. The user API, the parser and the verifier
 //! all call [`infer`], so they cannot disagree.
 
-use super::{AttnWrt, BinaryOp, Collective, DType, Op, ReduceOp, Shape};
+use super::{AttnLayout, AttnWrt, BinaryOp, Collective, DType, Op, ReduceOp, Shape};
 
 mod attention;
 pub(crate) use attention::attention_lse_type;
@@ -314,10 +314,14 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
             }
             (x.clone(), d)
         }
-        Op::Attention { mask, .. } => {
+        Op::Attention { mask, layout, .. } => {
             let (q, k, v) = (ty(0), ty(1), ty(2));
             let a = attention_operands(q, k, v.0, v.1, "values", ty_opt(3), *mask)?;
-            (Shape(vec![a.b, a.h, a.sq, a.dv]), a.dtype)
+            let dims = match layout {
+                AttnLayout::Bhsd => vec![a.b, a.h, a.sq, a.dv],
+                AttnLayout::Bshd => vec![a.b, a.sq, a.h, a.dv],
+            };
+            (Shape(dims), a.dtype)
         }
         Op::AttentionStats { mask, .. } => {
             let (q, k, o, g) = (ty(0), ty(1), ty(2), ty(3));

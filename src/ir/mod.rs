@@ -57,8 +57,8 @@ pub use fused::{FusedBody, FusedKind, Padded};
 pub use graph::{Graph, Node, NodeId, NodeSet, Phase, Region, RegionAutocast, RegionId};
 pub use infer::{infer, mixed, window_out};
 pub use op::{
-    AttnMask, AttnWrt, BinaryOp, BufferId, Collective, CompareOp, Distribution, Op, PoolKind, ReduceOp,
-    UnaryOp,
+    AttnLayout, AttnMask, AttnWrt, BinaryOp, BufferId, Collective, CompareOp, Distribution, Op, PoolKind,
+    ReduceOp, UnaryOp,
 };
 pub use plan::{
     Event, EventId, GroupKind, LaunchGroup, MemoryPlan, Placement, Plan, PlanTables, StreamId, StreamPlan,

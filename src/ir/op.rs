@@ -142,6 +142,30 @@ impl AttnMask {
     }
 }
 
+/// How an [`Op::Attention`] node lays out its result.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AttnLayout {
+    /// `[b, h, sq, dv]`: each head's rows together, as the operands are
+    /// (PyTorch's `scaled_dot_product_attention`).
+    #[default]
+    Bhsd,
+    /// `[b, sq, h, dv]`: each query row's heads side by side, the order a
+    /// model merges them in (`o.permute(0, 2, 1, 3).reshape(b, sq, h *
+    /// dv)`), so the merge is a free reshape instead of a copy. Made by
+    /// the `attention-layout` pass from such a permute; never recorded.
+    Bshd,
+}
+
+impl AttnLayout {
+    /// The text IR's word for it (`layout=bshd`; `bhsd` is not printed).
+    pub fn name(self) -> &'static str {
+        match self {
+            AttnLayout::Bhsd => "bhsd",
+            AttnLayout::Bshd => "bshd",
+        }
+    }
+}
+
 /// Which gradient an [`Op::AttentionGrad`] node computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum AttnWrt {
@@ -320,7 +344,8 @@ pub enum Op {
     /// result `[b, h, sq, dv]` is `softmax(scale * q kᵀ + mask) v`, one
     /// node so that backends run it as one kernel that never stores the
     /// `[sq, sk]` scores (see `crate::attention`). A query row whose keys
-    /// are all removed gives zeros.
+    /// are all removed gives zeros. With `layout` [`AttnLayout::Bshd`]
+    /// the result is `[b, sq, h, dv]`, the same values permuted.
     Attention {
         /// The factor on `q kᵀ` (usually `1 / sqrt(d)`).
         scale: f64,
@@ -329,6 +354,8 @@ pub enum Op {
         causal: bool,
         /// What the fourth operand is, if any.
         mask: AttnMask,
+        /// The result's order of dims.
+        layout: AttnLayout,
     },
     /// The two per-row numbers the attention backward needs, as
     /// `[b, h, sq, 2]` in the type attention accumulates in (f64 for f64

@@ -16,6 +16,7 @@
 
 mod assign;
 mod attention_grad;
+mod attention_layout;
 mod autocast;
 mod autodiff;
 mod constant_fold;
@@ -36,6 +37,7 @@ mod view_fold;
 
 pub use assign::Assign;
 pub use attention_grad::AttentionGrad;
+pub use attention_layout::AttentionLayout;
 pub use autocast::{policy_text, Autocast, OpKey, PolicyEntry, Precision, POLICY};
 pub use autodiff::{grad_region, gradients, Autodiff, GradRequest};
 pub use constant_fold::ConstantFold;
@@ -312,6 +314,10 @@ pub static REGISTRY: &[PassInfo] = &[
     PassInfo { pass: &Cse, description: "merge nodes that compute the same value" },
     PassInfo { pass: &Simplify, description: "rewrite by equality saturation and keep the cheapest form" },
     PassInfo { pass: &Narrow, description: "compute only the rows that slices keep" },
+    PassInfo {
+        pass: &AttentionLayout,
+        description: "an attention whose heads are merged next writes them merged (no copy for the merge)",
+    },
     PassInfo { pass: &Dce, description: "remove nodes the outputs do not need" },
     PassInfo {
         pass: &Remat,
@@ -365,6 +371,9 @@ pub static PIPELINE: &[&dyn Pass] = &[
     // Nodes read only in a window (a slice of step 1) computed on that
     // window: GPT-2's prefill runs its last layer on the last row.
     &Narrow,
+    // Attention that writes its heads merged, where a permute merges them
+    // next: the reshape after it is then free instead of a copy.
+    &AttentionLayout,
     // Drop what folding, bypassed views, merges and narrowing left unused.
     &Dce,
     // The backward pass recomputes cheap forward values it reads, so that

@@ -46,7 +46,7 @@
 //! operands of one shape, matmul operands of one rank.
 
 use super::{Changed, Pass, PassCtx, PassOptions};
-use crate::ir::{Graph, NodeId, Op, Shape};
+use crate::ir::{AttnLayout, Graph, NodeId, Op, Shape};
 use crate::{Error, Result};
 use std::collections::HashMap;
 
@@ -176,7 +176,12 @@ fn narrowable(graph: &Graph, id: NodeId, dim: usize, start: usize) -> bool {
     let node = graph.node(id);
     match &node.op {
         Op::Reshape(_) => kept_dim(&graph.node(graph.operands(id)[0]).shape, &node.shape, dim).is_some(),
-        Op::Attention { causal, .. } => dim == 2 && sees_every_key(graph, id, *causal, start),
+        // Query rows are dim 2 of the `[b, h, sq, dv]` layout only (the
+        // `attention-layout` pass, which makes the other, runs later).
+        Op::Attention { causal, layout: AttnLayout::Bhsd, .. } => {
+            dim == 2 && sees_every_key(graph, id, *causal, start)
+        }
+        Op::Attention { .. } => false,
         op => rebuildable(op),
     }
 }
@@ -262,7 +267,7 @@ fn operand_read(graph: &Graph, user: NodeId, slot: usize, read: Read) -> Read {
                 _ => Read::Whole,
             }
         }
-        Op::Attention { causal, .. } => {
+        Op::Attention { causal, layout: AttnLayout::Bhsd, .. } => {
             // Query rows only: q and the mask's rows.
             let sees_all = sees_every_key(graph, user, *causal, start);
             match slot {
@@ -326,7 +331,7 @@ fn rebuild(
         Op::Reshape(_) => Op::Reshape(shape.clone()),
         Op::Slice { dim: sd, start: ss, step, len: sl } => Op::Slice { dim: sd, start: ss, step, len: sl },
         // Every row of the window sees every key (`operand_read`).
-        Op::Attention { scale, mask, .. } => Op::Attention { scale, causal: false, mask },
+        Op::Attention { scale, mask, layout, .. } => Op::Attention { scale, causal: false, mask, layout },
         op => op,
     };
     let new = graph

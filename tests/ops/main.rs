@@ -18,6 +18,7 @@ mod index;
 mod linalg;
 mod long_rows;
 mod many_rows;
+mod merged_heads;
 mod nonfinite;
 mod padded_rows;
 mod pool_grad;

@@ -289,7 +289,7 @@ fn display_prints_like_pytorch() -> Result<()> {
 /// `softmax(scale q kᵀ + mask) v` in f64, one query row at a time; a row
 /// with every key removed is zeros.
 #[allow(clippy::too_many_arguments)]
-fn attention_ref(
+pub(crate) fn attention_ref(
     q: &Nd<f64>,
     k: &Nd<f64>,
     v: &Nd<f64>,

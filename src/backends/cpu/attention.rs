@@ -43,7 +43,7 @@
 use super::elementwise::contiguous;
 use super::storage::{dispatch, Elem, Out};
 use super::CpuBuffer;
-use crate::ir::{AttnMask, DType};
+use crate::ir::{AttnLayout, AttnMask, DType};
 use crate::{Error, Result};
 use rayon::prelude::*;
 
@@ -171,12 +171,58 @@ impl<'a, A: Acc> MaskRead<'a, A> {
     }
 }
 
-/// `softmax(scale q kᵀ + mask) v` into `out` (`[b, h, sq, dv]`, dense),
-/// and each row's log-sum-exp into `lse` (`[b, h, sq]` in the accumulator
-/// type, `+inf` for a row that keeps no key) where the plan reads it
-/// (`extra %attention output=1`, for the backward's `attention_delta`).
+/// `softmax(scale q kᵀ + mask) v` into `out` (dense, `[b, h, sq, dv]`
+/// or, with `layout` [`AttnLayout::Bshd`], `[b, sq, h, dv]`), and each
+/// row's log-sum-exp into `lse` (`[b, h, sq]` in the accumulator type,
+/// `+inf` for a row that keeps no key) where the plan reads it (`extra
+/// %attention output=1`, for the backward's `attention_delta`).
+///
+/// A `bshd` result is computed in `bhsd` order and its rows then moved
+/// in place: on the CPU that move costs what the merge's copy did, and
+/// the kernels stay one (the layout pays on the GPU, where the kernels
+/// write each row where it goes).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
+    q: &CpuBuffer,
+    k: &CpuBuffer,
+    v: &CpuBuffer,
+    mask: Option<&CpuBuffer>,
+    kind: AttnMask,
+    scale: f64,
+    causal: bool,
+    layout: AttnLayout,
+    mut out: Out<'_>,
+    lse: Option<Out<'_>>,
+) -> Result<()> {
+    attention_bhsd(q, k, v, mask, kind, scale, causal, out.reborrow(), lse)?;
+    if layout == AttnLayout::Bshd {
+        let dims = Dims::of(q, k, v)?;
+        match out.dtype() {
+            DType::F64 => heads_to_rows(out.get::<f64>()?, &dims),
+            DType::F32 => heads_to_rows(out.get::<f32>()?, &dims),
+            DType::F16 => heads_to_rows(out.get::<half::f16>()?, &dims),
+            DType::BF16 => heads_to_rows(out.get::<half::bf16>()?, &dims),
+            d => return Err(Error::Backend(format!("cpu: attention is not defined on {d}"))),
+        }
+    }
+    Ok(())
+}
+
+/// `[b, h, sq, dv]` rows rearranged in place into `[b, sq, h, dv]`.
+fn heads_to_rows<T: Copy>(out: &mut [T], n: &Dims) {
+    let heads = out.to_vec();
+    let dv = n.dv;
+    for (bh, head) in heads.chunks(n.sq * dv).enumerate() {
+        let (b, h) = (bh / n.h, bh % n.h);
+        for (s, row) in head.chunks(dv).enumerate() {
+            out[((b * n.sq + s) * n.h + h) * dv..][..dv].copy_from_slice(row);
+        }
+    }
+}
+
+/// [`attention`] in the `[b, h, sq, dv]` layout.
+#[allow(clippy::too_many_arguments)]
+fn attention_bhsd(
     q: &CpuBuffer,
     k: &CpuBuffer,
     v: &CpuBuffer,

@@ -163,7 +163,7 @@ impl CpuExecutable {
                     args.get(2).ok_or_else(|| Error::Backend("cpu: write_at lacks its offset".into()))?;
                 write!(|out| index::write_at(Some(x()?), y()?, offset, *dim, shape, out))
             }
-            Op::Attention { scale, causal, mask } => {
+            Op::Attention { scale, causal, mask, layout } => {
                 let k = args.get(1).ok_or_else(|| Error::Backend("cpu: attention lacks its keys".into()))?;
                 let v =
                     args.get(2).ok_or_else(|| Error::Backend("cpu: attention lacks its values".into()))?;
@@ -179,7 +179,18 @@ impl CpuExecutable {
                 };
                 let value = write!(|out| {
                     let lse_out = lse.as_mut().map(|(_, d)| d.out());
-                    attention::attention(x()?, k, v, args.get(3), *mask, *scale, *causal, out, lse_out)
+                    attention::attention(
+                        x()?,
+                        k,
+                        v,
+                        args.get(3),
+                        *mask,
+                        *scale,
+                        *causal,
+                        *layout,
+                        out,
+                        lse_out,
+                    )
                 })?;
                 if let Some((p, d)) = lse {
                     extras.push((p, d.finish(&self.stats)?));

@@ -1,6 +1,6 @@
 //! Graph → text.
 
-use crate::ir::{Collective, Graph, NodeId, Op, Placement, RegionAutocast, RegionId};
+use crate::ir::{AttnLayout, Collective, Graph, NodeId, Op, Placement, RegionAutocast, RegionId};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
@@ -227,7 +227,13 @@ fn attrs(op: &Op, dtype: crate::ir::DType) -> String {
         | Op::Cat { dim } => {
             format!(" dim={dim}")
         }
-        Op::Attention { scale, causal, mask } | Op::AttentionStats { scale, causal, mask } => {
+        Op::Attention { scale, causal, mask, layout } => format!(
+            " scale={scale:?} mask={}{}{}",
+            mask.name(),
+            if *causal { " causal" } else { "" },
+            if *layout == AttnLayout::Bhsd { String::new() } else { format!(" layout={}", layout.name()) }
+        ),
+        Op::AttentionStats { scale, causal, mask } => {
             format!(" scale={scale:?} mask={}{}", mask.name(), if *causal { " causal" } else { "" })
         }
         Op::AttentionGrad { scale, causal, mask, wrt } => format!(

@@ -13,7 +13,7 @@
 
 use super::build::{Builder, Built};
 use super::window;
-use crate::ir::{BinaryOp, Collective, CompareOp, DType, NodeId, Op, ReduceOp, Shape, UnaryOp};
+use crate::ir::{AttnLayout, BinaryOp, Collective, CompareOp, DType, NodeId, Op, ReduceOp, Shape, UnaryOp};
 
 /// One node's rule: the gradient for each operand slot whose `wanted` is
 /// true (`None` elsewhere). `y` is the node, `g` its gradient.
@@ -135,7 +135,13 @@ pub(super) fn vjp(
             if wanted[1] { Some(write_window(b, dim, xs[0], xs[1], xs[2], g)?) } else { None },
             None,
         ]),
-        Op::Attention { scale, causal, mask } => super::attention::vjp(b, y, g, xs, wanted, scale, causal, mask),
+        Op::Attention { scale, causal, mask, layout: AttnLayout::Bhsd } => {
+            super::attention::vjp(b, y, g, xs, wanted, scale, causal, mask)
+        }
+        // Only the `attention-layout` pass makes these, after autodiff ran.
+        Op::Attention { layout: AttnLayout::Bshd, .. } => {
+            Err("attention with layout=bshd has no gradient rule (the attention-layout pass makes it after autodiff; differentiate the bhsd attention)".into())
+        }
         // Autodiff records these for an attention's gradient; a second
         // derivative through them is not written.
         Op::AttentionStats { .. } | Op::AttentionDelta | Op::AttentionGrad { .. } => {

@@ -25,7 +25,7 @@
 //! are the nodes autodiff recorded against); every backend's attention
 //! writes its extra output 1 where a plan reads it.
 
-use crate::ir::{Graph, Node, NodeId, Op};
+use crate::ir::{AttnLayout, Graph, Node, NodeId, Op};
 
 /// Rewrites every stats node the forward can answer (see the module
 /// docs); gives how many.
@@ -50,7 +50,10 @@ fn answered_by(graph: &Graph, id: NodeId) -> Option<NodeId> {
     let Op::AttentionStats { scale, causal, mask } = graph.node(id).op else { return None };
     let ops = graph.operands(id);
     let o = ops[2];
-    let Op::Attention { scale: s, causal: c, mask: m } = graph.node(o).op else { return None };
+    // The stats read the output `[b, h, sq, dv]`, so never a `bshd` one.
+    let Op::Attention { scale: s, causal: c, mask: m, layout: AttnLayout::Bhsd } = graph.node(o).op else {
+        return None;
+    };
     let fwd = graph.operands(o);
     // Same queries, keys and mask (operand 3 of the forward, 4 of the stats).
     let same = s.to_bits() == scale.to_bits()

@@ -11,8 +11,8 @@
 //! an e-class.
 
 use crate::ir::{
-    infer, AttnMask, AttnWrt, BinaryOp, BufferId, Collective, CompareOp, DType, Distribution, Op, PoolKind,
-    ReduceOp, Scalar, Shape, UnaryOp,
+    infer, AttnLayout, AttnMask, AttnWrt, BinaryOp, BufferId, Collective, CompareOp, DType, Distribution, Op,
+    PoolKind, ReduceOp, Scalar, Shape, UnaryOp,
 };
 use egg::{Analysis, DidMerge, EGraph, Id, Language};
 
@@ -118,6 +118,7 @@ pub enum OpKey {
         scale: u64,
         causal: bool,
         mask: AttnMask,
+        layout: AttnLayout,
     },
     AttentionStats {
         scale: u64,
@@ -206,8 +207,8 @@ impl From<&Op> for OpKey {
             Op::Assign => OpKey::Assign,
             Op::AttentionDelta => OpKey::AttentionDelta,
             Op::Extra { output } => OpKey::Extra { output: *output },
-            Op::Attention { scale, causal, mask } => {
-                OpKey::Attention { scale: scale.to_bits(), causal: *causal, mask: *mask }
+            Op::Attention { scale, causal, mask, layout } => {
+                OpKey::Attention { scale: scale.to_bits(), causal: *causal, mask: *mask, layout: *layout }
             }
             Op::AttentionStats { scale, causal, mask } => {
                 OpKey::AttentionStats { scale: scale.to_bits(), causal: *causal, mask: *mask }
@@ -263,8 +264,8 @@ impl OpKey {
             OpKey::Assign => Op::Assign,
             OpKey::AttentionDelta => Op::AttentionDelta,
             OpKey::Extra { output } => Op::Extra { output: *output },
-            OpKey::Attention { scale, causal, mask } => {
-                Op::Attention { scale: f64::from_bits(*scale), causal: *causal, mask: *mask }
+            OpKey::Attention { scale, causal, mask, layout } => {
+                Op::Attention { scale: f64::from_bits(*scale), causal: *causal, mask: *mask, layout: *layout }
             }
             OpKey::AttentionStats { scale, causal, mask } => {
                 Op::AttentionStats { scale: f64::from_bits(*scale), causal: *causal, mask: *mask }

@@ -31,7 +31,7 @@
 //! take.
 
 use super::{types, Kernel};
-use crate::ir::{AttnMask, DType};
+use crate::ir::{AttnLayout, AttnMask, DType};
 use std::fmt::Write;
 
 /// The largest head dim the kernel keeps in registers.
@@ -72,9 +72,33 @@ pub(crate) struct Spec {
     pub k: Strided,
     pub v: Strided,
     pub m: Option<Strided>,
+    /// The output's order of dims (`[b, h, sq, dv]` or `[b, sq, h, dv]`).
+    pub layout: AttnLayout,
 }
 
 impl Spec {
+    /// The element offset in `out` of the output row of query `i` (an
+    /// expression) of (batch, head) pair `bh` (an expression):
+    /// `(bh * sq + i) * dv` in the `bhsd` layout, the row's place among
+    /// its query's heads in the `bshd` one.
+    pub(crate) fn out_row(&self, bh: &str, i: &str) -> String {
+        let (h, sq, dv) = (self.heads, self.sq, self.dv);
+        match self.layout {
+            AttnLayout::Bhsd => format!("({bh} * {sq} + {i}) * {dv}"),
+            AttnLayout::Bshd => format!("((({bh}) / {h} * {sq} + {i}) * {h} + ({bh}) % {h}) * {dv}"),
+        }
+    }
+
+    /// [`Spec::out_row`] of the `row`-th row in `bhsd` order (`row = bh *
+    /// sq + i`, an expression).
+    pub(crate) fn out_row_of(&self, row: &str) -> String {
+        let (sq, dv) = (self.sq, self.dv);
+        match self.layout {
+            AttnLayout::Bhsd => format!("{row} * {dv}"),
+            AttnLayout::Bshd => self.out_row(&format!("({row}) / {sq}"), &format!("({row}) % {sq}")),
+        }
+    }
+
     /// The opening line of a flash kernel `name` (every kernel but the
     /// split-key decode one): `out, q, k, v` and the mask, if any.
     pub(crate) fn flash_head(&self, name: &str) -> String {
@@ -325,11 +349,11 @@ pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
     if split == 1 {
         s.push_str("  if (active) {\n    const A inv = l == 0 ? (A)0 : (A)1 / l;\n");
         let _ = writeln!(s, "    #pragma unroll\n    for (int c = 0; c < {dv}; ++c) {{");
-        let _ =
-            writeln!(s, "      const A x = acc[c] * inv;\n      out[(bh * {sq} + i) * {dv} + c] = {store};");
+        let row = spec.out_row("bh", "i");
+        let _ = writeln!(s, "      const A x = acc[c] * inv;\n      out[{row} + c] = {store};");
         s.push_str("    }\n  }\n}\n");
     } else {
-        merge_partials(&mut s, rows, dv, split, sq, ex, &store);
+        merge_partials(&mut s, spec, rows, split, ex, &store);
     }
     Ok(Kernel::new(name, s, grid as u32, threads as u32, spec.flash_reads()))
 }
@@ -366,7 +390,8 @@ fn merge_len(rows: usize, dv: usize, split: usize) -> usize {
 /// wins, so the row is NaN), the threads of a row add their outputs into
 /// shared memory one split at a time, and the block writes its rows (one
 /// contiguous run of `out`) with every thread.
-fn merge_partials(s: &mut String, rows: usize, dv: usize, split: usize, sq: usize, ex: &str, store: &str) {
+fn merge_partials(s: &mut String, spec: &Spec, rows: usize, split: usize, ex: &str, store: &str) {
+    let (dv, sq) = (spec.dv, spec.sq);
     let (ms, ls, tot) = (rows * dv, rows * dv + rows * split, rows * dv + 2 * rows * split);
     s.push_str("  __syncthreads();  // the last tile's readers are done\n");
     let _ = writeln!(s, "  smem[{ms} + t] = m;\n  smem[{ls} + t] = l;\n  __syncthreads();");
@@ -382,7 +407,8 @@ fn merge_partials(s: &mut String, rows: usize, dv: usize, split: usize, sq: usiz
         writeln!(s, "        smem[row * {dv} + c] = (u == 0 ? (A)0 : smem[row * {dv} + c]) + acc[c] * corr;");
     let _ = writeln!(s, "      smem[{tot} + row] = (u == 0 ? (A)0 : smem[{tot} + row]) + l * corr;");
     s.push_str("    }\n    __syncthreads();\n  }\n");
-    // The block's rows are `out[(bh * sq + qb * rows) * dv ..]`, contiguous.
+    // The block's rows are `out[(bh * sq + qb * rows) * dv ..]`, contiguous
+    // in the `bhsd` layout; in the `bshd` one each row goes to its place.
     let _ = writeln!(
         s,
         "  const I first = qb * {rows}, n = ({sq} - first < {rows} ? {sq} - first : {rows}) * {dv};"
@@ -390,5 +416,9 @@ fn merge_partials(s: &mut String, rows: usize, dv: usize, split: usize, sq: usiz
     let _ = writeln!(s, "  for (I e = t; e < n; e += {}) {{", rows * split);
     let _ = writeln!(s, "    const A lt = smem[{tot} + e / {}];", dv.max(1));
     s.push_str("    const A x = lt == 0 ? (A)0 : smem[e] / lt;\n");
-    let _ = writeln!(s, "    out[(bh * {sq} + first) * {dv} + e] = {store};\n  }}\n}}");
+    let at = match spec.layout {
+        AttnLayout::Bhsd => format!("(bh * {sq} + first) * {dv} + e"),
+        AttnLayout::Bshd => format!("{} + e % {dv}", spec.out_row("bh", &format!("first + e / {dv}"))),
+    };
+    let _ = writeln!(s, "    out[{at}] = {store};\n  }}\n}}");
 }

@@ -193,7 +193,8 @@ pub(crate) fn partial(name: &str, spec: &Spec) -> Kernel {
             s.push_str("    const A inv = sum == 0 ? (A)0 : (A)1 / sum;\n");
             let _ = writeln!(
                 s,
-                "    out[row * {dv} + {c}] = {};",
+                "    out[{} + {c}] = {};",
+                spec.out_row_of("row"),
                 types::store(dtype, &format!("({})({o} * inv)", types::compute(dtype)))
             );
         } else {
@@ -259,7 +260,8 @@ fn merge(s: &mut String, spec: &Spec, ex: &str) {
     super::merge_partials(s, "    ", "A", (split, w), ex, false);
     let _ = writeln!(
         s,
-        "    out[row * {dv} + c] = {};\n  }}",
+        "    out[{} + c] = {};\n  }}",
+        spec.out_row_of("row"),
         types::store(dtype, &format!("({})(o * inv)", types::compute(dtype)))
     );
     s.push_str("  if (t == 0) counts[row] = 0u;\n");

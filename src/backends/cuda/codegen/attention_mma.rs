@@ -309,9 +309,10 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) {{", dv / 8);
     let _ = writeln!(s, "    #pragma unroll\n    for (int r = 0; r < {nr}; ++r) {{");
     let _ = writeln!(s, "      const int i = {i_of};\n      if (i >= {sq}) continue;");
+    let row = spec.out_row("bh", "i");
     let _ = writeln!(
         s,
-        "      *(U*)&out[(bh * {sq} + i) * {dv} + n * 8 + 2 * c] = kiln::pack2({o_of}[n][2 * {r_of}] * l[r], {o_of}[n][2 * {r_of} + 1] * l[r], {tag});"
+        "      *(U*)&out[{row} + n * 8 + 2 * c] = kiln::pack2({o_of}[n][2 * {r_of}] * l[r], {o_of}[n][2 * {r_of} + 1] * l[r], {tag});"
     );
     s.push_str("    }\n  }\n}\n");
     Kernel::new(name, s, grid as u32, THREADS as u32, spec.flash_reads()).with_shared(shared)

@@ -251,7 +251,8 @@ pub(crate) fn flash_simt(name: &str, spec: &Spec) -> Kernel {
     if split == 1 {
         s.push_str("    const float inv = l[a] == 0.f ? 0.f : 1.f / l[a];\n");
         let _ = writeln!(s, "    #pragma unroll\n    for (int u = 0; u < {cols}; ++u)");
-        let _ = writeln!(s, "      out[(bh * {sq} + i) * {dv} + kx + 16 * u] = o[a][u] * inv;\n  }}\n}}");
+        let row = spec.out_row("bh", "i");
+        let _ = writeln!(s, "      out[{row} + kx + 16 * u] = o[a][u] * inv;\n  }}\n}}");
         return Kernel::new(name, s, grid as u32, THREADS as u32, spec.flash_reads());
     }
     // Split: the partials of (row, sp) are [max, sum, o_0 .. o_dv) at
@@ -283,7 +284,7 @@ fn merge(s: &mut String, spec: &Spec, split: usize) {
     let _ = writeln!(s, "    if (i >= {sq}) continue;");
     let _ = writeln!(s, "    const float* p = ws + (cb * {ROWS} + r) * {};", split * w);
     super::merge_partials(s, "    ", "float", (split, w), "expf", true);
-    let _ = writeln!(s, "    out[(bh * {sq} + i) * {dv} + c] = o * inv;\n  }}");
+    let _ = writeln!(s, "    out[{} + c] = o * inv;\n  }}", spec.out_row("bh", "i"));
     s.push_str("  if (t == 0) counts[cb] = 0u;\n");
 }
 

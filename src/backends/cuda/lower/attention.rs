@@ -13,7 +13,7 @@ use crate::backends::cuda::codegen::attention_grad_ds::{self, DsLayout};
 use crate::backends::cuda::codegen::ops;
 use crate::backends::cuda::codegen::{attention_decode, attention_simt, index_add};
 use crate::backends::cuda::program::{IndexCheck, Launch, Loc, Region};
-use crate::ir::{AttnMask, AttnWrt, DType, NodeId, Shape};
+use crate::ir::{AttnLayout, AttnMask, AttnWrt, DType, NodeId, Shape};
 
 impl Lowering<'_> {
     /// `out = x`, then `out[.., index[j], ..] += src[.., j, ..]` in index order.
@@ -90,11 +90,12 @@ impl Lowering<'_> {
         scale: f64,
         causal: bool,
         mask: AttnMask,
+        layout: AttnLayout,
         shape: &Shape,
         dst: Loc,
     ) -> Result<(), String> {
         let vals = self.in_memory(ops)?;
-        let spec = spec_of(&vals, 3, (scale, causal, mask));
+        let spec = Spec { layout, ..spec_of(&vals, 3, (scale, causal, mask)) };
         debug_assert_eq!(spec.dv, shape.0[3]);
         if let Some(extra) = self.extras_of(id).first().copied().flatten() {
             let (lse_shape, lse_dtype) = crate::ir::extra_type(&self.plan.graph, id, 1)?;
@@ -251,6 +252,7 @@ fn spec_of(vals: &[Value], mask_at: usize, (scale, causal, mask): (f64, bool, At
         k: strided(&vals[1]),
         v: strided(&vals[2]),
         m: vals.get(mask_at).map(strided),
+        layout: AttnLayout::Bhsd,
     }
 }
 

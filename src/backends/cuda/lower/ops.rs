@@ -134,8 +134,8 @@ impl Lowering<'_> {
             Op::IndexAdd { dim } => self.index_add(id, *dim, &ops, &node.shape, dst),
             Op::WriteAt { dim } => self.write_at(*dim, &ops, &node.shape, dst),
             Op::Collective { what, .. } => self.collective(*what, &ops[0], dst),
-            Op::Attention { scale, causal, mask } => {
-                self.attention(id, &ops, *scale, *causal, *mask, &node.shape, dst)
+            Op::Attention { scale, causal, mask, layout } => {
+                self.attention(id, &ops, *scale, *causal, *mask, *layout, &node.shape, dst)
             }
             Op::AttentionDelta => self.attention_delta(&ops, node.dtype, dst),
             Op::AttentionStats { scale, causal, mask } => {

@@ -4,8 +4,8 @@
 
 use super::clip;
 use crate::ir::{
-    AttnMask, AttnWrt, BinaryOp, BufferId, Collective, CompareOp, DType, Distribution, FusedBody, Graph, Op,
-    PoolKind, ReduceOp, Scalar, Shape, UnaryOp,
+    AttnLayout, AttnMask, AttnWrt, BinaryOp, BufferId, Collective, CompareOp, DType, Distribution, FusedBody,
+    Graph, Op, PoolKind, ReduceOp, Scalar, Shape, UnaryOp,
 };
 use std::sync::Arc;
 
@@ -409,7 +409,23 @@ pub(super) fn build_op(
             match (kind, wrt) {
                 (Kind::AttentionStats, _) => Op::AttentionStats { scale, causal, mask },
                 (_, Some(wrt)) => Op::AttentionGrad { scale, causal, mask, wrt },
-                _ => Op::Attention { scale, causal, mask },
+                _ => {
+                    let layout = match a.has("layout") {
+                        false => AttnLayout::Bhsd,
+                        true => match a.word(
+                            "layout",
+                            m,
+                            "attention %q, %k, %v scale=0.125 mask=none layout=bshd",
+                        )? {
+                            "bhsd" => AttnLayout::Bhsd,
+                            "bshd" => AttnLayout::Bshd,
+                            other => {
+                                return Err(format!("layout must be bhsd or bshd, found '{}'", clip(other)))
+                            }
+                        },
+                    };
+                    Op::Attention { scale, causal, mask, layout }
+                }
             }
         }
         Kind::Assign => Op::Assign,
