@@ -206,11 +206,16 @@ fn a_prefill_runs_its_last_layer_on_the_last_row() -> Result<()> {
     let logits = m.forward(&x, None)?;
     let last = logits.narrow(1, s - 1, 1);
     let plan = ctx.explain(&[&last])?;
-    // Query rows of each attention node's output `[batch, heads, rows, dim]`.
+    // Query rows of each attention node's output: `[batch, heads, rows,
+    // dim]`, or `[batch, rows, heads, dim]` where it writes its heads
+    // merged (`layout=bshd`, the attention-layout pass).
     let rows: Vec<usize> = plan
         .lines()
         .filter(|l| l.contains("= attention"))
-        .filter_map(|l| l.split('[').nth(1)?.split(']').next()?.split(',').nth(2)?.parse().ok())
+        .filter_map(|l| {
+            let dim = if l.contains("layout=bshd") { 1 } else { 2 };
+            l.split('[').nth(1)?.split(']').next()?.split(',').nth(dim)?.parse().ok()
+        })
         .collect();
     assert_eq!(rows.iter().filter(|&&r| r == 1).count(), 1, "one attention on one row:\n{plan}");
     assert!(rows.len() > 1 && rows.iter().filter(|&&r| r == s).count() == rows.len() - 1, "{rows:?}\n{plan}");
