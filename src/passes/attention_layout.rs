@@ -1,12 +1,16 @@
 //! Attention layout: an attention whose heads are merged right after it
 //! writes them merged.
 //!
-//! *Does.* For each `permute %a perm=[0,2,1,3]` of an `attention` `%a` in
-//! the `[b, h, sq, dv]` layout that nothing else reads and that is not a
-//! graph output, gives `%a` the `bshd` layout (its result becomes `[b,
-//! sq, h, dv]`, the permute's value) and redirects the permute's users
-//! and outputs to `%a`:
+//! *Does.* For each `permute %p perm=[0,2,1,3]` of an `attention` `%a` in
+//! the `[b, h, sq, dv]` layout that is not a graph output and that
+//! nothing else reads except as the output operand of its gradient's
+//! `attention_stats` or `attention_delta`, gives `%a` the `bshd` layout
+//! (its result becomes `[b, sq, h, dv]`, the permute's value) and
+//! redirects the permute's users and outputs to `%a`:
 //! `permute(attention(q, k, v), [0,2,1,3])` → `attention(q, k, v) layout=bshd`.
+//! The gradient's readers then read `%p`, now the permute of `%a` back
+//! to `[b, h, sq, dv]` (a view: their kernels read the output through
+//! strides); with none, `%p` is removed.
 //!
 //! *Why.* A transformer merges its heads as `o.permute(0, 2, 1, 3)
 //! .reshape(b, sq, h * dv)` before the output projection. The permute is
@@ -16,14 +20,14 @@
 //! the attention's kernels write each output row where the merge puts it
 //! and the reshape is free. FlashAttention's own output order is this one.
 //!
-//! *Does not.* Touch an attention something else reads too (the
-//! backward's `attention_stats` reads the output `[b, h, sq, dv]`, so a
-//! trained attention keeps its layout), or any other permute.
+//! *Does not.* Touch an attention something else reads too, or any other
+//! permute.
 //!
 //! *Preserves.* Every value the outputs see, bit for bit (the kernels
 //! compute each row as before and store it elsewhere); regions.
 //!
-//! *Invalidates.* The ids of the removed permutes.
+//! *Invalidates.* The ids of the removed permutes; a kept permute's
+//! shape (now `[b, h, sq, dv]`).
 //!
 //! *Assumes.* A verified graph; it runs after autodiff recorded every
 //! gradient (autodiff has no rule for the `bshd` layout) and after
@@ -54,17 +58,30 @@ impl Pass for AttentionLayout {
     fn run(&self, graph: &mut Graph, cx: &mut PassCtx) -> Result<Changed> {
         let mut changed = Changed::No;
         for id in graph.topo_order() {
-            if let Some(attention) = merged_attention(graph, id) {
+            if let Some((attention, gradient)) = merged_attention(graph, id) {
                 let node = graph.node_mut(attention);
                 if let Op::Attention { layout, .. } = &mut node.op {
                     *layout = AttnLayout::Bshd;
                 }
-                let d = &node.shape.0;
+                let d = node.shape.0.clone();
                 node.shape = Shape(vec![d[0], d[2], d[1], d[3]]);
                 graph.replace_all_uses(id, attention);
-                // The permute now reads a value of its own result's shape:
-                // it goes, and nothing reads it any more.
-                graph.remove(id);
+                if gradient.is_empty() {
+                    // Nothing reads the permute any more: it goes.
+                    graph.remove(id);
+                } else {
+                    // The permute turns the result back into `[b, h, sq,
+                    // dv]`, and the gradient's readers read that view.
+                    graph.node_mut(id).shape = Shape(d);
+                    for user in gradient {
+                        let ops: Vec<NodeId> = graph
+                            .operands(user)
+                            .into_iter()
+                            .map(|o| if o == attention { id } else { o })
+                            .collect();
+                        graph.set_operands(user, &ops);
+                    }
+                }
                 cx.rewrite();
                 changed = Changed::Yes;
             }
@@ -74,14 +91,42 @@ impl Pass for AttentionLayout {
 }
 
 /// The attention that `id` merges the heads of, if `id` is such a permute
-/// and it is the attention's only reader.
-fn merged_attention(graph: &Graph, id: NodeId) -> Option<NodeId> {
+/// and every other reader of the attention is its gradient's (see
+/// [`gradient_reader`]), with those readers.
+fn merged_attention(graph: &Graph, id: NodeId) -> Option<(NodeId, Vec<NodeId>)> {
     let Op::Permute(perm) = &graph.node(id).op else { return None };
     if perm[..] != MERGE {
         return None;
     }
     let a = graph.operands(id)[0];
-    let only_reader = graph.users(a) == [id] && !graph.outputs().contains(&a);
-    let bhsd = matches!(graph.node(a).op, Op::Attention { layout: AttnLayout::Bhsd, .. });
-    (bhsd && only_reader).then_some(a)
+    if !matches!(graph.node(a).op, Op::Attention { layout: AttnLayout::Bhsd, .. })
+        || graph.outputs().contains(&a)
+    {
+        return None;
+    }
+    let mut gradient = Vec::new();
+    for user in graph.users(a) {
+        if user == id {
+            continue;
+        }
+        if !gradient_reader(graph, user, a) {
+            return None;
+        }
+        if !gradient.contains(&user) {
+            gradient.push(user);
+        }
+    }
+    Some((a, gradient))
+}
+
+/// Whether `user` reads attention `a` only as its output operand: an
+/// `attention_stats` (`q, k, o, g [, mask]`) or `attention_delta` (`o, g,
+/// lse`) of its gradient, whose kernels read `o` through strides.
+fn gradient_reader(graph: &Graph, user: NodeId, a: NodeId) -> bool {
+    let slot = match graph.node(user).op {
+        Op::AttentionStats { .. } => 2,
+        Op::AttentionDelta => 0,
+        _ => return false,
+    };
+    graph.operands(user).iter().enumerate().all(|(k, &o)| o != a || k == slot)
 }

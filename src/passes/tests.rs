@@ -27,6 +27,7 @@ fn registry_names_are_unique_kebab_case() {
             "cse",
             "simplify",
             "narrow",
+            "attention-layout",
             "dce",
             "remat",
             "fusion",

@@ -10,16 +10,23 @@ use kiln::prelude::*;
 
 /// The masks of a case: a `[b, 1, 1, sk]` key padding (1 keeps) and an
 /// additive `[b, h, sq, sk]` one.
-struct Masks<'a> {
-    keep: Option<&'a Nd<i64>>,
-    add: Option<&'a Nd<f64>>,
-    causal: bool,
+pub(crate) struct Masks<'a> {
+    pub(crate) keep: Option<&'a Nd<i64>>,
+    pub(crate) add: Option<&'a Nd<f64>>,
+    pub(crate) causal: bool,
 }
 
 /// `(dq, dk, dv)` of `sum(attention(q, k, v) ⊙ g)` in f64: with `P` the
 /// probabilities, `dP = g vᵀ`, `dS = P ⊙ (dP - rowsum(P ⊙ dP))`, `dq =
 /// scale dS k`, `dk = scale dSᵀ q`, `dv = Pᵀ g`.
-fn grads_ref(q: &Nd<f64>, k: &Nd<f64>, v: &Nd<f64>, g: &Nd<f64>, m: &Masks, scale: f64) -> [Nd<f64>; 3] {
+pub(crate) fn grads_ref(
+    q: &Nd<f64>,
+    k: &Nd<f64>,
+    v: &Nd<f64>,
+    g: &Nd<f64>,
+    m: &Masks,
+    scale: f64,
+) -> [Nd<f64>; 3] {
     let (b, h, sq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
     let (sk, dv) = (k.shape[2], v.shape[3]);
     let (mut dq, mut dk, mut dvv) =
@@ -63,7 +70,7 @@ fn grads_ref(q: &Nd<f64>, k: &Nd<f64>, v: &Nd<f64>, g: &Nd<f64>, m: &Masks, scal
 }
 
 /// The largest magnitude of `x` (at least a small floor).
-fn largest(x: &Nd<f64>) -> f64 {
+pub(crate) fn largest(x: &Nd<f64>) -> f64 {
     x.to_vec().iter().fold(1e-6f64, |m, v| m.max(v.abs()))
 }
 

@@ -87,3 +87,70 @@ fn an_attention_read_twice_keeps_its_layout() {
         check_f(&o, DType::F32, &want, 4.0, "the whole output beside the merged heads");
     });
 }
+
+/// A trained attention whose heads are merged for the projection: the
+/// forward writes `[b, sq, h, dv]` all the same, and the gradient's
+/// statistics (and on CUDA the log-sum-exp the forward writes) read its
+/// output back through the permute. The gradients of `sum(merge(o) ⊙
+/// G)` are the f64 reference's, for tensor-core heads (bf16, f16) and
+/// f32 (whose gradient is expanded into plain ops, so its attention keeps
+/// the `[b, h, sq, dv]` layout), causal and with a key-padding mask.
+#[test]
+fn gradients_through_merged_heads_match_f64() {
+    use crate::attention_grad::{grads_ref, largest, Masks};
+    each_backend(|| {
+        let mut rng = Rng::new(2017);
+        let (b, h, s, d) = (2, 3, 70, 32);
+        let keep = Nd::from_fn(&[b, 1, 1, s], |i| (i[3] % 5 != 2) as i64);
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            for m in [
+                Masks { keep: None, add: None, causal: true },
+                Masks { keep: Some(&keep), add: None, causal: false },
+            ] {
+                let ctx = dev();
+                let (q, k, v) = (
+                    rand_f(&mut rng, dtype, &[b, h, s, d], 1.0),
+                    rand_f(&mut rng, dtype, &[b, h, s, d], 1.0),
+                    rand_f(&mut rng, dtype, &[b, h, s, d], 1.0),
+                );
+                let g = rand_f(&mut rng, dtype, &[b, h, s, d], 1.0);
+                let vars: Vec<Variable> = [("q", &q), ("k", &k), ("v", &v)]
+                    .iter()
+                    .map(|(n, x)| ctx.variable(n, tensor_f(&ctx, dtype, x)).expect("a variable"))
+                    .collect();
+                let mask = m.keep.map(|keep| tensor_i(&ctx, DType::Bool, keep));
+                let o = vars[0].tensor().scaled_dot_product_attention(
+                    &vars[1].tensor(),
+                    &vars[2].tensor(),
+                    mask.as_ref(),
+                    m.causal,
+                    None,
+                );
+                let merged_o = o.permute(&[0, 2, 1, 3]).reshape([b, s, h * d]);
+                let loss = (&merged_o * &tensor_f(&ctx, dtype, &merged(&g))).sum_all();
+                let grads = loss.backward().expect("backward");
+                let got: Vec<Tensor> =
+                    vars.iter().map(|x| grads.get(x).expect("a gradient").clone()).collect();
+                // The loss and the gradients in one plan, as a training
+                // step runs them: the forward's merge is in it.
+                let step: Vec<&Tensor> = std::iter::once(&loss).chain(&got).collect();
+                let plan = ctx.explain(&step).expect("explain");
+                let what = format!("{dtype}, causal {}, masked {}", m.causal, m.keep.is_some());
+                // An f32 gradient is expanded into plain ops (the
+                // attention-grad pass), which read the output as a value:
+                // the attention keeps its layout there.
+                let merged_forward = dtype != DType::F32;
+                assert_eq!(
+                    plan.contains("layout=bshd"),
+                    merged_forward,
+                    "{what}: layout as expected:\n{plan}"
+                );
+                ctx.realize(&step).expect("the step");
+                let want = grads_ref(&q, &k, &v, &g, &m, 1.0 / (d as f64).sqrt());
+                for ((x, got), want) in ["dq", "dk", "dv"].iter().zip(&got).zip(&want) {
+                    check_f(got, dtype, want, 2.0 * largest(want), &format!("merged heads {x}, {what}"));
+                }
+            }
+        }
+    });
+}

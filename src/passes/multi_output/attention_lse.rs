@@ -15,7 +15,8 @@
 //! stats by `attention_delta %o, %g, %lse`, which computes only `delta`.
 //!
 //! *Does not.* Touch a stats node whose output is not such an attention
-//! (a view of it, another attention's): it keeps recomputing.
+//! (another attention's, a view of it other than the permute back from
+//! the `bshd` layout): it keeps recomputing.
 //!
 //! *Preserves.* The stats' value up to rounding: the forward sums the
 //! same exponentials in its online order (rescaled per key tile), the
@@ -49,11 +50,16 @@ pub(super) fn forward_writes_lse(graph: &mut Graph) -> Result<usize, String> {
 fn answered_by(graph: &Graph, id: NodeId) -> Option<NodeId> {
     let Op::AttentionStats { scale, causal, mask } = graph.node(id).op else { return None };
     let ops = graph.operands(id);
-    let o = ops[2];
-    // The stats read the output `[b, h, sq, dv]`, so never a `bshd` one.
-    let Op::Attention { scale: s, causal: c, mask: m, layout: AttnLayout::Bhsd } = graph.node(o).op else {
-        return None;
+    // The output `[b, h, sq, dv]`: the attention, or the permute back of
+    // one that writes its heads merged (the attention-layout pass).
+    let o = match &graph.node(ops[2]).op {
+        Op::Permute(p) if p[..] == [0, 2, 1, 3] => graph.operands(ops[2])[0],
+        _ => ops[2],
     };
+    let Op::Attention { scale: s, causal: c, mask: m, layout } = graph.node(o).op else { return None };
+    if (layout == AttnLayout::Bshd) != (o != ops[2]) {
+        return None;
+    }
     let fwd = graph.operands(o);
     // Same queries, keys and mask (operand 3 of the forward, 4 of the stats).
     let same = s.to_bits() == scale.to_bits()
