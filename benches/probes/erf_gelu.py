@@ -40,14 +40,18 @@ def variants():
     # generated loop's store may alias the next load, so the compiler
     # keeps them in order), on half the grid.
     body = gen[gen.index("#pragma unroll"):gen.index("    kiln::store8(out + base, o);")]
-    two = (
+    # The generated body of one run of 8 as a function, and the head of
+    # a kernel `k` with the generated kernel's parameters.
+    run8 = (
         '#include "kiln.cuh"\n'
         "__device__ __forceinline__ void run8(const kiln::vec8<kiln::bf16>& d3, const kiln::vec8<kiln::bf16>& d5,\n"
         "                                     kiln::vec8<kiln::bf16>& o, int base) {\n  typedef int I;\n"
         + body + "}\n"
         'extern "C" __global__ void k(kiln::bf16* out, const kiln::bf16* in0, const kiln::bf16* in1, '
         "const kiln::bf16* in2, const kiln::bf16* in3) {\n  typedef int I;\n"
-        f"  const I n = {R * C};\n"
+        f"  const I n = {R * C};\n")
+    two = (
+        run8 +
         "  const I base = ((I)blockIdx.x * blockDim.x + threadIdx.x) * 16;\n  if (base >= n) return;\n"
         "  const kiln::vec8<kiln::bf16> a3 = kiln::load8(in3 + base), b3 = kiln::load8(in3 + base + 8);\n"
         f"  const kiln::vec8<kiln::bf16> a5 = kiln::load8(in2 + base % {C}), b5 = kiln::load8(in2 + (base + 8) % {C});\n"
@@ -58,13 +62,7 @@ def variants():
     # loading its next run before it computes this one (memory and the
     # erf's arithmetic overlap in every warp instead of in turns).
     stride = (
-        '#include "kiln.cuh"\n'
-        "__device__ __forceinline__ void run8(const kiln::vec8<kiln::bf16>& d3, const kiln::vec8<kiln::bf16>& d5,\n"
-        "                                     kiln::vec8<kiln::bf16>& o, int base) {\n  typedef int I;\n"
-        + body + "}\n"
-        'extern "C" __global__ void k(kiln::bf16* out, const kiln::bf16* in0, const kiln::bf16* in1, '
-        "const kiln::bf16* in2, const kiln::bf16* in3) {\n  typedef int I;\n"
-        f"  const I n = {R * C};\n"
+        run8 +
         "  const I stride = (I)gridDim.x * blockDim.x * 8;\n"
         "  I base = ((I)blockIdx.x * blockDim.x + threadIdx.x) * 8;\n  if (base >= n) return;\n"
         "  kiln::vec8<kiln::bf16> d3 = kiln::load8(in3 + base);\n"

@@ -42,6 +42,69 @@ pub(super) fn available() -> bool {
     }
 }
 
+/// Zeroes the twelve accumulators: row r is zmm(2r) (columns 0-15) and
+/// zmm(2r+1) (16-31). A VEX xor zeroes the whole register.
+#[cfg(target_arch = "x86_64")]
+macro_rules! zero_accumulators {
+    () => {
+        concat!(
+            "vxorps xmm0, xmm0, xmm0\n",
+            "vxorps xmm1, xmm1, xmm1\n",
+            "vxorps xmm2, xmm2, xmm2\n",
+            "vxorps xmm3, xmm3, xmm3\n",
+            "vxorps xmm4, xmm4, xmm4\n",
+            "vxorps xmm5, xmm5, xmm5\n",
+            "vxorps xmm6, xmm6, xmm6\n",
+            "vxorps xmm7, xmm7, xmm7\n",
+            "vxorps xmm8, xmm8, xmm8\n",
+            "vxorps xmm9, xmm9, xmm9\n",
+            "vxorps xmm10, xmm10, xmm10\n",
+            "vxorps xmm11, xmm11, xmm11",
+        )
+    };
+}
+
+/// The accumulators' six rows added to C's (when `{acc}` is not zero)
+/// and stored, 32 floats a row `{ldc}` bytes apart from `{c}` (`{c3}`
+/// is row 3), then `vzeroupper`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! store_accumulators {
+    () => {
+        concat!(
+            "lea {c3}, [{c} + 2*{ldc}]\n",
+            "add {c3}, {ldc}\n",
+            "test {acc}, {acc}\n",
+            "jz 4f\n",
+            "vaddps zmm0, zmm0, zmmword ptr [{c}]\n",
+            "vaddps zmm1, zmm1, zmmword ptr [{c} + 64]\n",
+            "vaddps zmm2, zmm2, zmmword ptr [{c} + {ldc}]\n",
+            "vaddps zmm3, zmm3, zmmword ptr [{c} + {ldc} + 64]\n",
+            "vaddps zmm4, zmm4, zmmword ptr [{c} + 2*{ldc}]\n",
+            "vaddps zmm5, zmm5, zmmword ptr [{c} + 2*{ldc} + 64]\n",
+            "vaddps zmm6, zmm6, zmmword ptr [{c3}]\n",
+            "vaddps zmm7, zmm7, zmmword ptr [{c3} + 64]\n",
+            "vaddps zmm8, zmm8, zmmword ptr [{c3} + {ldc}]\n",
+            "vaddps zmm9, zmm9, zmmword ptr [{c3} + {ldc} + 64]\n",
+            "vaddps zmm10, zmm10, zmmword ptr [{c3} + 2*{ldc}]\n",
+            "vaddps zmm11, zmm11, zmmword ptr [{c3} + 2*{ldc} + 64]\n",
+            "4:\n",
+            "vmovups zmmword ptr [{c}], zmm0\n",
+            "vmovups zmmword ptr [{c} + 64], zmm1\n",
+            "vmovups zmmword ptr [{c} + {ldc}], zmm2\n",
+            "vmovups zmmword ptr [{c} + {ldc} + 64], zmm3\n",
+            "vmovups zmmword ptr [{c} + 2*{ldc}], zmm4\n",
+            "vmovups zmmword ptr [{c} + 2*{ldc} + 64], zmm5\n",
+            "vmovups zmmword ptr [{c3}], zmm6\n",
+            "vmovups zmmword ptr [{c3} + 64], zmm7\n",
+            "vmovups zmmword ptr [{c3} + {ldc}], zmm8\n",
+            "vmovups zmmword ptr [{c3} + {ldc} + 64], zmm9\n",
+            "vmovups zmmword ptr [{c3} + 2*{ldc}], zmm10\n",
+            "vmovups zmmword ptr [{c3} + 2*{ldc} + 64], zmm11\n",
+            "vzeroupper",
+        )
+    };
+}
+
 /// One step of `p`: B's two 16-float rows at byte offset `$b` (and
 /// `$b + next`), A's six floats at byte offsets `$a0`..`$a5`, each
 /// broadcast and multiplied into its row's two accumulators.
@@ -128,20 +191,7 @@ pub(super) unsafe fn kernel_6x32(
     // halves before returning.
     unsafe {
         asm!(
-            // Twelve accumulators: row r is zmm(2r) (columns 0-15) and
-            // zmm(2r+1) (16-31). A VEX xor zeroes the whole register.
-            "vxorps xmm0, xmm0, xmm0",
-            "vxorps xmm1, xmm1, xmm1",
-            "vxorps xmm2, xmm2, xmm2",
-            "vxorps xmm3, xmm3, xmm3",
-            "vxorps xmm4, xmm4, xmm4",
-            "vxorps xmm5, xmm5, xmm5",
-            "vxorps xmm6, xmm6, xmm6",
-            "vxorps xmm7, xmm7, xmm7",
-            "vxorps xmm8, xmm8, xmm8",
-            "vxorps xmm9, xmm9, xmm9",
-            "vxorps xmm10, xmm10, xmm10",
-            "vxorps xmm11, xmm11, xmm11",
+            zero_accumulators!(),
             // Four steps of `p` an iteration, then one at a time. The A
             // sliver streams from L2 (B's two stay in L1): ask for its
             // line 16 steps ahead (past its end, the next sliver's, which
@@ -170,38 +220,7 @@ pub(super) unsafe fn kernel_6x32(
             "dec {kc}",
             "jnz 2b",
             "3:",
-            "test {acc}, {acc}",
-            "jz 4f",
-            "vaddps zmm0, zmm0, zmmword ptr [{c}]",
-            "vaddps zmm1, zmm1, zmmword ptr [{c} + 64]",
-            "vaddps zmm2, zmm2, zmmword ptr [{c} + {ldc}]",
-            "vaddps zmm3, zmm3, zmmword ptr [{c} + {ldc} + 64]",
-            "vaddps zmm4, zmm4, zmmword ptr [{c} + 2*{ldc}]",
-            "vaddps zmm5, zmm5, zmmword ptr [{c} + 2*{ldc} + 64]",
-            "lea {c3}, [{c} + 2*{ldc}]",
-            "add {c3}, {ldc}",
-            "vaddps zmm6, zmm6, zmmword ptr [{c3}]",
-            "vaddps zmm7, zmm7, zmmword ptr [{c3} + 64]",
-            "vaddps zmm8, zmm8, zmmword ptr [{c3} + {ldc}]",
-            "vaddps zmm9, zmm9, zmmword ptr [{c3} + {ldc} + 64]",
-            "vaddps zmm10, zmm10, zmmword ptr [{c3} + 2*{ldc}]",
-            "vaddps zmm11, zmm11, zmmword ptr [{c3} + 2*{ldc} + 64]",
-            "4:",
-            "lea {c3}, [{c} + 2*{ldc}]",
-            "add {c3}, {ldc}",
-            "vmovups zmmword ptr [{c}], zmm0",
-            "vmovups zmmword ptr [{c} + 64], zmm1",
-            "vmovups zmmword ptr [{c} + {ldc}], zmm2",
-            "vmovups zmmword ptr [{c} + {ldc} + 64], zmm3",
-            "vmovups zmmword ptr [{c} + 2*{ldc}], zmm4",
-            "vmovups zmmword ptr [{c} + 2*{ldc} + 64], zmm5",
-            "vmovups zmmword ptr [{c3}], zmm6",
-            "vmovups zmmword ptr [{c3} + 64], zmm7",
-            "vmovups zmmword ptr [{c3} + {ldc}], zmm8",
-            "vmovups zmmword ptr [{c3} + {ldc} + 64], zmm9",
-            "vmovups zmmword ptr [{c3} + 2*{ldc}], zmm10",
-            "vmovups zmmword ptr [{c3} + 2*{ldc} + 64], zmm11",
-            "vzeroupper",
+            store_accumulators!(),
             kc = inout(reg) kc => _,
             a = inout(reg) a => _,
             b = inout(reg) b => _,
@@ -295,18 +314,7 @@ pub(super) unsafe fn kernel_6x32_rows(
     // (`r < 6`), `kc` floats each: inside the caller's buffer.
     unsafe {
         asm!(
-            "vxorps xmm0, xmm0, xmm0",
-            "vxorps xmm1, xmm1, xmm1",
-            "vxorps xmm2, xmm2, xmm2",
-            "vxorps xmm3, xmm3, xmm3",
-            "vxorps xmm4, xmm4, xmm4",
-            "vxorps xmm5, xmm5, xmm5",
-            "vxorps xmm6, xmm6, xmm6",
-            "vxorps xmm7, xmm7, xmm7",
-            "vxorps xmm8, xmm8, xmm8",
-            "vxorps xmm9, xmm9, xmm9",
-            "vxorps xmm10, xmm10, xmm10",
-            "vxorps xmm11, xmm11, xmm11",
+            zero_accumulators!(),
             "lea {a3}, [{a} + 2*{lda}]",
             "add {a3}, {lda}",
             "cmp {kc}, 4",
@@ -333,36 +341,7 @@ pub(super) unsafe fn kernel_6x32_rows(
             "dec {kc}",
             "jnz 2b",
             "3:",
-            "lea {a3}, [{c} + 2*{ldc}]",
-            "add {a3}, {ldc}",
-            "test {acc}, {acc}",
-            "jz 4f",
-            "vaddps zmm0, zmm0, zmmword ptr [{c}]",
-            "vaddps zmm1, zmm1, zmmword ptr [{c} + 64]",
-            "vaddps zmm2, zmm2, zmmword ptr [{c} + {ldc}]",
-            "vaddps zmm3, zmm3, zmmword ptr [{c} + {ldc} + 64]",
-            "vaddps zmm4, zmm4, zmmword ptr [{c} + 2*{ldc}]",
-            "vaddps zmm5, zmm5, zmmword ptr [{c} + 2*{ldc} + 64]",
-            "vaddps zmm6, zmm6, zmmword ptr [{a3}]",
-            "vaddps zmm7, zmm7, zmmword ptr [{a3} + 64]",
-            "vaddps zmm8, zmm8, zmmword ptr [{a3} + {ldc}]",
-            "vaddps zmm9, zmm9, zmmword ptr [{a3} + {ldc} + 64]",
-            "vaddps zmm10, zmm10, zmmword ptr [{a3} + 2*{ldc}]",
-            "vaddps zmm11, zmm11, zmmword ptr [{a3} + 2*{ldc} + 64]",
-            "4:",
-            "vmovups zmmword ptr [{c}], zmm0",
-            "vmovups zmmword ptr [{c} + 64], zmm1",
-            "vmovups zmmword ptr [{c} + {ldc}], zmm2",
-            "vmovups zmmword ptr [{c} + {ldc} + 64], zmm3",
-            "vmovups zmmword ptr [{c} + 2*{ldc}], zmm4",
-            "vmovups zmmword ptr [{c} + 2*{ldc} + 64], zmm5",
-            "vmovups zmmword ptr [{a3}], zmm6",
-            "vmovups zmmword ptr [{a3} + 64], zmm7",
-            "vmovups zmmword ptr [{a3} + {ldc}], zmm8",
-            "vmovups zmmword ptr [{a3} + {ldc} + 64], zmm9",
-            "vmovups zmmword ptr [{a3} + 2*{ldc}], zmm10",
-            "vmovups zmmword ptr [{a3} + 2*{ldc} + 64], zmm11",
-            "vzeroupper",
+            store_accumulators!(),
             kc = inout(reg) kc => _,
             a = inout(reg) a => _,
             lda = in(reg) lda * 4,
@@ -372,6 +351,7 @@ pub(super) unsafe fn kernel_6x32_rows(
             ldc = in(reg) ldc * 4,
             acc = in(reg) usize::from(accumulate),
             a3 = out(reg) _,
+            c3 = out(reg) _,
             out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _,
             out("xmm4") _, out("xmm5") _, out("xmm6") _, out("xmm7") _,
             out("xmm8") _, out("xmm9") _, out("xmm10") _, out("xmm11") _,
