@@ -598,6 +598,84 @@ __device__ __forceinline__ void ldsm_x4_trans(u32* r, const unsigned short* row)
 #endif
 }
 
+// f32 on tensor cores at f32 accuracy (the f32 attention kernel,
+// codegen/attention_tf32.rs). mma_1688_tf32 is one warp-wide D += A B with
+// A 16x8 and B 8x8 in tf32 (f32 bit patterns of which the tensor core reads
+// the top 19 bits: sign, exponent and 10 mantissa bits) and D in f32, in
+// PTX's m16n8k8 layout: lane = 4 g + c holds A's (row g, column c) a[0],
+// (g + 8, c) a[1], (g, c + 4) a[2] and (g + 8, c + 4) a[3]; B's (row c,
+// column g) b[0] and (c + 4, g) b[1]; D as mma_16816's. On sm_80 and later
+// it is one `mma.sync`; elsewhere, and in the CPU emulator, the same
+// product from the warp's fragments, with the low 13 bits of each input
+// dropped as the tensor core drops them.
+__device__ __forceinline__ float tf32_value(u32 x) { return __uint_as_float(x & 0xffffe000u); }
+
+__device__ __forceinline__ void mma_1688_tf32(float* d, const u32* a, const u32* b) {
+#if !defined(KILN_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+#ifdef KILN_EMULATE
+  u32 mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+  u32 all[32][8];
+  emu::warp_gather(mine, 6, all);
+  for (int k = 0; k < 8; ++k) {
+    const int src = k % 4, hi = k >= 4;
+    const float a0 = tf32_value(all[g * 4 + src][hi ? 2 : 0]);
+    const float a1 = tf32_value(all[g * 4 + src][hi ? 3 : 1]);
+    const float b0 = tf32_value(all[2 * c * 4 + src][4 + hi]);
+    const float b1 = tf32_value(all[(2 * c + 1) * 4 + src][4 + hi]);
+    d[0] += a0 * b0;
+    d[1] += a0 * b1;
+    d[2] += a1 * b0;
+    d[3] += a1 * b1;
+  }
+#else
+  for (int k = 0; k < 8; ++k) {
+    const int src = k % 4, hi = k >= 4;
+    const float a0 = tf32_value(__shfl_sync(0xffffffffu, hi ? a[2] : a[0], g * 4 + src));
+    const float a1 = tf32_value(__shfl_sync(0xffffffffu, hi ? a[3] : a[1], g * 4 + src));
+    const float b0 = tf32_value(__shfl_sync(0xffffffffu, b[hi], 2 * c * 4 + src));
+    const float b1 = tf32_value(__shfl_sync(0xffffffffu, b[hi], (2 * c + 1) * 4 + src));
+    d[0] += a0 * b0;
+    d[1] += a0 * b1;
+    d[2] += a1 * b0;
+    d[3] += a1 * b1;
+  }
+#endif
+#endif
+}
+
+// tf32_split: x as big + small, big its top 19 bits (a tf32) and small the
+// rest, exact in f32 (the tensor core then reads small's own top 19 bits).
+// Three products, a_small b_big + a_big b_small + a_big b_big (the small
+// ones first), give a b to about 2^-21 of its size, where one tf32 product
+// is off by up to 2^-10: "3xTF32", CUTLASS's OpMultiplyAddFastF32, which is
+// how PyTorch's f32 efficient attention computes with TF32 off.
+// Infinities: where the rest is 0 (x a tf32 already, a probability of 1)
+// or not a number (x infinite), small is big * 2^-30 instead, a term below
+// f32's precision with x's sign and class. A small of 0 would make
+// `a_small b_big` 0 * inf = NaN for an infinite b and a finite a, where
+// the product is inf; an infinite x's small is inf, so inf * inf stays
+// inf, and 0 * inf stays NaN (through a_big b_big) as it should.
+__device__ __forceinline__ void tf32_split(float x, u32& big, u32& small) {
+  big = __float_as_uint(x) & 0xffffe000u;
+  const float b = __uint_as_float(big), rest = x - b;
+  small = __float_as_uint(rest != 0.f && rest == rest ? rest : b * 9.313225746154785e-10f);
+}
+
+// D += A B from split operands (tf32_split of each element): 3xTF32.
+__device__ __forceinline__ void mma_1688_tf32x3(float* d, const u32* a_big, const u32* a_small,
+                                                const u32* b_big, const u32* b_small) {
+  mma_1688_tf32(d, a_small, b_big);
+  mma_1688_tf32(d, a_big, b_small);
+  mma_1688_tf32(d, a_big, b_big);
+}
+
 // cp_async16: 16 bytes from global to shared memory without passing
 // through registers, or 16 zero bytes where `valid` is false (the source
 // address must still be a valid one); cp_async_commit closes the group of

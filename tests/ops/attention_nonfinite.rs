@@ -2,7 +2,8 @@
 //! (issue 33): the CPU kernel, the CUDA-core kernels (f32 at head dim
 //! 72 one row a thread, at 64 register-tiled) and the tensor-core kernel
 //! (f16 and bf16, head dim 64; over 70 queries bf16 at 64, two query
-//! tiles a warp, and at 128, the split schedule), on the CPU,
+//! tiles a warp, and at 128, the split schedule; f32 over 70 queries at
+//! 64 and 128, 3xTF32), on the CPU,
 //! the CUDA emulator and a GPU when there is one (see `nonfinite.rs`).
 //!
 //! PyTorch's semantics, which [`reference`] computes in f64:
@@ -285,8 +286,12 @@ fn nan_and_inf_through_attention_on_every_kernel_and_backend() {
         // More than 64 query rows: bf16 heads of 64 take two query tiles a
         // warp, heads of 128 the split schedule (queries in shared memory).
         // The NaN and inf keys and values reach every tile's rows.
+        // f32 heads over as many rows take the 3xTF32 tensor-core kernel
+        // (tiles of 64 keys at head dim 64, 32 at 128), whose inputs are
+        // split in two: an infinite one must stay itself plus 0.
         for d in [64, 128] {
             run_cases::<70, 75>(backend, &ctx(), DType::BF16, d, &mut failures);
+            run_cases::<70, 75>(backend, &ctx(), DType::F32, d, &mut failures);
         }
         // Many query rows over many keys in f32: the register-tiled kernel
         // with each query block's keys split over 2 blocks (4 on the GPU

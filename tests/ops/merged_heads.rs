@@ -19,8 +19,9 @@ fn merged(o: &Nd<f64>) -> Nd<f64> {
 /// its own kernels): the one-row CUDA-core kernel with a row's keys split
 /// over threads (f64, few rows) and without (f64 heads of 200, whose
 /// merge would not fit in shared memory), the
-/// register-tiled f32 kernel whole and with its keys split over blocks
-/// (a head of 260 rows), the tensor-core kernel (f16 and bf16, head dims
+/// register-tiled f32 kernel whole (30 rows) and with its keys split over
+/// blocks (a head of 260 rows), the 3xTF32 tensor-core kernel (f32, 80
+/// rows), the tensor-core kernel (f16 and bf16, head dims
 /// 32 and 64, more than one block of query rows), and the split-key
 /// decode kernel (a few query rows) with one chunk of keys and several.
 /// Plain, causal and with a key-padding mask.
@@ -34,6 +35,7 @@ fn merged_heads_match_f64_on_every_attention_kernel() {
             (DType::F64, 1, 2, 19, 40, 24),
             (DType::F64, 1, 2, 19, 30, 200),
             (DType::F32, 1, 2, 80, 80, 32),
+            (DType::F32, 1, 2, 30, 80, 32),
             (DType::F32, 1, 1, 260, 260, 32),
             (DType::F32, 2, 3, 37, 45, 20),
             (DType::F16, 2, 2, 70, 75, 32),

@@ -134,13 +134,17 @@ impl Spec {
 
 /// The kernel for `spec` that also writes each query row's log-sum-exp
 /// (an attention whose `extra` output 1 the plan reads), or why there is
-/// none: the tensor-core kernel writes it; the others do not.
+/// none: the tensor-core kernels (f16/bf16, and f32 by 3xTF32) write it;
+/// the others do not.
 pub(crate) fn flash_with_lse(name: &str, spec: &Spec) -> Result<Kernel, String> {
     if super::attention_mma::applies(spec) {
         return Ok(super::attention_mma::flash_mma(name, spec, true));
     }
+    if super::attention_tf32::applies(spec) {
+        return Ok(super::attention_tf32::flash_tf32(name, spec, true));
+    }
     Err(format!(
-        "the CUDA attention writes its rows' log-sum-exp from the tensor-core kernel only (f16 and bf16 heads), got {} heads of {} and {}",
+        "the CUDA attention writes its rows' log-sum-exp from the tensor-core kernels only (f16 and bf16 heads, and f32 heads of 16-128 in steps of 16 read 16 bytes at a time), got {} heads of {} and {}",
         spec.dtype, spec.d, spec.dv
     ))
 }
@@ -149,6 +153,9 @@ pub(crate) fn flash_with_lse(name: &str, spec: &Spec) -> Result<Kernel, String> 
 pub(crate) fn flash(name: &str, spec: &Spec) -> Result<Kernel, String> {
     if super::attention_mma::applies(spec) {
         return Ok(super::attention_mma::flash_mma(name, spec, false));
+    }
+    if super::attention_tf32::applies(spec) {
+        return Ok(super::attention_tf32::flash_tf32(name, spec, false));
     }
     if super::attention_simt::applies(spec) {
         return Ok(super::attention_simt::flash_simt(name, spec));

@@ -79,7 +79,6 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     let st = types::storage(dtype);
     let tag = format!("{st}()");
     let (kst, vst) = (d + PAD, dv + PAD);
-    let log2e = std::f64::consts::LOG2_E;
     let mut s =
         if lse { spec.flash_head_with(name, &["float* __restrict__ lse"]) } else { spec.flash_head(name) };
     s.push_str("  typedef long long I;\n  typedef kiln::u32 U;\n");
@@ -125,7 +124,7 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     let _ = writeln!(s, "  const I i0 = qb * {rows};");
     // This thread's two rows of each query tile's scores and output:
     // tile tq's are ia[tq] and ib[tq] = ia[tq] + 8.
-    let (ia, ib, r0) = if qt > 1 { ("ia[tq]", "ib[tq]", "r0[tq]") } else { ("ia", "ib", "r0") };
+    let r0 = if qt > 1 { "r0[tq]" } else { "r0" };
     if qt > 1 {
         let _ = writeln!(s, "  int r0[{qt}], ia[{qt}], ib[{qt}];");
         let _ = writeln!(s, "  #pragma unroll\n  for (int tq = 0; tq < {qt}; ++tq) {{");
@@ -186,14 +185,50 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     // The loop body, built apart and handed to the tile loop.
     let s_outer = std::mem::take(&mut s);
     // Scores: sc[n] is keys j0 + 8n .. j0 + 8n + 7.
-    let sc = if qt > 1 { "sc[tq]" } else { "sc" };
     let _ = writeln!(s, "    float sc{};", dims(format!("[{}][4]", KEYS / 8)));
     if split {
         tiles::mma_rows_shared_a(&mut s, "sc", KEYS / 8, d / 16, ("qs", kst), "ks", kst, &tag, qt);
     } else {
         mma_rows(&mut s, "sc", "qf", KEYS / 8, d / 16, "ks + ks_o", kst, &tag, qt);
     }
+    online_softmax(&mut s, spec, qt, KEYS);
+    let scores = std::mem::take(&mut s);
+    // p · v: the scores of keys 16kk .. 16kk + 15 are the A fragment.
+    mma_columns(&mut s, "o", "sc", dv / 8, if split { "vs" } else { "vs + vs_o" }, vst, &tag, qt);
+    let pv = std::mem::replace(&mut s, s_outer);
+    if split {
+        split_loop(&mut s, &tiles, sk, &scores, &pv);
+    } else {
+        let body = format!("{scores}{pv}");
+        tile_loop(&mut s, "j0", ("0", "kend"), sk, &tiles, pipelined, |_, _, _| {}, |s| s.push_str(&body));
+    }
 
+    // The row sums, combined over a row's 4 lanes; the output, in pairs.
+    let (i_of, o_of, r_of) = finish_rows(&mut s, spec, qt, lse);
+    let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) {{", dv / 8);
+    let _ = writeln!(s, "    #pragma unroll\n    for (int r = 0; r < {nr}; ++r) {{");
+    let _ = writeln!(s, "      const int i = {i_of};\n      if (i >= {sq}) continue;");
+    let row = spec.out_row("bh", "i");
+    let _ = writeln!(
+        s,
+        "      *(U*)&out[{row} + n * 8 + 2 * c] = kiln::pack2({o_of}[n][2 * {r_of}] * l[r], {o_of}[n][2 * {r_of} + 1] * l[r], {tag});"
+    );
+    s.push_str("    }\n  }\n}\n");
+    Kernel::new(name, s, grid as u32, THREADS as u32, spec.flash_reads()).with_shared(shared)
+}
+
+/// (In the key loop, after a tile's scores `sc[n][e]`, `mma` accumulators
+/// of `keys` keys, each warp's `qt` query tiles.) The masks, the scale and
+/// the online softmax: each row's tile maximum, the rescale of its running
+/// sum `l` and output `o` (`mma` accumulators of `dv / 8` column groups),
+/// and the scores made `e^(s - m)`. Shared by the f16/bf16 kernel and the
+/// f32 one (`attention_tf32.rs`), whose accumulators have the same layout.
+pub(super) fn online_softmax(s: &mut String, spec: &Spec, qt: usize, keys: usize) {
+    let Spec { sq, sk, dv, .. } = *spec;
+    let log2e = std::f64::consts::LOG2_E;
+    let nr = 2 * qt;
+    let inits = |x: &str| vec![x; nr].join(", ");
+    let (sc, ia, ib) = if qt > 1 { ("sc[tq]", "ia[tq]", "ib[tq]") } else { ("sc", "ia", "ib") };
     // Masks, the scale, and each row's tile maximum. Rows past the end
     // compute from zero queries and are never stored, so only keys are
     // checked; a tile wholly inside the keys (and, causal, wholly at or
@@ -229,7 +264,7 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     let row = if qt > 1 { "2 * tq + e / 2" } else { "e / 2" };
     let walk = |s: &mut String, body: &str, ind: &str| {
         let mut w = String::new();
-        let _ = writeln!(w, "#pragma unroll\nfor (int n = 0; n < {}; ++n) {{", KEYS / 8);
+        let _ = writeln!(w, "#pragma unroll\nfor (int n = 0; n < {}; ++n) {{", keys / 8);
         let _ = writeln!(w, "  #pragma unroll\n  for (int e = 0; e < 4; ++e) {{");
         for line in body.lines() {
             let _ = writeln!(w, "    {line}");
@@ -240,16 +275,16 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     let checked =
         format!("const int i = e < 2 ? {ia} : {ib}, j = (int)j0 + n * 8 + 2 * c + (e & 1);\n{check}");
     if spec.m.is_some() {
-        walk(&mut s, &checked, "    ");
+        walk(s, &checked, "    ");
     } else {
-        let mut edge = format!("j0 + {KEYS} > {sk}");
+        let mut edge = format!("j0 + {keys} > {sk}");
         if spec.causal {
-            let _ = write!(edge, " || j0 + {} > i0", KEYS - 1);
+            let _ = write!(edge, " || j0 + {} > i0", keys - 1);
         }
         let _ = writeln!(s, "    if ({edge}) {{");
-        walk(&mut s, &checked, "      ");
+        walk(s, &checked, "      ");
         s.push_str("    } else {\n");
-        walk(&mut s, &format!("{sc}[n][e] *= {scale};"), "      ");
+        walk(s, &format!("{sc}[n][e] *= {scale};"), "      ");
         s.push_str("    }\n");
     }
     // The online softmax, per row: the 4 lanes of a row share its maximum.
@@ -269,25 +304,27 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
         dv / 8
     );
     let mut exps = String::new();
-    let _ = writeln!(exps, "#pragma unroll\nfor (int n = 0; n < {}; ++n) {{", KEYS / 8);
+    let _ = writeln!(exps, "#pragma unroll\nfor (int n = 0; n < {}; ++n) {{", keys / 8);
     exps.push_str("  #pragma unroll\n  for (int e = 0; e < 4; ++e) {\n");
     let _ = writeln!(
         exps,
         "    {sc}[n][e] = exp2f({sc}[n][e] - base[{row}]);\n    l[{row}] += {sc}[n][e];\n  }}\n}}"
     );
-    tiles::each_tile(&mut s, "    ", qt, &exps);
-    let scores = std::mem::take(&mut s);
-    // p · v: the scores of keys 16kk .. 16kk + 15 are the A fragment.
-    mma_columns(&mut s, "o", "sc", dv / 8, if split { "vs" } else { "vs + vs_o" }, vst, &tag, qt);
-    let pv = std::mem::replace(&mut s, s_outer);
-    if split {
-        split_loop(&mut s, &tiles, sk, &scores, &pv);
-    } else {
-        let body = format!("{scores}{pv}");
-        tile_loop(&mut s, "j0", ("0", "kend"), sk, &tiles, pipelined, |_, _, _| {}, |s| s.push_str(&body));
-    }
+    tiles::each_tile(s, "    ", qt, &exps);
+}
 
-    // The row sums, combined over a row's 4 lanes; the output, in pairs.
+/// (After the key loop.) Each row's sum combined over the 4 lanes that
+/// hold the row, its log-sum-exp stored where `lse`, and `l[r]` made the
+/// reciprocal of the sum (0 for a row with no key). Returns the C
+/// expressions of row `r`'s query index, its output array and its row
+/// within that array, for the kernel's stores.
+pub(super) fn finish_rows(
+    s: &mut String,
+    spec: &Spec,
+    qt: usize,
+    lse: bool,
+) -> (&'static str, &'static str, &'static str) {
+    let (sq, nr) = (spec.sq, 2 * qt);
     let (i_of, o_of, r_of) = if qt > 1 {
         ("r % 2 == 0 ? ia[r / 2] : ib[r / 2]", "o[r / 2]", "(r % 2)")
     } else {
@@ -306,16 +343,7 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
         );
     }
     s.push_str("    l[r] = l[r] == 0.f ? 0.f : 1.f / l[r];\n  }\n");
-    let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) {{", dv / 8);
-    let _ = writeln!(s, "    #pragma unroll\n    for (int r = 0; r < {nr}; ++r) {{");
-    let _ = writeln!(s, "      const int i = {i_of};\n      if (i >= {sq}) continue;");
-    let row = spec.out_row("bh", "i");
-    let _ = writeln!(
-        s,
-        "      *(U*)&out[{row} + n * 8 + 2 * c] = kiln::pack2({o_of}[n][2 * {r_of}] * l[r], {o_of}[n][2 * {r_of} + 1] * l[r], {tag});"
-    );
-    s.push_str("    }\n  }\n}\n");
-    Kernel::new(name, s, grid as u32, THREADS as u32, spec.flash_reads()).with_shared(shared)
+    (i_of, o_of, r_of)
 }
 
 /// Whether `spec` takes the split schedule: heads wider than 64 (two

@@ -68,7 +68,7 @@ pub(crate) fn applies(spec: &Spec) -> bool {
 
 /// Whether [`flash`](super::attention::flash) picks this kernel for `spec`.
 pub(crate) fn uses(spec: &Spec) -> bool {
-    applies(spec) && !super::attention_mma::applies(spec)
+    applies(spec) && !super::attention_mma::applies(spec) && !super::attention_tf32::applies(spec)
 }
 
 /// Query blocks of `spec`.

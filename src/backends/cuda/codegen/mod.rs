@@ -12,7 +12,9 @@
 //!   ranges, fills, gather, index_select, index_add, concatenation,
 //!   integer matmul; [`pool_grad`]: a max pooling's input gradient.
 //! - [`attention`]: the flash-style attention kernel (CUDA cores), and
-//!   [`attention_mma`]: its tensor-core form for f16/bf16, and
+//!   [`attention_mma`]: its tensor-core form for f16/bf16,
+//!   [`attention_tf32`]: for f32 on tensor cores at f32 accuracy (3xTF32),
+//!   [`attention_simt`]: the register-tiled f32 form on CUDA cores, and
 //!   [`attention_decode`]: the split-key form for a few query rows.
 //! - [`multi`]: the members of a launch group in one kernel (multi-tensor
 //!   optimizer updates).
@@ -30,6 +32,7 @@ pub(crate) mod attention_grad;
 pub(crate) mod attention_grad_ds;
 pub(crate) mod attention_mma;
 pub(crate) mod attention_simt;
+pub(crate) mod attention_tf32;
 mod attention_tiles;
 pub(crate) mod body;
 pub(crate) mod columns;
