@@ -30,9 +30,9 @@
 //!   `4c + 2`, `4c + 3` the second's); for `p · v`, the accumulator's keys
 //!   `2c`, `2c + 1` are the A fragment's columns `c`, `c + 4`, so the
 //!   probabilities never leave their registers, and the values are read
-//!   at rows `2c`, `2c + 1`; where `dv` is a multiple of 32, the output's
-//!   columns are interleaved by 4 so that each lane reads 4 of them at
-//!   once (see `interleaved`).
+//!   at rows `2c`, `2c + 1`, one element a load. (Interleaving the
+//!   output's columns by 4, so that a lane read 4 values with one 16-byte
+//!   load, was 5% slower at head dim 64: measured in RESULTS.md.)
 //! - NaN and inf behave as in the f16/bf16 kernel: the split keeps an
 //!   infinite input's products infinite, not `0 · inf` (`kiln::tf32_split`
 //!   says how), so `+inf` values and queries reach their rows as the plain
@@ -197,18 +197,8 @@ pub(crate) fn flash_tf32(name: &str, spec: &Spec, lse: bool) -> Kernel {
     let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) {{", dv / 8);
     s.push_str("    #pragma unroll\n    for (int r = 0; r < 2; ++r) {\n");
     let _ = writeln!(s, "      const int i = {i_of};\n      if (i >= {sq}) continue;");
-    if interleaved(dv) {
-        // Group n = 4 q + u, column 2c (+1) is the head's 32 q + 8c (+4) + u.
-        let _ = writeln!(
-            s,
-            "      float* const at = &out[{} + n / 4 * 32 + 8 * c + n % 4];",
-            spec.out_row("bh", "i")
-        );
-        s.push_str("      at[0] = o[n][2 * r] * l[r];\n      at[4] = o[n][2 * r + 1] * l[r];\n");
-    } else {
-        let _ = writeln!(s, "      float* const at = &out[{} + n * 8 + 2 * c];", spec.out_row("bh", "i"));
-        s.push_str("      at[0] = o[n][2 * r] * l[r];\n      at[1] = o[n][2 * r + 1] * l[r];\n");
-    }
+    let _ = writeln!(s, "      float* const at = &out[{} + n * 8 + 2 * c];", spec.out_row("bh", "i"));
+    s.push_str("      at[0] = o[n][2 * r] * l[r];\n      at[1] = o[n][2 * r + 1] * l[r];\n");
     s.push_str("    }\n  }\n}\n");
     let bytes = 4 * total;
     Kernel::new(name, s, grid as u32, THREADS as u32, spec.flash_reads()).with_shared(bytes)
@@ -247,11 +237,7 @@ fn scores(s: &mut String, d: usize, stride: usize, keys: usize) {
 /// (In the key loop, after the softmax.) `o[n] += p · v` over the tile's
 /// keys, 8 a k-step: the probabilities of keys `2c`, `2c + 1` of a group
 /// are the A fragment's columns `c`, `c + 4`, the values read at those
-/// rows of `vs` (row stride `stride`). Where `dv` is a multiple of 32,
-/// each 32 columns are 4 column groups interleaved ([`interleaved`]): lane
-/// `(g, c)` reads columns `4g .. 4g + 3` of both rows with two 16-byte
-/// loads, one element for each group's B fragment; else one element a
-/// load.
+/// rows of `vs` (row stride `stride`).
 fn probabilities_times_values(s: &mut String, dv: usize, stride: usize, keys: usize) {
     let _ = writeln!(s, "    #pragma unroll\n    for (int kk = 0; kk < {}; ++kk) {{", keys / 8);
     s.push_str("      U pb[4], ps[4];\n");
@@ -259,34 +245,12 @@ fn probabilities_times_values(s: &mut String, dv: usize, stride: usize, keys: us
     s.push_str("      kiln::tf32_split(sc[kk][2], pb[1], ps[1]);\n");
     s.push_str("      kiln::tf32_split(sc[kk][1], pb[2], ps[2]);\n");
     s.push_str("      kiln::tf32_split(sc[kk][3], pb[3], ps[3]);\n");
-    if interleaved(dv) {
-        let _ = writeln!(s, "      const float* const v0 = &vs[(kk * 8 + 2 * c) * {stride} + 4 * g];");
-        let _ = writeln!(s, "      #pragma unroll\n      for (int q4 = 0; q4 < {}; ++q4) {{", dv / 32);
-        s.push_str("        const V4 x0 = kiln::load4(v0 + q4 * 32);\n");
-        let _ = writeln!(s, "        const V4 x1 = kiln::load4(v0 + {stride} + q4 * 32);");
-        s.push_str("        #pragma unroll\n        for (int u = 0; u < 4; ++u) {\n");
-        s.push_str("          U bb[2], bs[2];\n");
-        s.push_str("          kiln::tf32_split(x0.v[u], bb[0], bs[0]);\n");
-        s.push_str("          kiln::tf32_split(x1.v[u], bb[1], bs[1]);\n");
-        s.push_str(
-            "          kiln::mma_1688_tf32x3(o[q4 * 4 + u], pb, ps, bb, bs);\n        }\n      }\n    }\n",
-        );
-        return;
-    }
     let _ = writeln!(s, "      const float* const v0 = &vs[(kk * 8 + 2 * c) * {stride} + g];");
     let _ = writeln!(s, "      #pragma unroll\n      for (int n = 0; n < {}; ++n) {{", dv / 8);
     s.push_str("        U bb[2], bs[2];\n");
     s.push_str("        kiln::tf32_split(v0[n * 8], bb[0], bs[0]);\n");
     let _ = writeln!(s, "        kiln::tf32_split(v0[{stride} + n * 8], bb[1], bs[1]);");
     s.push_str("        kiln::mma_1688_tf32x3(o[n], pb, ps, bb, bs);\n      }\n    }\n");
-}
-
-/// Whether the output's columns are interleaved by 4 within each 32: its
-/// column group `4 q + u`, column `n` is the head's column `32 q + 4 n +
-/// u` (so the values' loads are 16 bytes wide, and a lane's accumulators
-/// hold columns `32 q + 8c .. 32 q + 8c + 7` of its rows).
-fn interleaved(dv: usize) -> bool {
-    dv % 32 == 0
 }
 
 #[cfg(test)]
