@@ -2,7 +2,7 @@
 
 Run on the GPU machine after a kiln run has filled a kernel cache folder:
 
-    python3 benches/nvrtc_probe.py CACHE_DIR [--kernels kernels/kiln.cuh]
+    python3 benches/nvrtc_probe.py CACHE_DIR [--kernels kernels/kiln.cuh]  (kiln_mma.cuh beside it too)
 
 It rebuilds the largest batched programs from the cache's `.key` files
 (each key holds every kernel's full source) and times, on the same source:
@@ -206,8 +206,9 @@ def trace_summary(path):
 
 def main():
     cache = sys.argv[1]
+    # kiln.cuh, then the tensor-core helpers, as codegen/mod.rs's KILN_CUH.
     cuh_path = sys.argv[sys.argv.index("--kernels") + 1] if "--kernels" in sys.argv else "kernels/kiln.cuh"
-    cuh = open(cuh_path).read()
+    cuh = open(cuh_path).read() + open(os.path.join(os.path.dirname(cuh_path), "kiln_mma.cuh")).read()
     major, minor = ctypes.c_int(), ctypes.c_int()
     nvrtc.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
     print(f"NVRTC {major.value}.{minor.value}, {os.cpu_count()} CPUs")

@@ -4,7 +4,7 @@
 //! kernel of `attention.rs`.
 //!
 //! FlashAttention-2's schedule, written with `kiln::mma_16816` (one
-//! warp-wide 16×16 by 16×8 product, f32 accumulation; see `kiln.cuh`):
+//! warp-wide 16×16 by 16×8 product, f32 accumulation; see `kiln_mma.cuh`):
 //!
 //! - A block of 4 warps owns 128 query rows of one (batch, head) where
 //!   the head dims are at most 64 and the tiles are double-buffered: each

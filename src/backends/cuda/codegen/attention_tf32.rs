@@ -1,6 +1,6 @@
 //! The f32 tensor-core attention kernel: f32 heads whose dims are
 //! multiples of 16 up to 128, computed on the tensor cores at f32
-//! accuracy ("3xTF32", `kiln::mma_1688_tf32x3` in `kiln.cuh`): each
+//! accuracy ("3xTF32", `kiln::mma_1688_tf32x3` in `kiln_mma.cuh`): each
 //! operand is split into a tf32 part and the tf32 of its remainder, and
 //! three tf32 products (the small ones first) give each product to about
 //! 2^-21 of its size. With TF32 off, PyTorch's f32 efficient attention

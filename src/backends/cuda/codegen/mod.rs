@@ -48,8 +48,10 @@ pub(crate) mod pool_grad;
 pub(crate) mod reduction;
 pub(crate) mod types;
 
-/// The helpers every kernel includes (`kernels/kiln.cuh`).
-pub const KILN_CUH: &str = include_str!("../../../../kernels/kiln.cuh");
+/// The helpers every kernel includes: `kernels/kiln.cuh`, then the
+/// tensor-core helpers of `kernels/kiln_mma.cuh`.
+pub const KILN_CUH: &str =
+    concat!(include_str!("../../../../kernels/kiln.cuh"), include_str!("../../../../kernels/kiln_mma.cuh"));
 
 /// The line that includes [`KILN_CUH`]; replaced by its text when compiled.
 pub const INCLUDE: &str = "#include \"kiln.cuh\"\n";
