@@ -122,6 +122,27 @@ impl Spec {
         format!("extern \"C\" __global__ void {name}({}) {{\n", p.join(", "))
     }
 
+    /// Declares the query block of a tiled kernel whose grid is `qblocks`
+    /// blocks of `rows` query rows for each (batch, head): `qb`, `bh`, `b`,
+    /// `h` and its first row `i0` (`I` is the kernel's 64-bit integer).
+    /// Causal, the last query blocks walk the most keys: they run first,
+    /// across every head, so the short ones fill in behind them.
+    pub(crate) fn query_block(&self, s: &mut String, qblocks: usize, rows: usize) {
+        let heads = self.heads.max(1);
+        if self.causal {
+            let bhs = (self.batch * heads).max(1);
+            let _ = writeln!(
+                s,
+                "  const I qb = {} - (I)blockIdx.x / {bhs}, bh = (I)blockIdx.x % {bhs};",
+                qblocks - 1
+            );
+        } else {
+            let _ = writeln!(s, "  const I qb = (I)blockIdx.x % {qblocks}, bh = (I)blockIdx.x / {qblocks};");
+        }
+        let _ = writeln!(s, "  const I b = bh / {heads}, h = bh % {heads};");
+        let _ = writeln!(s, "  const I i0 = qb * {rows};");
+    }
+
     /// The parameters a flash kernel reads (all but `out`).
     pub(crate) fn flash_reads(&self) -> Vec<usize> {
         if self.mask == AttnMask::None {

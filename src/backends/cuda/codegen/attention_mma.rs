@@ -108,20 +108,7 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
         tiles::declare(&mut s, &tiles, pipelined, 0)
     };
     s.push_str("  const int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, c = lane % 4;\n");
-    // Causal: the last query blocks walk the most keys; they run first
-    // across every head, so the short ones fill in behind them.
-    if spec.causal {
-        let bhs = (spec.batch * heads).max(1);
-        let _ = writeln!(
-            s,
-            "  const I qb = {} - (I)blockIdx.x / {bhs}, bh = (I)blockIdx.x % {bhs};",
-            qblocks - 1
-        );
-    } else {
-        let _ = writeln!(s, "  const I qb = (I)blockIdx.x % {qblocks}, bh = (I)blockIdx.x / {qblocks};");
-    }
-    let _ = writeln!(s, "  const I b = bh / {heads}, h = bh % {heads};", heads = heads.max(1));
-    let _ = writeln!(s, "  const I i0 = qb * {rows};");
+    spec.query_block(&mut s, qblocks, rows);
     // This thread's two rows of each query tile's scores and output:
     // tile tq's are ia[tq] and ib[tq] = ia[tq] + 8.
     let r0 = if qt > 1 { "r0[tq]" } else { "r0" };

@@ -148,19 +148,7 @@ pub(crate) fn flash_tf32(name: &str, spec: &Spec, lse: bool) -> Kernel {
     let _ = writeln!(s, "  float* const ks = tiles_smem + {q_elems};");
     let _ = writeln!(s, "  float* const vs = tiles_smem + {};", q_elems + k_elems);
     s.push_str("  const int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, c = lane % 4;\n");
-    // Causal: the last query blocks walk the most keys; they run first.
-    if spec.causal {
-        let bhs = (batch * heads).max(1);
-        let _ = writeln!(
-            s,
-            "  const I qb = {} - (I)blockIdx.x / {bhs}, bh = (I)blockIdx.x % {bhs};",
-            qblocks - 1
-        );
-    } else {
-        let _ = writeln!(s, "  const I qb = (I)blockIdx.x % {qblocks}, bh = (I)blockIdx.x / {qblocks};");
-    }
-    let _ = writeln!(s, "  const I b = bh / {heads}, h = bh % {heads};", heads = heads.max(1));
-    let _ = writeln!(s, "  const I i0 = qb * {ROWS};");
+    spec.query_block(&mut s, qblocks, ROWS);
     s.push_str("  const int r0 = w * 16 + g;\n  const int ia = (int)i0 + r0, ib = ia + 8;\n");
     // The queries and the first keys; the loop waits for them.
     rows_async(&mut s, "qs", "q", &spec.q, d, qks, ROWS, "i0", sq, "  ");
