@@ -19,6 +19,10 @@
 //!   then `dv += Pᵀ g` and `dk += dSᵀ q`. No atomics: `dq` and `dk, dv` are
 //!   separate kernels, so the results do not depend on scheduling.
 //!
+//! At head dims of 64 and more the `dk, dv` kernel (and past 64 the `dq`
+//! kernel) keeps the block's own rows in shared memory instead of as
+//! fragments: `attention_grad_split.rs` (which says where exactly).
+//!
 //! A packed backward (`wrt=qkv`) runs `dk, dv` first, storing each `dSᵀ`
 //! tile, and then a `dq` kernel with one product a tile that reads them
 //! (`attention_grad_ds.rs`), where the scratch fits its budget.
@@ -312,7 +316,33 @@ fn row_stats(i: &str, sq: usize) -> String {
     format!("{i} < {sq} ? stats[(bh * {sq} + {i}) * 2] * {:?}f : POS_INF", std::f64::consts::LOG2_E as f32)
 }
 
+/// `lse[2]` and `dl[2]`: the lse (log2 units) and delta of this thread's
+/// query rows `ia` and `ib`.
+pub(super) fn thread_row_stats(s: &mut String, sq: usize) {
+    let _ = writeln!(s, "  const float lse[2] = {{{}, {}}};", row_stats("ia", sq), row_stats("ib", sq));
+    let _ = writeln!(
+        s,
+        "  const float dl[2] = {{ia < {sq} ? stats[(bh * {sq} + ia) * 2 + 1] : 0.f, ib < {sq} ? stats[(bh * {sq} + ib) * 2 + 1] : 0.f}};"
+    );
+}
+
+/// The scores walk of a `dq` kernel's key tile: `sc` (`S`) becomes `dS =
+/// P (dP - delta)`, with `dp` holding `dP`.
+pub(super) fn score_gradients(s: &mut String, spec: &GradSpec) {
+    scores_walk(
+        s,
+        spec,
+        "ia",
+        "ib",
+        "(int)j0 + n * 8 + 2 * c + (e & 1)",
+        "const float p = sc[n][e] == NEG_INF ? 0.f : exp2f(sc[n][e] - lse[e / 2]);\n        sc[n][e] = p * (dp[n][e] - dl[e / 2]);",
+    );
+}
+
 fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
+    if super::attention_grad_split::takes_q(spec) {
+        return super::attention_grad_split::grad_q(name, spec);
+    }
     let Spec { dtype, sq, sk, d, dv, .. } = spec.attn;
     let tag = format!("{}()", types::storage(dtype));
     let (kst, vst) = (d + PAD, dv + PAD);
@@ -329,11 +359,7 @@ fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
     s.push_str("  __syncthreads();\n");
     fragments(&mut s, "qf", "ks", kst, d);
     fragments(&mut s, "gf", "vs", vst, dv);
-    let _ = writeln!(s, "  const float lse[2] = {{{}, {}}};", row_stats("ia", sq), row_stats("ib", sq));
-    let _ = writeln!(
-        s,
-        "  const float dl[2] = {{ia < {sq} ? stats[(bh * {sq} + ia) * 2 + 1] : 0.f, ib < {sq} ? stats[(bh * {sq} + ib) * 2 + 1] : 0.f}};"
-    );
+    thread_row_stats(&mut s, sq);
     let _ = writeln!(s, "  float acc[{}][4];", d / 8);
     let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;", d / 8);
     key_end(&mut s, spec);
@@ -341,14 +367,7 @@ fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
     let _ = writeln!(s, "    float sc[{}][4], dp[{}][4];", TILE / 8, TILE / 8);
     mma_rows(&mut s, "sc", "qf", TILE / 8, d / 16, "ks + ks_o", kst, &tag, 1);
     mma_rows(&mut s, "dp", "gf", TILE / 8, dv / 16, "vs + vs_o", vst, &tag, 1);
-    scores_walk(
-        &mut s,
-        spec,
-        "ia",
-        "ib",
-        "(int)j0 + n * 8 + 2 * c + (e & 1)",
-        "const float p = sc[n][e] == NEG_INF ? 0.f : exp2f(sc[n][e] - lse[e / 2]);\n        sc[n][e] = p * (dp[n][e] - dl[e / 2]);",
-    );
+    score_gradients(&mut s, spec);
     mma_columns(&mut s, "acc", "sc", d / 8, "ks + ks_o", kst, &tag, 1);
     let body = std::mem::replace(&mut s, outer);
     tile_loop(&mut s, "j0", ("0", "kend"), sk, &tiles, pipelined, |_, _, _| {}, |s| s.push_str(&body));
@@ -358,8 +377,12 @@ fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
 
 /// The `wrt=kv` kernel; with `ds`, it also stores each tile's `dSᵀ`
 /// (rounded to the input type, as its products use it) for the `dq`
-/// kernel of `attention_grad_ds.rs`.
+/// kernel of `attention_grad_ds.rs`. Heads of 64 and more take
+/// `attention_grad_split.rs`'s.
 pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Kernel {
+    if super::attention_grad_split::takes_kv(spec, ds.is_some()) {
+        return super::attention_grad_split::grad_kv(name, spec, ds);
+    }
     let Spec { dtype, sq, sk, d, dv, .. } = spec.attn;
     let tag = format!("{}()", types::storage(dtype));
     let (qst, gst) = (d + PAD, dv + PAD);
@@ -398,19 +421,7 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
     // Causal: query i sees key j <= i, so the rows before the block's
     // first key see none of its keys.
     let start = if spec.attn.causal { "r_start / 64 * 64" } else { "0" };
-    // The query rows' lse and delta, into the buffer the tiles use.
-    let row_stats_load = |s: &mut String, buffer: &str, from: &str| {
-        let _ = writeln!(s, "  for (int e = t; e < {TILE}; e += {THREADS}) {{");
-        let _ = writeln!(
-            s,
-            "    const I i = {from} + e;\n    slse[{buffer} * {TILE} + e] = {};",
-            row_stats("i", sq)
-        );
-        let _ = writeln!(
-            s,
-            "    sdl[{buffer} * {TILE} + e] = i < {sq} ? stats[(bh * {sq} + i) * 2 + 1] : 0.f;\n  }}"
-        );
-    };
+    let row_stats_load = |s: &mut String, buffer: &str, from: &str| row_stats_tile(s, sq, buffer, from);
     let outer = std::mem::take(&mut s);
     let _ = writeln!(
         s,
@@ -420,16 +431,9 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
     let _ = writeln!(s, "    float sc[{}][4], dp[{}][4];", TILE / 8, TILE / 8);
     mma_rows(&mut s, "sc", "kf", TILE / 8, d / 16, "qs + qs_o", qst, &tag, 1);
     mma_rows(&mut s, "dp", "vf", TILE / 8, dv / 16, "gs + gs_o", gst, &tag, 1);
-    // Element (n, e): key ia/ib (e < 2 / e >= 2), query i0 + 8n + 2c + (e & 1).
-    let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n) {{", TILE / 8);
-    s.push_str("      #pragma unroll\n      for (int e = 0; e < 4; ++e) {\n");
-    s.push_str("        const int q_at = n * 8 + 2 * c + (e & 1);\n");
-    s.push_str("        const int i = (int)i0 + q_at, j = e < 2 ? ia : ib;\n");
-    let _ = writeln!(s, "        {}", spec.score("sc[n][e]", "sc[n][e]"));
-    s.push_str("        const float p = sc[n][e] == NEG_INF ? 0.f : exp2f(sc[n][e] - lse_t[q_at]);\n");
-    s.push_str("        sc[n][e] = p;\n        dp[n][e] = p * (dp[n][e] - dl_t[q_at]);\n      }\n    }\n");
+    probabilities_t(&mut s, spec, TILE, "0");
     if let Some(ds) = ds {
-        ds.store(&mut s, "dp", &tag);
+        ds.store(&mut s, "dp", &tag, TILE, "0");
     }
     mma_columns(&mut s, "dvv", "sc", dv / 8, "gs + gs_o", gst, &tag, 1);
     mma_columns(&mut s, "dk", "dp", d / 8, "qs + qs_o", qst, &tag, 1);
@@ -439,6 +443,44 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
         let _ = writeln!(s, "    const int buf_rows = {rows_at};");
         s.push_str(&body);
     });
+    store_dkv(&mut s, spec, &tag);
+    Kernel::new(name, s, grid as u32, THREADS as u32, spec.reads(true)).with_shared(shared)
+}
+
+/// Loads the lse (in log2 units) and delta of query rows `from .. from +
+/// 64` into `slse` and `sdl` at buffer `buffer` (a C expression), by plain
+/// stores: rows past the end get `+inf` and 0.
+pub(super) fn row_stats_tile(s: &mut String, sq: usize, buffer: &str, from: &str) {
+    let _ = writeln!(s, "  for (int e = t; e < {TILE}; e += {THREADS}) {{");
+    let _ =
+        writeln!(s, "    const I i = {from} + e;\n    slse[{buffer} * {TILE} + e] = {};", row_stats("i", sq));
+    let _ = writeln!(
+        s,
+        "    sdl[{buffer} * {TILE} + e] = i < {sq} ? stats[(bh * {sq} + i) * 2 + 1] : 0.f;\n  }}"
+    );
+}
+
+/// (In a `dk, dv` kernel's tile body.) Turns the transposed products of
+/// `queries` queries from `i0 + q0` (`q0` a C expression) into `sc = Pᵀ`
+/// and `dp = dSᵀ = Pᵀ (dPᵀ - delta)`: element `(n, e)` is key `ia`/`ib`
+/// (`e < 2` / `e >= 2`) and query `i0 + q0 + 8n + 2c + (e & 1)`, whose
+/// lse and delta are at that offset in `lse_t` and `dl_t`.
+pub(super) fn probabilities_t(s: &mut String, spec: &GradSpec, queries: usize, q0: &str) {
+    let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n) {{", queries / 8);
+    s.push_str("      #pragma unroll\n      for (int e = 0; e < 4; ++e) {\n");
+    let q0 = if q0 == "0" { String::new() } else { format!("{q0} + ") };
+    let _ = writeln!(s, "        const int q_at = {q0}n * 8 + 2 * c + (e & 1);");
+    s.push_str("        const int i = (int)i0 + q_at, j = e < 2 ? ia : ib;\n");
+    let _ = writeln!(s, "        {}", spec.score("sc[n][e]", "sc[n][e]"));
+    s.push_str("        const float p = sc[n][e] == NEG_INF ? 0.f : exp2f(sc[n][e] - lse_t[q_at]);\n");
+    s.push_str("        sc[n][e] = p;\n        dp[n][e] = p * (dp[n][e] - dl_t[q_at]);\n      }\n    }\n");
+}
+
+/// A `dk, dv` kernel's ending: this thread's rows `ia`, `ib` of the
+/// accumulators `dk` (times the scale) and `dvv`, rounded to `tag`'s
+/// type, into `out`; then the kernel's closing brace.
+pub(super) fn store_dkv(s: &mut String, spec: &GradSpec, tag: &str) {
+    let Spec { sk, d, dv, .. } = spec.attn;
     let scale = format!("{:?}f", spec.attn.scale as f32);
     let w = d + dv;
     s.push_str("  #pragma unroll\n  for (int r = 0; r < 2; ++r) {\n");
@@ -456,7 +498,6 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
         out_row(spec, 2, "j", w)
     );
     s.push_str("  }\n}\n");
-    Kernel::new(name, s, grid as u32, THREADS as u32, spec.reads(true)).with_shared(shared)
 }
 
 /// Threads that share one row of `attention_delta`.

@@ -73,24 +73,26 @@ impl DsLayout {
     }
 
     /// (In the `dk, dv` kernel's tile body, the block's keys from
-    /// `r_start`, the tile's queries from `i0`.) Stores the tile
-    /// `acc[n][e]` of `dSᵀ` (this warp's 16 keys, rows `ia` and `ib`;
-    /// queries `i0 + 8n + 2c + (e & 1)`) rounded to `tag`'s type: block
-    /// (`kb = 2w` or `2w + 1`, `qb = n`), each lane's two queries at `2
-    /// lane`. Every key and query of the tile is stored, padding included,
-    /// so the `dq` kernel never reads what nothing wrote.
-    pub(super) fn store(&self, s: &mut String, acc: &str, tag: &str) {
+    /// `r_start`, the tile's queries from `i0`.) Stores `acc[n][e]`, `dSᵀ`
+    /// of this warp's 16 keys (rows `ia` and `ib`) and `queries` of the
+    /// tile's queries from `q0` (a C expression, a multiple of 8; queries
+    /// `i0 + q0 + 8n + 2c + (e & 1)`), rounded to `tag`'s type: block
+    /// (`kb = 2w` or `2w + 1`, `qb = q0 / 8 + n`), each lane's two queries
+    /// at `2 lane`. Every key and query of the tile is stored, padding
+    /// included, so the `dq` kernel never reads what nothing wrote.
+    pub(super) fn store(&self, s: &mut String, acc: &str, tag: &str, queries: usize, q0: &str) {
         let _ = writeln!(
             s,
             "    const I ds_at = bh * {}LL + i0 * {}LL + r_start * 64 + lane * 2;",
             self.rows * self.cols,
             self.rows
         );
-        let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n) {{", TILE / 8);
+        let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n) {{", queries / 8);
+        let qb = if q0 == "0" { "n".to_string() } else { format!("({q0}) / 8 + n") };
         for (half, e) in [(0, 0), (1, 2)] {
             let _ = writeln!(
                 s,
-                "      *(U*)&ds[ds_at + ((2 * w + {half}) * 8 + n) * 64] = kiln::pack2({acc}[n][{e}], {acc}[n][{}], {tag});",
+                "      *(U*)&ds[ds_at + ((2 * w + {half}) * 8 + {qb}) * 64] = kiln::pack2({acc}[n][{e}], {acc}[n][{}], {tag});",
                 e + 1
             );
         }

@@ -291,10 +291,24 @@ pub(super) fn mma_columns(
     tag: &str,
     qt: usize,
 ) {
+    mma_columns_of(s, (acc, src, TILE), count, tile, stride, tag, qt);
+}
+
+/// [`mma_columns`] with A `src`'s first `k` columns (a multiple of 16)
+/// and the shared tile's first `k` rows.
+pub(super) fn mma_columns_of(
+    s: &mut String,
+    (acc, src, k): (&str, &str, usize),
+    count: usize,
+    tile: &str,
+    stride: usize,
+    tag: &str,
+    qt: usize,
+) {
     let (acc, src) = (tiled(acc, qt), tiled(src, qt));
     let pa = tiled("pa", qt);
     let ind = "    ";
-    let _ = writeln!(s, "{ind}#pragma unroll\n{ind}for (int kk = 0; kk < {}; ++kk) {{", TILE / 16);
+    let _ = writeln!(s, "{ind}#pragma unroll\n{ind}for (int kk = 0; kk < {}; ++kk) {{", k / 16);
     if qt > 1 {
         let _ = writeln!(s, "{ind}  U pa[{qt}][4];");
         let pack = format!(
@@ -360,19 +374,24 @@ pub(super) fn mma_rows_shared_a(
 ) {
     debug_assert!(count % 2 == 0, "mma_rows_shared_a pairs its column groups");
     let ind = "    ";
+    let (acc, qa) = (tiled(acc, qt), tiled("qa", qt));
     let zero = format!(
-        "#pragma unroll\nfor (int n = 0; n < {count}; ++n) {acc}[tq][n][0] = {acc}[tq][n][1] = {acc}[tq][n][2] = {acc}[tq][n][3] = 0.f;\n"
+        "#pragma unroll\nfor (int n = 0; n < {count}; ++n) {acc}[n][0] = {acc}[n][1] = {acc}[n][2] = {acc}[n][3] = 0.f;\n"
     );
     each_tile(s, ind, qt, &zero);
     let _ = writeln!(s, "{ind}#pragma unroll\n{ind}for (int kk = 0; kk < {ks}; ++kk) {{");
-    let _ = writeln!(s, "{ind}  U qa[{qt}][4];");
+    let (dims, row) = if qt > 1 {
+        (format!("[{qt}]"), format!("w * {} + tq * 16", 16 * qt))
+    } else {
+        (String::new(), "w * 16".into())
+    };
+    let _ = writeln!(s, "{ind}  U qa{dims}[4];");
     let load = format!(
-        "kiln::ldsm_x4(qa[tq], &{a}[(w * {} + tq * 16 + (lane & 15)) * {astride} + kk * 16 + (lane >> 4) * 8]);\n",
-        16 * qt
+        "kiln::ldsm_x4({qa}, &{a}[({row} + (lane & 15)) * {astride} + kk * 16 + (lane >> 4) * 8]);\n"
     );
     each_tile(s, &format!("{ind}  "), qt, &load);
     let _ = writeln!(s, "{ind}  #pragma unroll\n{ind}  for (int n = 0; n < {count}; n += 2) {{");
-    row_pair_products(s, &format!("{ind}    "), (tile, stride), &format!("{acc}[tq]"), "qa[tq]", tag, qt);
+    row_pair_products(s, &format!("{ind}    "), (tile, stride), &acc, &qa, tag, qt);
     let _ = writeln!(s, "{ind}  }}\n{ind}}}");
 }
 
