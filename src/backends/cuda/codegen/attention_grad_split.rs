@@ -37,8 +37,9 @@
 //! from this file: `dq` at head dim 64 (216 → 249 µs when split; the
 //! fragments fit there), `dk, dv` at 64 where it stores `dSᵀ` (see
 //! [`takes_kv`]), and the `dq` kernel in halves of 32 keys (2.18 ms);
-//! `__launch_bounds__(128, 3)` on either kernel spilled (`dk, dv` 4.08 ms
-//! at 128).
+//! `__launch_bounds__(128, 3)` (168 registers, 3 blocks a multiprocessor)
+//! spilled in both kernels: at 128, `dk, dv` 4.08 ms, `dq` 2.27 (6.2 GB of
+//! local loads).
 
 use super::attention::Spec;
 use super::attention_grad::{
