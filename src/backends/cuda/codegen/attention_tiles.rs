@@ -359,7 +359,9 @@ pub(super) fn mma_columns_of(
 /// a k-step at a time, each tile's fragment is one `ldmatrix` and serves
 /// every column group of B, so the queries cost half the bytes of the
 /// keys. For heads too wide for two tiles of query fragments in registers
-/// beside the scores and the output.
+/// beside the scores and the output; with `qt` = 1, for the backward's
+/// kernels that keep a warp's own 16 rows (keys and values, or queries and
+/// output gradients) in shared memory (`attention_grad_split.rs`).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn mma_rows_shared_a(
     s: &mut String,
