@@ -5,8 +5,9 @@ kiln's side; `gpu_session.sh transformer` runs both in one device call).
   one backend: FLASH_ATTENTION for f16/bf16, EFFICIENT_ATTENTION and MATH
   for f32 (flash takes no f32), with and without is_causal;
 - attention forward and backward, the same shapes, f16 and bf16: SDPA's
-  flash forward, then `out.backward(g)` (the flash backward), eager only
-  (compiling adds nothing to two library kernels); gradients set to None
+  flash forward, then `out.backward(g)` (the flash backward), eager and
+  with the attention compiled (its backward AOTAutograd's graph;
+  reduce-overhead replays both as CUDA graphs); gradients set to None
   before each call, as an optimizer's zero_grad does;
 - a BERT encoder as an nn.Module (the same post-norm layers as kiln's
   nn::bert, attention through F.scaled_dot_product_attention with a bool
@@ -56,14 +57,24 @@ class AttentionTrain:
     """Forward and backward of flash attention with the seed `g`; the
     gradients land in q.grad, k.grad, v.grad."""
 
-    def __init__(self, causal):
+    def __init__(self, causal, attend=None):
         self.causal = causal
+        self.attend = attend or self.flash
+
+    def flash(self, q, k, v):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+
+    def compiled(self, **options):
+        """The same step with the attention compiled (its backward is
+        AOTAutograd's compiled graph; reduce-overhead replays both as CUDA
+        graphs)."""
+        return AttentionTrain(self.causal, torch.compile(self.flash, **options))
 
     def __call__(self, q, k, v, g):
         for x in (q, k, v):
             x.grad = None
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        out = self.attend(q, k, v)
         out.backward(g)
 
 
@@ -211,7 +222,10 @@ def main():
         if only and only not in name:
             continue
         modes = [("eager", module)]
-        if not isinstance(module, AttentionTrain):
+        if isinstance(module, AttentionTrain):
+            modes += [("torch.compile", module.compiled()),
+                      ("torch.compile reduce-overhead", module.compiled(mode="reduce-overhead"))]
+        else:
             modes += [("torch.compile", torch.compile(module)),
                       ("torch.compile reduce-overhead", torch.compile(module, mode="reduce-overhead"))]
         modes = [(m, f) for m, f in modes if m in wanted]
