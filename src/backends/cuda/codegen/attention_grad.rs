@@ -361,7 +361,7 @@ fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
     fragments(&mut s, "gf", "vs", vst, dv);
     thread_row_stats(&mut s, sq);
     let _ = writeln!(s, "  float acc[{}][4];", d / 8);
-    let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;", d / 8);
+    zero_accumulator(&mut s, "acc", d / 8);
     key_end(&mut s, spec);
     let outer = std::mem::take(&mut s);
     let _ = writeln!(s, "    float sc[{}][4], dp[{}][4];", TILE / 8, TILE / 8);
@@ -412,12 +412,8 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
     fragments(&mut s, "kf", "qs", qst, d);
     fragments(&mut s, "vf", "gs", gst, dv);
     let _ = writeln!(s, "  float dk[{}][4], dvv[{}][4];", d / 8, dv / 8);
-    let _ = writeln!(
-        s,
-        "  #pragma unroll\n  for (int n = 0; n < {}; ++n) dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.f;",
-        d / 8
-    );
-    let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) dvv[n][0] = dvv[n][1] = dvv[n][2] = dvv[n][3] = 0.f;", dv / 8);
+    zero_accumulator(&mut s, "dk", d / 8);
+    zero_accumulator(&mut s, "dvv", dv / 8);
     // Causal: query i sees key j <= i, so the rows before the block's
     // first key see none of its keys.
     let start = if spec.attn.causal { "r_start / 64 * 64" } else { "0" };
@@ -445,6 +441,14 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
     });
     store_dkv(&mut s, spec, &tag);
     Kernel::new(name, s, grid as u32, THREADS as u32, spec.reads(true)).with_shared(shared)
+}
+
+/// Zeroes the `mma` accumulator `acc[groups][4]` (declared by the caller).
+pub(super) fn zero_accumulator(s: &mut String, acc: &str, groups: usize) {
+    let _ = writeln!(
+        s,
+        "  #pragma unroll\n  for (int n = 0; n < {groups}; ++n) {acc}[n][0] = {acc}[n][1] = {acc}[n][2] = {acc}[n][3] = 0.f;"
+    );
 }
 
 /// Loads the lse (in log2 units) and delta of query rows `from .. from +

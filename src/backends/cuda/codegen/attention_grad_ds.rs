@@ -20,7 +20,7 @@
 //! [`DS_BUDGET`] bytes, and recomputes beyond.
 
 use super::attention::{Spec, Strided};
-use super::attention_grad::{block_rows, key_end, store_dq, GradSpec};
+use super::attention_grad::{block_rows, key_end, store_dq, zero_accumulator, GradSpec};
 use super::attention_tiles::{self as tiles, tile_loop, Tile, PAD, TILE};
 use super::{types, Kernel};
 use std::fmt::Write;
@@ -127,11 +127,7 @@ pub(crate) fn grad_q(name: &str, spec: &GradSpec, ds: &DsLayout) -> Kernel {
     let _ =
         writeln!(s, "  const {st}* const dsr = ds + bh * {}LL + r_start * {}LL;", ds.rows * ds.cols, ds.rows);
     let _ = writeln!(s, "  float acc[{}][4];", d / 8);
-    let _ = writeln!(
-        s,
-        "  #pragma unroll\n  for (int n = 0; n < {}; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;",
-        d / 8
-    );
+    zero_accumulator(&mut s, "acc", d / 8);
     key_end(&mut s, spec);
     let mut body = String::new();
     let _ = writeln!(body, "    #pragma unroll\n    for (int kk = 0; kk < {}; ++kk) {{", TILE / 16);

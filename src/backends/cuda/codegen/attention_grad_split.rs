@@ -44,7 +44,7 @@
 use super::attention::Spec;
 use super::attention_grad::{
     block_rows, key_end, probabilities_t, row_stats_tile, score_gradients, store_dkv, store_dq,
-    thread_row_stats, GradSpec,
+    thread_row_stats, zero_accumulator, GradSpec,
 };
 use super::attention_grad_ds::DsLayout;
 use super::attention_tiles::{self as tiles, Tile, PAD, THREADS, TILE};
@@ -127,10 +127,7 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
     tiles::tile_load(&mut s, "v", &spec.attn.v, dv, "r_start", sk, "vs", "0");
     for (acc, n) in [("dk", d / 8), ("dvv", dv / 8)] {
         let _ = writeln!(s, "  float {acc}[{n}][4];");
-        let _ = writeln!(
-            s,
-            "  #pragma unroll\n  for (int n = 0; n < {n}; ++n) {acc}[n][0] = {acc}[n][1] = {acc}[n][2] = {acc}[n][3] = 0.f;"
-        );
+        zero_accumulator(&mut s, acc, n);
     }
     let issue = |s: &mut String, tile: &Tile<'_>, from: &str, stats: bool| {
         tiles::tile_load_async(s, tile, from, sq, "0");
@@ -194,11 +191,7 @@ pub(crate) fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
     tiles::tile_load(&mut s, "dout", &spec.g, dv, "r_start", sq, "gs", "0");
     thread_row_stats(&mut s, sq);
     let _ = writeln!(s, "  float acc[{}][4];", d / 8);
-    let _ = writeln!(
-        s,
-        "  #pragma unroll\n  for (int n = 0; n < {}; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;",
-        d / 8
-    );
+    zero_accumulator(&mut s, "acc", d / 8);
     key_end(&mut s, spec);
     let keys = Tile { smem: "ks", x: "k", strided: &spec.attn.k, n: d, len: None };
     let values = Tile { smem: "vs", x: "v", strided: &spec.attn.v, n: dv, len: None };
