@@ -346,7 +346,9 @@ pub fn infer(op: &Op, operands: &[(&Shape, DType)]) -> Result<Option<(Shape, DTy
             }
             match wrt {
                 AttnWrt::Query => (q.0.clone(), a.dtype),
-                AttnWrt::KeyValue => (Shape(vec![a.b, a.h, a.sk, a.d + a.dv]), a.dtype),
+                AttnWrt::KeyValue | AttnWrt::KeyValueAndQuery => {
+                    (Shape(vec![a.b, a.h, a.sk, a.d + a.dv]), a.dtype)
+                }
                 AttnWrt::QueryKeyValue if a.sq == a.sk && a.d == a.dv => {
                     (Shape(vec![a.b, a.sq, 3, a.h, a.d]), a.dtype)
                 }

@@ -65,4 +65,4 @@ pub use plan::{
     ValueMemory,
 };
 pub use shape::Shape;
-pub use verify::{extra_type, verify};
+pub use verify::{extra_outputs, extra_type, verify};

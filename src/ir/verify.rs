@@ -18,7 +18,7 @@
 //! Messages name the node as `%4 (mul)` with the graph's own ids, so they
 //! point at the node a pass author has in hand.
 
-use super::{infer, DType, Graph, NodeId, Op, Scalar, Shape};
+use super::{infer, AttnWrt, DType, Graph, NodeId, Op, Scalar, Shape};
 use crate::Error;
 use std::collections::BTreeMap;
 
@@ -104,10 +104,23 @@ fn check_extra(graph: &Graph, of: NodeId, output: usize, shape: &Shape, dtype: D
     Ok(())
 }
 
+/// How many outputs node `op` writes besides its value, which
+/// [`Op::Extra`] nodes read: a fused node's extra body outputs, an
+/// attention's rows' log-sum-exp, a `kv+q` attention gradient's queries'
+/// gradient; 0 for every other op.
+pub fn extra_outputs(op: &Op) -> usize {
+    match op {
+        Op::Fused(body) => body.outputs().len().saturating_sub(1),
+        Op::Attention { .. } | Op::AttentionGrad { wrt: AttnWrt::KeyValueAndQuery, .. } => 1,
+        _ => 0,
+    }
+}
+
 /// The type of output `output` (1 or more) of node `of`, which an
-/// [`Op::Extra`] reads: a fused node's body output, or an attention's
-/// rows' log-sum-exp (output 1, see [`Op::AttentionDelta`]); why there is
-/// none otherwise.
+/// [`Op::Extra`] reads: a fused node's body output, an attention's rows'
+/// log-sum-exp (output 1, see [`Op::AttentionDelta`]), or the queries'
+/// gradient of a `kv+q` attention gradient (output 1); why there is none
+/// otherwise.
 pub fn extra_type(graph: &Graph, of: NodeId, output: usize) -> Result<(Shape, DType), String> {
     let node = graph.node(of);
     match &node.op {
@@ -132,8 +145,16 @@ pub fn extra_type(graph: &Graph, of: NodeId, output: usize) -> Result<(Shape, DT
             "output={output}, but {} has extra output 1 (its log-sum-exp) only",
             describe(graph, of)
         )),
+        Op::AttentionGrad { wrt: AttnWrt::KeyValueAndQuery, .. } if output == 1 => {
+            let q = graph.node(graph.operands(of)[0]);
+            Ok((q.shape.clone(), node.dtype))
+        }
+        Op::AttentionGrad { wrt: AttnWrt::KeyValueAndQuery, .. } => Err(format!(
+            "output={output}, but {} has extra output 1 (the queries' gradient) only",
+            describe(graph, of)
+        )),
         _ => Err(format!(
-            "the operand {} has no extra outputs (only fused nodes and attention have)",
+            "the operand {} has no extra outputs (only fused nodes, attention and attention_grad wrt=kv+q have)",
             describe(graph, of)
         )),
     }

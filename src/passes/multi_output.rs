@@ -60,7 +60,10 @@
 //! that kernel's output, its rows written in place in the wider buffer
 //! (`pad.rs`), and a `cat` of an attention's `q` and `kv` gradients into
 //! a fused QKV projection's layout becomes one `attention_grad wrt=qkv`
-//! whose kernels write there (`qkv.rs`).
+//! whose kernels write there (`qkv.rs`); any other such pair becomes one
+//! `attention_grad wrt=kv+q` whose `dq` is its extra output 1, so the
+//! `dq` kernel can read the score gradients the `dk, dv` kernel computed
+//! (`attention_pair.rs`).
 //!
 //! *Does not.* Merge matmul epilogues (one output each), duplicate
 //! compute, or reorder anything: every body op is the one the fused graph
@@ -74,6 +77,7 @@
 //! candidate for the reachability check.
 
 mod attention_lse;
+mod attention_pair;
 mod pad;
 mod qkv;
 mod redomain;
@@ -113,6 +117,7 @@ impl Pass for MultiOutput {
     fn applies(&self, _options: &super::PassOptions, graph: &Graph) -> bool {
         pad::any(graph)
             || qkv::any(graph)
+            || attention_pair::any(graph)
             || graph.node_ids().into_iter().any(|c| {
                 matches!(graph.node(c).op, Op::AttentionStats { .. })
                     || mergeable(graph, c).is_some()
@@ -175,11 +180,16 @@ impl Pass for MultiOutput {
             cx.note(format!("{packed} attention backward(s) write their projection's layout"));
             cx.rewrite();
         }
+        let paired = attention_pair::queries_with_keys(graph);
+        if paired > 0 {
+            cx.note(format!("{paired} attention backward(s) compute dq with dk, dv"));
+            cx.rewrite();
+        }
         if siblings > 0 {
             cx.note(format!("{siblings} sibling(s) merged into a kernel that reads what they read"));
         }
-        tracing::debug!(merged, siblings, refolded, lse, padded, packed, "multi-output");
-        Ok(Changed::from(merged + siblings + refolded + lse + padded + packed > 0))
+        tracing::debug!(merged, siblings, refolded, lse, padded, packed, paired, "multi-output");
+        Ok(Changed::from(merged + siblings + refolded + lse + padded + packed + paired > 0))
     }
 }
 

@@ -78,7 +78,7 @@ pub(crate) fn largest(x: &Nd<f64>) -> f64 {
 /// variables of `dtype` (given as `[b, s, h, d]` and permuted to heads
 /// when `permuted`, the layout of a projection's heads), in a context of
 /// their own (`ctx`: gradients accumulate in a context's variables).
-fn grads_kiln(
+pub(crate) fn grads_kiln(
     ctx: Context,
     dtype: DType,
     [q, k, v, g]: [&Nd<f64>; 4],
@@ -175,10 +175,11 @@ fn attention_gradients_of_permuted_heads_match_f64() {
 /// sliced into heads as GPT-2 does: the `multi-output` pass writes the
 /// three gradients into that layout (`attention_grad wrt=qkv`) where a
 /// `cat` joined them. Against f64, and bit for bit against the same heads
-/// as three variables of their own (`wrt=q` and `wrt=kv`, unpacked), on
-/// every backend: causal, and with a key-padding mask. On CUDA the
-/// packed `dq` reads the score gradients the `dk, dv` kernel stored
-/// (`codegen/attention_grad_ds.rs`), the unpacked one recomputes them.
+/// as three variables of their own (`wrt=kv+q`, unpacked), on every
+/// backend: causal, and with a key-padding mask. On CUDA both `dq`s read
+/// the score gradients the `dk, dv` kernel stored
+/// (`codegen/attention_grad_ds.rs`); `attention_scratch.rs` compares them
+/// with the `dq` kernel that recomputes them.
 #[test]
 fn attention_gradients_in_a_fused_projections_layout() {
     each_backend(|| {
@@ -196,15 +197,7 @@ fn attention_gradients_in_a_fused_projections_layout() {
         ] {
             let qkv = rand_f(&mut rng, dtype, &[b, s, 3, h, d], 1.0);
             let g = rand_f(&mut rng, dtype, &[b, h, s, d], 1.0);
-            let ctx = dev();
-            let var = ctx.variable("qkv", tensor_f(&ctx, dtype, &qkv)).expect("a variable");
-            let part = |i: usize| var.tensor().narrow(2, i, 1).reshape([b, s, h, d]).permute(&[0, 2, 1, 3]);
-            let mask = masked.then(|| tensor_i(&ctx, DType::Bool, &keep));
-            let out = part(0).scaled_dot_product_attention(&part(1), &part(2), mask.as_ref(), !masked, None);
-            let loss = (&out * &tensor_f(&ctx, dtype, &g)).sum_all();
-            let got = loss.backward().expect("backward").get(&var).expect("a gradient").clone();
-            let text = ctx.explain(&[&got]).expect("explain");
-            assert!(text.contains("wrt=qkv") && !text.contains(" = cat "), "{dtype}: the cat stays:\n{text}");
+            let got = packed_grads(dev(), dtype, &qkv, &g, masked.then_some(&keep));
             // The same heads as variables `[b, s, h, d]` of their own.
             let bshd = |i: usize| Nd::new(qkv.slice(2, i, 1, 1).to_vec(), &[b, s, h, d]);
             let m = Masks { keep: masked.then_some(&keep), add: None, causal: !masked };
@@ -218,18 +211,7 @@ fn attention_gradients_in_a_fused_projections_layout() {
                 &m,
                 1.0 / (d as f64).sqrt(),
             );
-            // Each `[b, h, s, d]` gradient into `[b, s, 3, h, d]`.
-            let pack = |parts: [Vec<f64>; 3]| {
-                let mut out = vec![0.0; b * s * 3 * h * d];
-                for (p, x) in parts.iter().enumerate() {
-                    let x = heads(&Nd::new(x.clone(), &[b, h, s, d])).to_vec();
-                    for (row, chunk) in x.chunks(h * d).enumerate() {
-                        out[(row * 3 + p) * h * d..][..h * d].copy_from_slice(chunk);
-                    }
-                }
-                Nd::new(out, &[b, s, 3, h, d])
-            };
-            let want = pack(want.map(|x| x.to_vec()));
+            let want = pack_heads(want.map(|x| x.to_vec()), [b, s, h, d]);
             check_f(
                 &got,
                 dtype,
@@ -237,7 +219,7 @@ fn attention_gradients_in_a_fused_projections_layout() {
                 2.0 * largest(&want),
                 &format!("packed q, k, v gradients on {dtype}"),
             );
-            let apart = pack([0, 1, 2].map(|i| read_f(&apart[i]).to_vec()));
+            let apart = pack_heads([0, 1, 2].map(|i| read_f(&apart[i]).to_vec()), [b, s, h, d]);
             let bits = |v: Vec<f64>| v.into_iter().map(f64::to_bits).collect::<Vec<_>>();
             assert!(
                 bits(read_f(&got).to_vec()) == bits(apart.to_vec()),
@@ -245,6 +227,44 @@ fn attention_gradients_in_a_fused_projections_layout() {
             );
         }
     });
+}
+
+/// Three `[b, h, s, d]` gradients (q's, k's, v's) laid out as a fused
+/// QKV projection's rows are, `[b, s, 3, h, d]`.
+pub(crate) fn pack_heads(parts: [Vec<f64>; 3], [b, s, h, d]: [usize; 4]) -> Nd<f64> {
+    let mut out = vec![0.0; b * s * 3 * h * d];
+    for (p, x) in parts.iter().enumerate() {
+        let x = Nd::new(x.clone(), &[b, h, s, d]).permute(&[0, 2, 1, 3]).contiguous().to_vec();
+        for (row, chunk) in x.chunks(h * d).enumerate() {
+            out[(row * 3 + p) * h * d..][..h * d].copy_from_slice(chunk);
+        }
+    }
+    Nd::new(out, &[b, s, 3, h, d])
+}
+
+/// kiln's gradient of `sum(attention(q, k, v) ⊙ g)` with respect to a
+/// fused QKV projection's output `qkv` (`[b, s, 3, h, d]`, a variable of
+/// `dtype`, sliced into heads as GPT-2 does): causal, or with the key
+/// padding `keep` when given. Checks that the backward writes the
+/// projection's layout itself (`attention_grad wrt=qkv`, no `cat`).
+pub(crate) fn packed_grads(
+    ctx: Context,
+    dtype: DType,
+    qkv: &Nd<f64>,
+    g: &Nd<f64>,
+    keep: Option<&Nd<i64>>,
+) -> Tensor {
+    let ctx = &ctx;
+    let [b, s, _, h, d] = qkv.shape[..] else { panic!("qkv is [b, s, 3, h, d]") };
+    let var = ctx.variable("qkv", tensor_f(ctx, dtype, qkv)).expect("a variable");
+    let part = |i: usize| var.tensor().narrow(2, i, 1).reshape([b, s, h, d]).permute(&[0, 2, 1, 3]);
+    let mask = keep.map(|k| tensor_i(ctx, DType::Bool, k));
+    let out = part(0).scaled_dot_product_attention(&part(1), &part(2), mask.as_ref(), keep.is_none(), None);
+    let loss = (&out * &tensor_f(ctx, dtype, g)).sum_all();
+    let got = loss.backward().expect("backward").get(&var).expect("a gradient").clone();
+    let text = ctx.explain(&[&got]).expect("explain");
+    assert!(text.contains("wrt=qkv") && !text.contains(" = cat "), "{dtype}: the cat stays:\n{text}");
+    got
 }
 
 /// The tensor-core backward kernels on the CPU emulator in every CI run

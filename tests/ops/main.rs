@@ -6,6 +6,7 @@ mod reference;
 
 mod attention_grad;
 mod attention_nonfinite;
+mod attention_scratch;
 mod attention_tf32;
 mod cache;
 mod column_groups;

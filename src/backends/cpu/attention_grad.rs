@@ -156,7 +156,9 @@ fn delta_run<T: Elem, A: Acc + Elem>(
     Ok(())
 }
 
-/// `attention_grad q, k, v, g, stats [, mask] wrt=...` into `out`.
+/// `attention_grad q, k, v, g, stats [, mask] wrt=...` into `out`, and
+/// for `wrt=kv+q` the queries' gradient into `dq_out` (its `extra
+/// output=1`, where the plan reads it).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn grad(
     operands: [&CpuBuffer; 5],
@@ -166,14 +168,16 @@ pub(crate) fn grad(
     causal: bool,
     wrt: AttnWrt,
     out: Out<'_>,
+    dq_out: Option<Out<'_>>,
 ) -> Result<()> {
     let [q, k, v, _, _] = operands;
     let n = Dims::of(q, k, v)?;
+    let outs = (out, dq_out);
     match q.dtype() {
-        DType::F64 => grad_run::<f64, f64>(operands, mask, kind, scale, causal, wrt, n, out),
-        DType::F32 => grad_run::<f32, f32>(operands, mask, kind, scale, causal, wrt, n, out),
-        DType::F16 => grad_run::<half::f16, f32>(operands, mask, kind, scale, causal, wrt, n, out),
-        DType::BF16 => grad_run::<half::bf16, f32>(operands, mask, kind, scale, causal, wrt, n, out),
+        DType::F64 => grad_run::<f64, f64>(operands, mask, kind, scale, causal, wrt, n, outs),
+        DType::F32 => grad_run::<f32, f32>(operands, mask, kind, scale, causal, wrt, n, outs),
+        DType::F16 => grad_run::<half::f16, f32>(operands, mask, kind, scale, causal, wrt, n, outs),
+        DType::BF16 => grad_run::<half::bf16, f32>(operands, mask, kind, scale, causal, wrt, n, outs),
         d => Err(Error::Backend(format!("cpu: attention_grad is not defined on {d}"))),
     }
 }
@@ -187,7 +191,7 @@ fn grad_run<T: Elem, A: Acc + Elem>(
     causal: bool,
     wrt: AttnWrt,
     n: Dims,
-    out: Out<'_>,
+    (out, dq_out): (Out<'_>, Option<Out<'_>>),
 ) -> Result<()> {
     let read = mask_read::<A>(mask, kind)?;
     let (v, g) = (dense::<T, A>(v)?, dense::<T, A>(g)?);
@@ -207,7 +211,7 @@ fn grad_run<T: Elem, A: Acc + Elem>(
     let (b, h) = (ops.n.b, ops.n.h);
     let want = match wrt {
         AttnWrt::Query => b * h * sq * d,
-        AttnWrt::KeyValue => b * h * sk * (d + dv),
+        AttnWrt::KeyValue | AttnWrt::KeyValueAndQuery => b * h * sk * (d + dv),
         AttnWrt::QueryKeyValue => 3 * b * h * sq * d,
     };
     if out.len() != want || wrt == AttnWrt::QueryKeyValue && (sq != sk || d != dv) {
@@ -253,6 +257,16 @@ fn grad_run<T: Elem, A: Acc + Elem>(
     match wrt {
         AttnWrt::Query => query(out),
         AttnWrt::KeyValue => key_value(out),
+        AttnWrt::KeyValueAndQuery => {
+            key_value(out);
+            if let Some(dq) = dq_out {
+                let dq = dq.get::<T>()?;
+                if dq.len() != b * h * sq * d {
+                    return Err(Error::Backend("cpu: attention_grad's dq output of the wrong size".into()));
+                }
+                query(dq);
+            }
+        }
         AttnWrt::QueryKeyValue => {
             // `[b, h, s, d]` and `[b, h, s, 2d]`, then each row of d to
             // its place in `[b, s, 3, h, d]`.

@@ -185,11 +185,10 @@ impl CpuExecutable {
                 }
                 Op::Extra { output } => {
                     let of = plan.graph.operands(id)[0];
-                    // A fused node's extra body outputs, or an attention's
-                    // log-sum-exp (output 1).
+                    // A fused node's extra body outputs, an attention's
+                    // log-sum-exp, a `kv+q` gradient's `dq` (output 1).
                     let count = match plan.graph.contains(of).then(|| &plan.graph.node(of).op) {
-                        Some(Op::Fused(body)) => body.outputs().len() - 1,
-                        Some(Op::Attention { .. }) => 1,
+                        Some(op) if crate::ir::extra_outputs(op) > 0 => crate::ir::extra_outputs(op),
                         _ => {
                             return Err(bad(format!("extra {id} reads {of}, which writes no extra outputs")))
                         }

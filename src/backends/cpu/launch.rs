@@ -168,15 +168,7 @@ impl CpuExecutable {
                 let v =
                     args.get(2).ok_or_else(|| Error::Backend("cpu: attention lacks its values".into()))?;
                 // The rows' log-sum-exp, where an `extra` step reads it.
-                let mut lse = match self.extras.get(&step.id).and_then(|s| s.first().copied().flatten()) {
-                    Some(p) => {
-                        let (shape, dt) =
-                            crate::ir::extra_type(&self.plan.graph, step.id, 1).map_err(Error::Backend)?;
-                        let (id, place) = (self.steps[p].id, self.steps[p].place);
-                        Some((p, dispatch!(dt, E => Dest::new::<E>(place, &shape, arena, id))?))
-                    }
-                    None => None,
-                };
+                let mut lse = self.extra_output(step, arena)?;
                 let value = write!(|out| {
                     let lse_out = lse.as_mut().map(|(_, d)| d.out());
                     attention::attention(
@@ -207,7 +199,16 @@ impl CpuExecutable {
             }
             Op::AttentionGrad { scale, causal, mask, wrt } => {
                 let ops = operands::<5>(args, "attention_grad")?;
-                write!(|out| attention_grad::grad(ops, args.get(5), *mask, *scale, *causal, *wrt, out))
+                // `wrt=kv+q`: the queries' gradient, where an `extra` reads it.
+                let mut dq = self.extra_output(step, arena)?;
+                let value = write!(|out| {
+                    let dq_out = dq.as_mut().map(|(_, d)| d.out());
+                    attention_grad::grad(ops, args.get(5), *mask, *scale, *causal, *wrt, out, dq_out)
+                })?;
+                if let Some((p, d)) = dq {
+                    extras.push((p, d.finish(&self.stats)?));
+                }
+                Ok(value)
             }
             Op::Collective { what, .. } => {
                 let member = self.member.as_ref().ok_or_else(|| {
@@ -296,6 +297,22 @@ impl CpuExecutable {
             index::write_at(None, value, offset, dim, &node.shape, Out::new(elems.as_mut_slice()))?;
         });
         Ok(Ok(target))
+    }
+
+    /// The destination of output 1 of `step`'s attention node (its
+    /// log-sum-exp, or a `kv+q` gradient's queries' gradient), with the
+    /// position of the `extra` step that reads it; `None` where none does.
+    fn extra_output<'a>(
+        &self,
+        step: &Step,
+        arena: Option<&'a Arc<Arena>>,
+    ) -> Result<Option<(usize, Dest<'a>)>> {
+        let Some(p) = self.extras.get(&step.id).and_then(|s| s.first().copied().flatten()) else {
+            return Ok(None);
+        };
+        let (shape, dt) = crate::ir::extra_type(&self.plan.graph, step.id, 1).map_err(Error::Backend)?;
+        let (id, place) = (self.steps[p].id, self.steps[p].place);
+        Ok(Some((p, dispatch!(dt, E => Dest::new::<E>(place, &shape, arena, id))?)))
     }
 
     /// Calls `kernel` on the step's destination of `T`s and wraps it as the

@@ -69,6 +69,15 @@ pub enum AttnWrt {
     /// this node (`passes/multi_output/qkv.rs`), whose kernels write each
     /// gradient into its place.
     QueryKeyValue,
+    /// The keys' and values' gradients (`[b, h, sk, d + dv]`, as
+    /// [`AttnWrt::KeyValue`]), and the queries' as the node's `extra
+    /// output=1` (`[b, h, sq, d]`). The `multi-output` pass makes a `q`
+    /// and a `kv` node of one attention this one
+    /// (`passes/multi_output/attention_pair.rs`): the `kv` kernel computes
+    /// every score gradient `dS` that `dq = dS k` needs, so the queries'
+    /// kernel can read them instead of computing `S`, `P` and `dP` again
+    /// (three products of its four).
+    KeyValueAndQuery,
 }
 
 impl AttnWrt {
@@ -78,6 +87,7 @@ impl AttnWrt {
             AttnWrt::Query => "q",
             AttnWrt::KeyValue => "kv",
             AttnWrt::QueryKeyValue => "qkv",
+            AttnWrt::KeyValueAndQuery => "kv+q",
         }
     }
 }

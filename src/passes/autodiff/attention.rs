@@ -116,6 +116,19 @@ pub(crate) fn expand(graph: &mut Graph, id: NodeId) -> Result<usize, String> {
         graph.replace_all_uses(id, packed);
         return Ok(1);
     }
+    if wrt == AttnWrt::KeyValueAndQuery {
+        // The queries' gradient (`extra output=1`) to its readers; the
+        // rest is a `kv` gradient's.
+        let (dq, _, _) = expand_grad(&mut b, &ops, scale, causal, mask, AttnWrt::Query)?;
+        let dq = dq.ok_or_else(|| "the expanded attention gradient lacks a part".to_string())?;
+        for user in graph.users(id) {
+            if graph.node(user).op == (Op::Extra { output: 1 }) {
+                graph.replace_all_uses(user, dq);
+                graph.remove(user);
+            }
+        }
+    }
+    let mut b = Builder { g: graph, region: node.region };
     let (dq, dk, dv) = expand_grad(&mut b, &ops, scale, causal, mask, wrt)?;
     if let Some(dq) = dq {
         graph.replace_all_uses(id, dq);
@@ -145,7 +158,7 @@ pub(crate) fn expand(graph: &mut Graph, id: NodeId) -> Result<usize, String> {
         graph.remove(user);
         replaced += 1;
     }
-    if !graph.users(id).is_empty() {
+    if !graph.users(id).is_empty() || graph.outputs().contains(&id) {
         let mut b = Builder { g: graph, region: node.region };
         let cat = b.cat(&[dk, dv], 3)?;
         graph.replace_all_uses(id, cat);

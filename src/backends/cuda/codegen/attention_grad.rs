@@ -274,6 +274,7 @@ pub(crate) fn grad(name: &str, spec: &GradSpec, wrt: AttnWrt) -> Result<Kernel, 
         AttnWrt::Query => Ok(grad_q(name, spec)),
         AttnWrt::KeyValue => Ok(grad_kv(name, spec, None)),
         AttnWrt::QueryKeyValue => Err("wrt=qkv launches the q and kv kernels, packed".into()),
+        AttnWrt::KeyValueAndQuery => Err("wrt=kv+q launches the kv and q kernels".into()),
     }
 }
 

@@ -25,9 +25,10 @@ use super::attention_tiles::{self as tiles, tile_loop, Tile, PAD, TILE};
 use super::{types, Kernel};
 use std::fmt::Write;
 
-/// The largest `dSᵀ` scratch the packed backward takes, in bytes: GPT-2
-/// small's 8 × 12 heads of 512 take 50 MB. Past it (long sequences),
-/// the `dq` kernel recomputes the scores instead.
+/// The largest `dSᵀ` scratch one backward takes, in bytes: GPT-2 small's
+/// 8 × 12 heads of 512 take 50 MB; `[8, 16, 2048, 128]` takes 1 GiB,
+/// so it runs as four launches of two batches each. Past it for a single
+/// batch (very long sequences), the `dq` kernel recomputes the scores.
 pub(crate) const DS_BUDGET: u64 = 256 << 20;
 
 /// Where the `dSᵀ` tiles of one attention backward live. A tile (64 keys
@@ -42,29 +43,39 @@ pub(crate) const DS_BUDGET: u64 = 256 << 20;
 /// 16-byte pieces 2 · sq bytes apart: the `dk, dv` kernel took 15 µs
 /// longer a layer), and each block is one `ldmatrix` matrix for the
 /// reader.
+///
+/// The scratch holds the heads of [`DsLayout::batches`] batches: the
+/// lowering launches the pair of kernels once per group of that many
+/// batches, each launch's operands and outputs moved on to its first
+/// batch, and the scratch reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct DsLayout {
     /// Keys, rounded up to a tile.
     pub rows: usize,
     /// Queries, rounded up to a tile.
     pub cols: usize,
-    /// Heads of every batch, `b · h`.
+    /// Heads of one launch, `batches · h`.
     pub heads: usize,
+    /// Batches one launch covers: a divisor of the attention's batch, so
+    /// every launch runs the same kernels on the same grid.
+    pub batches: usize,
 }
 
 impl DsLayout {
-    /// The layout for `spec`'s packed backward, or `None` where it does
-    /// not pay or is switched off (`KILN_CUDA_ATTENTION_DS=0`): not
-    /// packed, or a scratch over [`DS_BUDGET`].
+    /// The layout for a backward whose `dq` may read `dSᵀ` (`wrt=qkv` or
+    /// `wrt=kv+q`), or `None` where it is switched off
+    /// (`KILN_CUDA_ATTENTION_DS=0`) or one batch's scratch is over
+    /// [`DS_BUDGET`]. A launch takes the most batches whose scratch fits
+    /// (at most `KILN_CUDA_ATTENTION_DS_BATCHES`, for tests of the
+    /// launches' offsets).
     pub(crate) fn for_spec(spec: &GradSpec) -> Option<DsLayout> {
         let off = std::env::var("KILN_CUDA_ATTENTION_DS").is_ok_and(|v| v == "0");
+        let cap = std::env::var("KILN_CUDA_ATTENTION_DS_BATCHES").ok().and_then(|v| v.parse::<usize>().ok());
         let Spec { batch, heads, sq, sk, .. } = spec.attn;
-        let ds = DsLayout {
-            rows: sk.div_ceil(TILE).max(1) * TILE,
-            cols: sq.div_ceil(TILE).max(1) * TILE,
-            heads: batch * heads,
-        };
-        (spec.packed && !off && ds.bytes() <= DS_BUDGET).then_some(ds)
+        let (rows, cols) = (sk.div_ceil(TILE).max(1) * TILE, sq.div_ceil(TILE).max(1) * TILE);
+        let fits = |n: usize| 2 * (n * heads * rows * cols) as u64 <= DS_BUDGET && cap.is_none_or(|c| n <= c);
+        let batches = (1..=batch.max(1)).rev().find(|&n| batch.max(1) % n == 0 && fits(n))?;
+        (!off).then_some(DsLayout { rows, cols, heads: batches * heads, batches })
     }
 
     /// The scratch's size (2-byte elements).

@@ -133,12 +133,15 @@ impl Lowering<'_> {
 
     /// `attention_stats` (`wrt` `None`) or `attention_grad`: one launch of
     /// the tensor-core backward kernel for this shape
-    /// (`codegen/attention_grad.rs`); two for `wrt=qkv`, `dk, dv` then
-    /// `dq`, sharing a transient `dSᵀ` scratch where it fits
-    /// (`codegen/attention_grad_ds.rs`).
+    /// (`codegen/attention_grad.rs`); two for `wrt=qkv` and `wrt=kv+q`
+    /// (whose `dq` is node `id`'s `extra output=1`), `dk, dv` then `dq`.
+    /// Those share a transient `dSᵀ` scratch where it fits
+    /// (`codegen/attention_grad_ds.rs`), the pair launched once per group
+    /// of batches the scratch holds.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attention_backward(
         &mut self,
+        id: NodeId,
         ops: &[Value],
         scale: f64,
         causal: bool,
@@ -154,45 +157,100 @@ impl Lowering<'_> {
         let spec = GradSpec { attn, g: strided(&vals[3]), packed };
         if !attention_grad::applies(&spec) {
             return Err(format!(
-                "the CUDA attention backward runs f16 and bf16 heads of 16 to {} (multiples of 16), got {} heads of {} and {}; the attention-grad pass expands the others",
+                "the CUDA attention backward runs f16 and bf16 heads of 16 to {} (multiples of 16), got {} heads of {} and {}",
                 crate::attention::MAX_FUSED_GRAD_HEAD_DIM,
                 spec.attn.dtype,
                 spec.attn.d,
                 spec.attn.dv
-            ));
+            ) + "; the attention-grad pass expands the others");
         }
         if wrt.is_some() && !(vals[4].layout.is_contiguous() && vals[4].layout.offset == 0) {
             return Err("attention_grad reads its stats contiguous".into());
         }
-        if let (Some(AttnWrt::QueryKeyValue), Some(ds)) = (wrt, DsLayout::for_spec(&spec)) {
-            // `dk, dv` first, storing `dSᵀ`; then `dq` from it
-            // (`codegen/attention_grad_ds.rs`).
-            let scratch = self.transient(ds.bytes());
-            let kv =
-                self.add_kernel("attention_grad", |n| Ok(attention_grad::grad_kv(n, &spec, Some(&ds))))?;
-            let q = self.add_kernel("attention_grad", |n| Ok(attention_grad_ds::grad_q(n, &spec, &ds)))?;
-            for kernel in [kv, q] {
-                let mut args = vec![dst];
-                args.extend(buffer_locs(&vals));
+        // Where each gradient goes: `(kv, q)`.
+        let outs = match wrt {
+            None => {
+                let kernel = self.add_kernel("attention_stats", |n| Ok(attention_grad::stats(n, &spec)))?;
+                return self.backward_launch(&vals, dst, kernel);
+            }
+            Some(AttnWrt::QueryKeyValue) => (dst, Some(dst)),
+            Some(AttnWrt::KeyValueAndQuery) => match self.extras_of(id).first().copied().flatten() {
+                Some(extra) => {
+                    let (shape, dtype) = crate::ir::extra_type(&self.plan.graph, id, 1)?;
+                    let dq = self.destination(extra)?;
+                    self.values.insert(extra, Value::dense(dq, shape, dtype));
+                    (dst, Some(dq))
+                }
+                None => (dst, None),
+            },
+            Some(wrt) => {
+                let kernel = self.grad_kernel(&spec, wrt)?;
+                return self.backward_launch(&vals, dst, kernel);
+            }
+        };
+        let (kv_out, q_out) = match outs {
+            (kv, Some(q)) => (kv, q),
+            (kv, None) => {
+                let kernel = self.grad_kernel(&spec, AttnWrt::KeyValue)?;
+                return self.backward_launch(&vals, kv, kernel);
+            }
+        };
+        let Some(ds) = DsLayout::for_spec(&spec) else {
+            // Both kernels, `dq` recomputing the scores.
+            let (kv, q) =
+                (self.grad_kernel(&spec, AttnWrt::KeyValue)?, self.grad_kernel(&spec, AttnWrt::Query)?);
+            self.backward_launch(&vals, kv_out, kv)?;
+            return self.backward_launch(&vals, q_out, q);
+        };
+        // `dk, dv` first, storing `dSᵀ`; then `dq` from it, per group of
+        // `ds.batches` batches: the same two kernels each time, every
+        // operand and output moved on by the group's first batch (each is
+        // batch-major; a broadcast mask's batch stride is 0).
+        let group = GradSpec { attn: Spec { batch: ds.batches, ..spec.attn.clone() }, ..spec.clone() };
+        let scratch = self.transient(ds.bytes());
+        let kv = self.add_kernel("attention_grad", |n| Ok(attention_grad::grad_kv(n, &group, Some(&ds))))?;
+        let q = self.add_kernel("attention_grad", |n| Ok(attention_grad_ds::grad_q(n, &group, &ds)))?;
+        let (batch, esize) = (spec.attn.batch.max(1), spec.attn.dtype.size() as u64);
+        let (kv_batch, q_batch) = if packed {
+            let per_batch = 3 * spec.attn.sq * spec.attn.heads * spec.attn.d;
+            (per_batch, per_batch)
+        } else {
+            let Spec { heads, sq, sk, d, dv, .. } = spec.attn;
+            (heads * sk * (d + dv), heads * sq * d)
+        };
+        for b0 in (0..batch).step_by(ds.batches) {
+            let ins: Vec<Loc> = vals
+                .iter()
+                .filter_map(|v| match v.storage {
+                    Storage::Mem(l) => {
+                        Some(l.plus((b0 * v.layout.strides[0]) as u64 * v.dtype.size() as u64))
+                    }
+                    Storage::Const(_) => None,
+                })
+                .collect();
+            for (kernel, out) in [
+                (kv, kv_out.plus((b0 * kv_batch) as u64 * esize)),
+                (q, q_out.plus((b0 * q_batch) as u64 * esize)),
+            ] {
+                let mut args = vec![out];
+                args.extend(&ins);
                 args.push(scratch);
                 self.launches.push(Launch::Kernel { kernel, args });
             }
-            return Ok(());
         }
-        let kernels = match wrt {
-            None => vec![self.add_kernel("attention_stats", |n| Ok(attention_grad::stats(n, &spec)))?],
-            // Both kernels, each writing its gradients into the packed layout.
-            Some(AttnWrt::QueryKeyValue) => vec![
-                self.add_kernel("attention_grad", |n| attention_grad::grad(n, &spec, AttnWrt::Query))?,
-                self.add_kernel("attention_grad", |n| attention_grad::grad(n, &spec, AttnWrt::KeyValue))?,
-            ],
-            Some(wrt) => vec![self.add_kernel("attention_grad", |n| attention_grad::grad(n, &spec, wrt))?],
-        };
-        for kernel in kernels {
-            let mut args = vec![dst];
-            args.extend(buffer_locs(&vals));
-            self.launches.push(Launch::Kernel { kernel, args });
-        }
+        Ok(())
+    }
+
+    /// The `wrt=q` or `wrt=kv` kernel for `spec`.
+    fn grad_kernel(&mut self, spec: &GradSpec, wrt: AttnWrt) -> Result<usize, String> {
+        self.add_kernel("attention_grad", |n| attention_grad::grad(n, spec, wrt))
+    }
+
+    /// One launch of `kernel`, writing `out` and reading `vals`.
+    fn backward_launch(&mut self, vals: &[Value], out: Loc, kernel: usize) -> Result<(), String> {
+        let mut args = vec![out];
+        args.extend(buffer_locs(vals));
+        self.launches.push(Launch::Kernel { kernel, args });
         Ok(())
     }
 

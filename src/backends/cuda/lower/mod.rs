@@ -417,15 +417,11 @@ impl Lowering<'_> {
     }
 
     /// The `extra` node of each extra output of node `id` (`[j - 1]` for
-    /// output `j`): a fused node's extra body outputs or an attention's
-    /// log-sum-exp; `None` where the plan has none.
+    /// output `j`, see [`crate::ir::extra_outputs`]); `None` where the
+    /// plan has none.
     pub(super) fn extras_of(&self, id: NodeId) -> Vec<Option<NodeId>> {
         let graph = &self.plan.graph;
-        let count = match &graph.node(id).op {
-            Op::Fused(body) => body.outputs().len().saturating_sub(1),
-            Op::Attention { .. } => 1,
-            _ => return Vec::new(),
-        };
+        let count = crate::ir::extra_outputs(&graph.node(id).op);
         let mut out = vec![None; count];
         for u in graph.users(id) {
             if let Op::Extra { output } = graph.node(u).op {

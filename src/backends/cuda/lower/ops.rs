@@ -139,10 +139,10 @@ impl Lowering<'_> {
             }
             Op::AttentionDelta => self.attention_delta(&ops, node.dtype, dst),
             Op::AttentionStats { scale, causal, mask } => {
-                self.attention_backward(&ops, *scale, *causal, *mask, None, dst)
+                self.attention_backward(id, &ops, *scale, *causal, *mask, None, dst)
             }
             Op::AttentionGrad { scale, causal, mask, wrt } => {
-                self.attention_backward(&ops, *scale, *causal, *mask, Some(*wrt), dst)
+                self.attention_backward(id, &ops, *scale, *causal, *mask, Some(*wrt), dst)
             }
             Op::Cat { dim } => {
                 let parts: Vec<Operand> = ops.iter().map(operand).collect();

@@ -393,7 +393,8 @@ pub(super) fn build_op(
                     "q" => AttnWrt::Query,
                     "kv" => AttnWrt::KeyValue,
                     "qkv" => AttnWrt::QueryKeyValue,
-                    other => return Err(format!("wrt must be q, kv or qkv, found '{}'", clip(other))),
+                    "kv+q" => AttnWrt::KeyValueAndQuery,
+                    other => return Err(format!("wrt must be q, kv, qkv or kv+q, found '{}'", clip(other))),
                 }),
                 _ => None,
             };
