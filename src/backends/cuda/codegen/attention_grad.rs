@@ -406,6 +406,9 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
     let buffers = if pipelined { 2 } else { 1 };
     let _ = writeln!(s, "  __shared__ float slse[{}], sdl[{}];", buffers * TILE, buffers * TILE);
     let grid = block_rows(&mut s, spec, sk, true);
+    if let Some(ds) = ds {
+        ds.declare(&mut s, types::storage(dtype));
+    }
     // This block's keys and values, staged through the tiles once.
     tile_load(&mut s, "k", &spec.attn.k, d, "r_start", sk, "qs", "0");
     tile_load(&mut s, "v", &spec.attn.v, dv, "r_start", sk, "gs", "0");

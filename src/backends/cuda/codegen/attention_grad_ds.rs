@@ -83,6 +83,20 @@ impl DsLayout {
         2 * (self.heads * self.rows * self.cols) as u64
     }
 
+    /// (In a `dk, dv` kernel, after `block_rows`.) Declares `ds_w`, where
+    /// this lane's first element of its warp's blocks of the head's first
+    /// tile goes: every store of [`DsLayout::store`] is `ds_w` plus a
+    /// tile's offset plus a constant. Computed once, so a tile's stores
+    /// take one address (with a 64-bit index per store, the `dk, dv`
+    /// kernel at heads of 128 spilled 167 MB a launch of two batches).
+    pub(super) fn declare(&self, s: &mut String, storage: &str) {
+        let _ = writeln!(
+            s,
+            "  {storage}* const ds_w = ds + bh * {}LL + r_start * 64 + w * 1024 + lane * 2;",
+            self.rows * self.cols
+        );
+    }
+
     /// (In the `dk, dv` kernel's tile body, the block's keys from
     /// `r_start`, the tile's queries from `i0`.) Stores `acc[n][e]`, `dSᵀ`
     /// of this warp's 16 keys (rows `ia` and `ib`) and `queries` of the
@@ -92,18 +106,15 @@ impl DsLayout {
     /// at `2 lane`. Every key and query of the tile is stored, padding
     /// included, so the `dq` kernel never reads what nothing wrote.
     pub(super) fn store(&self, s: &mut String, acc: &str, tag: &str, queries: usize, q0: &str) {
-        let _ = writeln!(
-            s,
-            "    const I ds_at = bh * {}LL + i0 * {}LL + r_start * 64 + lane * 2;",
-            self.rows * self.cols,
-            self.rows
-        );
+        // Block (kb, qb) of tile `i0 / 64` starts `(8 kb + qb) · 64`
+        // elements into it, so `qb · 64 = q0 · 8` past `ds_w`'s block.
+        let from = if q0 == "0" { String::new() } else { format!(" + ({q0}) * 8") };
+        let _ = writeln!(s, "    {}* const ds_t = ds_w + i0 * {}LL{from};", tag.trim_end_matches("()"), self.rows);
         let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n) {{", queries / 8);
-        let qb = if q0 == "0" { "n".to_string() } else { format!("({q0}) / 8 + n") };
         for (half, e) in [(0, 0), (1, 2)] {
             let _ = writeln!(
                 s,
-                "      *(U*)&ds[ds_at + ((2 * w + {half}) * 8 + {qb}) * 64] = kiln::pack2({acc}[n][{e}], {acc}[n][{}], {tag});",
+                "      *(U*)&ds_t[({half} * 8 + n) * 64] = kiln::pack2({acc}[n][{e}], {acc}[n][{}], {tag});",
                 e + 1
             );
         }

@@ -121,6 +121,9 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
     let _ = writeln!(s, "  __shared__ float slse[{TILE}], sdl[{TILE}];");
     s.push_str("  const float* const lse_t = slse;\n  const float* const dl_t = sdl;\n");
     let grid = block_rows(&mut s, spec, sk, true);
+    if let Some(ds) = ds {
+        ds.declare(&mut s, types::storage(dtype));
+    }
     let queries = Tile { smem: "qs", x: "q", strided: &spec.attn.q, n: d, len: None };
     let grads = Tile { smem: "gs", x: "dout", strided: &spec.g, n: dv, len: None };
     tiles::tile_load(&mut s, "k", &spec.attn.k, d, "r_start", sk, "ks", "0");
