@@ -406,9 +406,6 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
     let buffers = if pipelined { 2 } else { 1 };
     let _ = writeln!(s, "  __shared__ float slse[{}], sdl[{}];", buffers * TILE, buffers * TILE);
     let grid = block_rows(&mut s, spec, sk, true);
-    if let Some(ds) = ds {
-        ds.declare(&mut s, types::storage(dtype));
-    }
     // This block's keys and values, staged through the tiles once.
     tile_load(&mut s, "k", &spec.attn.k, d, "r_start", sk, "qs", "0");
     tile_load(&mut s, "v", &spec.attn.v, dv, "r_start", sk, "gs", "0");
@@ -432,11 +429,13 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
     mma_rows(&mut s, "sc", "kf", TILE / 8, d / 16, "qs + qs_o", qst, &tag, 1);
     mma_rows(&mut s, "dp", "vf", TILE / 8, dv / 16, "gs + gs_o", gst, &tag, 1);
     probabilities_t(&mut s, spec, TILE, "0");
-    if let Some(ds) = ds {
-        ds.store(&mut s, "dp", &tag, TILE, "0");
-    }
     mma_columns(&mut s, "dvv", "sc", dv / 8, "gs + gs_o", gst, &tag, 1);
-    mma_columns(&mut s, "dk", "dp", d / 8, "qs + qs_o", qst, &tag, 1);
+    // With `ds`, each k-step's `dSᵀ` fragments are stored as they are packed.
+    if let Some(ds) = ds {
+        ds.tile_pointer(&mut s, types::storage(dtype), "0");
+    }
+    let stores = if ds.is_some() { DsLayout::stores() } else { String::new() };
+    tiles::mma_columns_of(&mut s, ("dk", "dp", TILE), d / 8, "qs + qs_o", qst, &tag, 1, &stores);
     let body = std::mem::replace(&mut s, outer);
     let rows_at = if pipelined { format!("buf * {TILE}") } else { "0".to_string() };
     tile_loop(&mut s, "i0", (start, &sq.to_string()), sq, &tiles, pipelined, row_stats_load, |s| {

@@ -83,42 +83,39 @@ impl DsLayout {
         2 * (self.heads * self.rows * self.cols) as u64
     }
 
-    /// (In a `dk, dv` kernel, after `block_rows`.) Declares `ds_w`, where
-    /// this lane's first element of its warp's blocks of the head's first
-    /// tile goes: every store of [`DsLayout::store`] is `ds_w` plus a
-    /// tile's offset plus a constant. Computed once, so a tile's stores
-    /// take one address (with a 64-bit index per store, the `dk, dv`
-    /// kernel at heads of 128 spilled 167 MB a launch of two batches).
-    pub(super) fn declare(&self, s: &mut String, storage: &str) {
+    /// (In the `dk, dv` kernel's tile body, the block's keys from
+    /// `r_start`, the tile's queries from `i0`.) Declares `ds_t`, where
+    /// this lane's first element of its warp's blocks goes for the tile's
+    /// queries from `q0` (a C expression, a multiple of 16): block (`kb =
+    /// 2w + half`, `qb`) starts `(8 kb + qb) · 64` elements into the tile,
+    /// so `ds_t` is `(16 w + q0 / 8) · 64` past it and each store of
+    /// [`DsLayout::stores`] a constant past `ds_t`.
+    pub(super) fn tile_pointer(&self, s: &mut String, storage: &str, q0: &str) {
+        let from = if q0 == "0" { String::new() } else { format!(" + ({q0}) * 8") };
         let _ = writeln!(
             s,
-            "  {storage}* const ds_w = ds + bh * {}LL + r_start * 64 + w * 1024 + lane * 2;",
-            self.rows * self.cols
+            "    {storage}* const ds_t = ds + (bh * {}LL + i0 * {}LL + r_start * 64 + w * 1024 + lane * 2{from});",
+            self.rows * self.cols,
+            self.rows
         );
     }
 
-    /// (In the `dk, dv` kernel's tile body, the block's keys from
-    /// `r_start`, the tile's queries from `i0`.) Stores `acc[n][e]`, `dSᵀ`
-    /// of this warp's 16 keys (rows `ia` and `ib`) and `queries` of the
-    /// tile's queries from `q0` (a C expression, a multiple of 8; queries
-    /// `i0 + q0 + 8n + 2c + (e & 1)`), rounded to `tag`'s type: block
-    /// (`kb = 2w` or `2w + 1`, `qb = q0 / 8 + n`), each lane's two queries
-    /// at `2 lane`. Every key and query of the tile is stored, padding
+    /// The stores of one k-step `kk` of the `dk += dSᵀ q` product (code
+    /// for [`super::attention_tiles::mma_columns_of`]'s `after_pack`): its
+    /// A fragments `pa[4]` are `dSᵀ` of this warp's keys (rows `ia`, `ib`)
+    /// and queries `q0 + 16 kk ..` (two query blocks), already rounded to
+    /// the input type for the product, each lane's two queries at `2
+    /// lane`. Stored from the fragments, no value is kept alive for the
+    /// stores alone. Every key and query of the tile is stored, padding
     /// included, so the `dq` kernel never reads what nothing wrote.
-    pub(super) fn store(&self, s: &mut String, acc: &str, tag: &str, queries: usize, q0: &str) {
-        // Block (kb, qb) of tile `i0 / 64` starts `(8 kb + qb) · 64`
-        // elements into it, so `qb · 64 = q0 · 8` past `ds_w`'s block.
-        let from = if q0 == "0" { String::new() } else { format!(" + ({q0}) * 8") };
-        let _ = writeln!(s, "    {}* const ds_t = ds_w + i0 * {}LL{from};", tag.trim_end_matches("()"), self.rows);
-        let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n) {{", queries / 8);
-        for (half, e) in [(0, 0), (1, 2)] {
-            let _ = writeln!(
-                s,
-                "      *(U*)&ds_t[({half} * 8 + n) * 64] = kiln::pack2({acc}[n][{e}], {acc}[n][{}], {tag});",
-                e + 1
-            );
+    pub(super) fn stores() -> String {
+        let mut s = String::new();
+        // `pa[0]`, `pa[1]`: rows ia, ib of query block 2kk; `pa[2]`,
+        // `pa[3]` of block 2kk + 1.
+        for (x, half, block) in [(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)] {
+            let _ = writeln!(s, "*(U*)&ds_t[({half} * 8 + 2 * kk + {block}) * 64] = pa[{x}];");
         }
-        s.push_str("    }\n");
+        s
     }
 }
 

@@ -121,9 +121,6 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
     let _ = writeln!(s, "  __shared__ float slse[{TILE}], sdl[{TILE}];");
     s.push_str("  const float* const lse_t = slse;\n  const float* const dl_t = sdl;\n");
     let grid = block_rows(&mut s, spec, sk, true);
-    if let Some(ds) = ds {
-        ds.declare(&mut s, types::storage(dtype));
-    }
     let queries = Tile { smem: "qs", x: "q", strided: &spec.attn.q, n: d, len: None };
     let grads = Tile { smem: "gs", x: "dout", strided: &spec.g, n: dv, len: None };
     tiles::tile_load(&mut s, "k", &spec.attn.k, d, "r_start", sk, "ks", "0");
@@ -162,17 +159,19 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
     tiles::mma_rows_shared_a(&mut body, "dp", HALF / 8, dv / 16, ("vs", vst), &half("gs", vst), vst, &tag, 1);
     let q0 = format!("hq * {HALF}");
     probabilities_t(&mut body, spec, HALF, &q0);
+    // With `ds`, each k-step's `dSᵀ` fragments are stored as they are packed.
     if let Some(ds) = ds {
-        ds.store(&mut body, "dp", &tag, HALF, &q0);
+        ds.tile_pointer(&mut body, types::storage(dtype), &q0);
     }
-    tiles::mma_columns_of(&mut body, ("dk", "dp", HALF), d / 8, &half("qs", kst), kst, &tag, 1);
+    let stores = if ds.is_some() { DsLayout::stores() } else { String::new() };
+    tiles::mma_columns_of(&mut body, ("dk", "dp", HALF), d / 8, &half("qs", kst), kst, &tag, 1, &stores);
     // The next queries' copies, once every warp has read these.
     let mut next = String::from("__syncthreads();  // the queries' readers are done\n");
     let mut copy = String::new();
     issue(&mut copy, &queries, &format!("i0 + {TILE}"), true);
     guarded(&mut next, "", &format!("i0 + {TILE} < {sq}"), &copy);
     guarded(&mut body, "    ", &format!("hq == {}", TILE / HALF - 1), &next);
-    tiles::mma_columns_of(&mut body, ("dvv", "sc", HALF), dv / 8, &half("gs", vst), vst, &tag, 1);
+    tiles::mma_columns_of(&mut body, ("dvv", "sc", HALF), dv / 8, &half("gs", vst), vst, &tag, 1, "");
     tiles::indent(&mut s, "  ", &body);
     s.push_str("    }\n  }\n");
     store_dkv(&mut s, spec, &tag);

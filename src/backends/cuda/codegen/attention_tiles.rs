@@ -291,11 +291,13 @@ pub(super) fn mma_columns(
     tag: &str,
     qt: usize,
 ) {
-    mma_columns_of(s, (acc, src, TILE), count, tile, stride, tag, qt);
+    mma_columns_of(s, (acc, src, TILE), count, tile, stride, tag, qt, "");
 }
 
 /// [`mma_columns`] with A `src`'s first `k` columns (a multiple of 16)
-/// and the shared tile's first `k` rows.
+/// and the shared tile's first `k` rows; `after_pack` (one query tile)
+/// runs where each k-step's A fragments `pa[4]` are packed.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn mma_columns_of(
     s: &mut String,
     (acc, src, k): (&str, &str, usize),
@@ -304,6 +306,7 @@ pub(super) fn mma_columns_of(
     stride: usize,
     tag: &str,
     qt: usize,
+    after_pack: &str,
 ) {
     let (acc, src) = (tiled(acc, qt), tiled(src, qt));
     let pa = tiled("pa", qt);
@@ -326,6 +329,7 @@ pub(super) fn mma_columns_of(
              kiln::pack2({src}[2 * kk + 1][0], {src}[2 * kk + 1][1], {tag}), \
              kiln::pack2({src}[2 * kk + 1][2], {src}[2 * kk + 1][3], {tag})}};"
         );
+        indent(s, &format!("{ind}  "), after_pack);
     }
     if count >= 2 {
         let _ =
