@@ -23,9 +23,10 @@
 //! kernel) keeps the block's own rows in shared memory instead of as
 //! fragments: `attention_grad_split.rs` (which says where exactly).
 //!
-//! A packed backward (`wrt=qkv`) runs `dk, dv` first, storing each `dSᵀ`
-//! tile, and then a `dq` kernel with one product a tile that reads them
-//! (`attention_grad_ds.rs`), where the scratch fits its budget.
+//! A backward of every gradient at once (`wrt=kv+q`, or `wrt=qkv`
+//! packed) runs `dk, dv` first, storing each `dSᵀ` tile, and then a `dq`
+//! kernel with one product a tile that reads them
+//! (`attention_grad_ds.rs`), per group of batches its scratch holds.
 //!
 //! Tiles sit in shared memory row-major with rows padded by 8 elements
 //! (rows stay 16-byte aligned), and the per-tile loop is double-buffered

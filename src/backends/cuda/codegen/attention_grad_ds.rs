@@ -1,6 +1,7 @@
-//! The queries' gradient of a packed attention backward (`attention_grad
-//! wrt=qkv`) from the score gradients the `dk, dv` kernel already
-//! computed, instead of computing them again.
+//! The queries' gradient of an attention backward that computes every
+//! gradient at once (`attention_grad wrt=kv+q`, or `wrt=qkv` packed) from
+//! the score gradients the `dk, dv` kernel already computed, instead of
+//! computing them again.
 //!
 //! `attention_grad.rs`'s `dq` kernel recomputes, per tile of 64 queries
 //! and 64 keys, `S = q kᵀ`, `P`, `dP = g vᵀ` and `dS` before its one
@@ -8,16 +9,20 @@
 //! the `dk, dv` kernel has computed the same `dSᵀ` tile a moment before
 //! (GPT-2 small's bf16 step on an H200: `dq` 51 µs a layer, `dk, dv` 71,
 //! against 61 for FlashAttention-2's whole backward, which adds `dq`
-//! with f32 atomics instead).
+//! with f32 atomics instead; at `[8, 16, 2048, 128]` the recomputing `dq`
+//! took 1.79 ms, this one 0.70).
 //!
 //! Here the `dk, dv` kernel also stores each `dSᵀ` tile it computes, in
 //! the input type (the rounding its own products and the `dq` product
 //! apply), into a scratch of whole 64 × 64 tiles (see [`DsLayout`]); the
-//! `dq` kernel below then walks the same tiles with one product each. The two stay
-//! separate kernels, so the result does not depend on the order blocks
-//! run in (no atomics). The cost is the scratch: 2 bytes a score, written
-//! once and read once; [`DsLayout::for_spec`] takes it only up to
-//! [`DS_BUDGET`] bytes, and recomputes beyond.
+//! `dq` kernel below then walks the same tiles with one product each.
+//! The two stay separate kernels, so the result does not depend on the
+//! order blocks run in (no atomics), and it is bit for bit the
+//! recomputing kernel's. The cost is the scratch: 2 bytes a score,
+//! written once and read once. [`DsLayout::for_spec`] sizes it for as
+//! many batches as fit [`DS_BUDGET`] bytes, and the lowering launches the
+//! pair once per group of that many batches; where one batch does not
+//! fit, `dq` recomputes.
 
 use super::attention::{Spec, Strided};
 use super::attention_grad::{block_rows, key_end, store_dq, zero_accumulator, GradSpec};
