@@ -252,6 +252,21 @@ fn parse_errors() {
         &format!("{x}%1: f32[2,3] = frobnicate %x\nreturn %1\n"),
     );
     parse_error("text__parse_error_bad_dtype", "%x: f31[2,3] = input 0\nreturn %x\n");
+    // A `kv+q` attention gradient writes one extra output, the queries'
+    // gradient; a `q` gradient writes none.
+    let grads = "%q: bf16[1,2,3,4] = input 0\n%st: f32[1,2,3,2] = input 1\n\
+                 %g: bf16[1,2,3,8] = attention_grad %q, %q, %q, %q, %st wrt=kv+q scale=0.5 mask=none\n";
+    parse_error(
+        "text__parse_error_kv_q_gradient_output_2",
+        &format!("{grads}%e: bf16[1,2,3,4] = extra %g output=2\nreturn %e\n"),
+    );
+    parse_error(
+        "text__parse_error_q_gradient_extra",
+        &format!(
+            "{grads}%dq: bf16[1,2,3,4] = attention_grad %q, %q, %q, %q, %st wrt=q scale=0.5 mask=none\n\
+             %e: bf16[1,2,3,4] = extra %dq output=1\nreturn %e\n"
+        ),
+    );
     // A widening sum only widens floats, and only a sum or a mean.
     parse_error(
         "text__parse_error_narrowing_sum",
