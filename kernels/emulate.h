@@ -76,6 +76,8 @@ inline Barrier warp_barrier[32];
 #define __global__
 #define __device__
 #define __forceinline__ inline
+// A register cap means nothing on the CPU.
+#define __launch_bounds__(...)
 #define KILN_NOINLINE __attribute__((noinline))
 #define __shared__ static
 #define KILN_DYNAMIC_SHARED(T, name, count) alignas(16) static T name[count]

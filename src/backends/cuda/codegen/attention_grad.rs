@@ -382,7 +382,7 @@ fn grad_q(name: &str, spec: &GradSpec) -> Kernel {
 /// kernel of `attention_grad_ds.rs`. Heads of 64 and more take
 /// `attention_grad_split.rs`'s.
 pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Kernel {
-    if super::attention_grad_split::takes_kv(spec, ds.is_some()) {
+    if super::attention_grad_split::takes_kv(spec) {
         return super::attention_grad_split::grad_kv(name, spec, ds);
     }
     let Spec { dtype, sq, sk, d, dv, .. } = spec.attn;

@@ -1,8 +1,7 @@
 //! The tensor-core attention backward's kernels that keep a block's own
 //! rows in shared memory (`attention_grad.rs` has the others, the stats
 //! and the layout of the products): the `dk, dv` kernel at head dims of
-//! 64 and more (past 64 where it also stores `dSᵀ`), the `dq` kernel past
-//! 64.
+//! 64 and more, the `dq` kernel past 64.
 //!
 //! `attention_grad.rs`'s kernels hold each warp's 16 own rows (keys and
 //! values, or queries and output gradients) as `mma` fragments. At head
@@ -35,11 +34,11 @@
 //! 64]`, causal in brackets): `dk, dv` 3.63 → 2.74 ms (2.39 → 1.48), 355 →
 //! 321 µs (223 → 198); `dq` 1.83 → 1.78-1.81 ms (0.99 → 0.92). Kept apart
 //! from this file: `dq` at head dim 64 (216 → 249 µs when split; the
-//! fragments fit there), `dk, dv` at 64 where it stores `dSᵀ` (see
-//! [`takes_kv`]), and the `dq` kernel in halves of 32 keys (2.18 ms);
-//! `__launch_bounds__(128, 3)` (168 registers, 3 blocks a multiprocessor)
-//! spilled in both kernels: at 128, `dk, dv` 4.08 ms, `dq` 2.27 (6.2 GB of
-//! local loads).
+//! fragments fit there) and the `dq` kernel in halves of 32 keys (2.18
+//! ms); `__launch_bounds__(128, 3)` (168 registers, 3 blocks a
+//! multiprocessor) spilled in both kernels: at 128, `dk, dv` 4.08 ms,
+//! `dq` 2.27 (6.2 GB of local loads). At 64, where `dk, dv` stores `dSᵀ`
+//! for a `dq` that reads it, that cap pays (see [`capped`]).
 
 use super::attention::Spec;
 use super::attention_grad::{
@@ -69,15 +68,24 @@ fn fits(spec: &GradSpec) -> bool {
     !off && vectorized && bytes <= tiles::SMEM_BYTES
 }
 
-/// Whether [`grad_kv`] takes `spec` (`ds`: storing `dSᵀ` too): heads
-/// wider than 64, and heads of 64 that do not store `dSᵀ`. Measured at 64
-/// and 128; narrower heads keep the fragment kernel. At 64 the stores
-/// cost the split kernel its third block a multiprocessor (176 registers
-/// a thread, not 162): GPT-2 small's packed `dk, dv` took 68 µs a layer
-/// against the fragment kernel's 60.
-pub(crate) fn takes_kv(spec: &GradSpec, ds: bool) -> bool {
-    let widest = spec.attn.d.max(spec.attn.dv);
-    (widest > 64 || widest == 64 && !ds) && fits(spec)
+/// Whether [`grad_kv`] takes `spec`: heads of 64 and wider. Measured at
+/// 64 and 128; narrower heads keep the fragment kernel.
+pub(crate) fn takes_kv(spec: &GradSpec) -> bool {
+    spec.attn.d.max(spec.attn.dv) >= 64 && fits(spec)
+}
+
+/// Whether [`grad_kv`] for `spec` (`ds`: storing `dSᵀ` too) is capped at
+/// 168 registers a thread (`__launch_bounds__(128, 3)`), for a third
+/// block a multiprocessor: heads of 64 that store `dSᵀ`. The stores take
+/// it from 162 registers to 169, two blocks; capped, it spills 289 MB a
+/// launch at `[32,12,512,64]` but runs in 358 µs against 432 uncapped and
+/// 373 for the fragment kernel (which needs 249 registers with the
+/// stores; fwd+bwd 0.669-0.680 ms against 0.684-0.689, causal
+/// 0.459-0.468 against 0.480-0.483; GPT-2 small's step unchanged,
+/// 9.837-9.942 against 9.827-9.944). At 128 every cap measured spilled
+/// more than it gained (the twenty-third measurement).
+fn capped(spec: &GradSpec, ds: bool) -> bool {
+    ds && spec.attn.d.max(spec.attn.dv) == 64
 }
 
 /// Whether [`grad_q`] takes `spec`: heads wider than 64.
@@ -115,6 +123,9 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
     let more: Vec<String> =
         ds.iter().map(|_| format!("{}* __restrict__ ds", types::storage(dtype))).collect();
     let mut s = spec.head_with(name, types::storage(dtype), true, &more);
+    if capped(spec, ds.is_some()) {
+        s = s.replacen("__global__ void ", "__global__ void __launch_bounds__(128, 3) ", 1);
+    }
     // Keys, values, then one tile of queries (rows like a key's) and one
     // of output gradients (like a value's).
     let shared = carve(&mut s, [("ks", kst), ("vs", vst), ("qs", kst), ("gs", vst)]);
