@@ -124,3 +124,32 @@ fn launches_per_batch_group_and_recomputing_give_the_same_bits() {
         }
     }
 }
+
+/// An attention with no keys, no queries or no batch: its `q` and `kv`
+/// gradients are one `wrt=kv+q` node whose value (`dk, dv`) or extra
+/// output (`dq`) can be empty while the other is not. With no keys every
+/// query row's gradient is 0 (the forward writes zeros there); with no
+/// queries every key's. On the CPU and the CUDA-backed contexts.
+#[test]
+fn gradients_of_attentions_with_nothing_to_attend() {
+    let dtype = DType::BF16;
+    let mut rng = Rng::new(3041);
+    let mut contexts: Vec<Backend> = vec![("cpu", Context::cpu)];
+    contexts.extend(cuda_contexts());
+    for (b, sq, sk) in [(2, 70, 0), (2, 0, 75), (0, 70, 75)] {
+        let (h, d) = (2, 32);
+        let q = rand_f(&mut rng, dtype, &[b, h, sq, d], 1.0);
+        let k = rand_f(&mut rng, dtype, &[b, h, sk, d], 1.0);
+        let v = rand_f(&mut rng, dtype, &[b, h, sk, d], 1.0);
+        let g = rand_f(&mut rng, dtype, &[b, h, sq, d], 1.0);
+        let m = Masks { keep: None, add: None, causal: false };
+        for &(name, make) in &contexts {
+            let got = grads_kiln(make(), dtype, [&q, &k, &v, &g], &m, false);
+            for (x, (got, len)) in ["dq", "dk", "dv"].iter().zip(got.iter().zip([sq, sk, sk])) {
+                let values = read_f(got).to_vec();
+                assert_eq!(values.len(), b * h * len * d, "{name}: {x} of [{b},{h},{sq},{sk}]");
+                assert!(values.iter().all(|&x| x == 0.0), "{name}: {x} of [{b},{h},{sq},{sk}] is not 0");
+            }
+        }
+    }
+}

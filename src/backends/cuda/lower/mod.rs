@@ -457,6 +457,22 @@ impl Lowering<'_> {
         Ok(locs)
     }
 
+    /// Places the extra outputs of non-fused node `id` (an attention's)
+    /// if none has an element, so there is nothing to write; whether it
+    /// did.
+    pub(super) fn place_empty_extras(&mut self, id: NodeId) -> Result<bool, String> {
+        let extras: Vec<NodeId> = self.extras_of(id).into_iter().flatten().collect();
+        if extras.iter().any(|&e| self.plan.graph.node(e).shape.numel() > 0) {
+            return Ok(false);
+        }
+        for e in extras {
+            let node = self.plan.graph.node(e).clone();
+            let loc = self.destination(e)?;
+            self.values.insert(e, Value::dense(loc, node.shape, node.dtype));
+        }
+        Ok(true)
+    }
+
     fn lower_node(&mut self, id: NodeId) -> Result<(), String> {
         let node = self.plan.graph.node(id).clone();
         let value = match &node.op {

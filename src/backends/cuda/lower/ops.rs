@@ -21,8 +21,14 @@ impl Lowering<'_> {
         if node.shape.numel() == 0 {
             if let Op::Fused(body) = &node.op {
                 self.place_extras(id, body)?;
+                return Ok(());
             }
-            return Ok(());
+            // An attention's extra output can have elements where its
+            // value has none (a `kv+q` gradient's `dq` with no keys):
+            // then the op's own lowering writes it.
+            if self.place_empty_extras(id)? {
+                return Ok(());
+            }
         }
         match &node.op {
             Op::Fused(body) => self.fused(id, body, &ops, dst),
