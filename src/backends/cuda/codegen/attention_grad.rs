@@ -105,6 +105,14 @@ impl GradSpec {
         s
     }
 
+    /// A `dk, dv` kernel's opening: [`GradSpec::head`] with the stats,
+    /// and `ds`, the `dSᵀ` scratch, where it stores one.
+    pub(super) fn kv_head(&self, name: &str, ds: bool) -> String {
+        let st = types::storage(self.attn.dtype);
+        let more: Vec<String> = ds.then(|| format!("{st}* __restrict__ ds")).into_iter().collect();
+        self.head_with(name, st, true, &more)
+    }
+
     /// The parameters the kernel reads (all but `out`).
     pub(super) fn reads(&self, stats: bool) -> Vec<usize> {
         let n = 4 + stats as usize + (self.attn.mask != AttnMask::None) as usize;
@@ -388,9 +396,7 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
     let Spec { dtype, sq, sk, d, dv, .. } = spec.attn;
     let tag = format!("{}()", types::storage(dtype));
     let (qst, gst) = (d + PAD, dv + PAD);
-    let more: Vec<String> =
-        ds.iter().map(|_| format!("{}* __restrict__ ds", types::storage(dtype))).collect();
-    let mut s = spec.head_with(name, types::storage(dtype), true, &more);
+    let mut s = spec.kv_head(name, ds.is_some());
     let tiles = [
         Tile { smem: "qs", x: "q", strided: &spec.attn.q, n: d, len: None },
         Tile { smem: "gs", x: "dout", strided: &spec.g, n: dv, len: None },

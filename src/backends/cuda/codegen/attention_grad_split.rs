@@ -120,9 +120,7 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
     let Spec { dtype, sq, sk, d, dv, .. } = spec.attn;
     let tag = format!("{}()", types::storage(dtype));
     let (kst, vst) = (d + PAD, dv + PAD);
-    let more: Vec<String> =
-        ds.iter().map(|_| format!("{}* __restrict__ ds", types::storage(dtype))).collect();
-    let mut s = spec.head_with(name, types::storage(dtype), true, &more);
+    let mut s = spec.kv_head(name, ds.is_some());
     if capped(spec, ds.is_some()) {
         s = s.replacen("__global__ void ", "__global__ void __launch_bounds__(128, 3) ", 1);
     }
