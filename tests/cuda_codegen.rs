@@ -4,7 +4,7 @@
 //! text (launches, then each kernel's source) is an insta snapshot in
 //! `snapshots/`. A change that claims no codegen change shows an empty diff.
 
-use kiln::backends::cuda::lower;
+use kiln::backends::cuda::{lower, lower_for, Target};
 use kiln::ir::text::parse_test_file;
 use kiln::ir::{verify, Graph, Plan};
 use kiln::passes::{run_single, PassOptions};
@@ -33,13 +33,17 @@ fn plan(graph: Graph, options: PassOptions, fuse: bool) -> Graph {
 }
 
 fn program_text(path: &Path, fuse: bool) -> String {
+    program_text_for(path, fuse, Target::default())
+}
+
+fn program_text_for(path: &Path, fuse: bool, target: Target) -> String {
     let src = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let case = parse_test_file(&src).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     verify(&case.graph).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let options = PassOptions::from_settings(&case.settings).unwrap_or_else(|e| panic!("{e}"));
     let planned = plan(case.graph, options, fuse);
     let program =
-        lower(&Plan::new(planned.clone()), false).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        lower_for(&Plan::new(planned.clone()), target).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut out = String::new();
     for line in case.comment.lines() {
         out.push_str(&format!(";; {line}\n").replace(";; \n", ";;\n"));
@@ -74,6 +78,17 @@ fn fused_op_cases_lower_to_cuda() {
     settings().bind(|| {
         insta::glob!("cuda/fused", "*.kir", |path| {
             insta::assert_snapshot!(program_text(path, true));
+        });
+    });
+}
+
+/// Cases lowered for an sm_90 device (`Target::hopper`): the `wgmma`
+/// kernels, which the emulator cannot run (the GPU tests check them).
+#[test]
+fn hopper_cases_lower_to_cuda() {
+    settings().bind(|| {
+        insta::glob!("cuda/hopper", "*.kir", |path| {
+            insta::assert_snapshot!(program_text_for(path, false, Target { tf32: false, hopper: true }));
         });
     });
 }

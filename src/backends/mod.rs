@@ -172,6 +172,11 @@ pub trait Backend: Send + Sync {
     fn describe(&self) -> String {
         self.name().to_string()
     }
+    /// Whether this is a CUDA device of compute capability 9.0, whose
+    /// plans take the sm_90a (`wgmma`) kernels; a report shows those.
+    fn hopper(&self) -> bool {
+        false
+    }
     /// Whether plans for this backend should move a matmul product's
     /// reshape below its bias so the bias joins the GEMM
     /// (`PassOptions::reshape_epilogues`, the default for a new context).

@@ -268,7 +268,7 @@ impl Context {
     fn describe_report(&self, state: &State, report: Report, plan: &Plan) -> Result<Report> {
         let backend = self.inner.backend.name();
         let target = if backend.starts_with("cuda") {
-            KernelTarget::Cuda { tf32: state.compile.tf32 }
+            KernelTarget::Cuda { tf32: state.compile.tf32, hopper: self.inner.backend.hopper() }
         } else {
             KernelTarget::Cpu
         };

@@ -17,6 +17,9 @@ pub enum KernelTarget {
     Cuda {
         /// Whether matmuls may use TF32 (changes library calls, not kernels).
         tf32: bool,
+        /// Whether the device is an sm_90 part, whose plans take the
+        /// `wgmma` kernels (see `backends::cuda::Target`).
+        hopper: bool,
     },
 }
 
@@ -52,8 +55,9 @@ pub fn kernels(plan: &Plan, target: KernelTarget) -> Result<Vec<KernelSource>> {
                 _ => None,
             })
             .collect()),
-        KernelTarget::Cuda { tf32 } => {
-            let program = crate::backends::cuda::lower(plan, tf32)?;
+        KernelTarget::Cuda { tf32, hopper } => {
+            let program =
+                crate::backends::cuda::lower_for(plan, crate::backends::cuda::Target { tf32, hopper })?;
             let mut out: Vec<KernelSource> = program
                 .kernels
                 .iter()

@@ -8,6 +8,7 @@ mod attention_grad;
 mod attention_nonfinite;
 mod attention_scratch;
 mod attention_tf32;
+mod attention_wgmma;
 mod cache;
 mod column_groups;
 mod column_tiles;

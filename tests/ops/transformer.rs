@@ -300,8 +300,9 @@ pub(crate) fn attention_ref(
 ) -> Nd<f64> {
     let (b, h, sq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
     let (sk, dv) = (k.shape[2], v.shape[3]);
-    Nd::from_fn(&[b, h, sq, dv], |ix| {
-        let (bi, hi, i, c) = (ix[0], ix[1], ix[2], ix[3]);
+    let mut out = vec![0.0; b * h * sq * dv];
+    for (row, o) in out.chunks_mut(dv.max(1)).enumerate().take(b * h * sq) {
+        let (bi, hi, i) = (row / (h * sq), row / sq % h, row % sq);
         let mut s = Vec::new();
         for j in 0..sk {
             if causal && j > i || keep.is_some_and(|m| m.get(&[bi, 0, 0, j]) == 0) {
@@ -312,11 +313,14 @@ pub(crate) fn attention_ref(
         }
         let m = s.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
         if m == f64::NEG_INFINITY {
-            return 0.0;
+            continue;
         }
         let l: f64 = s.iter().map(|x| (x.1 - m).exp()).sum();
-        s.iter().map(|&(j, x)| (x - m).exp() / l * v.get(&[bi, hi, j, c])).sum()
-    })
+        for (c, oc) in o.iter_mut().enumerate() {
+            *oc = s.iter().map(|&(j, x)| (x - m).exp() / l * v.get(&[bi, hi, j, c])).sum();
+        }
+    }
+    Nd::new(out, &[b, h, sq, dv])
 }
 
 #[test]

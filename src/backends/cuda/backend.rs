@@ -177,6 +177,10 @@ impl Backend for CudaBackend {
         format!("cuda:{} {}", self.dev.ctx.ordinal(), self.device_name())
     }
 
+    fn hopper(&self) -> bool {
+        self.dev.hopper()
+    }
+
     fn upload(&self, data: HostData, shape: &Shape) -> Result<Buffer> {
         if data.len() != shape.numel() {
             return Err(Error::Backend(format!(
@@ -214,7 +218,8 @@ impl Backend for CudaBackend {
     }
 
     fn compile_with(&self, plan: Arc<Plan>, options: &CompileOptions) -> Result<Arc<dyn Executable>> {
-        let program = super::lower(&plan, options.tf32)?;
+        let target = super::Target { tf32: options.tf32, hopper: self.dev.hopper() };
+        let program = super::lower_for(&plan, target)?;
         // A profiled plan is never captured: a CUDA graph has no events
         // around its launches (see `profile.rs`).
         let graphs = options.cuda_graphs && !options.profile;

@@ -170,7 +170,11 @@ impl Device {
         let (major, minor) = ctx.compute_capability().map_err(|e| format!("{e:?}"))?;
         let name = ctx.name().unwrap_or_else(|_| format!("CUDA device {ordinal}"));
         let pool = Pool::new(ctx.clone(), stats.clone());
-        let kernels = KernelCache::new(format!("sm_{major}{minor}"), stats.clone())?;
+        // sm_90 parts compile for sm_90a, whose `wgmma` the Hopper kernels
+        // use (`codegen/attention_wgmma.rs`); such a CUBIN loads on
+        // compute capability 9.0 only, which is this device.
+        let feature = if (major, minor) == (9, 0) { "a" } else { "" };
+        let kernels = KernelCache::new(format!("sm_{major}{minor}{feature}"), stats.clone())?;
         kernels.start_warm_up(&ctx);
         let mut state = LaunchState {
             streams: Vec::new(),
@@ -207,6 +211,12 @@ impl Device {
     /// `cuda:0`: the device as messages name it.
     pub fn ordinal_name(&self) -> String {
         format!("cuda:{}", self.ctx.ordinal())
+    }
+
+    /// Whether the device is an sm_90 part (H100, H200), whose kernels are
+    /// compiled for sm_90a: the lowering may choose `wgmma` kernels.
+    pub fn hopper(&self) -> bool {
+        self.arch == "sm_90"
     }
 
     /// Binds the context to this thread (before raw driver calls).

@@ -22,7 +22,7 @@ pub mod program;
 #[cfg(any(feature = "cuda-backend", feature = "cuda-emulator"))]
 mod replay;
 
-pub use lower::lower;
+pub use lower::{lower, lower_for, Target};
 
 #[cfg(feature = "cuda-backend")]
 mod blas;

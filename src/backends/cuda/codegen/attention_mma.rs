@@ -191,16 +191,8 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     }
 
     // The row sums, combined over a row's 4 lanes; the output, in pairs.
-    let (i_of, o_of, r_of) = finish_rows(&mut s, spec, qt, lse);
-    let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) {{", dv / 8);
-    let _ = writeln!(s, "    #pragma unroll\n    for (int r = 0; r < {nr}; ++r) {{");
-    let _ = writeln!(s, "      const int i = {i_of};\n      if (i >= {sq}) continue;");
-    let row = spec.out_row("bh", "i");
-    let _ = writeln!(
-        s,
-        "      *(U*)&out[{row} + n * 8 + 2 * c] = kiln::pack2({o_of}[n][2 * {r_of}] * l[r], {o_of}[n][2 * {r_of} + 1] * l[r], {tag});"
-    );
-    s.push_str("    }\n  }\n}\n");
+    let rows_of = finish_rows(&mut s, spec, qt, lse);
+    store_rows(&mut s, spec, qt, &tag, rows_of);
     Kernel::new(name, s, grid as u32, THREADS as u32, spec.flash_reads()).with_shared(shared)
 }
 
@@ -331,6 +323,22 @@ pub(super) fn finish_rows(
     }
     s.push_str("    l[r] = l[r] == 0.f ? 0.f : 1.f / l[r];\n  }\n");
     (i_of, o_of, r_of)
+}
+
+/// (After [`finish_rows`], which returned `rows_of`.) The kernel's end:
+/// each output row, normalized, stored two elements (`tag`'s type) at a
+/// time.
+pub(super) fn store_rows(s: &mut String, spec: &Spec, qt: usize, tag: &str, rows_of: (&str, &str, &str)) {
+    let (i_of, o_of, r_of) = rows_of;
+    let _ = writeln!(s, "  #pragma unroll\n  for (int n = 0; n < {}; ++n) {{", spec.dv / 8);
+    let _ = writeln!(s, "    #pragma unroll\n    for (int r = 0; r < {}; ++r) {{", 2 * qt);
+    let _ = writeln!(s, "      const int i = {i_of};\n      if (i >= {}) continue;", spec.sq);
+    let row = spec.out_row("bh", "i");
+    let _ = writeln!(
+        s,
+        "      *(U*)&out[{row} + n * 8 + 2 * c] = kiln::pack2({o_of}[n][2 * {r_of}] * l[r], {o_of}[n][2 * {r_of} + 1] * l[r], {tag});"
+    );
+    s.push_str("    }\n  }\n}\n");
 }
 
 /// Whether `spec` takes the split schedule: heads wider than 64 (two

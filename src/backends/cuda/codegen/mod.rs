@@ -35,6 +35,7 @@ pub(crate) mod attention_mma;
 pub(crate) mod attention_simt;
 pub(crate) mod attention_tf32;
 mod attention_tiles;
+pub(crate) mod attention_wgmma;
 pub(crate) mod body;
 pub(crate) mod columns;
 pub(crate) mod elementwise;

@@ -3,7 +3,8 @@
 //! the target, then the window kernel), and of `attention` (one generated
 //! kernel over strided operands, see `codegen/attention.rs`; for a few
 //! query rows, the split-key kernels of `codegen/attention_decode.rs`,
-//! unless `KILN_CUDA_DECODE_ATTENTION=0`).
+//! unless `KILN_CUDA_DECODE_ATTENTION=0`; on an sm_90 device, where it is
+//! chosen, the `wgmma` kernel of `codegen/attention_wgmma.rs`).
 
 use super::ops::{buffer_locs, operand};
 use super::{Lowering, Storage, Value};
@@ -11,7 +12,7 @@ use crate::backends::cuda::codegen::attention::{flash, flash_with_lse, Spec, Str
 use crate::backends::cuda::codegen::attention_grad::{self, GradSpec};
 use crate::backends::cuda::codegen::attention_grad_ds::{self, DsLayout};
 use crate::backends::cuda::codegen::ops;
-use crate::backends::cuda::codegen::{attention_decode, attention_simt, index_add};
+use crate::backends::cuda::codegen::{attention_decode, attention_simt, attention_wgmma, index_add};
 use crate::backends::cuda::program::{IndexCheck, Launch, Loc, Region};
 use crate::ir::{AttnLayout, AttnMask, AttnWrt, DType, NodeId, Shape};
 
@@ -101,7 +102,11 @@ impl Lowering<'_> {
             let (lse_shape, lse_dtype) = crate::ir::extra_type(&self.plan.graph, id, 1)?;
             let lse = self.destination(extra)?;
             self.values.insert(extra, Value::dense(lse, lse_shape, lse_dtype));
-            let kernel = self.add_kernel("attention", |n| flash_with_lse(n, &spec))?;
+            let kernel = if self.wgmma(&spec) {
+                self.add_kernel("attention", |n| Ok(attention_wgmma::flash_wgmma(n, &spec, true)))?
+            } else {
+                self.add_kernel("attention", |n| flash_with_lse(n, &spec))?
+            };
             let mut args = vec![dst, lse];
             args.extend(buffer_locs(&vals));
             self.launches.push(Launch::Kernel { kernel, args });
@@ -119,6 +124,14 @@ impl Lowering<'_> {
             self.launches.push(Launch::Kernel { kernel, args });
             return Ok(());
         }
+        if self.wgmma(&spec) {
+            let kernel =
+                self.add_kernel("attention", |n| Ok(attention_wgmma::flash_wgmma(n, &spec, false)))?;
+            let mut args = vec![dst];
+            args.extend(buffer_locs(&vals));
+            self.launches.push(Launch::Kernel { kernel, args });
+            return Ok(());
+        }
         let kernel = self.add_kernel("attention", |n| flash(n, &spec))?;
         let mut args = vec![dst];
         if attention_simt::uses(&spec) && attention_simt::splits(&spec) > 1 {
@@ -129,6 +142,12 @@ impl Lowering<'_> {
         args.extend(buffer_locs(&vals));
         self.launches.push(Launch::Kernel { kernel, args });
         Ok(())
+    }
+
+    /// Whether the forward of `spec` runs on the Hopper `wgmma` kernel: on
+    /// an sm_90 device, where `attention_wgmma::chosen` says so.
+    fn wgmma(&self, spec: &Spec) -> bool {
+        self.hopper && attention_wgmma::chosen(spec)
     }
 
     /// `attention_stats` (`wrt` `None`) or `attention_grad`: one launch of

@@ -91,6 +91,18 @@ pub(crate) struct Lowering<'p> {
     /// Graph outputs that got a slot of their own when placed.
     slot_of: HashMap<NodeId, u32>,
     tf32: bool,
+    hopper: bool,
+}
+
+/// What a lowering may assume of the device it lowers for.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Target {
+    /// Float32 GEMMs and convolutions may use TF32.
+    pub tf32: bool,
+    /// The device is an sm_90 part whose kernels are compiled for sm_90a
+    /// (`nvrtc/mod.rs`): the `wgmma` kernels may be chosen
+    /// (`codegen/attention_wgmma.rs`). Never in the emulator.
+    pub hopper: bool,
 }
 
 /// Lowers `plan`; `tf32` lets float32 GEMMs and convolutions use TF32.
@@ -101,13 +113,18 @@ pub(crate) struct Lowering<'p> {
 /// make a kernel write outside its memory is an error here, never a
 /// launch.
 pub fn lower(plan: &Plan, tf32: bool) -> Result<Program> {
+    lower_for(plan, Target { tf32, hopper: false })
+}
+
+/// [`lower`] for a device described by `target`.
+pub fn lower_for(plan: &Plan, target: Target) -> Result<Program> {
     crate::backends::check::check_plan(plan).map_err(|e| Error::Backend(format!("cuda: {e}")))?;
-    let program = lower_checked(plan, tf32)?;
+    let program = lower_checked(plan, target)?;
     program.check().map_err(|e| Error::Backend(format!("cuda: the lowered program is inconsistent: {e}")))?;
     Ok(program)
 }
 
-fn lower_checked(plan: &Plan, tf32: bool) -> Result<Program> {
+fn lower_checked(plan: &Plan, Target { tf32, hopper }: Target) -> Result<Program> {
     let mut l = Lowering {
         plan,
         values: HashMap::new(),
@@ -123,6 +140,7 @@ fn lower_checked(plan: &Plan, tf32: bool) -> Result<Program> {
         producer: HashMap::new(),
         slot_of: HashMap::new(),
         tf32,
+        hopper,
     };
     let graph = &plan.graph;
     let tables = graph.tables();
