@@ -6,7 +6,7 @@
 //! dropped. The CPU runs the same cases through its own kernel.
 
 use crate::reference::*;
-use crate::transformer::attention_ref;
+use crate::transformer::{attention_ref, mask_cases};
 use kiln::prelude::*;
 
 /// Head dims 16 (one chunk of the head, tiles of 64 keys), 48 over values
@@ -39,21 +39,7 @@ fn tf32_attention_matches_f64() {
             let scale = 1.0 / (d as f64).sqrt();
             let keep = Nd::from_fn(&[b, 1, 1, sk], |i| (i[3] % 5 != 2) as i64);
             let add = rand_f(&mut rng, dtype, &[b, h, sq, sk], 2.0);
-            let cases: [(&str, Option<Tensor>, bool, Nd<f64>); 3] = [
-                ("plain", None, false, attention_ref(&q, &k, &v, None, None, false, scale)),
-                (
-                    "key padding, causal",
-                    Some(tensor_i(&ctx, DType::Bool, &keep)),
-                    true,
-                    attention_ref(&q, &k, &v, Some(&keep), None, true, scale),
-                ),
-                (
-                    "additive",
-                    Some(tensor_f(&ctx, dtype, &add)),
-                    false,
-                    attention_ref(&q, &k, &v, None, Some(&add), false, scale),
-                ),
-            ];
+            let cases = mask_cases(&ctx, dtype, [&q, &k, &v], &keep, &add, scale);
             for (name, mask, causal, want) in cases {
                 let got = tq.scaled_dot_product_attention(&tk, &tv, mask.as_ref(), causal, None);
                 check_f(&got, dtype, &want, 4.0, &format!("f32 attention {name}, heads of {d} and {dv}"));

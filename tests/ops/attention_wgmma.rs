@@ -16,7 +16,7 @@
 //! rows).
 
 use crate::reference::*;
-use crate::transformer::attention_ref;
+use crate::transformer::{attention_ref, mask_cases};
 use kiln::prelude::*;
 
 const TEST: &str = "attention_wgmma::hopper_attention_matches_f64";
@@ -71,22 +71,7 @@ fn cases(forced: bool) {
             // The last batch keeps no key: its rows are zeros.
             let keep = Nd::from_fn(&[b, 1, 1, sk], |i| ((i[0] + 1 < b || b == 1) && i[3] % 7 != 3) as i64);
             let add = rand_f(&mut rng, dtype, &[b, h, sq, sk], 1.0);
-            let cases: [(&str, Option<Tensor>, bool, Nd<f64>); 4] = [
-                ("plain", None, false, attention_ref(&q, &k, &v, None, None, false, scale)),
-                ("causal", None, true, attention_ref(&q, &k, &v, None, None, true, scale)),
-                (
-                    "key padding, causal",
-                    Some(tensor_i(&ctx, DType::Bool, &keep)),
-                    true,
-                    attention_ref(&q, &k, &v, Some(&keep), None, true, scale),
-                ),
-                (
-                    "additive",
-                    Some(tensor_f(&ctx, dtype, &add)),
-                    false,
-                    attention_ref(&q, &k, &v, None, Some(&add), false, scale),
-                ),
-            ];
+            let cases = mask_cases(&ctx, dtype, [&q, &k, &v], &keep, &add, scale);
             for (name, mask, causal, want) in cases {
                 let what = format!("attention {name}, {dtype} [{b},{h},{sq},{sk}] heads {d}/{dv}");
                 let got = tq.scaled_dot_product_attention(&tk, &tv, mask.as_ref(), causal, None);

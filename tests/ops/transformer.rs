@@ -323,6 +323,39 @@ pub(crate) fn attention_ref(
     Nd::new(out, &[b, h, sq, dv])
 }
 
+/// An attention case: its name, its mask, whether it is causal, and the
+/// f64 reference.
+pub(crate) type MaskCase = (&'static str, Option<Tensor>, bool, Nd<f64>);
+
+/// The mask cases the kernel tests run over `q, k, v` (f64 values, `dtype`
+/// tensors on `ctx`): plain, causal, a bool key-padding mask `keep` with
+/// causal on top, and an additive mask `add`.
+pub(crate) fn mask_cases(
+    ctx: &Context,
+    dtype: DType,
+    [q, k, v]: [&Nd<f64>; 3],
+    keep: &Nd<i64>,
+    add: &Nd<f64>,
+    scale: f64,
+) -> Vec<MaskCase> {
+    vec![
+        ("plain", None, false, attention_ref(q, k, v, None, None, false, scale)),
+        ("causal", None, true, attention_ref(q, k, v, None, None, true, scale)),
+        (
+            "key padding, causal",
+            Some(tensor_i(ctx, DType::Bool, keep)),
+            true,
+            attention_ref(q, k, v, Some(keep), None, true, scale),
+        ),
+        (
+            "additive",
+            Some(tensor_f(ctx, dtype, add)),
+            false,
+            attention_ref(q, k, v, None, Some(add), false, scale),
+        ),
+    ]
+}
+
 #[test]
 fn attention_matches_f64_on_every_float_dtype() {
     each_backend(|| {
@@ -414,21 +447,7 @@ fn tensor_core_attention_matches_f64() {
             let scale = 1.0 / (d as f64).sqrt();
             let keep = Nd::from_fn(&[b, 1, 1, sk], |i| (i[3] % 5 != 2) as i64);
             let add = rand_f(&mut rng, dtype, &[b, h, sq, sk], 1.0);
-            let cases: [(&str, Option<Tensor>, bool, Nd<f64>); 3] = [
-                (
-                    "key padding, causal",
-                    Some(tensor_i(&ctx, DType::Bool, &keep)),
-                    true,
-                    attention_ref(&q, &k, &v, Some(&keep), None, true, scale),
-                ),
-                (
-                    "additive",
-                    Some(tensor_f(&ctx, dtype, &add)),
-                    false,
-                    attention_ref(&q, &k, &v, None, Some(&add), false, scale),
-                ),
-                ("plain", None, false, attention_ref(&q, &k, &v, None, None, false, scale)),
-            ];
+            let cases = mask_cases(&ctx, dtype, [&q, &k, &v], &keep, &add, scale);
             for (name, mask, causal, want) in cases {
                 let got = tq.scaled_dot_product_attention(&tk, &tv, mask.as_ref(), causal, None);
                 check_f(&got, dtype, &want, 8.0, &format!("tensor-core attention {name} on {dtype}"));
