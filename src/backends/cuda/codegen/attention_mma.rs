@@ -196,6 +196,20 @@ pub(crate) fn flash_mma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     Kernel::new(name, s, grid as u32, THREADS as u32, spec.flash_reads()).with_shared(shared)
 }
 
+/// Declares a warp's running state for one query tile of 16 rows: the
+/// output accumulator `o` (`dv / 8` column groups, zeroed) and each of the
+/// thread's two rows' maximum `m` and sum `l`. The kernels with one query
+/// tile a warp (`attention_tf32.rs`, `attention_wgmma.rs`) open with it.
+pub(super) fn one_tile_rows(s: &mut String, dv: usize) {
+    let _ = writeln!(s, "  float o[{}][4];", dv / 8);
+    let _ = writeln!(
+        s,
+        "  #pragma unroll\n  for (int n = 0; n < {}; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;",
+        dv / 8
+    );
+    s.push_str("  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};\n");
+}
+
 /// (In the key loop, after a tile's scores `sc[n][e]`, `mma` accumulators
 /// of `keys` keys, each warp's `qt` query tiles.) The masks, the scale and
 /// the online softmax: each row's tile maximum, the rescale of its running

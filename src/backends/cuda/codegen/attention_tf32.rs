@@ -45,7 +45,7 @@
 //! (for measuring it against the CUDA-core kernels in one process).
 
 use super::attention::{Spec, Strided};
-use super::attention_mma::{finish_rows, online_softmax};
+use super::attention_mma::{finish_rows, one_tile_rows, online_softmax};
 use super::Kernel;
 use crate::ir::DType;
 use std::fmt::Write;
@@ -154,13 +154,7 @@ pub(crate) fn flash_tf32(name: &str, spec: &Spec, lse: bool) -> Kernel {
     rows_async(&mut s, "qs", "q", &spec.q, d, qks, ROWS, "i0", sq, "  ");
     rows_async(&mut s, "ks", "k", &spec.k, d, qks, keys, "0", sk, "  ");
     s.push_str("  kiln::cp_async_commit();\n");
-    let _ = writeln!(s, "  float o[{}][4];", dv / 8);
-    let _ = writeln!(
-        s,
-        "  #pragma unroll\n  for (int n = 0; n < {}; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;",
-        dv / 8
-    );
-    s.push_str("  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};\n");
+    one_tile_rows(&mut s, dv);
     let end =
         if spec.causal { format!("i0 + {ROWS} < {sk} ? i0 + {ROWS} : (I){sk}") } else { format!("(I){sk}") };
     let _ = writeln!(s, "  const I kend = {end};");

@@ -54,7 +54,7 @@
 //! `tests/ops/attention_wgmma.rs` checks it against f64 on the GPU.
 
 use super::attention::Spec;
-use super::attention_mma::{finish_rows, online_softmax, store_rows};
+use super::attention_mma::{finish_rows, one_tile_rows, online_softmax, store_rows};
 use super::attention_tiles::{self as tiles, tile_load, PAD, THREADS};
 use super::{types, Kernel};
 use crate::ir::DType;
@@ -157,13 +157,7 @@ pub(crate) fn flash_wgmma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     s.push_str("  if (kend > 64) {\n");
     copies(&mut s, spec, Part::Keys, "64", "qs", "    ");
     s.push_str("  }\n  kiln::cp_async_commit();\n");
-    let _ = writeln!(s, "  float o[{}][4];", dv / 8);
-    let _ = writeln!(
-        s,
-        "  #pragma unroll\n  for (int n = 0; n < {}; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;",
-        dv / 8
-    );
-    s.push_str("  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};\n");
+    one_tile_rows(&mut s, dv);
     // sc: this tile's scores; sn: the next tile's, in flight during this
     // tile's softmax. pf: the probabilities, in flight during the next
     // tile's first steps.
