@@ -1,12 +1,13 @@
 //! The Hopper attention forward (`codegen/attention_wgmma.rs`). On an sm_90
-//! GPU the default takes it for causal heads of 64 only, and
-//! `KILN_CUDA_WGMMA=1` for every f16/bf16 attention whose heads it takes.
-//! The cases run on every backend under the default, then, where CUDA
-//! device 0 is an sm_90 part, again in a child process of this test binary
-//! with `KILN_CUDA_WGMMA=1` (the variable is read when a plan is lowered;
-//! setting it here would race with the other tests' threads), where each
-//! plan must hold the `wgmma` kernel. The emulator has no `wgmma`: its
-//! plans keep the `mma.sync` kernel.
+//! GPU the default takes it for every f16/bf16 attention whose heads it
+//! takes, and `KILN_CUDA_WGMMA=0` keeps the `mma.sync` kernel. The cases run
+//! on every backend under the default, where each sm_90 plan must hold the
+//! `wgmma` kernel, then, where CUDA device 0 is an sm_90 part, again in a
+//! child process of this test binary with `KILN_CUDA_WGMMA=0` (the variable
+//! is read when a plan is lowered; setting it here would race with the
+//! other tests' threads), where none may: so the `mma.sync` kernel stays
+//! checked on the GPU too. The emulator has no `wgmma`: its plans keep the
+//! `mma.sync` kernel.
 //!
 //! Cases: more query blocks (64 rows) and key tiles (64) than one, the last
 //! of each short, so both key buffers alternate; heads of 64 and 128 for
@@ -20,7 +21,7 @@ use crate::transformer::{attention_ref, mask_cases};
 use kiln::prelude::*;
 
 const TEST: &str = "attention_wgmma::hopper_attention_matches_f64";
-/// Set in the child: every plan must hold the `wgmma` kernel.
+/// Set in the child (run with `KILN_CUDA_WGMMA=0`).
 const CHILD: &str = "KILN_TEST_WGMMA_CHILD";
 
 /// Whether `ctx` is an sm_90 GPU, whose plans may take the `wgmma` kernel.
@@ -32,27 +33,28 @@ fn hopper(ctx: &Context) -> bool {
 #[test]
 fn hopper_attention_matches_f64() {
     let child = std::env::var(CHILD).is_ok();
-    each_backend(|| cases(child));
+    let wgmma = std::env::var("KILN_CUDA_WGMMA").as_deref() != Ok("0");
+    each_backend(|| cases(wgmma));
     if child || !Context::cuda(0).is_ok_and(|ctx| hopper(&ctx)) {
         return;
     }
     let exe = std::env::current_exe().expect("the test binary's path");
     let out = std::process::Command::new(exe)
         .args(["--exact", TEST, "--nocapture"])
-        .env("KILN_CUDA_WGMMA", "1")
+        .env("KILN_CUDA_WGMMA", "0")
         .env(CHILD, "1")
         .output()
         .expect("the test binary runs");
     let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(
         out.status.success() && log.contains("1 passed"),
-        "the child with KILN_CUDA_WGMMA=1 failed:\n{log}"
+        "the child with KILN_CUDA_WGMMA=0 failed:\n{log}"
     );
 }
 
-/// Every case on the current backend; with `forced`, an sm_90 plan must
-/// hold the `wgmma` kernel.
-fn cases(forced: bool) {
+/// Every case on the current backend; an sm_90 plan must hold the `wgmma`
+/// kernel exactly where `wgmma`.
+fn cases(wgmma: bool) {
     {
         let mut rng = Rng::new(2031);
         for (dtype, b, h, sq, sk, d, dv) in [
@@ -75,14 +77,12 @@ fn cases(forced: bool) {
             for (name, mask, causal, want) in cases {
                 let what = format!("attention {name}, {dtype} [{b},{h},{sq},{sk}] heads {d}/{dv}");
                 let got = tq.scaled_dot_product_attention(&tk, &tv, mask.as_ref(), causal, None);
-                if forced && hopper(&ctx) {
+                if hopper(&ctx) {
                     // (Before the read: a report of a computed tensor has no
                     // attention left.)
                     let report = ctx.report(&[&got]).unwrap_or_else(|e| panic!("{what}: report: {e}"));
-                    assert!(
-                        report.kernel_sources().iter().any(|k| k.source.contains("wgmma.mma_async")),
-                        "{what}: an sm_90 plan without the wgmma kernel"
-                    );
+                    let held = report.kernel_sources().iter().any(|k| k.source.contains("wgmma.mma_async"));
+                    assert_eq!(held, wgmma, "{what}: does the sm_90 plan hold the wgmma kernel?");
                 }
                 check_f(&got, dtype, &want, 8.0, &what);
             }
