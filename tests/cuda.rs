@@ -424,6 +424,7 @@ fn two_stream_plans_interleaved_read_current_values() -> Result<()> {
 /// GEMM and a kernel, never zero). The CPU launches nothing it counts.
 #[test]
 fn launches_count_every_run_alike_eager_captured_or_replayed() -> Result<()> {
+    let _serial = serial();
     let Some(cuda) = gpu() else { return Ok(()) };
     let cpu = Context::cpu();
     for ctx in [&cuda, &cpu] {
