@@ -42,9 +42,18 @@
 //!   flight during the softmax (FlashAttention-3's overlap within one
 //!   warpgroup) made ptxas serialize every product (C7514) and ran 5-7%
 //!   slower (benches/RESULTS.md, the twenty-fifth measurement).
+//! - Addresses are computed once: each thread's rows, chunks and swizzled
+//!   places in a tile ([`copier`]), and the matrix descriptors, to which a
+//!   tile's or a k-step's offset is added ([`copies`] skips the row checks
+//!   of a tile wholly inside its rows). Computed per copy and per product,
+//!   they kept the integer pipe 60% busy and the tensor cores waiting: the
+//!   same schedule ran 1.02 ms at `[8,16,2048,128]` against 0.60 now (ncu,
+//!   the twenty-sixth measurement, where the tensor pipe is now the
+//!   busiest, at 49%).
 //! - Heads of 128 keep one buffer of values ([`single_values`]): two
 //!   would take 81 KiB a block, and an SM would hold two blocks, not
-//!   three (1.020-1.024 ms against 1.100-1.183 at `[8,16,2048,128]`, the
+//!   three (1.020-1.024 ms against 1.100-1.183 at `[8,16,2048,128]` before
+//!   the addresses above were computed once, the
 //!   twenty-sixth measurement).
 //! - Registers that the products read or write asynchronously (the
 //!   accumulators and the probabilities' fragments) are pinned by empty
@@ -64,7 +73,7 @@
 //! ([`chosen`]).
 //! `tests/ops/attention_wgmma.rs` checks it against f64 on the GPU.
 
-use super::attention::Spec;
+use super::attention::{Spec, Strided};
 use super::attention_mma::{finish_rows, one_tile_rows, online_softmax, store_rows};
 use super::attention_tiles::{self as tiles, THREADS};
 use super::{types, Kernel};
@@ -92,9 +101,9 @@ pub(crate) fn applies(spec: &Spec) -> bool {
 /// Whether an sm_90 device runs `spec` on this kernel: wherever it
 /// [`applies`], unless `KILN_CUDA_WGMMA=0`. It measured faster than the
 /// `mma.sync` kernel on every row of benches/RESULTS.md's attention table
-/// (the twenty-sixth measurement: 0.89x at `[8,16,2048,128]`, 0.77x
-/// causal at `[32,12,512,64]`); the switch keeps the other kernel a
-/// variable away, to compare or to rule this one out.
+/// (the twenty-sixth measurement: 0.52x at `[8,16,2048,128]`, 0.65x at
+/// `[32,12,512,64]`); the switch keeps the other kernel a variable away,
+/// to compare or to rule this one out.
 pub(crate) fn chosen(spec: &Spec) -> bool {
     applies(spec) && std::env::var("KILN_CUDA_WGMMA").as_deref() != Ok("0")
 }
@@ -125,9 +134,13 @@ pub(crate) fn flash_wgmma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     let single = single_values(spec);
     // Double-buffered: two (keys, values) buffers, then the queries.
     // Single values: two key buffers, one value buffer, the queries. Every
-    // part is a whole number of 1024-byte swizzle blocks.
-    let (total, q_at) =
-        if single { (2 * kt + vt + qt, 2 * kt + vt) } else { (2 * (kt + vt) + qt, 2 * (kt + vt)) };
+    // part is a whole number of 1024-byte swizzle blocks. In bytes:
+    let (total, q_at, k_step, v_at, v_step) = if single {
+        (2 * kt + vt + qt, 2 * kt + vt, kt, 2 * kt, 0)
+    } else {
+        (2 * (kt + vt) + qt, 2 * (kt + vt), kt + vt, kt, kt + vt)
+    };
+    let (q_at, k_step, v_at, v_step) = (2 * q_at, 2 * k_step, 2 * v_at, 2 * v_step);
     let mut s = String::new();
     s.push_str("#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)\n");
     s.push_str("#error \"the wgmma attention kernel is compiled for sm_90a only\"\n#endif\n");
@@ -137,37 +150,51 @@ pub(crate) fn flash_wgmma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     } else {
         spec.flash_head(name)
     });
-    s.push_str("  typedef long long I;\n  typedef kiln::u32 U;\n");
+    s.push_str("  typedef long long I;\n  typedef kiln::u32 U;\n  typedef unsigned long long D;\n");
     s.push_str("  const float NEG_INF = __int_as_float(0xff800000);\n");
     // The swizzled tiles start 1024-byte aligned (the swizzle repeats every
-    // 8 rows of 128 bytes, from an aligned address).
+    // 8 rows of 128 bytes, from an aligned address). Shared memory is
+    // addressed by its 32-bit shared-window address from here on.
     let _ = writeln!(s, "  KILN_DYNAMIC_SHARED(unsigned short, smem_raw, {});", total + 512);
-    s.push_str("  unsigned short* const tiles_smem = smem_raw + ((1024u - ((unsigned)__cvta_generic_to_shared(smem_raw) & 1023u)) & 1023u) / 2;\n");
-    let _ = writeln!(s, "  unsigned short* const qs = tiles_smem + {q_at};");
+    s.push_str("  const unsigned raw_at = (unsigned)__cvta_generic_to_shared(smem_raw);\n");
+    s.push_str("  const unsigned tiles = raw_at + ((1024u - (raw_at & 1023u)) & 1023u);\n");
     s.push_str("  const int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, c = lane % 4;\n");
     spec.query_block(&mut s, qblocks, ROWS);
     s.push_str("  const int r0 = w * 16 + g;\n  const int ia = (int)i0 + r0, ib = ia + 8;\n");
     let end =
         if spec.causal { format!("i0 + {ROWS} < {sk} ? i0 + {ROWS} : (I){sk}") } else { format!("(I){sk}") };
     let _ = writeln!(s, "  const I kend = {end};");
+    // Each thread's row, chunk and place in a tile, once: the copies and
+    // descriptors below are these plus constants (an ALU-bound kernel
+    // otherwise, ncu: the integer pipe 60% busy).
+    for part in [Part::Queries, Part::Keys, Part::Values] {
+        copier(&mut s, spec, part);
+    }
+    // Descriptors: the 14-bit start address (16-byte units) is the low
+    // field, so an offset below 256 KiB is added to the whole word.
+    let _ = writeln!(s, "  const D q_desc = {name}_desc(tiles + {q_at}u, 16, 1024);");
+    let _ = writeln!(s, "  const D k_desc = {name}_desc(tiles, 16, 1024);");
+    let _ = writeln!(s, "  const D v_desc = {name}_desc(tiles + {v_at}u, 8192, 1024);");
     // The queries and the first tile's keys (and values).
-    copies(&mut s, spec, Part::Queries, "i0", "qs", "  ");
+    copies(&mut s, name, spec, Part::Queries, "i0", &format!("tiles + {q_at}u"), "  ");
     s.push_str("  if (kend > 0) {\n");
-    copies(&mut s, spec, Part::Keys, "0", "tiles_smem", "    ");
+    copies(&mut s, name, spec, Part::Keys, "0", "tiles", "    ");
     if !single {
-        copies(&mut s, spec, Part::Values, "0", &format!("tiles_smem + {kt}"), "    ");
+        copies(&mut s, name, spec, Part::Values, "0", &format!("tiles + {v_at}u"), "    ");
     }
     s.push_str("  }\n  kiln::cp_async_commit();\n");
     one_tile_rows(&mut s, dv);
     let _ = writeln!(s, "  float sc[{}][4];\n  U pf[4][4];", KEYS / 8);
 
     s.push_str("  for (I j0 = 0; j0 < kend; j0 += 64) {\n");
-    let (stride, v_at) =
-        if single { (kt, format!("tiles_smem + {}", 2 * kt)) } else { (kt + vt, format!("ks + {kt}")) };
-    let _ = writeln!(s, "    unsigned short* const ks = tiles_smem + (int)((j0 / 64) & 1) * {stride};");
-    let _ =
-        writeln!(s, "    unsigned short* const ks_next = tiles_smem + (int)((j0 / 64 + 1) & 1) * {stride};");
-    let _ = writeln!(s, "    unsigned short* const vs = {v_at};");
+    s.push_str("    const unsigned odd = (unsigned)(j0 / 64) & 1u;\n");
+    let _ = writeln!(
+        s,
+        "    const unsigned ks = tiles + odd * {k_step}u, ks_next = tiles + (odd ^ 1u) * {k_step}u;"
+    );
+    if single {
+        let _ = writeln!(s, "    const unsigned vs = tiles + {v_at}u;");
+    }
     s.push_str("    kiln::cp_async_wait<0>();\n");
     s.push_str(
         "    // cp.async writes are the generic proxy's; the tensor cores read through the async one.\n",
@@ -177,32 +204,35 @@ pub(crate) fn flash_wgmma(name: &str, spec: &Spec, lse: bool) -> Kernel {
         s.push_str("    // These keys are visible to the block, and the last tile's products (the\n");
         s.push_str("    // only readers of ks_next and vs) are done: each warp waited for its own.\n");
         s.push_str("    __syncthreads();\n");
-        copies(&mut s, spec, Part::Values, "j0", "vs", "    ");
+        copies(&mut s, name, spec, Part::Values, "j0", "vs", "    ");
         s.push_str("    kiln::cp_async_commit();\n    if (j0 + 64 < kend) {\n");
-        copies(&mut s, spec, Part::Keys, "j0 + 64", "ks_next", "      ");
+        copies(&mut s, name, spec, Part::Keys, "j0 + 64", "ks_next", "      ");
     } else {
         s.push_str("    // This tile is visible to the block, and the last tile's products (the\n");
         s.push_str("    // only readers of the other buffer) are done: each warp waited for its own.\n");
         s.push_str("    __syncthreads();\n");
         s.push_str("    if (j0 + 64 < kend) {\n");
-        copies(&mut s, spec, Part::Keys, "j0 + 64", "ks_next", "      ");
-        copies(&mut s, spec, Part::Values, "j0 + 64", &format!("ks_next + {kt}"), "      ");
+        copies(&mut s, name, spec, Part::Keys, "j0 + 64", "ks_next", "      ");
+        copies(&mut s, name, spec, Part::Values, "j0 + 64", &format!("ks_next + {v_at}u"), "      ");
     }
     s.push_str("    }\n    kiln::cp_async_commit();\n");
     // S = q kᵀ: both operands from shared memory, K-major, a k-step 32
-    // bytes on within a row and the next column block 8 KiB on.
+    // bytes on within a row (2 in descriptor units) and the next column
+    // block 8 KiB on (512).
+    s.push_str("    const D kd = k_desc + (D)((odd * ");
+    let _ = write!(s, "{k_step}u) >> 4);\n");
     s.push_str("    asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n");
     let _ = writeln!(s, "    #pragma unroll\n    for (int kk = 0; kk < {}; ++kk)", d / 16);
     let _ = writeln!(
         s,
-        "      {name}_scores(sc, {name}_desc(qs + (kk / 4) * 4096 + (kk % 4) * 16, 16, 1024), {name}_desc(ks + (kk / 4) * 4096 + (kk % 4) * 16, 16, 1024), kk > 0);"
+        "      {name}_scores(sc, q_desc + (D)((kk / 4) * 512 + (kk % 4) * 2), kd + (D)((kk / 4) * 512 + (kk % 4) * 2), kk > 0);"
     );
     s.push_str("    asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n");
     wait(&mut s, 0, "    ");
     fence_operands(&mut s, "sc", KEYS / 8, "f", "    ");
     online_softmax(&mut s, spec, 1, KEYS);
     // p · v: keys 16kk .. 16kk + 15 are two 8-key groups of the scores;
-    // the values read MN-major, a k-step of 16 keys 2 KiB on.
+    // the values read MN-major, a k-step of 16 keys 2 KiB on (128 units).
     s.push_str("    #pragma unroll\n    for (int kk = 0; kk < 4; ++kk) {\n");
     let _ = writeln!(s, "      pf[kk][0] = kiln::pack2(sc[2 * kk][0], sc[2 * kk][1], {tag});");
     let _ = writeln!(s, "      pf[kk][1] = kiln::pack2(sc[2 * kk][2], sc[2 * kk][3], {tag});");
@@ -218,9 +248,11 @@ pub(crate) fn flash_wgmma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     // the products start, and nothing touches them until their wait.
     fence_operands(&mut s, "pf", 4, "r", "    ");
     fence_operands(&mut s, "o", dv / 8, "f", "    ");
+    s.push_str("    const D vd = v_desc + (D)((odd * ");
+    let _ = write!(s, "{v_step}u) >> 4);\n");
     s.push_str("    asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n");
     s.push_str("    #pragma unroll\n    for (int kk = 0; kk < 4; ++kk)\n");
-    let _ = writeln!(s, "      {name}_values(o, pf[kk], {name}_desc(vs + kk * 1024, 8192, 1024), 1);");
+    let _ = writeln!(s, "      {name}_values(o, pf[kk], vd + (D)(kk * 128), 1);");
     s.push_str("    asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n");
     wait(&mut s, 0, "    ");
     fence_operands(&mut s, "o", dv / 8, "f", "    ");
@@ -243,26 +275,59 @@ enum Part {
     Values,
 }
 
-/// 64 rows `start ..` of the queries, keys or values (zeros past their
-/// end) by `cp.async` into the tile at `buf`, in the swizzled layout of
-/// the module docs.
-fn copies(s: &mut String, spec: &Spec, part: Part, start: &str, buf: &str, ind: &str) {
-    let (x, strided, n, len) = match part {
+/// The rows, chunks and sizes of [`copies`] of `part`: `(x, strided,
+/// row length, rows)`.
+fn part_of(spec: &Spec, part: Part) -> (&'static str, &Strided, usize, usize) {
+    match part {
         Part::Queries => ("q", &spec.q, spec.d, spec.sq),
         Part::Keys => ("k", &spec.k, spec.d, spec.sk),
         Part::Values => ("v", &spec.v, spec.dv, spec.sk),
-    };
+    }
+}
+
+/// Declares what each thread's copies of `part` start from: a thread
+/// copies chunk `xc` (16 bytes) of rows `xr`, `xr + THREADS / per`, ...
+/// of a tile, to byte `x_at` (then a constant step) of it in the swizzled
+/// layout of the module docs (the rows it copies differ by a multiple of
+/// 8, so the swizzle's `(c ^ r) % 8` is the same for each), and from
+/// `xg`, its chunk of row 0.
+fn copier(s: &mut String, spec: &Spec, part: Part) {
+    let (x, strided, n, _) = part_of(spec, part);
+    let st = types::storage(spec.dtype);
     let per = n / 8;
-    let _ = writeln!(s, "{ind}#pragma unroll 4\n{ind}for (int e = t; e < {}; e += {THREADS}) {{", KEYS * per);
-    let _ = writeln!(s, "{ind}  const int r = e / {per}, c = e % {per};");
-    let _ = writeln!(s, "{ind}  const I j = {start} + r;");
+    let _ = writeln!(s, "  const int {x}r = t / {per}, {x}c = t % {per};");
     // Columns of 64 elements a block of 64 rows (8 KiB), 128 bytes a row,
     // chunk c of row r at chunk (c ^ r) % 8 of it: the 128-byte swizzle.
-    let _ = writeln!(s, "{ind}  const int at = (c / 8) * 4096 + r * 64 + ((c ^ r) & 7) * 8;");
+    let _ =
+        writeln!(s, "  const unsigned {x}_at = ({x}c / 8) * 8192 + {x}r * 128 + (({x}c ^ {x}r) & 7) * 16;");
+    let _ =
+        writeln!(s, "  const {st}* const {x}g = {x} + {};", strided.at("b", "h", "0", &format!("{x}c * 8")));
+}
+
+/// 64 rows `start ..` of the queries, keys or values (zeros past their
+/// end) by `cp.async` into the tile at shared address `buf` (see
+/// [`copier`]); a tile wholly inside the rows skips the checks.
+fn copies(s: &mut String, name: &str, spec: &Spec, part: Part, start: &str, buf: &str, ind: &str) {
+    let (x, strided, n, len) = part_of(spec, part);
+    let st = types::storage(spec.dtype);
+    let rows = THREADS / (n / 8);
+    let passes = KEYS / rows;
+    let rs = strided.strides[2];
+    let _ = writeln!(s, "{ind}{{\n{ind}  const I j = {start} + {x}r;");
+    let _ = writeln!(s, "{ind}  const {st}* const p = {x}g + j * {rs}LL;");
+    let _ = writeln!(s, "{ind}  const unsigned at = {buf} + {x}_at;");
+    let _ = writeln!(s, "{ind}  if ({start} + 64 <= {len}) {{\n{ind}    #pragma unroll\n{ind}    for (int i = 0; i < {passes}; ++i)");
+    let _ = writeln!(s, "{ind}      {name}_copy16(at + i * {}u, p + i * {}LL, 16);", rows * 128, rows * rs);
     let _ = writeln!(
         s,
-        "{ind}  kiln::cp_async16(&({buf})[at], &{x}[{}], j < {len});\n{ind}}}",
-        strided.at("b", "h", &format!("(j < {len} ? j : 0)"), "c * 8")
+        "{ind}  }} else {{\n{ind}    #pragma unroll\n{ind}    for (int i = 0; i < {passes}; ++i) {{"
+    );
+    let _ = writeln!(s, "{ind}      const bool in = j + i * {rows} < {len};");
+    let _ = writeln!(
+        s,
+        "{ind}      {name}_copy16(at + i * {}u, in ? p + i * {}LL : {x}g, in ? 16 : 0);\n{ind}    }}\n{ind}  }}\n{ind}}}",
+        rows * 128,
+        rows * rs
     );
 }
 
@@ -286,18 +351,23 @@ fn fence_operands(s: &mut String, x: &str, groups: usize, kind: &str, ind: &str)
 }
 
 /// The kernel's `wgmma` helpers, named after it (a program compiles
-/// several kernels): the shared-memory matrix descriptor (128-byte
-/// swizzle; byte offsets in 16-byte units), the score product (both
+/// several kernels): the shared-memory matrix descriptor of a shared
+/// address (128-byte swizzle; byte offsets in 16-byte units), a 16-byte
+/// `cp.async` to a shared address, the score product (both
 /// operands from shared memory) and the value product (A, the
 /// probabilities, from registers).
 fn helpers(s: &mut String, name: &str, ab: &str, dv: usize) {
     let _ = writeln!(
         s,
-        "__device__ __forceinline__ unsigned long long {name}_desc(const unsigned short* p, unsigned lead, unsigned stride) {{"
+        "__device__ __forceinline__ unsigned long long {name}_desc(unsigned at, unsigned lead, unsigned stride) {{"
     );
-    s.push_str("  const unsigned at = (unsigned)__cvta_generic_to_shared(p);\n");
     s.push_str("  return (unsigned long long)((at >> 4) & 0x3fffu) | ((unsigned long long)((lead >> 4) & 0x3fffu) << 16)\n");
     s.push_str("       | ((unsigned long long)((stride >> 4) & 0x3fffu) << 32) | (1ull << 62);\n}\n");
+    let _ = writeln!(
+        s,
+        "__device__ __forceinline__ void {name}_copy16(unsigned at, const void* g, int bytes) {{"
+    );
+    s.push_str("  asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, %2;\" :: \"r\"(at), \"l\"(g), \"r\"(bytes));\n}\n");
     product(s, &format!("{name}_scores"), ab, KEYS, Operands::Shared);
     product(s, &format!("{name}_values"), ab, dv, Operands::RegistersTransposedB);
 }
