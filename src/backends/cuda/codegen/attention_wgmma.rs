@@ -219,8 +219,7 @@ pub(crate) fn flash_wgmma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     // S = q kᵀ: both operands from shared memory, K-major, a k-step 32
     // bytes on within a row (2 in descriptor units) and the next column
     // block 8 KiB on (512).
-    s.push_str("    const D kd = k_desc + (D)((odd * ");
-    let _ = write!(s, "{k_step}u) >> 4);\n");
+    let _ = writeln!(s, "    const D kd = k_desc + (D)((odd * {k_step}u) >> 4);");
     s.push_str("    asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n");
     let _ = writeln!(s, "    #pragma unroll\n    for (int kk = 0; kk < {}; ++kk)", d / 16);
     let _ = writeln!(
@@ -248,8 +247,7 @@ pub(crate) fn flash_wgmma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     // the products start, and nothing touches them until their wait.
     fence_operands(&mut s, "pf", 4, "r", "    ");
     fence_operands(&mut s, "o", dv / 8, "f", "    ");
-    s.push_str("    const D vd = v_desc + (D)((odd * ");
-    let _ = write!(s, "{v_step}u) >> 4);\n");
+    let _ = writeln!(s, "    const D vd = v_desc + (D)((odd * {v_step}u) >> 4);");
     s.push_str("    asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n");
     s.push_str("    #pragma unroll\n    for (int kk = 0; kk < 4; ++kk)\n");
     let _ = writeln!(s, "      {name}_values(o, pf[kk], vd + (D)(kk * 128), 1);");
