@@ -265,7 +265,7 @@ pub(crate) fn flash_wgmma(name: &str, spec: &Spec, lse: bool) -> Kernel {
 /// Which tile [`copies`] fills.
 #[derive(Clone, Copy, PartialEq)]
 enum Part {
-    /// The block's 64 query rows (zeros past the queries), into `qs`.
+    /// The block's 64 query rows (zeros past the queries).
     Queries,
     /// A tile of keys.
     Keys,
