@@ -142,8 +142,6 @@ pub(crate) fn flash_wgmma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     };
     let (q_at, k_step, v_at, v_step) = (2 * q_at, 2 * k_step, 2 * v_at, 2 * v_step);
     let mut s = String::new();
-    s.push_str("#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)\n");
-    s.push_str("#error \"the wgmma attention kernel is compiled for sm_90a only\"\n#endif\n");
     helpers(&mut s, name, ab, dv);
     s.push_str(&if lse {
         spec.flash_head_with(name, &["float* __restrict__ lse"])
@@ -168,7 +166,7 @@ pub(crate) fn flash_wgmma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     // descriptors below are these plus constants (an ALU-bound kernel
     // otherwise, ncu: the integer pipe 60% busy).
     for part in [Part::Queries, Part::Keys, Part::Values] {
-        copier(&mut s, spec, part);
+        copier(&mut s, dtype, part_of(spec, part));
     }
     // Descriptors: the 14-bit start address (16-byte units) is the low
     // field, so an offset below 256 KiB is added to the whole word.
@@ -176,11 +174,11 @@ pub(crate) fn flash_wgmma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     let _ = writeln!(s, "  const D k_desc = {name}_desc(tiles, 16, 1024);");
     let _ = writeln!(s, "  const D v_desc = {name}_desc(tiles + {v_at}u, 8192, 1024);");
     // The queries and the first tile's keys (and values).
-    copies(&mut s, name, spec, Part::Queries, "i0", &format!("tiles + {q_at}u"), "  ");
+    copies(&mut s, name, dtype, part_of(spec, Part::Queries), "i0", &format!("tiles + {q_at}u"), "  ");
     s.push_str("  if (kend > 0) {\n");
-    copies(&mut s, name, spec, Part::Keys, "0", "tiles", "    ");
+    copies(&mut s, name, dtype, part_of(spec, Part::Keys), "0", "tiles", "    ");
     if !single {
-        copies(&mut s, name, spec, Part::Values, "0", &format!("tiles + {v_at}u"), "    ");
+        copies(&mut s, name, dtype, part_of(spec, Part::Values), "0", &format!("tiles + {v_at}u"), "    ");
     }
     s.push_str("  }\n  kiln::cp_async_commit();\n");
     one_tile_rows(&mut s, dv);
@@ -204,16 +202,24 @@ pub(crate) fn flash_wgmma(name: &str, spec: &Spec, lse: bool) -> Kernel {
         s.push_str("    // These keys are visible to the block, and the last tile's products (the\n");
         s.push_str("    // only readers of ks_next and vs) are done: each warp waited for its own.\n");
         s.push_str("    __syncthreads();\n");
-        copies(&mut s, name, spec, Part::Values, "j0", "vs", "    ");
+        copies(&mut s, name, dtype, part_of(spec, Part::Values), "j0", "vs", "    ");
         s.push_str("    kiln::cp_async_commit();\n    if (j0 + 64 < kend) {\n");
-        copies(&mut s, name, spec, Part::Keys, "j0 + 64", "ks_next", "      ");
+        copies(&mut s, name, dtype, part_of(spec, Part::Keys), "j0 + 64", "ks_next", "      ");
     } else {
         s.push_str("    // This tile is visible to the block, and the last tile's products (the\n");
         s.push_str("    // only readers of the other buffer) are done: each warp waited for its own.\n");
         s.push_str("    __syncthreads();\n");
         s.push_str("    if (j0 + 64 < kend) {\n");
-        copies(&mut s, name, spec, Part::Keys, "j0 + 64", "ks_next", "      ");
-        copies(&mut s, name, spec, Part::Values, "j0 + 64", &format!("ks_next + {v_at}u"), "      ");
+        copies(&mut s, name, dtype, part_of(spec, Part::Keys), "j0 + 64", "ks_next", "      ");
+        copies(
+            &mut s,
+            name,
+            dtype,
+            part_of(spec, Part::Values),
+            "j0 + 64",
+            &format!("ks_next + {v_at}u"),
+            "      ",
+        );
     }
     s.push_str("    }\n    kiln::cp_async_commit();\n");
     // S = q kᵀ: both operands from shared memory, K-major, a k-step 32
@@ -262,7 +268,7 @@ pub(crate) fn flash_wgmma(name: &str, spec: &Spec, lse: bool) -> Kernel {
     Kernel::new(name, s, grid as u32, THREADS as u32, spec.flash_reads()).with_shared(2 * total + 1024)
 }
 
-/// Which tile [`copies`] fills.
+/// Which tile of the forward [`copies`] fills.
 #[derive(Clone, Copy, PartialEq)]
 enum Part {
     /// The block's 64 query rows (zeros past the queries).
@@ -273,25 +279,35 @@ enum Part {
     Values,
 }
 
-/// The rows, chunks and sizes of [`copies`] of `part`: `(x, strided,
-/// row length, rows)`.
-fn part_of(spec: &Spec, part: Part) -> (&'static str, &Strided, usize, usize) {
+/// The rows the forward copies for `part`.
+fn part_of(spec: &Spec, part: Part) -> Rows<'_> {
     match part {
-        Part::Queries => ("q", &spec.q, spec.d, spec.sq),
-        Part::Keys => ("k", &spec.k, spec.d, spec.sk),
-        Part::Values => ("v", &spec.v, spec.dv, spec.sk),
+        Part::Queries => Rows { x: "q", strided: &spec.q, n: spec.d, len: spec.sq },
+        Part::Keys => Rows { x: "k", strided: &spec.k, n: spec.d, len: spec.sk },
+        Part::Values => Rows { x: "v", strided: &spec.v, n: spec.dv, len: spec.sk },
     }
 }
 
-/// Declares what each thread's copies of `part` start from: a thread
+/// A `[b, h, len, n]` operand that tiles of 64 of its rows are copied
+/// from into the swizzled layout: its parameter's name `x` in the kernel
+/// (`b` and `h` in scope), strides, row length (64 or 128) and rows.
+#[derive(Clone, Copy)]
+pub(super) struct Rows<'a> {
+    pub x: &'static str,
+    pub strided: &'a Strided,
+    pub n: usize,
+    pub len: usize,
+}
+
+/// Declares what each thread's copies of `rows` start from: a thread
 /// copies chunk `xc` (16 bytes) of rows `xr`, `xr + THREADS / per`, ...
 /// of a tile, to byte `x_at` (then a constant step) of it in the swizzled
 /// layout of the module docs (the rows it copies differ by a multiple of
 /// 8, so the swizzle's `(c ^ r) % 8` is the same for each), and from
 /// `xg`, its chunk of row 0.
-fn copier(s: &mut String, spec: &Spec, part: Part) {
-    let (x, strided, n, _) = part_of(spec, part);
-    let st = types::storage(spec.dtype);
+pub(super) fn copier(s: &mut String, dtype: DType, rows: Rows<'_>) {
+    let Rows { x, strided, n, .. } = rows;
+    let st = types::storage(dtype);
     let per = n / 8;
     let _ = writeln!(s, "  const int {x}r = t / {per}, {x}c = t % {per};");
     // Columns of 64 elements a block of 64 rows (8 KiB), 128 bytes a row,
@@ -302,36 +318,44 @@ fn copier(s: &mut String, spec: &Spec, part: Part) {
         writeln!(s, "  const {st}* const {x}g = {x} + {};", strided.at("b", "h", "0", &format!("{x}c * 8")));
 }
 
-/// 64 rows `start ..` of the queries, keys or values (zeros past their
-/// end) by `cp.async` into the tile at shared address `buf` (see
-/// [`copier`]); a tile wholly inside the rows skips the checks.
-fn copies(s: &mut String, name: &str, spec: &Spec, part: Part, start: &str, buf: &str, ind: &str) {
-    let (x, strided, n, len) = part_of(spec, part);
-    let st = types::storage(spec.dtype);
-    let rows = THREADS / (n / 8);
-    let passes = KEYS / rows;
+/// 64 rows `start ..` of `rows` (zeros past their end) by `cp.async` into
+/// the tile at shared address `buf` (see [`copier`]); a tile wholly inside
+/// the rows skips the checks.
+pub(super) fn copies(
+    s: &mut String,
+    name: &str,
+    dtype: DType,
+    rows: Rows<'_>,
+    start: &str,
+    buf: &str,
+    ind: &str,
+) {
+    let Rows { x, strided, n, len } = rows;
+    let st = types::storage(dtype);
+    let step = THREADS / (n / 8);
+    let passes = KEYS / step;
     let rs = strided.strides[2];
     let _ = writeln!(s, "{ind}{{\n{ind}  const I j = {start} + {x}r;");
     let _ = writeln!(s, "{ind}  const {st}* const p = {x}g + j * {rs}LL;");
     let _ = writeln!(s, "{ind}  const unsigned at = {buf} + {x}_at;");
     let _ = writeln!(s, "{ind}  if ({start} + 64 <= {len}) {{\n{ind}    #pragma unroll\n{ind}    for (int i = 0; i < {passes}; ++i)");
-    let _ = writeln!(s, "{ind}      {name}_copy16(at + i * {}u, p + i * {}LL, 16);", rows * 128, rows * rs);
+    let _ = writeln!(s, "{ind}      {name}_copy16(at + i * {}u, p + i * {}LL, 16);", step * 128, step * rs);
     let _ = writeln!(
         s,
         "{ind}  }} else {{\n{ind}    #pragma unroll\n{ind}    for (int i = 0; i < {passes}; ++i) {{"
     );
-    let _ = writeln!(s, "{ind}      const bool in = j + i * {rows} < {len};");
+    let _ = writeln!(s, "{ind}      const bool in = j + i * {step} < {len};");
     let _ = writeln!(
         s,
         "{ind}      {name}_copy16(at + i * {}u, in ? p + i * {}LL : {x}g, in ? 16 : 0);\n{ind}    }}\n{ind}  }}\n{ind}}}",
-        rows * 128,
-        rows * rs
+        step * 128,
+        step * rs
     );
 }
 
 /// Waits until at most `pending` groups of this warpgroup's products are
 /// in flight.
-fn wait(s: &mut String, pending: usize, ind: &str) {
+pub(super) fn wait(s: &mut String, pending: usize, ind: &str) {
     let _ = writeln!(s, "{ind}asm volatile(\"wgmma.wait_group.sync.aligned {pending};\" ::: \"memory\");");
 }
 
@@ -340,7 +364,7 @@ fn wait(s: &mut String, pending: usize, ind: &str) {
 /// asynchronous products' issue and wait, which do not name them: the
 /// accumulators, and the A fragments, whose registers must not be reused
 /// before the products that read them are done.
-fn fence_operands(s: &mut String, x: &str, groups: usize, kind: &str, ind: &str) {
+pub(super) fn fence_operands(s: &mut String, x: &str, groups: usize, kind: &str, ind: &str) {
     let _ = writeln!(s, "{ind}#pragma unroll\n{ind}for (int n = 0; n < {groups}; ++n)");
     let _ = writeln!(
         s,
@@ -355,6 +379,18 @@ fn fence_operands(s: &mut String, x: &str, groups: usize, kind: &str, ind: &str)
 /// operands from shared memory) and the value product (A, the
 /// probabilities, from registers).
 fn helpers(s: &mut String, name: &str, ab: &str, dv: usize) {
+    addressing(s, name);
+    product(s, &format!("{name}_scores"), ab, KEYS, Operands::Shared);
+    product(s, &format!("{name}_values"), ab, dv, Operands::RegistersTransposedB);
+}
+
+/// The opening of a `wgmma` kernel's source: the error that keeps it off
+/// targets other than sm_90a, the shared-memory matrix descriptor of a
+/// shared address (128-byte swizzle; byte offsets in 16-byte units) and a
+/// 16-byte `cp.async` to a shared address, named after the kernel.
+pub(super) fn addressing(s: &mut String, name: &str) {
+    s.push_str("#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)\n");
+    s.push_str("#error \"the wgmma attention kernel is compiled for sm_90a only\"\n#endif\n");
     let _ = writeln!(
         s,
         "__device__ __forceinline__ unsigned long long {name}_desc(unsigned at, unsigned lead, unsigned stride) {{"
@@ -366,15 +402,13 @@ fn helpers(s: &mut String, name: &str, ab: &str, dv: usize) {
         "__device__ __forceinline__ void {name}_copy16(unsigned at, const void* g, int bytes) {{"
     );
     s.push_str("  asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, %2;\" :: \"r\"(at), \"l\"(g), \"r\"(bytes));\n}\n");
-    product(s, &format!("{name}_scores"), ab, KEYS, Operands::Shared);
-    product(s, &format!("{name}_values"), ab, dv, Operands::RegistersTransposedB);
 }
 
 /// Where a product's operands are: both in shared memory, K-major (the
 /// scores: queries and keys), or A in registers and B MN-major in shared
 /// memory (the values).
 #[derive(Clone, Copy, PartialEq)]
-enum Operands {
+pub(super) enum Operands {
     Shared,
     RegistersTransposedB,
 }
@@ -382,7 +416,7 @@ enum Operands {
 /// `D (+)= A B` for a warpgroup: `m64nNk16`, f32 accumulators `d[N / 8][4]`,
 /// B (and A, where [`Operands::Shared`]) by descriptor, and D accumulated
 /// where `accumulate` is nonzero (else D = A B).
-fn product(s: &mut String, fname: &str, ab: &str, n: usize, operands: Operands) {
+pub(super) fn product(s: &mut String, fname: &str, ab: &str, n: usize, operands: Operands) {
     let regs = n / 2;
     let a_param = match operands {
         Operands::Shared => "unsigned long long a",

@@ -31,6 +31,7 @@ pub(crate) mod attention_decode;
 pub(crate) mod attention_grad;
 pub(crate) mod attention_grad_ds;
 mod attention_grad_split;
+pub(crate) mod attention_grad_wgmma;
 pub(crate) mod attention_mma;
 pub(crate) mod attention_simt;
 pub(crate) mod attention_tf32;

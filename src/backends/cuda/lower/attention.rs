@@ -12,7 +12,9 @@ use crate::backends::cuda::codegen::attention::{flash, flash_with_lse, Spec, Str
 use crate::backends::cuda::codegen::attention_grad::{self, GradSpec};
 use crate::backends::cuda::codegen::attention_grad_ds::{self, DsLayout};
 use crate::backends::cuda::codegen::ops;
-use crate::backends::cuda::codegen::{attention_decode, attention_simt, attention_wgmma, index_add};
+use crate::backends::cuda::codegen::{
+    attention_decode, attention_grad_wgmma, attention_simt, attention_wgmma, index_add,
+};
 use crate::backends::cuda::program::{IndexCheck, Launch, Loc, Region};
 use crate::ir::{AttnLayout, AttnMask, AttnWrt, DType, NodeId, Shape};
 
@@ -227,7 +229,7 @@ impl Lowering<'_> {
         // batch-major; a broadcast mask's batch stride is 0).
         let group = GradSpec { attn: Spec { batch: ds.batches, ..spec.attn.clone() }, ..spec.clone() };
         let scratch = self.transient(ds.bytes());
-        let kv = self.add_kernel("attention_grad", |n| Ok(attention_grad::grad_kv(n, &group, Some(&ds))))?;
+        let kv = self.kv_kernel(&group, Some(&ds))?;
         let q = self.add_kernel("attention_grad", |n| Ok(attention_grad_ds::grad_q(n, &group, &ds)))?;
         let (batch, esize) = (spec.attn.batch.max(1), spec.attn.dtype.size() as u64);
         let (kv_batch, q_batch) = if packed {
@@ -262,7 +264,20 @@ impl Lowering<'_> {
 
     /// The `wrt=q` or `wrt=kv` kernel for `spec`.
     fn grad_kernel(&mut self, spec: &GradSpec, wrt: AttnWrt) -> Result<usize, String> {
+        if wrt == AttnWrt::KeyValue {
+            return self.kv_kernel(spec, None);
+        }
         self.add_kernel("attention_grad", |n| attention_grad::grad(n, spec, wrt))
+    }
+
+    /// The `dk, dv` kernel for `spec` (storing `dSᵀ` in `ds`'s layout, with
+    /// one): on an sm_90 device the `wgmma` kernel where
+    /// `attention_grad_wgmma::chosen` says so, else the `mma.sync` one.
+    fn kv_kernel(&mut self, spec: &GradSpec, ds: Option<&DsLayout>) -> Result<usize, String> {
+        if self.hopper && attention_grad_wgmma::chosen(spec) {
+            return self.add_kernel("attention_grad", |n| Ok(attention_grad_wgmma::grad_kv(n, spec, ds)));
+        }
+        self.add_kernel("attention_grad", |n| Ok(attention_grad::grad_kv(n, spec, ds)))
     }
 
     /// One launch of `kernel`, writing `out` and reading `vals`.

@@ -1,0 +1,212 @@
+//! The Hopper attention backward's `dk, dv` kernel: `attention_grad.rs`'s
+//! schedule (a block owns 64 keys and walks the query tiles that see
+//! them) with its four products on `wgmma`, for f16 and bf16 heads of 64
+//! and 128 on sm_90 devices. It is where the backward's time went: at
+//! `[8, 16, 2048, 128]` the `mma.sync` kernel took 2.92 ms of the
+//! backward's 3.6 (255 registers and spills; the `dq` kernel reading its
+//! stored `dSᵀ` 0.70), against 2.6 for FlashAttention-2's whole backward
+//! (benches/RESULTS.md, the twenty-fourth measurement).
+//!
+//! - A block is one warpgroup (128 threads); its 64 keys are the rows of
+//!   every accumulator (`m64nNk16`), 16 a warp, so the per-thread layout
+//!   is `mma.sync`'s and the masks, probabilities and `dSᵀ` stores are
+//!   `attention_grad.rs`'s own ([`probabilities_t`], [`DsLayout::stores`],
+//!   [`store_dkv`]).
+//! - The block's keys and values are copied once into shared memory, and
+//!   each query tile's queries and output gradients into one of two
+//!   buffers, all in `attention_wgmma.rs`'s 128-byte swizzled layout. One
+//!   tile of queries serves two products: `Sᵀ = k qᵀ` reads it K-major
+//!   (its rows are the product's columns), `dk += dSᵀ q` MN-major (its
+//!   rows are the k-steps), as the forward reads its keys and values; the
+//!   output gradients likewise serve `dPᵀ = v gᵀ` and `dv += Pᵀ g`.
+//! - Per query tile: wait for its copies, `fence.proxy.async`, one barrier
+//!   (which also frees the other buffer: each warp waited for its own
+//!   products), the next tile's copies and its rows' lse and delta into
+//!   the other buffer, then `Sᵀ` and `dPᵀ` (both operands from shared
+//!   memory, waited for together), `Pᵀ` and `dSᵀ` in registers, packed to
+//!   the input type as the A fragments of `dv += Pᵀ g` and `dk += dSᵀ q`
+//!   (waited for together); with a `dSᵀ` scratch, the packed `dSᵀ` is
+//!   stored for `attention_grad_ds.rs`'s `dq` kernel as the `mma.sync`
+//!   kernel stores it.
+//! - Shared memory: keys and values once and two buffers of queries and
+//!   gradients, 96 KiB at heads of 128 (two blocks an SM; their
+//!   accumulators, 128 registers a thread, keep a third off anyway), 48
+//!   KiB at 64.
+//!
+//! The emulator has no `wgmma`: the lowering takes this kernel only on an
+//! sm_90 device ([`chosen`]); `tests/ops/attention_wgmma.rs` checks it
+//! against f64 on the GPU, and its child process with `KILN_CUDA_WGMMA=0`
+//! the `mma.sync` kernels.
+//!
+//! [`DsLayout::stores`]: super::attention_grad_ds::DsLayout::stores
+
+use super::attention::Spec;
+use super::attention_grad::{
+    block_rows, probabilities_t, row_stats_tile, store_dkv, zero_accumulator, GradSpec,
+};
+use super::attention_grad_ds::DsLayout;
+use super::attention_tiles::{self as tiles, THREADS, TILE};
+use super::attention_wgmma::{
+    self as wgmma, addressing, copier, copies, fence_operands, product, wait, Operands, Rows,
+};
+use super::{types, Kernel};
+use crate::ir::DType;
+use std::fmt::Write;
+
+/// Whether the kernel takes `spec`: where the forward's `wgmma` kernel
+/// does (f16 or bf16, heads of 64 or 128, rows read 16 bytes at a time),
+/// the output gradient read 16 bytes at a time too.
+pub(crate) fn applies(spec: &GradSpec) -> bool {
+    wgmma::applies(&spec.attn) && tiles::vectorized(&spec.g, spec.attn.dv)
+}
+
+/// Whether an sm_90 device runs `spec`'s `dk, dv` on this kernel:
+/// wherever it [`applies`], unless `KILN_CUDA_WGMMA=0` (which keeps every
+/// attention on `mma.sync`) or `KILN_CUDA_WGMMA_GRAD=0` (the backward
+/// only, to compare the two side by side).
+pub(crate) fn chosen(spec: &GradSpec) -> bool {
+    let off = |var: &str| std::env::var(var).as_deref() == Ok("0");
+    applies(spec) && !off("KILN_CUDA_WGMMA") && !off("KILN_CUDA_WGMMA_GRAD")
+}
+
+/// The `dk, dv` kernel for `spec` (which [`applies`]); with `ds`, it also
+/// stores each tile's `dSᵀ` for `attention_grad_ds.rs`'s `dq` kernel.
+pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Kernel {
+    let Spec { dtype, sq, sk, d, dv, .. } = spec.attn;
+    let st = types::storage(dtype);
+    let tag = format!("{st}()");
+    let ab = if dtype == DType::BF16 { "bf16" } else { "f16" };
+    // Bytes: the keys, the values, then two buffers of (queries, gradients);
+    // every part a whole number of 1024-byte swizzle blocks.
+    let (kt, vt) = (2 * TILE * d, 2 * TILE * dv);
+    let (v_at, q_at) = (kt, kt + vt);
+    let (g_at, step) = (q_at + kt, kt + vt);
+    let total = q_at + 2 * step;
+    let mut s = String::new();
+    addressing(&mut s, name);
+    product(&mut s, &format!("{name}_scores"), ab, TILE, Operands::Shared);
+    product(&mut s, &format!("{name}_dv"), ab, dv, Operands::RegistersTransposedB);
+    if d != dv {
+        product(&mut s, &format!("{name}_dk"), ab, d, Operands::RegistersTransposedB);
+    }
+    let dk_product = if d != dv { format!("{name}_dk") } else { format!("{name}_dv") };
+    s.push_str(&spec.kv_head(name, ds.is_some()));
+    s.push_str("  typedef unsigned long long D;\n");
+    let _ = writeln!(s, "  KILN_DYNAMIC_SHARED(unsigned short, smem_raw, {});", total / 2 + 512);
+    s.push_str("  const unsigned raw_at = (unsigned)__cvta_generic_to_shared(smem_raw);\n");
+    s.push_str("  const unsigned tiles = raw_at + ((1024u - (raw_at & 1023u)) & 1023u);\n");
+    // Each buffer's rows' lse (log2 units) and delta.
+    let _ = writeln!(s, "  __shared__ float slse[{}], sdl[{}];", 2 * TILE, 2 * TILE);
+    let grid = block_rows(&mut s, spec, sk, true);
+    let keys = Rows { x: "k", strided: &spec.attn.k, n: d, len: sk };
+    let values = Rows { x: "v", strided: &spec.attn.v, n: dv, len: sk };
+    let queries = Rows { x: "q", strided: &spec.attn.q, n: d, len: sq };
+    let grads = Rows { x: "dout", strided: &spec.g, n: dv, len: sq };
+    for rows in [keys, values, queries, grads] {
+        copier(&mut s, dtype, rows);
+    }
+    // K-major descriptors for the score products (A: the block's keys or
+    // values; B: a tile of queries or gradients), MN-major for the
+    // gradient products' B (a k-step of 16 queries is 2 KiB on).
+    for (x, at, lead) in [
+        ("k", 0, 16),
+        ("v", v_at, 16),
+        ("q", q_at, 16),
+        ("g", g_at, 16),
+        ("qt", q_at, 8192),
+        ("gt", g_at, 8192),
+    ] {
+        let _ = writeln!(s, "  const D {x}_desc = {name}_desc(tiles + {at}u, {lead}, 1024);");
+    }
+    copies(&mut s, name, dtype, keys, "r_start", "tiles", "  ");
+    copies(&mut s, name, dtype, values, "r_start", &format!("tiles + {v_at}u"), "  ");
+    // Causal: query i sees key j <= i, so the rows before the block's
+    // first key see none of its keys.
+    let start = if spec.attn.causal { "r_start / 64 * 64" } else { "0" };
+    let _ = writeln!(s, "  const I q_start = {start};\n  if (q_start < {sq}) {{");
+    copies(&mut s, name, dtype, queries, "q_start", &format!("tiles + {q_at}u"), "    ");
+    copies(&mut s, name, dtype, grads, "q_start", &format!("tiles + {g_at}u"), "    ");
+    s.push_str("  }\n  kiln::cp_async_commit();\n");
+    row_stats_tile(&mut s, sq, "0", "q_start");
+    let _ = writeln!(s, "  float dk[{}][4], dvv[{}][4];", d / 8, dv / 8);
+    zero_accumulator(&mut s, "dk", d / 8);
+    zero_accumulator(&mut s, "dvv", dv / 8);
+    let _ = writeln!(s, "  float sc[{}][4], dp[{}][4];\n  U pf[4][4], dsf[4][4];", TILE / 8, TILE / 8);
+
+    let _ = writeln!(s, "  for (I i0 = q_start; i0 < {sq}; i0 += 64) {{");
+    s.push_str("    const unsigned odd = (unsigned)((i0 - q_start) / 64) & 1u;\n");
+    s.push_str("    kiln::cp_async_wait<0>();\n");
+    s.push_str(
+        "    // cp.async writes are the generic proxy's; the tensor cores read through the async one.\n",
+    );
+    s.push_str("    asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");\n");
+    s.push_str("    // This tile and its stats are visible to the block, and the last tile's\n");
+    s.push_str("    // products (the only readers of the other buffer) are done.\n");
+    s.push_str("    __syncthreads();\n");
+    let _ = writeln!(s, "    const unsigned next = tiles + (odd ^ 1u) * {step}u;");
+    let _ = writeln!(s, "    if (i0 + 64 < {sq}) {{");
+    copies(&mut s, name, dtype, queries, "i0 + 64", &format!("next + {q_at}u"), "      ");
+    copies(&mut s, name, dtype, grads, "i0 + 64", &format!("next + {g_at}u"), "      ");
+    let mut stats = String::new();
+    row_stats_tile(&mut stats, sq, "(odd ^ 1u)", "i0 + 64");
+    tiles::indent(&mut s, "    ", &stats);
+    s.push_str("    }\n    kiln::cp_async_commit();\n");
+    s.push_str(
+        "    const float* const lse_t = slse + odd * 64;\n    const float* const dl_t = sdl + odd * 64;\n",
+    );
+    let _ = writeln!(s, "    const D at = (D)((odd * {step}u) >> 4);");
+    // Sᵀ = k qᵀ and dPᵀ = v gᵀ: K-major, a k-step 32 bytes on within a
+    // row (2 descriptor units), the next column block 8 KiB on (512).
+    s.push_str("    asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n");
+    for (acc, a, b, n) in [("sc", "k_desc", "q_desc", d), ("dp", "v_desc", "g_desc", dv)] {
+        let _ = writeln!(s, "    #pragma unroll\n    for (int kk = 0; kk < {}; ++kk)", n / 16);
+        let _ = writeln!(
+            s,
+            "      {name}_scores({acc}, {a} + (D)((kk / 4) * 512 + (kk % 4) * 2), {b} + at + (D)((kk / 4) * 512 + (kk % 4) * 2), kk > 0);"
+        );
+    }
+    s.push_str("    asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n");
+    wait(&mut s, 0, "    ");
+    fence_operands(&mut s, "sc", TILE / 8, "f", "    ");
+    fence_operands(&mut s, "dp", TILE / 8, "f", "    ");
+    probabilities_t(&mut s, spec, TILE, "0");
+    // Pᵀ and dSᵀ as the A fragments of 4 k-steps of 16 queries: queries
+    // 16kk .. 16kk + 15 are two 8-query groups of the accumulators.
+    s.push_str("    #pragma unroll\n    for (int kk = 0; kk < 4; ++kk) {\n");
+    for (frag, acc) in [("pf", "sc"), ("dsf", "dp")] {
+        for (x, group, at) in [(0, "2 * kk", 0), (1, "2 * kk", 2), (2, "2 * kk + 1", 0), (3, "2 * kk + 1", 2)]
+        {
+            let _ = writeln!(
+                s,
+                "      {frag}[kk][{x}] = kiln::pack2({acc}[{group}][{at}], {acc}[{group}][{}], {tag});",
+                at + 1
+            );
+        }
+    }
+    s.push_str("    }\n");
+    if let Some(ds) = ds {
+        ds.tile_pointer(&mut s, st, "0");
+        s.push_str(
+            "    #pragma unroll\n    for (int kk = 0; kk < 4; ++kk) {\n      const U* const pa = dsf[kk];\n",
+        );
+        tiles::indent(&mut s, "      ", &DsLayout::stores());
+        s.push_str("    }\n");
+    }
+    // Every write of the fragments happens before the products start, and
+    // nothing touches them or the accumulators until their wait.
+    for (x, groups, kind) in [("pf", 4, "r"), ("dsf", 4, "r"), ("dvv", dv / 8, "f"), ("dk", d / 8, "f")] {
+        fence_operands(&mut s, x, groups, kind, "    ");
+    }
+    s.push_str("    asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n");
+    s.push_str("    #pragma unroll\n    for (int kk = 0; kk < 4; ++kk) {\n");
+    let _ = writeln!(s, "      {name}_dv(dvv, pf[kk], gt_desc + at + (D)(kk * 128), 1);");
+    let _ = writeln!(s, "      {dk_product}(dk, dsf[kk], qt_desc + at + (D)(kk * 128), 1);\n    }}");
+    s.push_str("    asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n");
+    wait(&mut s, 0, "    ");
+    for (x, groups, kind) in [("dvv", dv / 8, "f"), ("dk", d / 8, "f"), ("pf", 4, "r"), ("dsf", 4, "r")] {
+        fence_operands(&mut s, x, groups, kind, "    ");
+    }
+    s.push_str("  }\n  kiln::cp_async_wait<0>();  // no copy outlives the block\n");
+    store_dkv(&mut s, spec, &tag);
+    Kernel::new(name, s, grid as u32, THREADS as u32, spec.reads(true)).with_shared(total + 1024)
+}
