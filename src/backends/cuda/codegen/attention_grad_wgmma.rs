@@ -42,7 +42,7 @@
 
 use super::attention::Spec;
 use super::attention_grad::{
-    block_rows, probabilities_t, row_stats_tile, store_dkv, zero_accumulator, GradSpec,
+    block_rows, key_end, probabilities_t, row_stats_tile, store_dkv, store_dq, zero_accumulator, GradSpec,
 };
 use super::attention_grad_ds::DsLayout;
 use super::attention_tiles::{self as tiles, THREADS, TILE};
@@ -209,4 +209,99 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
     s.push_str("  }\n  kiln::cp_async_wait<0>();  // no copy outlives the block\n");
     store_dkv(&mut s, spec, &tag);
     Kernel::new(name, s, grid as u32, THREADS as u32, spec.reads(true)).with_shared(total + 1024)
+}
+
+/// The `dq` kernel reading `dSᵀ` from `ds` (`attention_grad_ds.rs`'s,
+/// on `wgmma`): a block is one warpgroup owning 64 queries, the rows of
+/// its `dq` accumulator, and walks the key tiles they see; per tile one
+/// group of 4 products `dq += dS k` (`m64n{d}k16`). The tile's keys are
+/// copied into the 128-byte swizzle and read MN-major (a k-step of 16
+/// keys is 2 KiB on), as the forward reads its values. Its `dSᵀ` tile (64
+/// stored 8 × 8 blocks, 8 KiB contiguous) is copied as it lies, and each
+/// warp loads its A fragments (16 queries × 16 keys a k-step) with
+/// `ldmatrix.trans`, as the `mma.sync` kernel does: a block of keys ×
+/// queries, transposed by the load, is a fragment of `dS`. Both are
+/// double-buffered; 49 KiB of shared memory at heads of 128.
+pub(crate) fn grad_q(name: &str, spec: &GradSpec, ds: &DsLayout) -> Kernel {
+    let Spec { dtype, sq, sk, d, .. } = spec.attn;
+    let st = types::storage(dtype);
+    let tag = format!("{st}()");
+    let ab = if dtype == DType::BF16 { "bf16" } else { "f16" };
+    // Bytes: two buffers of (keys, dSᵀ), each part 1024-byte aligned.
+    let (kt, dt) = (2 * TILE * d, 2 * TILE * TILE);
+    let step = kt + dt;
+    let total = 2 * step;
+    let mut s = String::new();
+    addressing(&mut s, name);
+    product(&mut s, &format!("{name}_dq"), ab, d, Operands::RegistersTransposedB);
+    s.push_str(&spec.head_with(name, st, true, &[format!("const {st}* __restrict__ ds")]));
+    s.push_str("  typedef unsigned long long D;\n");
+    let _ = writeln!(s, "  KILN_DYNAMIC_SHARED(unsigned short, smem_raw, {});", total / 2 + 512);
+    s.push_str("  const unsigned raw_at = (unsigned)__cvta_generic_to_shared(smem_raw);\n");
+    s.push_str("  const unsigned tiles = raw_at + ((1024u - (raw_at & 1023u)) & 1023u);\n");
+    let grid = block_rows(&mut s, spec, sq, false);
+    key_end(&mut s, spec);
+    let keys = Rows { x: "k", strided: &spec.attn.k, n: d, len: sk };
+    copier(&mut s, dtype, keys);
+    // This query tile's `dSᵀ` tiles: key tile `jt` is 4096 elements at `64 j0`.
+    let _ = writeln!(
+        s,
+        "  const {st}* const dsr = ds + bh * {}LL + r_start * {}LL + t * 8;",
+        ds.rows * ds.cols,
+        ds.rows
+    );
+    let _ = writeln!(s, "  const D k_desc = {name}_desc(tiles, 8192, 1024);");
+    // Lane l of warp w reads row l % 8 of matrix m = l / 8 of a k-step
+    // `kk`: block (key block 2kk + m / 2, query block 2w + m % 2), 128
+    // bytes at 128 (8 kb + qb).
+    s.push_str(
+        "  const unsigned a_at = ((lane >> 4) * 8 + 2 * w + ((lane >> 3) & 1)) * 128 + (lane & 7) * 16;\n",
+    );
+    let issue = |s: &mut String, from: &str, buf: &str, ind: &str| {
+        copies(s, name, dtype, keys, from, buf, ind);
+        let _ = writeln!(s, "{ind}#pragma unroll\n{ind}for (int i = 0; i < 4; ++i)");
+        let _ = writeln!(
+            s,
+            "{ind}  {name}_copy16({buf} + {kt}u + (t + i * 128) * 16, dsr + ({from}) * 64LL + i * 1024, 16);"
+        );
+    };
+    s.push_str("  if (kend > 0) {\n");
+    issue(&mut s, "0", "tiles", "    ");
+    s.push_str("  }\n  kiln::cp_async_commit();\n");
+    let _ = writeln!(s, "  float acc[{}][4];\n  U af[4][4];", d / 8);
+    zero_accumulator(&mut s, "acc", d / 8);
+    s.push_str("  for (I j0 = 0; j0 < kend; j0 += 64) {\n");
+    s.push_str("    const unsigned odd = (unsigned)(j0 / 64) & 1u;\n");
+    s.push_str("    kiln::cp_async_wait<0>();\n");
+    s.push_str(
+        "    // cp.async writes are the generic proxy's; the tensor cores read through the async one.\n",
+    );
+    s.push_str("    asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");\n");
+    s.push_str("    // This tile is visible to the block, and the last tile's readers are done.\n");
+    s.push_str("    __syncthreads();\n");
+    s.push_str("    if (j0 + 64 < kend) {\n");
+    let _ = writeln!(s, "      const unsigned next = tiles + (odd ^ 1u) * {step}u;");
+    issue(&mut s, "j0 + 64", "next", "      ");
+    s.push_str("    }\n    kiln::cp_async_commit();\n");
+    let _ = writeln!(s, "    const unsigned here = tiles + odd * {step}u;");
+    s.push_str("    #pragma unroll\n    for (int kk = 0; kk < 4; ++kk)\n");
+    let _ = writeln!(
+        s,
+        "      asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{%0,%1,%2,%3}}, [%4];\" : \"=r\"(af[kk][0]), \"=r\"(af[kk][1]), \"=r\"(af[kk][2]), \"=r\"(af[kk][3]) : \"r\"(here + {kt}u + a_at + kk * 2048u) : \"memory\");"
+    );
+    fence_operands(&mut s, "af", 4, "r", "    ");
+    fence_operands(&mut s, "acc", d / 8, "f", "    ");
+    s.push_str("    asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n");
+    let _ = writeln!(s, "    const D kd = k_desc + (D)((odd * {step}u) >> 4);");
+    s.push_str("    #pragma unroll\n    for (int kk = 0; kk < 4; ++kk)\n");
+    let _ = writeln!(s, "      {name}_dq(acc, af[kk], kd + (D)(kk * 128), 1);");
+    s.push_str("    asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n");
+    wait(&mut s, 0, "    ");
+    fence_operands(&mut s, "acc", d / 8, "f", "    ");
+    fence_operands(&mut s, "af", 4, "r", "    ");
+    s.push_str("  }\n  kiln::cp_async_wait<0>();  // no copy outlives the block\n");
+    store_dq(&mut s, spec, &tag);
+    let mut reads = spec.reads(true);
+    reads.push(reads.len());
+    Kernel::new(name, s, grid as u32, THREADS as u32, reads).with_shared(total + 1024)
 }

@@ -230,7 +230,11 @@ impl Lowering<'_> {
         let group = GradSpec { attn: Spec { batch: ds.batches, ..spec.attn.clone() }, ..spec.clone() };
         let scratch = self.transient(ds.bytes());
         let kv = self.kv_kernel(&group, Some(&ds))?;
-        let q = self.add_kernel("attention_grad", |n| Ok(attention_grad_ds::grad_q(n, &group, &ds)))?;
+        let q = if self.hopper && attention_grad_wgmma::chosen(&group) {
+            self.add_kernel("attention_grad", |n| Ok(attention_grad_wgmma::grad_q(n, &group, &ds)))?
+        } else {
+            self.add_kernel("attention_grad", |n| Ok(attention_grad_ds::grad_q(n, &group, &ds)))?
+        };
         let (batch, esize) = (spec.attn.batch.max(1), spec.attn.dtype.size() as u64);
         let (kv_batch, q_batch) = if packed {
             let per_batch = 3 * spec.attn.sq * spec.attn.heads * spec.attn.d;
