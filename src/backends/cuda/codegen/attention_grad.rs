@@ -122,7 +122,7 @@ impl GradSpec {
     /// Code that sets `x` (declared by the caller) to the score of query
     /// `i` and key `j` from the raw product `raw`, in log2 units, or
     /// `NEG_INF` for a removed pair. `i`, `j` are ints in scope.
-    fn score(&self, raw: &str, x: &str) -> String {
+    pub(super) fn score(&self, raw: &str, x: &str) -> String {
         let log2e = std::f64::consts::LOG2_E;
         let scale = format!("{:?}f", (self.attn.scale * log2e) as f32);
         let mut removed = format!("j >= {} || i >= {}", self.attn.sk, self.attn.sq);

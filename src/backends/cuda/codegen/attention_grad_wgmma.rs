@@ -1,17 +1,19 @@
-//! The Hopper attention backward's `dk, dv` kernel: `attention_grad.rs`'s
-//! schedule (a block owns 64 keys and walks the query tiles that see
-//! them) with its four products on `wgmma`, for f16 and bf16 heads of 64
-//! and 128 on sm_90 devices. It is where the backward's time went: at
-//! `[8, 16, 2048, 128]` the `mma.sync` kernel took 2.92 ms of the
-//! backward's 3.6 (255 registers and spills; the `dq` kernel reading its
-//! stored `dSᵀ` 0.70), against 2.6 for FlashAttention-2's whole backward
-//! (benches/RESULTS.md, the twenty-fourth measurement).
+//! The Hopper attention backward: `attention_grad.rs`'s `dk, dv` kernel
+//! (a block owns 64 keys and walks the query tiles that see them) and
+//! `attention_grad_ds.rs`'s `dq` kernel (reading the `dSᵀ` tiles the first
+//! stored) with their products on `wgmma`, for f16 and bf16 heads of 64
+//! and 128 on sm_90 devices. The `dk, dv` kernel was where the backward's
+//! time went: at `[8, 16, 2048, 128]` the `mma.sync` one took 2.92 ms of
+//! the backward's 3.6 (255 registers and spills; its `dq` kernel 0.70),
+//! against 2.6 for FlashAttention-2's whole backward (benches/RESULTS.md,
+//! the twenty-fourth measurement); here the two take 4 × 0.49 and 4 ×
+//! 0.105 ms under ncu's clocks (the twenty-seventh).
 //!
-//! - A block is one warpgroup (128 threads); its 64 keys are the rows of
-//!   every accumulator (`m64nNk16`), 16 a warp, so the per-thread layout
-//!   is `mma.sync`'s and the masks, probabilities and `dSᵀ` stores are
-//!   `attention_grad.rs`'s own ([`probabilities_t`], [`DsLayout::stores`],
-//!   [`store_dkv`]).
+//! - A `dk, dv` block is one warpgroup (128 threads); its 64 keys are the
+//!   rows of every accumulator (`m64nNk16`), 16 a warp, so the per-thread
+//!   layout is `mma.sync`'s and the masks (`GradSpec::score`), the
+//!   probabilities' rows and the `dSᵀ` stores ([`DsLayout::stores`]) are
+//!   `attention_grad.rs`'s own.
 //! - The block's keys and values are copied once into shared memory, and
 //!   each query tile's queries and output gradients into one of two
 //!   buffers, all in `attention_wgmma.rs`'s 128-byte swizzled layout. One
@@ -22,27 +24,29 @@
 //! - Per query tile: wait for its copies, `fence.proxy.async`, one barrier
 //!   (which also frees the other buffer: each warp waited for its own
 //!   products), the next tile's copies and its rows' lse and delta into
-//!   the other buffer, then `Sᵀ` and `dPᵀ` (both operands from shared
-//!   memory, waited for together), `Pᵀ` and `dSᵀ` in registers, packed to
-//!   the input type as the A fragments of `dv += Pᵀ g` and `dk += dSᵀ q`
-//!   (waited for together); with a `dSᵀ` scratch, the packed `dSᵀ` is
-//!   stored for `attention_grad_ds.rs`'s `dq` kernel as the `mma.sync`
-//!   kernel stores it.
+//!   the other buffer, then the four products, each started as soon as
+//!   its operands are ready so the elementwise work runs under them
+//!   ([`tile_products`]). `Pᵀ` and `dSᵀ`, packed to the input type, are
+//!   the A fragments of the gradient products; with a `dSᵀ` scratch, the
+//!   packed `dSᵀ` is stored for the `dq` kernel.
 //! - Shared memory: keys and values once and two buffers of queries and
 //!   gradients, 96 KiB at heads of 128 (two blocks an SM; their
 //!   accumulators, 128 registers a thread, keep a third off anyway), 48
-//!   KiB at 64.
+//!   KiB at 64. ptxas: 237-242 registers at heads of 128, no spills.
+//! - The `dq` kernel ([`grad_q`]) is a warpgroup owning 64 queries; per
+//!   key tile, the stored `dSᵀ` tile gives its A fragments by
+//!   `ldmatrix.trans` and the keys, swizzled, are B read MN-major.
 //!
-//! The emulator has no `wgmma`: the lowering takes this kernel only on an
-//! sm_90 device ([`chosen`]); `tests/ops/attention_wgmma.rs` checks it
-//! against f64 on the GPU, and its child process with `KILN_CUDA_WGMMA=0`
-//! the `mma.sync` kernels.
+//! The emulator has no `wgmma`: the lowering takes these kernels only on an
+//! sm_90 device ([`chosen`]); `tests/ops/attention_wgmma.rs` checks them
+//! against f64 on the GPU (and asserts the plans hold them), and its child
+//! process with `KILN_CUDA_WGMMA=0` the `mma.sync` kernels.
 //!
 //! [`DsLayout::stores`]: super::attention_grad_ds::DsLayout::stores
 
 use super::attention::Spec;
 use super::attention_grad::{
-    block_rows, key_end, probabilities_t, row_stats_tile, store_dkv, store_dq, zero_accumulator, GradSpec,
+    block_rows, key_end, row_stats_tile, store_dkv, store_dq, zero_accumulator, GradSpec,
 };
 use super::attention_grad_ds::DsLayout;
 use super::attention_tiles::{self as tiles, THREADS, TILE};
@@ -155,25 +159,53 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
         "    const float* const lse_t = slse + odd * 64;\n    const float* const dl_t = sdl + odd * 64;\n",
     );
     let _ = writeln!(s, "    const D at = (D)((odd * {step}u) >> 4);");
-    // Sᵀ = k qᵀ and dPᵀ = v gᵀ: K-major, a k-step 32 bytes on within a
-    // row (2 descriptor units), the next column block 8 KiB on (512).
-    s.push_str("    asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n");
-    for (acc, a, b, n) in [("sc", "k_desc", "q_desc", d), ("dp", "v_desc", "g_desc", dv)] {
+    tile_products(&mut s, name, spec, ds, &dk_product);
+    s.push_str("  }\n  kiln::cp_async_wait<0>();  // no copy outlives the block\n");
+    store_dkv(&mut s, spec, &tag);
+    Kernel::new(name, s, grid as u32, THREADS as u32, spec.reads(true)).with_shared(total + 1024)
+}
+
+/// A query tile's products, each group started as soon as its operands
+/// are ready so the elementwise work runs under the products of the same
+/// warpgroup: `Sᵀ` and `dPᵀ` are two groups, `Pᵀ` is computed while
+/// `dPᵀ` runs, `dv += Pᵀ g` is issued at once and runs while `dSᵀ` is
+/// computed (and stored), then `dk += dSᵀ q`. Each product's operands are
+/// pinned ([`fence_operands`]) around its issue and wait; ptxas serializes
+/// none of them (no C7514 warning). Against waiting for `Sᵀ` and `dPᵀ`
+/// together and then for `dv` and `dk` together: the `dk, dv` kernel
+/// 0.56 → 0.49 ms at `[8, 16, 2048, 128]` bf16 under ncu (a launch of two
+/// batches), fwd+bwd 2.91-2.95 → 2.77-2.79 ms (benches/RESULTS.md, the
+/// twenty-seventh measurement).
+fn tile_products(s: &mut String, name: &str, spec: &GradSpec, ds: Option<&DsLayout>, dk_product: &str) {
+    let Spec { dtype, d, dv, .. } = spec.attn;
+    let st = types::storage(dtype);
+    let tag = format!("{st}()");
+    let scores = |s: &mut String, acc: &str, a: &str, b: &str, n: usize| {
+        s.push_str("    asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n");
         let _ = writeln!(s, "    #pragma unroll\n    for (int kk = 0; kk < {}; ++kk)", n / 16);
         let _ = writeln!(
             s,
             "      {name}_scores({acc}, {a} + (D)((kk / 4) * 512 + (kk % 4) * 2), {b} + at + (D)((kk / 4) * 512 + (kk % 4) * 2), kk > 0);"
         );
-    }
-    s.push_str("    asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n");
-    wait(&mut s, 0, "    ");
-    fence_operands(&mut s, "sc", TILE / 8, "f", "    ");
-    fence_operands(&mut s, "dp", TILE / 8, "f", "    ");
-    probabilities_t(&mut s, spec, TILE, "0");
-    // Pᵀ and dSᵀ as the A fragments of 4 k-steps of 16 queries: queries
-    // 16kk .. 16kk + 15 are two 8-query groups of the accumulators.
-    s.push_str("    #pragma unroll\n    for (int kk = 0; kk < 4; ++kk) {\n");
-    for (frag, acc) in [("pf", "sc"), ("dsf", "dp")] {
+        s.push_str("    asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n");
+    };
+    scores(s, "sc", "k_desc", "q_desc", d);
+    scores(s, "dp", "v_desc", "g_desc", dv);
+    wait(s, 1, "    ");
+    fence_operands(s, "sc", TILE / 8, "f", "    ");
+    let walk = |s: &mut String, body: &str| {
+        let _ = writeln!(s, "    #pragma unroll\n    for (int n = 0; n < {}; ++n) {{", TILE / 8);
+        s.push_str("      #pragma unroll\n      for (int e = 0; e < 4; ++e) {\n");
+        s.push_str("        const int q_at = n * 8 + 2 * c + (e & 1);\n");
+        let _ = writeln!(s, "{body}      }}\n    }}");
+    };
+    let p = format!(
+        "        const int i = (int)i0 + q_at, j = e < 2 ? ia : ib;\n        {}\n        sc[n][e] = sc[n][e] == NEG_INF ? 0.f : exp2f(sc[n][e] - lse_t[q_at]);\n",
+        spec.score("sc[n][e]", "sc[n][e]")
+    );
+    walk(s, &p);
+    let pack = |s: &mut String, frag: &str, acc: &str| {
+        s.push_str("    #pragma unroll\n    for (int kk = 0; kk < 4; ++kk) {\n");
         for (x, group, at) in [(0, "2 * kk", 0), (1, "2 * kk", 2), (2, "2 * kk + 1", 0), (3, "2 * kk + 1", 2)]
         {
             let _ = writeln!(
@@ -182,33 +214,37 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
                 at + 1
             );
         }
-    }
-    s.push_str("    }\n");
+        s.push_str("    }\n");
+    };
+    pack(s, "pf", "sc");
+    fence_operands(s, "pf", 4, "r", "    ");
+    fence_operands(s, "dvv", dv / 8, "f", "    ");
+    s.push_str("    asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n");
+    s.push_str("    #pragma unroll\n    for (int kk = 0; kk < 4; ++kk)\n");
+    let _ = writeln!(s, "      {name}_dv(dvv, pf[kk], gt_desc + at + (D)(kk * 128), 1);");
+    s.push_str("    asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n");
+    wait(s, 1, "    ");
+    fence_operands(s, "dp", TILE / 8, "f", "    ");
+    walk(s, "        dp[n][e] = sc[n][e] * (dp[n][e] - dl_t[q_at]);\n");
+    pack(s, "dsf", "dp");
     if let Some(ds) = ds {
-        ds.tile_pointer(&mut s, st, "0");
+        ds.tile_pointer(s, st, "0");
         s.push_str(
             "    #pragma unroll\n    for (int kk = 0; kk < 4; ++kk) {\n      const U* const pa = dsf[kk];\n",
         );
-        tiles::indent(&mut s, "      ", &DsLayout::stores());
+        tiles::indent(s, "      ", &DsLayout::stores());
         s.push_str("    }\n");
     }
-    // Every write of the fragments happens before the products start, and
-    // nothing touches them or the accumulators until their wait.
-    for (x, groups, kind) in [("pf", 4, "r"), ("dsf", 4, "r"), ("dvv", dv / 8, "f"), ("dk", d / 8, "f")] {
-        fence_operands(&mut s, x, groups, kind, "    ");
-    }
+    fence_operands(s, "dsf", 4, "r", "    ");
+    fence_operands(s, "dk", d / 8, "f", "    ");
     s.push_str("    asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n");
-    s.push_str("    #pragma unroll\n    for (int kk = 0; kk < 4; ++kk) {\n");
-    let _ = writeln!(s, "      {name}_dv(dvv, pf[kk], gt_desc + at + (D)(kk * 128), 1);");
-    let _ = writeln!(s, "      {dk_product}(dk, dsf[kk], qt_desc + at + (D)(kk * 128), 1);\n    }}");
+    s.push_str("    #pragma unroll\n    for (int kk = 0; kk < 4; ++kk)\n");
+    let _ = writeln!(s, "      {dk_product}(dk, dsf[kk], qt_desc + at + (D)(kk * 128), 1);");
     s.push_str("    asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n");
-    wait(&mut s, 0, "    ");
+    wait(s, 0, "    ");
     for (x, groups, kind) in [("dvv", dv / 8, "f"), ("dk", d / 8, "f"), ("pf", 4, "r"), ("dsf", 4, "r")] {
-        fence_operands(&mut s, x, groups, kind, "    ");
+        fence_operands(s, x, groups, kind, "    ");
     }
-    s.push_str("  }\n  kiln::cp_async_wait<0>();  // no copy outlives the block\n");
-    store_dkv(&mut s, spec, &tag);
-    Kernel::new(name, s, grid as u32, THREADS as u32, spec.reads(true)).with_shared(total + 1024)
 }
 
 /// The `dq` kernel reading `dSᵀ` from `ds` (`attention_grad_ds.rs`'s,
