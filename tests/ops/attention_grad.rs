@@ -332,14 +332,15 @@ fn the_fused_backward_reads_the_forwards_log_sum_exp() {
 /// tensor-core tile, not in the CPU kernel, which skips removed pairs
 /// (PyTorch's math and flash backends differ the same way). bf16 runs
 /// the fused kernels (the forward writes a NaN log-sum-exp for the row),
-/// f32 the expanded matmuls.
+/// f32 the expanded matmuls; heads of 64 and 128 the kernels an sm_90
+/// GPU runs on `wgmma` (`codegen/attention_grad_wgmma.rs`).
 #[test]
 fn a_nan_query_row_makes_its_gradients_nan_and_no_other_rows() {
     each_backend(|| {
         let mut rng = Rng::new(3039);
-        let (b, h, s, d) = (1, 2, 70, 32);
+        let (b, h, s) = (1, 2, 70);
         let nan_row = 5;
-        for dtype in [DType::BF16, DType::F32] {
+        for (dtype, d) in [(DType::BF16, 32), (DType::F32, 32), (DType::BF16, 64), (DType::F16, 128)] {
             let q0 = rand_f(&mut rng, dtype, &[b, h, s, d], 1.0);
             let q = Nd::from_fn(&[b, h, s, d], |i| {
                 if i[1] == 1 && i[2] == nan_row && i[3] == 3 {
@@ -356,7 +357,7 @@ fn a_nan_query_row_makes_its_gradients_nan_and_no_other_rows() {
                 for c in 0..d {
                     for head in 0..h {
                         let at = [0, head, i, c];
-                        let what = format!("{dtype} head {head} row {i} column {c}");
+                        let what = format!("{dtype} heads of {d}: head {head} row {i} column {c}");
                         assert_eq!(dq.get(&at).is_nan(), head == 1 && i == nan_row, "dq {what}");
                         // Causal: row 5 sees keys 0..=5 of head 1.
                         if head == 0 || i <= nan_row {
