@@ -32,7 +32,8 @@
 //! - Shared memory: keys and values once and two buffers of queries and
 //!   gradients, 96 KiB at heads of 128 (two blocks an SM; their
 //!   accumulators, 128 registers a thread, keep a third off anyway), 48
-//!   KiB at 64. ptxas: 237-242 registers at heads of 128, no spills.
+//!   KiB at 64. ptxas: 237-242 registers at heads of 128, no spills; at
+//!   64, capped at 168 for a third block an SM (16 bytes spilled).
 //! - The `dq` kernel ([`grad_q`]) is a warpgroup owning 64 queries; per
 //!   key tile, the stored `dSᵀ` tile gives its A fragments by
 //!   `ldmatrix.trans` and the keys, swizzled, are B read MN-major.
@@ -94,7 +95,16 @@ pub(crate) fn grad_kv(name: &str, spec: &GradSpec, ds: Option<&DsLayout>) -> Ker
         product(&mut s, &format!("{name}_dk"), ab, d, Operands::RegistersTransposedB);
     }
     let dk_product = if d != dv { format!("{name}_dk") } else { format!("{name}_dv") };
-    s.push_str(&spec.kv_head(name, ds.is_some()));
+    let mut head = spec.kv_head(name, ds.is_some());
+    // Heads of 64: 178 registers a thread keep a third block off an SM;
+    // capped at 168 (`__launch_bounds__(128, 3)`) ptxas spills 16 bytes,
+    // and fwd+bwd at `[32, 12, 512, 64]` ran 0.456-0.470 ms against
+    // 0.485-0.494 (the twenty-seventh measurement). At 128 the
+    // accumulators alone are 128 registers: two blocks either way.
+    if d.max(dv) == 64 {
+        head = head.replacen("__global__ void ", "__global__ void __launch_bounds__(128, 3) ", 1);
+    }
+    s.push_str(&head);
     s.push_str("  typedef unsigned long long D;\n");
     let _ = writeln!(s, "  KILN_DYNAMIC_SHARED(unsigned short, smem_raw, {});", total / 2 + 512);
     s.push_str("  const unsigned raw_at = (unsigned)__cvta_generic_to_shared(smem_raw);\n");
