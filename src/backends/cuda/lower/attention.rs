@@ -4,7 +4,9 @@
 //! kernel over strided operands, see `codegen/attention.rs`; for a few
 //! query rows, the split-key kernels of `codegen/attention_decode.rs`,
 //! unless `KILN_CUDA_DECODE_ATTENTION=0`; on an sm_90 device, where it is
-//! chosen, the `wgmma` kernel of `codegen/attention_wgmma.rs`).
+//! chosen, the `wgmma` kernel of `codegen/attention_wgmma.rs`), and of its
+//! backward (`codegen/attention_grad.rs`; on an sm_90 device the `dk, dv`
+//! and stored-`dSᵀ` `dq` kernels of `codegen/attention_grad_wgmma.rs`).
 
 use super::ops::{buffer_locs, operand};
 use super::{Lowering, Storage, Value};

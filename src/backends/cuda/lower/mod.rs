@@ -101,7 +101,8 @@ pub struct Target {
     pub tf32: bool,
     /// The device is an sm_90 part whose kernels are compiled for sm_90a
     /// (`nvrtc/mod.rs`): the `wgmma` kernels may be chosen
-    /// (`codegen/attention_wgmma.rs`). Never in the emulator.
+    /// (`codegen/attention_wgmma.rs`, `codegen/attention_grad_wgmma.rs`).
+    /// Never in the emulator.
     pub hopper: bool,
 }
 
