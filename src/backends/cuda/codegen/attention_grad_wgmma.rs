@@ -226,13 +226,18 @@ fn tile_products(s: &mut String, name: &str, spec: &GradSpec, ds: Option<&DsLayo
         }
         s.push_str("    }\n");
     };
+    // A gradient product's group: `acc += frag · (B at desc)`, 4 k-steps of
+    // 16 queries (2 KiB on, MN-major), its operands pinned for the issue.
+    let gradient = |s: &mut String, product: &str, acc: &str, groups: usize, frag: &str, desc: &str| {
+        fence_operands(s, frag, 4, "r", "    ");
+        fence_operands(s, acc, groups, "f", "    ");
+        s.push_str("    asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n");
+        s.push_str("    #pragma unroll\n    for (int kk = 0; kk < 4; ++kk)\n");
+        let _ = writeln!(s, "      {product}({acc}, {frag}[kk], {desc} + at + (D)(kk * 128), 1);");
+        s.push_str("    asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n");
+    };
     pack(s, "pf", "sc");
-    fence_operands(s, "pf", 4, "r", "    ");
-    fence_operands(s, "dvv", dv / 8, "f", "    ");
-    s.push_str("    asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n");
-    s.push_str("    #pragma unroll\n    for (int kk = 0; kk < 4; ++kk)\n");
-    let _ = writeln!(s, "      {name}_dv(dvv, pf[kk], gt_desc + at + (D)(kk * 128), 1);");
-    s.push_str("    asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n");
+    gradient(s, &format!("{name}_dv"), "dvv", dv / 8, "pf", "gt_desc");
     wait(s, 1, "    ");
     fence_operands(s, "dp", TILE / 8, "f", "    ");
     walk(s, "        dp[n][e] = sc[n][e] * (dp[n][e] - dl_t[q_at]);\n");
@@ -245,12 +250,7 @@ fn tile_products(s: &mut String, name: &str, spec: &GradSpec, ds: Option<&DsLayo
         tiles::indent(s, "      ", &DsLayout::stores());
         s.push_str("    }\n");
     }
-    fence_operands(s, "dsf", 4, "r", "    ");
-    fence_operands(s, "dk", d / 8, "f", "    ");
-    s.push_str("    asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n");
-    s.push_str("    #pragma unroll\n    for (int kk = 0; kk < 4; ++kk)\n");
-    let _ = writeln!(s, "      {dk_product}(dk, dsf[kk], qt_desc + at + (D)(kk * 128), 1);");
-    s.push_str("    asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n");
+    gradient(s, dk_product, "dk", d / 8, "dsf", "qt_desc");
     wait(s, 0, "    ");
     for (x, groups, kind) in [("dvv", dv / 8, "f"), ("dk", d / 8, "f"), ("pf", 4, "r"), ("dsf", 4, "r")] {
         fence_operands(s, x, groups, kind, "    ");
