@@ -16,6 +16,18 @@ pub(crate) struct Masks<'a> {
     pub(crate) causal: bool,
 }
 
+impl Masks<'_> {
+    /// The attention's mask operand in `ctx`: the key padding as bool, or
+    /// the additive mask in `dtype`.
+    pub(crate) fn tensor(&self, ctx: &Context, dtype: DType) -> Option<Tensor> {
+        match (self.keep, self.add) {
+            (Some(keep), _) => Some(tensor_i(ctx, DType::Bool, keep)),
+            (_, Some(add)) => Some(tensor_f(ctx, dtype, add)),
+            _ => None,
+        }
+    }
+}
+
 /// `(dq, dk, dv)` of `sum(attention(q, k, v) ⊙ g)` in f64: with `P` the
 /// probabilities, `dP = g vᵀ`, `dS = P ⊙ (dP - rowsum(P ⊙ dP))`, `dq =
 /// scale dS k`, `dk = scale dSᵀ q`, `dv = Pᵀ g`.
@@ -86,11 +98,7 @@ pub(crate) fn grads_kiln(
     permuted: bool,
 ) -> Vec<Tensor> {
     let ctx = &ctx;
-    let mask = match (m.keep, m.add) {
-        (Some(keep), _) => Some(tensor_i(ctx, DType::Bool, keep)),
-        (_, Some(add)) => Some(tensor_f(ctx, dtype, add)),
-        _ => None,
-    };
+    let mask = m.tensor(ctx, dtype);
     let (mask, causal) = (mask.as_ref(), m.causal);
     let vars: Vec<Variable> = [("q", q), ("k", k), ("v", v)]
         .iter()

@@ -125,11 +125,7 @@ fn gradients(
     m: &Masks,
     with_q: bool,
 ) -> Vec<Tensor> {
-    let mask = match (m.keep, m.add) {
-        (Some(keep), _) => Some(tensor_i(ctx, DType::Bool, keep)),
-        (_, Some(add)) => Some(tensor_f(ctx, dtype, add)),
-        _ => None,
-    };
+    let mask = m.tensor(ctx, dtype);
     let tq = tensor_f(ctx, dtype, q);
     let named: Vec<(&str, &Nd<f64>)> =
         if with_q { vec![("q", q), ("k", k), ("v", v)] } else { vec![("k", k), ("v", v)] };
