@@ -45,6 +45,7 @@ pass_test!(cse, "cse");
 pass_test!(simplify, "simplify");
 pass_test!(narrow, "narrow");
 pass_test!(attention_layout, "attention-layout");
+pass_test!(merge_matmuls, "merge-matmuls");
 pass_test!(dce, "dce");
 pass_test!(remat, "remat");
 pass_test!(fusion, "fusion");
@@ -344,18 +345,19 @@ fn pipeline_dumps_every_step() {
             "06-simplify.kir",
             // 01 is `autocast` and 02 `attention-grad`, which apply only to
             // graphs with autocast and attention gradients; 07 is `narrow`,
-            // which applies only to graphs with slices, and 08
-            // `attention-layout`, only to attentions whose heads are merged.
-            "09-dce.kir",
-            "10-remat.kir",
-            "11-fusion.kir",
-            // 12 is `assign`, which applies only to graphs with assignments,
-            // and 13 `multi-output`, only to fused elementwise nodes that
+            // which applies only to graphs with slices, 08
+            // `attention-layout`, only to attentions whose heads are merged,
+            // and 09 `merge-matmuls`, only to f16 and bf16 products.
+            "10-dce.kir",
+            "11-remat.kir",
+            "12-fusion.kir",
+            // 13 is `assign`, which applies only to graphs with assignments,
+            // and 14 `multi-output`, only to fused elementwise nodes that
             // read another of their shape.
-            "14-schedule.kir",
-            "15-horizontal.kir",
-            "16-streams.kir",
-            "17-memory.kir"
+            "15-schedule.kir",
+            "16-horizontal.kir",
+            "17-streams.kir",
+            "18-memory.kir"
         ]
     );
     let mut dumps = String::new();

@@ -183,6 +183,11 @@ pub trait Backend: Send + Sync {
     fn reshape_epilogues(&self) -> bool {
         true
     }
+    /// Whether plans for this backend should merge products that read the
+    /// same left operand into one GEMM (`PassOptions::merge_matmuls`).
+    fn merge_matmuls(&self) -> bool {
+        true
+    }
     /// Copies host data (row-major, `shape.numel()` elements) to the device.
     fn upload(&self, data: HostData, shape: &Shape) -> Result<Buffer>;
     /// Copies a buffer to the host, row-major.

@@ -266,6 +266,7 @@ impl Context {
             config: PipelineConfig::from_env(),
             options: crate::passes::PassOptions {
                 reshape_epilogues: backend.reshape_epilogues(),
+                merge_matmuls: backend.merge_matmuls(),
                 ..crate::passes::PassOptions::default()
             },
             compile,

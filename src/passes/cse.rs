@@ -105,7 +105,7 @@ impl Pass for Cse {
 }
 
 /// The nearest region that contains both `a` and `b`.
-fn common_ancestor(graph: &Graph, a: RegionId, b: RegionId) -> RegionId {
+pub(super) fn common_ancestor(graph: &Graph, a: RegionId, b: RegionId) -> RegionId {
     let chain = |mut r: RegionId| {
         let mut out = vec![r];
         while let Some(p) = graph.regions().get(r.0 as usize).and_then(|x| x.parent) {

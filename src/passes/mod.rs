@@ -26,6 +26,7 @@ mod effects;
 mod fusion;
 mod horizontal;
 mod memory;
+mod merge_matmuls;
 mod multi_output;
 mod narrow;
 mod remat;
@@ -46,6 +47,7 @@ pub use dce::Dce;
 pub use fusion::Fusion;
 pub use horizontal::{Horizontal, SMALL as HORIZONTAL_SMALL};
 pub use memory::Memory;
+pub use merge_matmuls::MergeMatmuls;
 pub use multi_output::MultiOutput;
 pub use narrow::Narrow;
 pub use remat::Remat;
@@ -172,12 +174,26 @@ pub struct PassOptions {
     /// 132.8-134.8 ms off against 140.1-145.9 on, first calls 173-207
     /// against 226-273; benches/RESULTS.md, "Eighteenth measurement").
     pub reshape_epilogues: bool,
+    /// Products that read the same left operand (an encoder's q, k and v
+    /// projections) run as one GEMM over their weights side by side
+    /// (`merge_matmuls.rs`). On by default; a CPU context turns it off:
+    /// the merged product's bias is a fused epilogue there, which measured
+    /// slower than the plain GEMM (see `reshape_epilogues`), and the
+    /// weights' copy is not free on a CPU's bandwidth.
+    pub merge_matmuls: bool,
 }
 
 impl Default for PassOptions {
-    /// Exact math, one stream, no autocast, reshape epilogues.
+    /// Exact math, one stream, no autocast, reshape epilogues, merged
+    /// products.
     fn default() -> PassOptions {
-        PassOptions { fast_math: false, streams: 1, autocast: None, reshape_epilogues: true }
+        PassOptions {
+            fast_math: false,
+            streams: 1,
+            autocast: None,
+            reshape_epilogues: true,
+            merge_matmuls: true,
+        }
     }
 }
 
@@ -195,13 +211,17 @@ impl fmt::Display for PassOptions {
         if !self.reshape_epilogues {
             write!(f, " no-reshape-epilogues")?;
         }
+        if !self.merge_matmuls {
+            write!(f, " no-merge-matmuls")?;
+        }
         Ok(())
     }
 }
 
 impl PassOptions {
     /// Options from a pass test header's settings (`fast-math`,
-    /// `streams=N`, `autocast=bf16|f16`, `no-reshape-epilogues`); anything
+    /// `streams=N`, `autocast=bf16|f16`, `no-reshape-epilogues`,
+    /// `no-merge-matmuls`); anything
     /// else is [`Error::Config`].
     pub fn from_settings<S: AsRef<str>>(settings: &[S]) -> Result<PassOptions> {
         let mut options = PassOptions::default();
@@ -211,6 +231,8 @@ impl PassOptions {
                 options.fast_math = true;
             } else if setting == "no-reshape-epilogues" {
                 options.reshape_epilogues = false;
+            } else if setting == "no-merge-matmuls" {
+                options.merge_matmuls = false;
             } else if let Some(n) = setting.strip_prefix("streams=") {
                 options.streams = n.parse().ok().filter(|&n| n >= 1).ok_or_else(|| {
                     Error::Config(format!("`{setting}`: streams must be a whole number of at least 1"))
@@ -226,7 +248,7 @@ impl PassOptions {
                 };
             } else {
                 return Err(Error::Config(format!(
-                    "unknown pass setting `{setting}`; settings are `fast-math`, `streams=N`, `autocast=bf16|f16` and `no-reshape-epilogues`"
+                    "unknown pass setting `{setting}`; settings are `fast-math`, `streams=N`, `autocast=bf16|f16`, `no-reshape-epilogues` and `no-merge-matmuls`"
                 )));
             }
         }
@@ -318,6 +340,10 @@ pub static REGISTRY: &[PassInfo] = &[
         pass: &AttentionLayout,
         description: "an attention whose heads are merged next writes them merged (no copy for the merge)",
     },
+    PassInfo {
+        pass: &MergeMatmuls,
+        description: "products that read the same left operand (q, k, v projections) become one GEMM",
+    },
     PassInfo { pass: &Dce, description: "remove nodes the outputs do not need" },
     PassInfo {
         pass: &Remat,
@@ -374,6 +400,10 @@ pub static PIPELINE: &[&dyn Pass] = &[
     // Attention that writes its heads merged, where a permute merges them
     // next: the reshape after it is then free instead of a copy.
     &AttentionLayout,
+    // Products of one left operand (an encoder's q, k, v) as one GEMM over
+    // their weights side by side; before fusion, which makes the merged
+    // bias its epilogue.
+    &MergeMatmuls,
     // Drop what folding, bypassed views, merges and narrowing left unused.
     &Dce,
     // The backward pass recomputes cheap forward values it reads, so that

@@ -28,6 +28,7 @@ fn registry_names_are_unique_kebab_case() {
             "simplify",
             "narrow",
             "attention-layout",
+            "merge-matmuls",
             "dce",
             "remat",
             "fusion",

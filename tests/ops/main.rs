@@ -22,6 +22,7 @@ mod linalg;
 mod long_rows;
 mod many_rows;
 mod merged_heads;
+mod merged_products;
 mod nonfinite;
 mod padded_rows;
 mod pool_grad;

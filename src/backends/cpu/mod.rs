@@ -238,6 +238,11 @@ impl Backend for CpuBackend {
     fn reshape_epilogues(&self) -> bool {
         false
     }
+    /// Off: the merged product's bias would be a fused epilogue (see
+    /// `PassOptions::merge_matmuls`); not measured on a CPU.
+    fn merge_matmuls(&self) -> bool {
+        false
+    }
 
     fn upload(&self, data: HostData, shape: &Shape) -> Result<Buffer> {
         if data.len() != shape.numel() {

@@ -144,6 +144,9 @@ impl Backend for Delayed {
     fn reshape_epilogues(&self) -> bool {
         self.cpu.reshape_epilogues()
     }
+    fn merge_matmuls(&self) -> bool {
+        self.cpu.merge_matmuls()
+    }
     fn upload(&self, data: HostData, shape: &Shape) -> Result<Buffer> {
         self.cpu.upload(data, shape)
     }
