@@ -30,17 +30,21 @@
 //! When every `%w_i` is `permute %t_i perm=[1,0]` (a linear layer's
 //! `[N_i, K]` weight read transposed), `%w` is `permute(cat %t_i dim=0)`
 //! instead: the copy joins whole rows, and the product reads its right
-//! operand transposed as each member did. The slices are views: the
-//! readers of `q`, `k` and `v` (an attention's kernels) read the merged
-//! product through strides. Fusion then makes `%pb` the GEMM's bias
-//! epilogue as it did each member's.
+//! operand transposed as each member did. When such a set has biases and
+//! every `N_i` is a multiple of 8, one copy joins the weights and the
+//! biases (each piece viewed as rows of 8 elements): `%w` is a view of its
+//! first `ΣN · K` elements and `%b` of the last `ΣN`, one launch where
+//! there were two (the biases' copy alone took 2 µs for 4.6 KB on an
+//! H200). The slices are views: the readers of `q`, `k` and `v` (an
+//! attention's kernels) read the merged product through strides. Fusion
+//! then makes `%pb` the GEMM's bias epilogue as it did each member's.
 //!
 //! *Does not.* Merge f32 or f64 products: without TF32 their GEMMs run on
 //! CUDA cores and already fill the GPU (MiniLM-L6's three f32 `[8192,
 //! 384] x [384, 384]` take 214 µs, one over the three weights 202), and
 //! the weights' copy took back more than that (MiniLM-L6 f32 4.88-4.90 ms
-//! a call unmerged, 4.91-4.99 merged). Merge when the right operands (with the biases) hold more
-//! elements than `%a`: the weights' copy must stay small beside the
+//! a call unmerged, 4.91-4.99 merged). Merge when the right operands (with
+//! the biases) hold more elements than `%a`: the weights' copy must stay small beside the
 //! product. The weight gradients of the same projections also share
 //! their left operand (`xᵀ`), but their right operands are the
 //! activations' gradients, as large as `x` each; a token's decode step
@@ -57,10 +61,10 @@
 //! *Invalidates.* Nothing kept across passes (it runs before fusion). The
 //! members and their bias adds are left to DCE.
 //!
-//! *Cost.* The weights' and the biases' copies each run: for a BERT-base
-//! layer two kernels of 4.4 and 2.1 µs (3.5 MB and 4.6 KB) against the 11
-//! the merged product saves. A copy kept while the weights do not change
-//! would save those too; it is not done.
+//! *Cost.* The weights' and the biases' copy each run: for a BERT-base
+//! layer 3.5 MB (two kernels of 4.4 and 2.0 µs before they were joined)
+//! against the 11 µs the merged product saves. A copy kept while the
+//! weights do not change would save that too; it is not done.
 //!
 //! *Assumes.* A verified graph in the canonical phase. O(n) per set (the
 //! check that no member feeds another's operands).
@@ -69,6 +73,12 @@ use super::cse::common_ancestor;
 use super::{Changed, Pass, PassCtx, PassOptions};
 use crate::ir::{BinaryOp, DType, Graph, Node, NodeId, Op, RegionId, Shape};
 use crate::Result;
+
+/// The run, in elements, of the weights' and biases' joined copy: every
+/// width a multiple of it keeps every piece (and the biases' start, for
+/// cuBLASLt's bias pointer) 16-byte aligned in 16-bit types, and the
+/// copy kernel moves four elements at a time.
+const RUN: usize = 8;
 
 /// Merges products that share their left operand (see the module docs).
 #[derive(Clone, Copy, Debug, Default)]
@@ -216,20 +226,52 @@ fn merge(graph: &mut Graph, set: &[Member]) -> Option<usize> {
             _ => None,
         })
         .collect();
-    let rhs = match transposed {
+    let vectors: Vec<NodeId> = set.iter().filter_map(|m| m.bias.as_ref().map(|b| b.vector)).collect();
+    let (rhs, vector) = match transposed {
+        Some(weights) if !vectors.is_empty() && widths.iter().all(|w| w % RUN == 0) => {
+            // One copy of the weights' rows and the biases, in runs of
+            // `RUN` elements: the weights are its first `total · k`
+            // elements, the biases the rest.
+            let mut pieces = Vec::with_capacity(2 * set.len());
+            for (&part, elements) in
+                weights.iter().chain(&vectors).zip(widths.iter().map(|w| w * k).chain(widths.iter().copied()))
+            {
+                pieces.push(add(
+                    graph,
+                    Op::Reshape(Shape::new([elements / RUN, RUN])),
+                    vec![elements / RUN, RUN],
+                    &[part],
+                    region,
+                ));
+            }
+            let joined_rows = (total * k + total) / RUN;
+            let joined = add(graph, Op::Cat { dim: 0 }, vec![joined_rows, RUN], &pieces, region);
+            let flat = add(
+                graph,
+                Op::Reshape(Shape::new([total * k + total])),
+                vec![total * k + total],
+                &[joined],
+                region,
+            );
+            let slice = |start, len| Op::Slice { dim: 0, start, step: 1, len };
+            let rows_flat = add(graph, slice(0, total * k), vec![total * k], &[flat], region);
+            let rows_first =
+                add(graph, Op::Reshape(Shape::new([total, k])), vec![total, k], &[rows_flat], region);
+            let rhs = add(graph, Op::Permute(vec![1, 0]), vec![k, total], &[rows_first], region);
+            (rhs, Some(add(graph, slice(total * k, total), vec![total], &[flat], region)))
+        }
         Some(weights) => {
             let rows_first = add(graph, Op::Cat { dim: 0 }, vec![total, k], &weights, region);
-            add(graph, Op::Permute(vec![1, 0]), vec![k, total], &[rows_first], region)
+            (add(graph, Op::Permute(vec![1, 0]), vec![k, total], &[rows_first], region), None)
         }
         None => {
             let rhs: Vec<NodeId> = set.iter().map(|m| m.rhs).collect();
-            add(graph, Op::Cat { dim: 1 }, vec![k, total], &rhs, region)
+            (add(graph, Op::Cat { dim: 1 }, vec![k, total], &rhs, region), None)
         }
     };
     let mut merged = add(graph, Op::MatMul, vec![rows, total], &[lhs, rhs], region);
-    if set[0].bias.is_some() {
-        let vectors: Vec<NodeId> = set.iter().filter_map(|m| m.bias.as_ref().map(|b| b.vector)).collect();
-        let vector = add(graph, Op::Cat { dim: 0 }, vec![total], &vectors, region);
+    if !vectors.is_empty() {
+        let vector = vector.unwrap_or_else(|| add(graph, Op::Cat { dim: 0 }, vec![total], &vectors, region));
         let expanded =
             add(graph, Op::Expand(Shape::new([rows, total])), vec![rows, total], &[vector], region);
         merged = add(graph, Op::Binary(BinaryOp::Add), vec![rows, total], &[merged, expanded], region);
