@@ -206,16 +206,15 @@ fn merge(graph: &mut Graph, set: &[Member]) -> Option<usize> {
     }
     // No member may feed another's operands: the merged node would read
     // its own value.
-    let mut sources: Vec<NodeId> = set.iter().map(|m| m.rhs).collect();
-    sources.extend(set.iter().filter_map(|m| m.bias.as_ref().map(|b| b.vector)));
+    let vectors: Vec<NodeId> = set.iter().filter_map(|m| m.bias.as_ref().map(|b| b.vector)).collect();
+    let sources: Vec<NodeId> = set.iter().map(|m| m.rhs).chain(vectors.iter().copied()).collect();
     let upstream = graph.reachable_from(&sources);
     if set.iter().any(|m| upstream.contains(&m.node)) {
         return None;
     }
-    let dtype = graph.node(set[0].node).dtype;
-    let region = set.iter().map(|m| graph.node(m.node).region).reduce(|a, b| common_ancestor(graph, a, b))?;
-    let add = |graph: &mut Graph, op: Op, shape: Vec<usize>, operands: &[NodeId], region: RegionId| {
-        graph.add_unchecked(Node { op, shape: Shape(shape), dtype, region }, operands)
+    let at = At {
+        dtype: graph.node(set[0].node).dtype,
+        region: set.iter().map(|m| graph.node(m.node).region).reduce(|a, b| common_ancestor(graph, a, b))?,
     };
     // The right operands side by side; rows of the untransposed weights
     // when every member reads its weight transposed.
@@ -226,68 +225,82 @@ fn merge(graph: &mut Graph, set: &[Member]) -> Option<usize> {
             _ => None,
         })
         .collect();
-    let vectors: Vec<NodeId> = set.iter().filter_map(|m| m.bias.as_ref().map(|b| b.vector)).collect();
     let (rhs, vector) = match transposed {
         Some(weights) if !vectors.is_empty() && widths.iter().all(|w| w % RUN == 0) => {
-            // One copy of the weights' rows and the biases, in runs of
-            // `RUN` elements: the weights are its first `total · k`
-            // elements, the biases the rest.
-            let mut pieces = Vec::with_capacity(2 * set.len());
-            for (&part, elements) in
-                weights.iter().chain(&vectors).zip(widths.iter().map(|w| w * k).chain(widths.iter().copied()))
-            {
-                pieces.push(add(
-                    graph,
-                    Op::Reshape(Shape::new([elements / RUN, RUN])),
-                    vec![elements / RUN, RUN],
-                    &[part],
-                    region,
-                ));
-            }
-            let joined_rows = (total * k + total) / RUN;
-            let joined = add(graph, Op::Cat { dim: 0 }, vec![joined_rows, RUN], &pieces, region);
-            let flat = add(
-                graph,
-                Op::Reshape(Shape::new([total * k + total])),
-                vec![total * k + total],
-                &[joined],
-                region,
-            );
-            let slice = |start, len| Op::Slice { dim: 0, start, step: 1, len };
-            let rows_flat = add(graph, slice(0, total * k), vec![total * k], &[flat], region);
-            let rows_first =
-                add(graph, Op::Reshape(Shape::new([total, k])), vec![total, k], &[rows_flat], region);
-            let rhs = add(graph, Op::Permute(vec![1, 0]), vec![k, total], &[rows_first], region);
-            (rhs, Some(add(graph, slice(total * k, total), vec![total], &[flat], region)))
+            let (rows_first, vector) = joined_copy(graph, at, &weights, &vectors, &widths, k);
+            (at.add(graph, Op::Permute(vec![1, 0]), vec![k, total], &[rows_first]), Some(vector))
         }
         Some(weights) => {
-            let rows_first = add(graph, Op::Cat { dim: 0 }, vec![total, k], &weights, region);
-            (add(graph, Op::Permute(vec![1, 0]), vec![k, total], &[rows_first], region), None)
+            let rows_first = at.add(graph, Op::Cat { dim: 0 }, vec![total, k], &weights);
+            (at.add(graph, Op::Permute(vec![1, 0]), vec![k, total], &[rows_first]), None)
         }
         None => {
             let rhs: Vec<NodeId> = set.iter().map(|m| m.rhs).collect();
-            (add(graph, Op::Cat { dim: 1 }, vec![k, total], &rhs, region), None)
+            (at.add(graph, Op::Cat { dim: 1 }, vec![k, total], &rhs), None)
         }
     };
-    let mut merged = add(graph, Op::MatMul, vec![rows, total], &[lhs, rhs], region);
+    let mut merged = at.add(graph, Op::MatMul, vec![rows, total], &[lhs, rhs]);
     if !vectors.is_empty() {
-        let vector = vector.unwrap_or_else(|| add(graph, Op::Cat { dim: 0 }, vec![total], &vectors, region));
-        let expanded =
-            add(graph, Op::Expand(Shape::new([rows, total])), vec![rows, total], &[vector], region);
-        merged = add(graph, Op::Binary(BinaryOp::Add), vec![rows, total], &[merged, expanded], region);
+        let vector = vector.unwrap_or_else(|| at.add(graph, Op::Cat { dim: 0 }, vec![total], &vectors));
+        let expanded = at.add(graph, Op::Expand(Shape::new([rows, total])), vec![rows, total], &[vector]);
+        merged = at.add(graph, Op::Binary(BinaryOp::Add), vec![rows, total], &[merged, expanded]);
     }
     let mut start = 0;
     for (m, &width) in set.iter().zip(&widths) {
         let replaced = m.bias.as_ref().map_or(m.node, |b| b.add);
-        let region = graph.node(replaced).region;
+        let here = At { region: graph.node(replaced).region, ..at };
         let slice = Op::Slice { dim: 1, start, step: 1, len: width };
-        let mut value = add(graph, slice, vec![rows, width], &[merged], region);
+        let mut value = here.add(graph, slice, vec![rows, width], &[merged]);
         let shape = graph.node(replaced).shape.clone();
         if shape.0[..] != [rows, width] {
-            value = add(graph, Op::Reshape(shape.clone()), shape.0, &[value], region);
+            value = here.add(graph, Op::Reshape(shape.clone()), shape.0, &[value]);
         }
         graph.replace_all_uses(replaced, value);
         start += width;
     }
     Some(total)
+}
+
+/// The dtype and region of the nodes a merge adds.
+#[derive(Clone, Copy)]
+struct At {
+    dtype: DType,
+    region: RegionId,
+}
+
+impl At {
+    fn add(self, graph: &mut Graph, op: Op, shape: Vec<usize>, operands: &[NodeId]) -> NodeId {
+        graph
+            .add_unchecked(Node { op, shape: Shape(shape), dtype: self.dtype, region: self.region }, operands)
+    }
+}
+
+/// One copy of the weights' rows (`[N_i, K]` each) and the biases, each
+/// viewed as rows of [`RUN`] elements: the weights `[ΣN, K]` are a view of
+/// its first `ΣN · K` elements, the biases of the `ΣN` after them.
+fn joined_copy(
+    graph: &mut Graph,
+    at: At,
+    weights: &[NodeId],
+    vectors: &[NodeId],
+    widths: &[usize],
+    k: usize,
+) -> (NodeId, NodeId) {
+    let total: usize = widths.iter().sum();
+    let sizes = widths.iter().map(|w| w * k).chain(widths.iter().copied());
+    let pieces: Vec<NodeId> = weights
+        .iter()
+        .chain(vectors)
+        .zip(sizes)
+        .map(|(&part, elements)| {
+            at.add(graph, Op::Reshape(Shape::new([elements / RUN, RUN])), vec![elements / RUN, RUN], &[part])
+        })
+        .collect();
+    let all = total * k + total;
+    let joined = at.add(graph, Op::Cat { dim: 0 }, vec![all / RUN, RUN], &pieces);
+    let flat = at.add(graph, Op::Reshape(Shape::new([all])), vec![all], &[joined]);
+    let slice = |start, len| Op::Slice { dim: 0, start, step: 1, len };
+    let rows_flat = at.add(graph, slice(0, total * k), vec![total * k], &[flat]);
+    let rows_first = at.add(graph, Op::Reshape(Shape::new([total, k])), vec![total, k], &[rows_flat]);
+    (rows_first, at.add(graph, slice(total * k, total), vec![total], &[flat]))
 }
