@@ -24,6 +24,15 @@ fn heads(x: &Nd<f64>, b: usize, s: usize, h: usize) -> Nd<f64> {
     x.reshape(&[b, s, h, d]).permute(&[0, 2, 1, 3]).contiguous()
 }
 
+/// Variables `{prefix}0, {prefix}1, ..` holding `values` in `dtype`.
+fn variables(ctx: &Context, prefix: &str, dtype: DType, values: &[Nd<f64>]) -> Vec<Variable> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| ctx.variable(&format!("{prefix}{i}"), tensor_f(ctx, dtype, v)).expect("variable"))
+        .collect()
+}
+
 /// Whether this backend's plans merge products of `dtype`
 /// (`PassOptions::merge_matmuls`; 16-bit products only).
 fn merges(ctx: &Context, dtype: DType) -> bool {
@@ -136,16 +145,8 @@ fn gradients_through_merged_projections_match_f64() {
             let bs: Vec<Nd<f64>> = widths.iter().map(|&n| rand_f(&mut rng, dtype, &[n], 0.5)).collect();
             let gs: Vec<Nd<f64>> = widths.iter().map(|&n| rand_f(&mut rng, dtype, &[rows, n], 1.0)).collect();
             let vx = ctx.variable("x", tensor_f(&ctx, dtype, &x)).expect("variable");
-            let vw: Vec<Variable> = ws
-                .iter()
-                .enumerate()
-                .map(|(i, wi)| ctx.variable(&format!("w{i}"), tensor_f(&ctx, dtype, wi)).expect("variable"))
-                .collect();
-            let vb: Vec<Variable> = bs
-                .iter()
-                .enumerate()
-                .map(|(i, bi)| ctx.variable(&format!("b{i}"), tensor_f(&ctx, dtype, bi)).expect("variable"))
-                .collect();
+            let vw = variables(&ctx, "w", dtype, &ws);
+            let vb = variables(&ctx, "b", dtype, &bs);
             let mut loss: Option<Tensor> = None;
             for i in 0..3 {
                 let p = vx.tensor().matmul(&vw[i].tensor().t()) + vb[i].tensor();
@@ -226,16 +227,8 @@ fn merged_projections_read_each_steps_weights() {
         let (low, f32) = (DType::BF16, DType::F32);
         let mut model_w: Vec<Nd<f64>> = (0..3).map(|_| rand_f(&mut rng, f32, &[n, w], 0.5)).collect();
         let mut model_b: Vec<Nd<f64>> = (0..3).map(|_| rand_f(&mut rng, f32, &[n], 0.5)).collect();
-        let vw: Vec<Variable> = model_w
-            .iter()
-            .enumerate()
-            .map(|(i, m)| ctx.variable(&format!("w{i}"), tensor_f(&ctx, f32, m)).expect("variable"))
-            .collect();
-        let vb: Vec<Variable> = model_b
-            .iter()
-            .enumerate()
-            .map(|(i, m)| ctx.variable(&format!("b{i}"), tensor_f(&ctx, f32, m)).expect("variable"))
-            .collect();
+        let vw = variables(&ctx, "w", f32, &model_w);
+        let vb = variables(&ctx, "b", f32, &model_b);
         let forward = |x: &Tensor| -> Vec<Tensor> {
             (0..3).map(|i| x.matmul(&vw[i].tensor().cast(low).t()) + vb[i].tensor().cast(low)).collect()
         };
