@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod cuda;
 pub(crate) mod layout;
 pub mod philox;
+pub(crate) mod prologue;
 
 pub use layout::Layout;
 
@@ -61,6 +62,17 @@ impl Buffer {
             Buffer::Cpu(b) => b.dtype(),
             #[cfg(feature = "cuda-backend")]
             Buffer::Cuda(b) => b.dtype(),
+        }
+    }
+
+    /// What identifies the elements it holds: the [`Contents`] of its
+    /// bytes and its layout over them. Two buffers with equal identities
+    /// hold equal elements (a weight prologue keys its kept values on it).
+    pub(crate) fn identity(&self) -> (Contents, Layout) {
+        match self {
+            Buffer::Cpu(b) => b.identity(),
+            #[cfg(feature = "cuda-backend")]
+            Buffer::Cuda(b) => (b.contents, Layout::contiguous(b.shape().clone())),
         }
     }
 
@@ -148,6 +160,10 @@ pub struct DeviceStats {
     /// Nodes run inside launch groups (a multi-tensor kernel on CUDA, one
     /// parallel loop on the CPU; see [`crate::ir::LaunchGroup`]).
     pub grouped_nodes: AtomicU64,
+    /// Weight prologues run: calls whose kept values were made again
+    /// because a variable they read changed (or on a plan's first call;
+    /// see `prologue.rs`).
+    pub prologue_runs: AtomicU64,
 }
 
 impl DeviceStats {

@@ -159,6 +159,12 @@ pub struct Stats {
     /// work the `horizontal` pass batched into one multi-tensor launch
     /// (CUDA) or one parallel loop (CPU).
     pub grouped_nodes: u64,
+    /// Weight prologues run: calls that made a plan's kept values again
+    /// (its first call, or a variable they are made from changed), where
+    /// the `weight-prologue` pass moved work on variables alone (the
+    /// merged projections' weight copy, autocast's weight casts) out of
+    /// the plan. An inference loop runs it once.
+    pub prologue_runs: u64,
     /// Per region of the recording graph (scopes, their `grad/` regions):
     /// nodes recorded there now, and the variables the region's workspace
     /// holds. Sorted by path; the root region's path is empty.
@@ -405,6 +411,7 @@ impl Context {
             graph_input_copies: device.graph_input_copies.load(Relaxed),
             launches: device.launches.load(Relaxed),
             grouped_nodes: device.grouped_nodes.load(Relaxed),
+            prologue_runs: device.prologue_runs.load(Relaxed),
             regions: state.region_stats(),
             recompiles: state.observe.recompiles.clone(),
         }

@@ -159,13 +159,9 @@ impl Observe {
         &self,
         graph: Graph,
         config: &PipelineConfig,
-    ) -> Result<(Graph, Option<Vec<PassRecord>>)> {
-        if self.report_dir.is_some() {
-            let (g, records) = passes::optimize_traced(graph, config)?;
-            Ok((g, Some(records)))
-        } else {
-            Ok((passes::optimize(graph, config)?, None))
-        }
+        stable: &[bool],
+    ) -> Result<(passes::Optimized, Option<Vec<PassRecord>>)> {
+        passes::optimize_plan(graph, config, stable, self.report_dir.is_some())
     }
 
     /// Keeps a profiled run; rewrites a report waiting for its times.

@@ -24,6 +24,7 @@
 use super::key::{extract_walked, KeyHash, PlanKey, Walker};
 use super::observe::KernelWork;
 use super::{Context, State};
+use crate::backends::prologue::WithPrologue;
 use crate::backends::{Buffer, Executable, Launched, RngArgs};
 use crate::ir::{self, BufferId, Graph, NodeId, Op, Plan};
 use crate::{passes, Location, Result};
@@ -53,6 +54,28 @@ impl PlanCache {
 pub(crate) fn extract(graph: &Graph, targets: &[NodeId]) -> Graph {
     let w = Walker::default().walk(graph, targets);
     extract_walked(graph, targets, &w.order, &w.inputs, &w.streams)
+}
+
+/// Per input slot of a plan (its buffers, `inputs`), whether it holds a
+/// variable's current value: what the `weight-prologue` pass may keep
+/// work of. A variable with an assignment pending does not count (its
+/// current value is the pending node, and the run it is read by makes its
+/// new bytes), nor does any other buffer (a batch, a gradient). The plan
+/// cache's key does not hold this: a plan compiled for one set of stable
+/// slots and run with others stays correct, since its prologue runs
+/// whenever the bytes it reads change (`backends/prologue.rs`).
+fn stable_inputs(state: &State, inputs: &[BufferId]) -> Vec<bool> {
+    let current: std::collections::HashSet<BufferId> = state
+        .ws
+        .vars
+        .iter()
+        .filter(|v| state.graph.contains(v.value))
+        .filter_map(|v| match state.graph.node(v.value).op {
+            Op::Buffer(b) => Some(b),
+            _ => None,
+        })
+        .collect();
+    inputs.iter().map(|b| current.contains(b)).collect()
 }
 
 /// A plan bound to its inputs, ready to run without the lock.
@@ -292,11 +315,27 @@ impl Context {
                 config.options = state.options;
                 state.observe.on_miss(&key, &extracted);
                 let started = std::time::Instant::now();
-                let (optimized, records) = state.observe.optimize(extracted, &config)?;
-                let plan = Arc::new(Plan::new(optimized).binding(walk.inputs.len()));
+                let stable = stable_inputs(state, &walk.inputs);
+                let (optimized, records) = state.observe.optimize(extracted, &config, &stable)?;
+                let kept = optimized.prologue.as_ref().map_or(0, |p| p.graph.outputs().len());
+                let plan = Arc::new(Plan::new(optimized.graph).binding(walk.inputs.len() + kept));
                 let optimized_at = std::time::Instant::now();
                 let kernels_before = KernelWork::now(&self.inner.backend.stats());
                 let exe = self.inner.backend.compile_with(plan.clone(), &state.compile)?;
+                let exe: Arc<dyn Executable> = match optimized.prologue {
+                    Some(prologue) => {
+                        let inputs = prologue.reads.len();
+                        let first = Arc::new(Plan::new(prologue.graph).binding(inputs));
+                        Arc::new(WithPrologue::new(
+                            self.inner.backend.compile_with(first, &state.compile)?,
+                            exe,
+                            prologue.reads,
+                            walk.inputs.len(),
+                            self.inner.backend.stats(),
+                        ))
+                    }
+                    None => exe,
+                };
                 let (optimize, backend) = (optimized_at - started, optimized_at.elapsed());
                 state.compile_times.note(optimize, backend);
                 let kernels = KernelWork::now(&self.inner.backend.stats()).since(kernels_before);
@@ -331,37 +370,56 @@ impl Context {
 
     /// The optimized graph the given tensors would compile to (what
     /// [`Context::explain`] prints). Compiles nothing for the backend and
-    /// leaves the cache alone.
+    /// leaves the cache alone. Where the `weight-prologue` pass moved work
+    /// on variables alone out of the plan, the graph reads those kept
+    /// values as inputs after the realized buffers' (`explain` prints the
+    /// prologue too).
     #[track_caller]
     pub fn optimized_graph(&self, tensors: &[&crate::Tensor]) -> Result<Graph> {
-        self.optimized_graph_at(tensors, Location::caller())
+        Ok(self.optimized_at(tensors, Location::caller())?.graph)
     }
 
-    fn optimized_graph_at(&self, tensors: &[&crate::Tensor], location: Location) -> Result<Graph> {
+    fn optimized_at(&self, tensors: &[&crate::Tensor], location: Location) -> Result<passes::Optimized> {
         let targets = tensors.iter().map(|t| t.node_in(self, location)).collect::<Result<Vec<_>>>()?;
-        let (extracted, config) = {
+        let (extracted, config, stable) = {
             let state = self.state();
             let targets = with_pending(&state, &targets).all;
+            let walk = Walker::default().walk(&state.graph, &targets);
             (
-                extract(&state.graph, &targets),
+                extract_walked(&state.graph, &targets, &walk.order, &walk.inputs, &walk.streams),
                 state.config.clone().map(|mut c| {
                     c.options = state.options;
                     c
                 }),
+                stable_inputs(&state, &walk.inputs),
             )
         };
         let config = config?;
-        passes::optimize(extracted, &config)
+        Ok(passes::optimize_plan(extracted, &config, &stable, false)?.0)
     }
 
     /// The optimized text IR of the graph that computes `tensors`: one line
     /// per node, `%id: dtype[shape] = op operands attributes @region`, then
     /// `return`. Realized values appear as `input k`. Pending assignments
     /// (and held gradients) are part of the graph a read would run, so
-    /// they follow the tensors in the `return` line.
+    /// they follow the tensors in the `return` line. Work on variables
+    /// alone that the plan keeps between calls (`weight-prologue`) follows
+    /// under a `;; prologue` line: its inputs are the plan's inputs it
+    /// names, and its outputs the plan's inputs from the one it names on.
     #[track_caller]
     pub fn explain(&self, tensors: &[&crate::Tensor]) -> Result<String> {
-        Ok(ir::text::print(&self.optimized_graph_at(tensors, Location::caller())?))
+        let optimized = self.optimized_at(tensors, Location::caller())?;
+        let mut text = ir::text::print(&optimized.graph);
+        if let Some(p) = &optimized.prologue {
+            let reads: Vec<String> = p.reads.iter().map(|k| k.to_string()).collect();
+            text.push_str(&format!(
+                ";; prologue (run when a variable it reads changes): reads inputs {}; returns inputs {}..\n",
+                reads.join(", "),
+                p.kept_from
+            ));
+            text.push_str(&ir::text::print(&p.graph));
+        }
+        Ok(text)
     }
 
     /// Drops every compiled plan this context holds, and with them their

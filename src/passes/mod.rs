@@ -35,6 +35,7 @@ mod schedule;
 mod simplify;
 mod streams;
 mod view_fold;
+mod weight_prologue;
 
 pub use assign::Assign;
 pub use attention_grad::AttentionGrad;
@@ -52,11 +53,12 @@ pub use multi_output::MultiOutput;
 pub use narrow::Narrow;
 pub use remat::Remat;
 pub(crate) use run::fnv1a;
-pub use run::{optimize, optimize_traced, run_single, PassRecord};
+pub use run::{optimize, optimize_plan, optimize_traced, run_single, split_prologue, Optimized, PassRecord};
 pub use schedule::Schedule;
 pub use simplify::Simplify;
 pub use streams::Streams;
 pub use view_fold::ViewFold;
+pub use weight_prologue::{Prologue, WeightPrologue};
 
 use crate::ir::{DType, Graph, Phase};
 use crate::{Error, Result};
@@ -82,6 +84,12 @@ pub trait Pass: Send + Sync {
     /// set or a region of the graph has an autocast setting.
     fn applies(&self, _options: &PassOptions, _graph: &Graph) -> bool {
         true
+    }
+    /// [`Pass::applies`] where the driver has the whole [`PassCtx`]: for a
+    /// pass that depends on more than the options (`weight-prologue`
+    /// applies only to a context's plans, which name their stable inputs).
+    fn applies_in(&self, cx: &PassCtx, graph: &Graph) -> bool {
+        self.applies(&cx.options, graph)
     }
     /// Whether the pass runs even when turned off (then with
     /// [`PassCtx::off`] set, doing only what backends need: `assign`).
@@ -273,6 +281,13 @@ pub struct PassCtx {
     /// The pass is turned off but [`Pass::required`]: it does only what
     /// backends need.
     pub off: bool,
+    /// Per input slot, whether it holds a variable's current value that
+    /// the run does not assign (the context's plans only; empty
+    /// elsewhere): what `weight-prologue` may keep work of.
+    pub stable_inputs: Vec<bool>,
+    /// What `weight-prologue` moved out of the graph, for the driver to
+    /// take (`run.rs`).
+    pub prologue: Option<Prologue>,
 }
 
 impl PassCtx {
@@ -346,6 +361,10 @@ pub static REGISTRY: &[PassInfo] = &[
     },
     PassInfo { pass: &Dce, description: "remove nodes the outputs do not need" },
     PassInfo {
+        pass: &WeightPrologue,
+        description: "run work on the variables alone in a prologue plan, kept until one of them changes",
+    },
+    PassInfo {
         pass: &Remat,
         description: "recompute cheap forward values in the backward pass instead of keeping them",
     },
@@ -406,6 +425,10 @@ pub static PIPELINE: &[&dyn Pass] = &[
     &MergeMatmuls,
     // Drop what folding, bypassed views, merges and narrowing left unused.
     &Dce,
+    // Work on the weights alone (the merged weights' copy, autocast's
+    // casts) to a prologue plan, kept until a weight changes; before
+    // fusion, so both plans are fused and planned as any other.
+    &WeightPrologue,
     // The backward pass recomputes cheap forward values it reads, so that
     // fusion can finish each forward chain in one kernel.
     &Remat,

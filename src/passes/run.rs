@@ -3,7 +3,7 @@
 //! (`KILN_DUMP`), traced runs for reports, and one pass alone for the
 //! snapshot tests. What the passes are and in which order is `mod.rs`.
 
-use super::{effects, lookup, Pass, PassCtx, PassOptions, PassStats, PipelineConfig, PIPELINE};
+use super::{effects, lookup, Pass, PassCtx, PassOptions, PassStats, PipelineConfig, Prologue, PIPELINE};
 use crate::ir::{self, Graph, Phase};
 use crate::{Error, Result};
 use std::path::Path;
@@ -74,7 +74,40 @@ fn verify_message(e: Error) -> String {
 /// first line is `;; <pass>: <stats>`, then the pass's notes
 /// ([`PassCtx::note`]), each after a `; `.
 pub fn optimize(graph: Graph, config: &PipelineConfig) -> Result<Graph> {
-    run_pipeline(graph, config, None)
+    Ok(run_pipeline(graph, config, &[], None)?.graph)
+}
+
+/// What the pipeline made of a plan whose stable inputs were given
+/// ([`optimize_plan`]): the plan's graph, and the prologue when
+/// `weight-prologue` moved work out of it (then the graph reads the kept
+/// values from input slots `prologue.kept_from..`).
+#[derive(Clone, Debug)]
+pub struct Optimized {
+    /// The plan's graph.
+    pub graph: Graph,
+    /// The work on stable inputs alone, optimized by the same passes.
+    pub prologue: Option<Prologue>,
+}
+
+/// [`optimize`] for a plan a context compiles: `stable` says, per input
+/// slot, whether it holds a variable's current value that the run does not
+/// assign (see `weight_prologue.rs`). With `traced`, also the graph after
+/// every step that ran, as [`optimize_traced`] returns them (the plan's,
+/// not the prologue's). The passes after `weight-prologue` run on both
+/// graphs; dumps write the prologue's as `NN-<pass>.prologue.kir`.
+pub fn optimize_plan(
+    graph: Graph,
+    config: &PipelineConfig,
+    stable: &[bool],
+    traced: bool,
+) -> Result<(Optimized, Option<Vec<PassRecord>>)> {
+    if traced {
+        let mut records = Vec::new();
+        let optimized = run_pipeline(graph, config, stable, Some(&mut records))?;
+        Ok((optimized, Some(records)))
+    } else {
+        Ok((run_pipeline(graph, config, stable, None)?, None))
+    }
 }
 
 /// One step of a traced pipeline run: what a dump file holds, as values
@@ -97,15 +130,16 @@ pub struct PassRecord {
 /// input first). Costs one graph copy per step, so only reports use it.
 pub fn optimize_traced(graph: Graph, config: &PipelineConfig) -> Result<(Graph, Vec<PassRecord>)> {
     let mut records = Vec::new();
-    let graph = run_pipeline(graph, config, Some(&mut records))?;
-    Ok((graph, records))
+    let optimized = run_pipeline(graph, config, &[], Some(&mut records))?;
+    Ok((optimized.graph, records))
 }
 
 fn run_pipeline(
     graph: Graph,
     config: &PipelineConfig,
+    stable: &[bool],
     mut trace: Option<&mut Vec<PassRecord>>,
-) -> Result<Graph> {
+) -> Result<Optimized> {
     let mut graph = graph;
     check_input(&graph)?;
     let verify = verifying();
@@ -129,16 +163,20 @@ fn run_pipeline(
         }
         None => None,
     };
-    let mut cx = PassCtx { options: config.options, ..PassCtx::default() };
+    let mut cx = PassCtx { options: config.options, stable_inputs: stable.to_vec(), ..PassCtx::default() };
     let recorded = effects::Recorded::of(&graph);
+    let mut split: Option<(usize, Prologue)> = None;
     for (step, pass) in PIPELINE.iter().enumerate() {
         let on = config.is_enabled(pass.name());
-        if (!on && !pass.required()) || !pass.applies(&cx.options, &graph) {
+        if (!on && !pass.required()) || !pass.applies_in(&cx, &graph) {
             continue;
         }
         cx.off = !on;
         let stats = run_pass(*pass, &mut graph, &mut cx, verify, &recorded)?;
         graph.advance_phase(pass.reaches());
+        if let Some(prologue) = cx.prologue.take() {
+            split = Some((step, prologue));
+        }
         if let Some(dir) = &dump_dir {
             let file = dir.join(format!("{:02}-{}.kir", step + 1, pass.name()));
             let mut header = format!(";; {}: {stats}", pass.name());
@@ -159,6 +197,37 @@ fn run_pipeline(
         }
     }
     graph.advance_phase(Phase::Canonical);
+    let prologue = match split {
+        Some((step, mut prologue)) => {
+            prologue.graph = finish_prologue(prologue.graph, config, step + 1, dump_dir.as_deref())?;
+            Some(prologue)
+        }
+        None => None,
+    };
+    Ok(Optimized { graph, prologue })
+}
+
+/// Runs the pipeline's steps from `from` on a prologue that
+/// `weight-prologue` split off at step `from - 1`.
+fn finish_prologue(graph: Graph, config: &PipelineConfig, from: usize, dump: Option<&Path>) -> Result<Graph> {
+    let mut graph = graph;
+    let verify = verifying();
+    let mut cx = PassCtx { options: config.options, ..PassCtx::default() };
+    let recorded = effects::Recorded::of(&graph);
+    for (step, pass) in PIPELINE.iter().enumerate().skip(from) {
+        let on = config.is_enabled(pass.name());
+        if (!on && !pass.required()) || !pass.applies_in(&cx, &graph) {
+            continue;
+        }
+        cx.off = !on;
+        let stats = run_pass(*pass, &mut graph, &mut cx, verify, &recorded)?;
+        graph.advance_phase(pass.reaches());
+        if let Some(dir) = dump {
+            let file = dir.join(format!("{:02}-{}.prologue.kir", step + 1, pass.name()));
+            write_dump(&file, &format!(";; {} (prologue): {stats}", pass.name()), &ir::text::print(&graph))?;
+        }
+    }
+    graph.advance_phase(Phase::Canonical);
     Ok(graph)
 }
 
@@ -173,6 +242,22 @@ pub fn run_single(name: &str, graph: Graph, options: PassOptions) -> Result<Grap
     run_pass(info.pass, &mut graph, &mut PassCtx { options, ..PassCtx::default() }, true, &recorded)?;
     graph.advance_phase(info.pass.reaches());
     Ok(graph)
+}
+
+/// Runs `weight-prologue` alone with the given stable input slots,
+/// verifying its input and both graphs it makes: what its snapshot tests
+/// call (`run_single` gives a pass no stable inputs).
+pub fn split_prologue(graph: Graph, stable: &[bool]) -> Result<Optimized> {
+    let mut graph = graph;
+    check_input(&graph)?;
+    let recorded = effects::Recorded::of(&graph);
+    let mut cx = PassCtx { stable_inputs: stable.to_vec(), ..PassCtx::default() };
+    run_pass(&super::WeightPrologue, &mut graph, &mut cx, true, &recorded)?;
+    let prologue = cx.prologue.take();
+    if let Some(p) = &prologue {
+        ir::verify(&p.graph).map_err(|e| Error::Verify(format!("the prologue: {}", verify_message(e))))?;
+    }
+    Ok(Optimized { graph, prologue })
 }
 
 fn write_dump(path: &Path, header: &str, text: &str) -> Result<()> {

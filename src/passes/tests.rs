@@ -30,6 +30,7 @@ fn registry_names_are_unique_kebab_case() {
             "attention-layout",
             "merge-matmuls",
             "dce",
+            "weight-prologue",
             "remat",
             "fusion",
             "assign",

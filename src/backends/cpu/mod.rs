@@ -87,7 +87,6 @@ impl CpuBuffer {
 
     /// What identifies the elements this buffer reads: its storage's
     /// contents and its layout over them.
-    #[cfg_attr(not(feature = "cuda-emulator"), allow(dead_code))]
     pub(crate) fn identity(&self) -> (crate::backends::Contents, Layout) {
         (self.storage.contents(), self.layout.clone())
     }

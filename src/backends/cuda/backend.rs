@@ -21,7 +21,7 @@ use std::sync::Arc;
 pub struct CudaBuffer {
     pub(super) alloc: Arc<DeviceAlloc>,
     /// Which bytes the allocation holds for this buffer (see [`Contents`]).
-    pub(super) contents: Contents,
+    pub(crate) contents: Contents,
     shape: Shape,
     dtype: DType,
     /// The completion of the work that wrote it (an upload or a run).
