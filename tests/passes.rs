@@ -9,7 +9,9 @@ use kiln::backends::cpu::CpuBackend;
 use kiln::backends::{Backend, Buffer, RngArgs};
 use kiln::ir::text::{parse_test_file, print};
 use kiln::ir::{verify, DType, Graph, HostData, Op, Plan, RegionAutocast, Shape};
-use kiln::passes::{optimize, pass_names, run_single, PassOptions, PipelineConfig};
+use kiln::passes::{
+    optimize, optimize_plan, pass_names, run_single, split_prologue, Optimized, PassOptions, PipelineConfig,
+};
 use splitmix::Rng;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -58,6 +60,124 @@ pass_test!(memory, "memory");
 pass_test!(autodiff, "autodiff");
 pass_test!(autocast, "autocast");
 pass_test!(attention_grad, "attention-grad");
+
+/// `weight-prologue` acts only on the stable input slots a context gives
+/// it, so its cases name them (`test weight-prologue stable=1,2`) and
+/// their snapshots hold the prologue too. Each case also runs on the CPU:
+/// the plan fed the prologue's outputs computes what the input did.
+#[test]
+fn weight_prologue() {
+    settings().bind(|| {
+        insta::glob!("passes/weight-prologue", "*.kir", |path| {
+            insta::assert_snapshot!(check_prologue_case(path));
+        });
+    });
+}
+
+/// The stable slots a case's `stable=` setting names, as a mask over
+/// every input slot of its graph; the other settings.
+fn stable_setting(graph: &Graph, settings: &[String]) -> (Vec<bool>, Vec<String>) {
+    let count = graph
+        .node_ids()
+        .iter()
+        .filter_map(|&id| match graph.node(id).op {
+            Op::Input(k) => Some(k as usize + 1),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    let mut stable = vec![false; count];
+    let mut rest = Vec::new();
+    for s in settings {
+        match s.strip_prefix("stable=") {
+            Some(list) => {
+                for k in list.split(',') {
+                    let k: usize = k.parse().unwrap_or_else(|_| panic!("stable slot `{k}`"));
+                    stable[k] = true;
+                }
+            }
+            None => rest.push(s.clone()),
+        }
+    }
+    (stable, rest)
+}
+
+fn check_prologue_case(path: &Path) -> String {
+    let src = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let case = parse_test_file(&src).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(case.pass, "weight-prologue", "{}: the header names another pass", path.display());
+    let (stable, _) = stable_setting(&case.graph, &case.settings);
+    let split =
+        split_prologue(case.graph.clone(), &stable).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    check_split_values(path, &case.graph, &split, true);
+    let (before, after) = (print(&case.graph), print(&split.graph));
+    let prologue = match &split.prologue {
+        Some(p) => format!(
+            ";; prologue: reads inputs {:?}, returns inputs {}..\n{}",
+            p.reads,
+            p.kept_from,
+            print(&p.graph)
+        ),
+        None => "(no prologue)\n".to_string(),
+    };
+    let diff = similar::TextDiff::from_lines(&before, &after);
+    let diff = if before == after {
+        "(no change)\n".to_string()
+    } else {
+        diff.unified_diff().context_radius(3).header("before", "after").to_string()
+    };
+    let mut out = String::new();
+    for line in case.comment.lines() {
+        out.push_str(&format!(";; {line}\n").replace(";; \n", ";;\n"));
+    }
+    out.push_str(&format!(";; before\n{before};; after\n{after}{prologue};; diff\n{diff}"));
+    out
+}
+
+/// Runs `split` (the prologue, then the plan on the inputs and the
+/// prologue's outputs) and the unsplit graph on the CPU from the same
+/// seeded inputs: the outputs must be equal, bit for bit when `exact` (the
+/// pass alone: the same nodes compute the same values), else within the
+/// dtype's tolerance (the whole pipeline fuses them).
+fn check_split_values(path: &Path, before: &Graph, split: &Optimized, exact: bool) {
+    let backend = solo_backend();
+    let mut rng = Rng(seed_of(path));
+    let mut slots: BTreeMap<u32, (Shape, DType)> = BTreeMap::new();
+    for id in before.node_ids() {
+        if let Op::Input(k) = before.node(id).op {
+            slots.insert(k, (before.node(id).shape.clone(), before.node(id).dtype));
+        }
+    }
+    let count = slots.keys().next_back().map_or(0, |&k| k as usize + 1);
+    let mut inputs: Vec<Buffer> = (0..count as u32)
+        .map(|k| {
+            let (shape, dtype) = slots.get(&k).cloned().unwrap_or((Shape::new([1]), DType::F32));
+            backend.upload(random_data(&mut rng, &shape, dtype), &shape).expect("upload")
+        })
+        .collect();
+    let want = run_on_cpu(&backend, before, &inputs).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    if let Some(p) = &split.prologue {
+        assert_eq!(p.kept_from as usize, count, "{}: kept values follow every slot", path.display());
+        let read: Vec<Buffer> = p.reads.iter().map(|&k| inputs[k as usize].clone()).collect();
+        let exe =
+            backend.compile(Arc::new(Plan::new(p.graph.clone()).binding(read.len()))).expect("prologue");
+        inputs.extend(
+            exe.run(&read, &RngArgs::default()).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+        );
+    }
+    let got =
+        run_on_cpu(&backend, &split.graph, &inputs).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(want.len(), got.len(), "{}: output count", path.display());
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        assert_eq!(w.dtype(), g.dtype(), "{}: output {i} dtype", path.display());
+        let (w, g) = (w.to_f64_vec(), g.to_f64_vec());
+        let tol = if exact { 0.0 } else { 1e-5 };
+        let same = w.iter().zip(&g).all(|(a, b)| {
+            a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()) || (a - b).abs() <= tol * (1.0 + b.abs())
+        });
+        assert!(same && w.len() == g.len(), "{}: output {i}: {w:?} against {g:?}", path.display());
+    }
+}
 
 /// Runs one case: parse, run the pass, compare on the CPU, and return the
 /// snapshot text.
@@ -349,15 +469,17 @@ fn pipeline_dumps_every_step() {
             // `attention-layout`, only to attentions whose heads are merged,
             // and 09 `merge-matmuls`, only to f16 and bf16 products.
             "10-dce.kir",
-            "11-remat.kir",
-            "12-fusion.kir",
-            // 13 is `assign`, which applies only to graphs with assignments,
-            // and 14 `multi-output`, only to fused elementwise nodes that
+            // 11 is `weight-prologue`, which applies only to a context's
+            // plans that read variables.
+            "12-remat.kir",
+            "13-fusion.kir",
+            // 14 is `assign`, which applies only to graphs with assignments,
+            // and 15 `multi-output`, only to fused elementwise nodes that
             // read another of their shape.
-            "15-schedule.kir",
-            "16-horizontal.kir",
-            "17-streams.kir",
-            "18-memory.kir"
+            "16-schedule.kir",
+            "17-horizontal.kir",
+            "18-streams.kir",
+            "19-memory.kir"
         ]
     );
     let mut dumps = String::new();
@@ -418,6 +540,18 @@ fn whole_pipeline_keeps_every_case_meaning() {
         let compare_low = low.or_else(|| region_low(&case.graph));
         let mut config = PipelineConfig::default();
         config.options.autocast = low;
+        if case.pass == "weight-prologue" {
+            // Split as a context's plan would be, then fused and planned.
+            let (stable, _) = stable_setting(&case.graph, &case.settings);
+            let (split, _) = optimize_plan(case.graph.clone(), &config, &stable, false)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            for g in std::iter::once(&split.graph).chain(split.prologue.as_ref().map(|p| &p.graph)) {
+                verify(g).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                assert_eq!(g.phase(), kiln::ir::Phase::Planned);
+            }
+            check_split_values(path, &case.graph, &split, false);
+            continue;
+        }
         let out = optimize(case.graph.clone(), &config).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         verify(&out).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert_eq!(out.phase(), kiln::ir::Phase::Planned);

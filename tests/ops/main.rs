@@ -30,4 +30,5 @@ mod reduce;
 mod slots;
 mod transformer;
 mod views;
+mod weight_prologue;
 mod write;
