@@ -9,7 +9,8 @@
 //!   gradients of `out` seeded with a fixed `g`;
 //! - the MiniLM encoder (6 layers, 384 wide, 12 heads) at batch 64 × 128
 //!   tokens, f32 and bf16, random weights of the real shapes;
-//! - a BERT-base-sized encoder (12 layers, 768, 12 heads) at 32 × 128, bf16.
+//! - a BERT-base-sized encoder (12 layers, 768, 12 heads) at 32 × 128, bf16,
+//!   and with f32 weights under `with_autocast(bf16)`.
 //!
 //! Each: the first call's wall time (a cold kernel cache when
 //! `KILN_CACHE_DIR` is fresh), 5 warm-up calls, then the median of 50 calls
@@ -117,15 +118,28 @@ fn attention_train(shape: [usize; 4], dtype: DType, causal: bool) -> Workload {
     }
 }
 
-fn encoder(label: &str, config: BertConfig, batch: usize, seq: usize, dtype: DType) -> Workload {
+/// An encoder of `dtype` weights; under `autocast` (f32 weights) its
+/// products run in that low type (`Context::with_autocast`).
+fn encoder(
+    label: &str,
+    config: BertConfig,
+    batch: usize,
+    seq: usize,
+    dtype: DType,
+    autocast: Option<DType>,
+) -> Workload {
     let (w, l, f) = (config.hidden_size, config.num_hidden_layers, config.intermediate_size);
     let tokens = (batch * seq) as f64;
     let flops =
         l as f64 * (2.0 * tokens * (4 * w * w + 2 * w * f) as f64 + 4.0 * (batch * seq * seq * w) as f64);
+    let low = autocast.map(|d| format!(" autocast {d}")).unwrap_or_default();
     Workload {
-        name: format!("{label} encoder {batch}x{seq} {dtype}"),
+        name: format!("{label} encoder {batch}x{seq} {dtype}{low}"),
         flops,
         make: Box::new(move |ctx| {
+            if let Some(low) = autocast {
+                let _ = ctx.clone().with_autocast(low);
+            }
             let model = Bert::new(ctx, "bert", &config, dtype)?;
             let params = kiln::nn::Params::parameters(&model);
             ctx.realize(&params.iter().map(|v| &**v).collect::<Vec<&Tensor>>())?;
@@ -157,9 +171,10 @@ fn workloads() -> Vec<Workload> {
             }
         }
     }
-    out.push(encoder("MiniLM-L6", BertConfig::minilm_l6(), 64, 128, DType::F32));
-    out.push(encoder("MiniLM-L6", BertConfig::minilm_l6(), 64, 128, DType::BF16));
-    out.push(encoder("BERT-base", BertConfig::base(), 32, 128, DType::BF16));
+    out.push(encoder("MiniLM-L6", BertConfig::minilm_l6(), 64, 128, DType::F32, None));
+    out.push(encoder("MiniLM-L6", BertConfig::minilm_l6(), 64, 128, DType::BF16, None));
+    out.push(encoder("BERT-base", BertConfig::base(), 32, 128, DType::BF16, None));
+    out.push(encoder("BERT-base", BertConfig::base(), 32, 128, DType::F32, Some(DType::BF16)));
     out
 }
 

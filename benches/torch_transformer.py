@@ -112,6 +112,18 @@ class Encoder(torch.nn.Module):
         return x
 
 
+class Autocast(torch.nn.Module):
+    """An f32 module run under torch.autocast, as mixed-precision inference is written."""
+
+    def __init__(self, inner, dtype):
+        super().__init__()
+        self.inner, self.dtype = inner, dtype
+
+    def forward(self, *args):
+        with torch.autocast("cuda", dtype=self.dtype):
+            return self.inner(*args)
+
+
 def workloads():
     g = torch.Generator(device=dev).manual_seed(1)
     out = []
@@ -133,18 +145,22 @@ def workloads():
                 name = f"attention fwd+bwd {shape} {NAMES[dtype]}{' causal' if causal else ''}"
                 flops = 3.5 * 4 * b * h * s * s * d / (2 if causal else 1)
                 out.append((name, "flash", flops, AttentionTrain(causal), qkv + [seed]))
-    for label, (layers, w, heads, ff), batch, dtype in [
-        ("MiniLM-L6", (6, 384, 12, 1536), 64, torch.float32),
-        ("MiniLM-L6", (6, 384, 12, 1536), 64, torch.bfloat16),
-        ("BERT-base", (12, 768, 12, 3072), 32, torch.bfloat16),
+    for label, (layers, w, heads, ff), batch, dtype, low in [
+        ("MiniLM-L6", (6, 384, 12, 1536), 64, torch.float32, None),
+        ("MiniLM-L6", (6, 384, 12, 1536), 64, torch.bfloat16, None),
+        ("BERT-base", (12, 768, 12, 3072), 32, torch.bfloat16, None),
+        ("BERT-base", (12, 768, 12, 3072), 32, torch.float32, torch.bfloat16),
     ]:
         seq = 128
         model = Encoder(layers, w, heads, ff).to(dev, dtype).eval().requires_grad_(False)
+        name = f"{label} encoder {batch}x{seq} {NAMES[dtype]}"
+        if low is not None:
+            model, name = Autocast(model, low), f"{name} autocast {NAMES[low]}"
         ids = torch.randint(0, 30522, (batch, seq), device=dev, generator=g)
         mask = torch.ones(batch, seq, dtype=torch.int64, device=dev)
         tokens = batch * seq
         flops = layers * (2 * tokens * (4 * w * w + 2 * w * ff) + 4 * batch * seq * seq * w)
-        out.append((f"{label} encoder {batch}x{seq} {NAMES[dtype]}", "sdpa", flops, model, (ids, mask)))
+        out.append((name, "sdpa", flops, model, (ids, mask)))
     return out
 
 

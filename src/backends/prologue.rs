@@ -88,9 +88,11 @@ impl WithPrologue {
         // Dropped first: the prologue's output set is then free to reuse.
         *kept = None;
         let _span = tracing::debug_span!("prologue", inputs = read.len()).entered();
+        // Counted when launched, failed or not (on the CPU a run fails in
+        // `launch`, on a GPU after it).
+        self.stats.prologue_runs.fetch_add(1, Ordering::Relaxed);
         let launched =
             self.prologue.launch(&read.into_iter().cloned().collect::<Vec<_>>(), &RngArgs::default())?;
-        self.stats.prologue_runs.fetch_add(1, Ordering::Relaxed);
         let values = launched.outputs;
         *kept = Some(Kept { made_from, values: values.clone() });
         Ok(values)

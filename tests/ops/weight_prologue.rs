@@ -225,3 +225,45 @@ fn a_captured_step_sees_each_new_value_of_its_weights() {
         assert_eq!(ctx.stats().prologue_runs - start, 7, "prologue runs on {}", ctx.device());
     });
 }
+
+/// A prologue whose run fails (an index variable out of range, gathered
+/// from a table variable: both kept work): the read that needed it gets
+/// the error, every read after it too (nothing failed is kept), and once
+/// the index is assigned a good value the next read runs the prologue
+/// again and is right.
+#[test]
+fn a_failed_prologue_reaches_every_read_until_its_inputs_change() {
+    each_backend(|| {
+        let ctx = dev();
+        let mut rng = Rng::new(5123);
+        let (rows, k) = (3, 4);
+        let table_m = rand_f(&mut rng, F32, &[8, k], 1.0);
+        let table = ctx.variable("table", tensor_f(&ctx, F32, &table_m)).expect("table");
+        let idx = ctx.variable("idx", ctx.tensor(&[1i64, 9, 2], [3])).expect("idx");
+        ctx.sync().expect("initial values");
+        let x_m = rand_f(&mut rng, F32, &[rows, k], 1.0);
+        let x = tensor_f(&ctx, F32, &x_m);
+        let read = || x.matmul(&table.index_select(0, &idx).t()).to_vec::<f32>();
+        let start = ctx.stats().prologue_runs;
+        for attempt in 0..3 {
+            let e = read().expect_err("index 9 of 8 rows");
+            assert!(e.to_string().contains("out of range"), "attempt {attempt} on {}: {e}", ctx.device());
+        }
+        let ran = ctx.stats().prologue_runs - start;
+        assert_eq!(ran, 3, "a failed prologue is run again by each read on {}", ctx.device());
+        // Where runs fail after their launch (CUDA), `sync` reports the
+        // failed runs once more: taken here, as a caller would.
+        let _ = ctx.sync();
+        idx.assign(ctx.tensor(&[1i64, 5, 2], [3])).expect("assign");
+        ctx.sync().expect("the good index");
+        let y = tensor_f(&ctx, F32, &x_m).matmul(&table.index_select(0, &idx).t());
+        let rows_m = Nd::from_fn(&[3, k], |i| table_m.get(&[[1, 5, 2][i[0]], i[1]]));
+        check_f(
+            &y,
+            F32,
+            &mm(&x_m, &rows_m.transpose(0, 1).contiguous()),
+            4.0,
+            &format!("on {}", ctx.device()),
+        );
+    });
+}
