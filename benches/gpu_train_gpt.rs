@@ -27,7 +27,7 @@
 //!     cargo bench --features cuda --bench gpu_train_gpt [-- SUBSTRING] [--steps N] [--precisions f32,bf16]
 //!     KILN_BENCH_OUT=kiln_train.jsonl cargo bench ...   # also JSON lines
 //!     cargo bench ... -- L12 --precisions bf16 --profile  # where a step's time goes
-//!     KILN_PROFILE_NODES=200 KILN_DUMP=dump cargo bench ... --profile  # the 200 slowest nodes, numbered as the plan's 17-memory.kir
+//!     KILN_PROFILE_NODES=200 KILN_DUMP=dump cargo bench ... --profile  # the 200 slowest nodes, numbered as the plan's 19-memory.kir
 //!     cargo bench ... -- --gemms   # the LM head's GEMMs alone
 //!     cargo bench ... -- L12 --streams 2   # independent work over 2 streams (default 1)
 //!
@@ -177,7 +177,7 @@ fn print_profile(
         );
     }
     // `KILN_PROFILE_NODES=N` lists more (node numbers are those of the
-    // plan's `KILN_DUMP` file `17-memory.kir`).
+    // plan's `KILN_DUMP` file `19-memory.kir`).
     let nodes = std::env::var("KILN_PROFILE_NODES").ok().and_then(|n| n.parse().ok()).unwrap_or(30);
     println!("  slowest nodes:");
     for r in p.by_node().iter().take(nodes) {
