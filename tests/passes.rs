@@ -120,18 +120,7 @@ fn check_prologue_case(path: &Path) -> String {
         ),
         None => "(no prologue)\n".to_string(),
     };
-    let diff = similar::TextDiff::from_lines(&before, &after);
-    let diff = if before == after {
-        "(no change)\n".to_string()
-    } else {
-        diff.unified_diff().context_radius(3).header("before", "after").to_string()
-    };
-    let mut out = String::new();
-    for line in case.comment.lines() {
-        out.push_str(&format!(";; {line}\n").replace(";; \n", ";;\n"));
-    }
-    out.push_str(&format!(";; before\n{before};; after\n{after}{prologue};; diff\n{diff}"));
-    out
+    snapshot_text(&case.comment, "", &before, &after, &prologue)
 }
 
 /// Runs `split` (the prologue, then the plan on the inputs and the
@@ -200,21 +189,24 @@ fn check_case(pass: &str, path: &Path) -> String {
         check_same_values(path, &case.graph, &after_graph);
     }
 
-    let diff = similar::TextDiff::from_lines(&before, &after);
+    let counts = format!(";; nodes (dead included): {} -> {}\n", case.graph.len(), after_graph.len());
+    snapshot_text(&case.comment, &counts, &before, &after, "")
+}
+
+/// A case's snapshot: its comment, `head`, the graph before and after,
+/// `extra` (what else the pass made), and the unified diff.
+fn snapshot_text(comment: &str, head: &str, before: &str, after: &str, extra: &str) -> String {
     let diff = if before == after {
         "(no change)\n".to_string()
     } else {
+        let diff = similar::TextDiff::from_lines(before, after);
         diff.unified_diff().context_radius(3).header("before", "after").to_string()
     };
     let mut out = String::new();
-    for line in case.comment.lines() {
+    for line in comment.lines() {
         out.push_str(&format!(";; {line}\n").replace(";; \n", ";;\n"));
     }
-    out.push_str(&format!(
-        ";; nodes (dead included): {} -> {}\n;; before\n{before};; after\n{after};; diff\n{diff}",
-        case.graph.len(),
-        after_graph.len()
-    ));
+    out.push_str(&format!("{head};; before\n{before};; after\n{after}{extra};; diff\n{diff}"));
     out
 }
 

@@ -48,6 +48,26 @@ pub(super) fn run_pass(
     Ok(stats)
 }
 
+/// Runs one pipeline step when `config` enables `pass` (or it is
+/// required) and it applies: its stats, or `None` when it was skipped.
+fn run_step(
+    pass: &dyn Pass,
+    graph: &mut Graph,
+    cx: &mut PassCtx,
+    config: &PipelineConfig,
+    verify: bool,
+    recorded: &effects::Recorded,
+) -> Result<Option<PassStats>> {
+    let on = config.is_enabled(pass.name());
+    if (!on && !pass.required()) || !pass.applies_in(cx, graph) {
+        return Ok(None);
+    }
+    cx.off = !on;
+    let stats = run_pass(pass, graph, cx, verify, recorded)?;
+    graph.advance_phase(pass.reaches());
+    Ok(Some(stats))
+}
+
 /// The input is always verified, in release builds too: a graph is public
 /// and mutable (`set_outputs`, `add_unchecked`), and passes may assume a
 /// valid graph, so an invalid one must stop here as an error, never reach a
@@ -167,13 +187,7 @@ fn run_pipeline(
     let recorded = effects::Recorded::of(&graph);
     let mut split: Option<(usize, Prologue)> = None;
     for (step, pass) in PIPELINE.iter().enumerate() {
-        let on = config.is_enabled(pass.name());
-        if (!on && !pass.required()) || !pass.applies_in(&cx, &graph) {
-            continue;
-        }
-        cx.off = !on;
-        let stats = run_pass(*pass, &mut graph, &mut cx, verify, &recorded)?;
-        graph.advance_phase(pass.reaches());
+        let Some(stats) = run_step(*pass, &mut graph, &mut cx, config, verify, &recorded)? else { continue };
         if let Some(prologue) = cx.prologue.take() {
             split = Some((step, prologue));
         }
@@ -215,13 +229,7 @@ fn finish_prologue(graph: Graph, config: &PipelineConfig, from: usize, dump: Opt
     let mut cx = PassCtx { options: config.options, ..PassCtx::default() };
     let recorded = effects::Recorded::of(&graph);
     for (step, pass) in PIPELINE.iter().enumerate().skip(from) {
-        let on = config.is_enabled(pass.name());
-        if (!on && !pass.required()) || !pass.applies_in(&cx, &graph) {
-            continue;
-        }
-        cx.off = !on;
-        let stats = run_pass(*pass, &mut graph, &mut cx, verify, &recorded)?;
-        graph.advance_phase(pass.reaches());
+        let Some(stats) = run_step(*pass, &mut graph, &mut cx, config, verify, &recorded)? else { continue };
         if let Some(dir) = dump {
             let file = dir.join(format!("{:02}-{}.prologue.kir", step + 1, pass.name()));
             write_dump(&file, &format!(";; {} (prologue): {stats}", pass.name()), &ir::text::print(&graph))?;
