@@ -256,6 +256,40 @@ template <typename T> __device__ __forceinline__ T gelu_tanh_grad(T x, T g, T k,
   return g * (left_derivative + left * tanh_derivative * inner_derivative);
 }
 
+// The exact (erf) GELU of a value that is rounded to f16 or bf16 next:
+// x * Phi(x), with Phi's tail Phi(-|x|) = erfc(|x| / sqrt 2) / 2 from
+// Numerical Recipes' Chebyshev fit of erfc (`erfcc`: fractional error
+// under 1.2e-7 for every z >= 0), t = 1 / (1 + z / 2):
+//   erfc(z) = t * exp(-z^2 + P(t)).
+// One reciprocal, one exp2 and ten FMAs, without a branch, where `erff`
+// takes two polynomials on either side of |x| = 1 (a warp with both runs
+// both) and an exp: BERT-base's bias + GELU epilogue over [4096, 3072]
+// bf16 spent 8 of its 19-22 us in `erff` on an H200 (RESULTS.md, the
+// nineteenth measurement). The approximate reciprocal and exp2 (2 ulp)
+// and the rounding of z^2 (relative 6e-8, times z^2 <= 88 in the exp)
+// keep Phi within 1e-5 relatively: far under half a bf16 or f16 ulp
+// (2^-9, 2^-12), so the rounded result is the erf form's except where
+// the exact value lies within 1e-5 of a rounding boundary. Where
+// 1 + erf(x / sqrt 2) rounds to 0 in f32 (x < -5.5) the erf form gives
+// 0 and this the tail's tiny value, nearer the exact GELU. NaN gives NaN,
+// +inf gives +inf and -inf NaN (-inf * 0), as the erf form does.
+__device__ __forceinline__ float gelu_erf_half(float x) {
+  const float z = fabsf(x) * 0.70710677f;
+  const float t = __fdividef(1.0f, fmaf(0.5f, z, 1.0f));
+  float p = 0.17087277f;
+  p = fmaf(p, t, -0.82215223f);
+  p = fmaf(p, t, 1.48851587f);
+  p = fmaf(p, t, -1.13520398f);
+  p = fmaf(p, t, 0.27886807f);
+  p = fmaf(p, t, -0.18628806f);
+  p = fmaf(p, t, 0.09678418f);
+  p = fmaf(p, t, 0.37409196f);
+  p = fmaf(p, t, 1.00002368f);
+  p = fmaf(p, t, -1.26551223f);
+  const float tail = 0.5f * t * exp2f((p - z * z) * 1.44269504f);
+  return x * (x >= 0.0f ? 1.0f - tail : tail);
+}
+
 template <typename T> __device__ __forceinline__ T gelu_grad(T x, T g, T frac_1_sqrt_2, T beta) {
   const T cdf = T(0.5) * (T(1) + erf(x * frac_1_sqrt_2));
   const T pdf = beta * exp(x * x * T(-0.5));

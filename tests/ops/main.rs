@@ -16,6 +16,7 @@ mod creation;
 mod decode;
 mod elementwise;
 mod errors;
+mod every_half;
 mod in_place;
 mod index;
 mod linalg;
