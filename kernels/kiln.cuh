@@ -261,18 +261,21 @@ template <typename T> __device__ __forceinline__ T gelu_tanh_grad(T x, T g, T k,
 // Numerical Recipes' Chebyshev fit of erfc (`erfcc`: fractional error
 // under 1.2e-7 for every z >= 0), t = 1 / (1 + z / 2):
 //   erfc(z) = t * exp(-z^2 + P(t)).
-// One reciprocal, one exp2 and ten FMAs, without a branch, where `erff`
-// takes two polynomials on either side of |x| = 1 (a warp with both runs
-// both) and an exp: BERT-base's bias + GELU epilogue over [4096, 3072]
-// bf16 spent 8 of its 19-22 us in `erff` on an H200 (RESULTS.md, the
-// nineteenth measurement). The approximate reciprocal and exp2 (2 ulp)
-// and the rounding of z^2 (relative 6e-8, times z^2 <= 88 in the exp)
-// keep Phi within 1e-5 relatively: far under half a bf16 or f16 ulp
-// (2^-9, 2^-12), so the rounded result is the erf form's except where
-// the exact value lies within 1e-5 of a rounding boundary. Where
-// 1 + erf(x / sqrt 2) rounds to 0 in f32 (x < -5.5) the erf form gives
-// 0 and this the tail's tiny value, nearer the exact GELU. NaN gives NaN,
-// +inf gives +inf and -inf NaN (-inf * 0), as the erf form does.
+// One reciprocal, one exp2 and ten FMAs, without a branch. Why: the erf
+// form `0.5 x (1 + erf(x / sqrt 2))` (PyTorch's, and kiln's f32 one)
+// cancels in the negative tail: for x < -4 its result is off by more
+// than one bf16 ulp (182 bf16 inputs, up to 255 ulps; 0 for x < -5.5,
+// where the exact GELU is a normal number), even with a correctly
+// rounded erff. This form keeps Phi within 1e-5 relatively everywhere
+// (the approximate reciprocal and exp2 are 2 ulp; z^2 rounds by 6e-8
+// relatively, times z^2 <= 88 in the exp): every f16 and bf16 input
+// gives a result within one ulp of the correctly rounded exact value
+// (tests/ops/every_half.rs, on an H200 and the emulator). Speed: the
+// same as `erff` (BERT-base's bias + GELU epilogue over [4096, 3072]
+// bf16, 19.45 -> 19.24 us under ncu on an H200: the kernel is not bound
+// by its erf, whatever the nineteenth measurement's probe suggested).
+// NaN gives NaN, +inf gives +inf and -inf NaN (-inf * 0), as the erf
+// form does.
 __device__ __forceinline__ float gelu_erf_half(float x) {
   const float z = fabsf(x) * 0.70710677f;
   const float t = __fdividef(1.0f, fmaf(0.5f, z, 1.0f));

@@ -19,9 +19,9 @@ pub(crate) fn unary(op: UnaryOp, d: DType, x: &str) -> String {
 /// [`unary`] before its result is settled to `d`.
 pub(crate) fn unary_unsettled(op: UnaryOp, d: DType, x: &str) -> String {
     match compute(d) {
-        // The exact GELU of a value rounded to 16 bits next: `erff`'s
-        // accuracy is not needed, and its two branches were 8 of the 19 us
-        // BERT-base's `[4096, 3072]` bf16 epilogue took (kiln.cuh).
+        // The exact GELU of a value rounded to 16 bits next: from erfc,
+        // within one ulp of the exact value where the erf form cancels
+        // (its negative tail; kiln.cuh says by how much).
         "float" if op == UnaryOp::Gelu && matches!(d, DType::F16 | DType::BF16) => {
             format!("kiln::gelu_erf_half({x})")
         }
