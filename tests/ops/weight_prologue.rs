@@ -17,6 +17,11 @@ fn mm(x: &Nd<f64>, w: &Nd<f64>) -> Nd<f64> {
     matmul_ref(x, w, 0.0, |s, a, b| s + a * b)
 }
 
+/// `a / 2 + b` as f32 computes it: the weight-only work the tests keep.
+fn half_plus(a: &Nd<f64>, b: &Nd<f64>) -> Nd<f64> {
+    Nd::from_fn(&a.shape.clone(), |i| round(F32, round(F32, a.get(i) * 0.5) + b.get(i)))
+}
+
 /// Four plans (two computations, two row counts each) read the same
 /// variables in a random order for 60 calls: `x · (a/2 + b) + tanh(c)`
 /// and `x · (a/2 + b)ᵀ`, whose weight-only parts (`a/2 + b`, `tanh(c)`)
@@ -59,7 +64,7 @@ fn kept_values_follow_every_change_of_the_variables() {
                 }
             }
             let w = &*a * 0.5 + &*b;
-            let w_m = Nd::from_fn(&[k, n], |i| round(F32, round(F32, a_m.get(i) * 0.5) + b_m.get(i)));
+            let w_m = half_plus(&a_m, &b_m);
             let what = format!("call {call}, plan ({which}, {rows}) on {}", ctx.device());
             if which == 0 {
                 let x = rand_f(&mut rng, F32, &[rows, k], 1.0);
@@ -177,7 +182,7 @@ fn an_update_in_place_between_reads_is_seen_by_the_next_read() {
             let (a_m, b_m) = (read_f(&a), read_f(&b));
             let x2 = rand_f(&mut rng, F32, &[rows, k], 1.0);
             let y = tensor_f(&ctx, F32, &x2).matmul(&(&*a * 0.5 + &*b));
-            let w_m = Nd::from_fn(&[k, n], |i| round(F32, round(F32, a_m.get(i) * 0.5) + b_m.get(i)));
+            let w_m = half_plus(&a_m, &b_m);
             check_f(&y, F32, &mm(&x2, &w_m), 4.0, &format!("step {step} on {}", ctx.device()));
         }
         let ran = ctx.stats().prologue_runs - start;
@@ -217,7 +222,7 @@ fn a_captured_step_sees_each_new_value_of_its_weights() {
             ctx.sync().expect("the change");
             let x = rand_f(&mut rng, F32, &[rows, k], 1.0);
             let y = step.call(&[&tensor_f(&ctx, F32, &x)]).expect("captured call").remove(0);
-            let w_m = Nd::from_fn(&[k, n], |i| round(F32, round(F32, a_m.get(i) * 0.5) + b_m.get(i)));
+            let w_m = half_plus(&a_m, &b_m);
             check_f(&y, F32, &mm(&x, &w_m), 4.0, &format!("call {call} on {}", ctx.device()));
         }
         assert_eq!(step.captures(), 1, "one recording on {}", ctx.device());
