@@ -222,6 +222,12 @@ fn main() -> Result<()> {
         let peak = s.peak_bytes as f64 / (1 << 20) as f64;
         let tflops = w.flops / (ms * 1e-3) / 1e12;
         println!("{:<48} {first_ms:>10.1} {ms:>10.3} {peak:>9.0} {tflops:>8.1}", w.name);
+        if s.gemm_shapes_timed > 0 {
+            println!(
+                "  GEMM tuning: {} shapes timed, {} guesses replaced",
+                s.gemm_shapes_timed, s.gemm_guesses_replaced
+            );
+        }
         if let Some(f) = out.as_mut() {
             let _ = writeln!(
                 f,

@@ -449,3 +449,55 @@ fn launches_count_every_run_alike_eager_captured_or_replayed() -> Result<()> {
     }
     Ok(())
 }
+
+/// GEMM tuning (`Context::with_gemm_tuning`, `backends/cuda/gemm_tune.rs`):
+/// the first plan with a cuBLASLt GEMM of a new shape times the
+/// heuristic's candidates, once per process. Every later plan of that
+/// shape, in this or another tuning context, eager or replayed, runs the
+/// chosen algorithm: two contexts' plans, interleaved over changing
+/// inputs, give the same bits as each other and the CPU's values, and so
+/// does a context that takes the heuristic's guess.
+#[test]
+fn gemm_shapes_are_timed_once_and_every_plan_of_a_shape_keeps_its_bits() -> Result<()> {
+    let _serial = serial();
+    let Some(_) = gpu() else { return Ok(()) };
+    let first = Context::cuda(0)?.with_gemm_tuning(true);
+    let second = Context::cuda(0)?.with_gemm_tuning(true);
+    let guess = Context::cuda(0)?.with_gemm_tuning(false);
+    let cpu = Context::cpu();
+    // KILN_GEMM_TUNE=last (the op suite's other-algorithm run) times nothing.
+    let timed = std::env::var("KILN_GEMM_TUNE").map_or(true, |v| v != "last");
+    // Shapes no other test here uses: a product with its bias (cuBLASLt's
+    // bias epilogue) and one against the weight's transpose with a relu.
+    let (w, b) = (data(320 * 160, 21), data(160, 22));
+    let products = |ctx: &Context, it: u64| -> Result<(Vec<f32>, Vec<f32>)> {
+        let w = ctx.tensor(&w, [320, 160]);
+        let x = ctx.tensor(&data(96 * 320, 100 + it), [96, 320]);
+        let y = ctx.tensor(&data(96 * 160, 200 + it), [96, 160]);
+        let biased = x.matmul(&w) + ctx.tensor(&b, [160]);
+        let back = y.matmul(&w.t()).relu();
+        Ok((biased.to_vec()?, back.to_vec()?))
+    };
+    for it in 0..12u64 {
+        let (a1, b1) = products(&first, it)?;
+        if it == 0 && timed {
+            let s = first.stats();
+            assert!(s.gemm_shapes_timed >= 1, "the first plan timed no GEMM shape: {s:?}");
+        }
+        let (a2, b2) = products(&second, it)?;
+        let (a0, b0) = products(&cpu, it)?;
+        close(&a1, &a0, 1e-4, "x w + b against the CPU");
+        close(&b1, &b0, 1e-4, "relu(y wᵀ) against the CPU");
+        let (a3, b3) = products(&guess, it)?;
+        close(&a3, &a0, 1e-4, "x w + b, the heuristic's guess, against the CPU");
+        close(&b3, &b0, 1e-4, "relu(y wᵀ), the heuristic's guess, against the CPU");
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a1), bits(&a2), "x w + b: two contexts' plans differ at iteration {it}");
+        assert_eq!(bits(&b1), bits(&b2), "relu(y wᵀ): two contexts' plans differ at iteration {it}");
+    }
+    let s = second.stats();
+    assert_eq!(s.gemm_shapes_timed, 0, "a second context timed shapes the first had: {s:?}");
+    assert_eq!(guess.stats().gemm_shapes_timed, 0, "a context without tuning timed a shape");
+    assert!(first.stats().graph_replays > 0 && s.graph_replays > 0, "{s:?}");
+    Ok(())
+}

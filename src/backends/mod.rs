@@ -103,14 +103,21 @@ pub struct CompileOptions {
     /// executable gets a recorder (see [`crate::profile`]). On CUDA a
     /// profiled plan is never captured into a CUDA graph.
     pub profile: bool,
+    /// Choose each cuBLASLt GEMM's algorithm by timing the heuristic's
+    /// candidates, once per shape in a process (`Context::with_gemm_tuning`;
+    /// off unless `KILN_GEMM_TUNE=1`). The CPU backend ignores it.
+    pub gemm_tuning: bool,
 }
 
 impl Default for CompileOptions {
-    /// No TF32; CUDA graphs unless `KILN_CUDA_GRAPHS` is `0`, `off` or `false`.
+    /// No TF32; CUDA graphs unless `KILN_CUDA_GRAPHS` is `0`, `off` or
+    /// `false`; GEMM tuning if `KILN_GEMM_TUNE` is `1`, `on` or `true`.
     fn default() -> CompileOptions {
         let graphs =
             !matches!(std::env::var("KILN_CUDA_GRAPHS").as_deref(), Ok("0") | Ok("off") | Ok("false"));
-        CompileOptions { tf32: false, cuda_graphs: graphs, profile: false }
+        let gemm_tuning =
+            matches!(std::env::var("KILN_GEMM_TUNE").as_deref(), Ok("1") | Ok("on") | Ok("true"));
+        CompileOptions { tf32: false, cuda_graphs: graphs, profile: false, gemm_tuning }
     }
 }
 
@@ -164,6 +171,11 @@ pub struct DeviceStats {
     /// because a variable they read changed (or on a plan's first call;
     /// see `prologue.rs`).
     pub prologue_runs: AtomicU64,
+    /// GEMM shapes whose cuBLASLt algorithm was chosen by timing the
+    /// candidates (CUDA, `backends/cuda/gemm_tune.rs`).
+    pub gemm_shapes_timed: AtomicU64,
+    /// Of those, the shapes where a candidate beat the heuristic's guess.
+    pub gemm_guesses_replaced: AtomicU64,
 }
 
 impl DeviceStats {

@@ -30,7 +30,7 @@ pub(crate) struct PlanKey {
     pub passes: String,
     /// Fast math and streams.
     pub options: PassOptions,
-    /// How the backend compiles (TF32, CUDA graphs).
+    /// How the backend compiles (TF32, CUDA graphs, GEMM tuning).
     pub compile: CompileOptions,
     /// The hash of `words`, computed while they were written.
     pub hash: u64,

@@ -291,6 +291,29 @@ impl Context {
         self
     }
 
+    /// Whether plans on CUDA choose each cuBLASLt GEMM's algorithm by
+    /// timing the candidates cuBLASLt's heuristic offers, once per shape
+    /// in a process, instead of taking its first (off by default, unless
+    /// `KILN_GEMM_TUNE=1`; the CPU ignores it). It costs the first compile
+    /// of each shape a few to a few hundred milliseconds, measured 0-2%
+    /// faster on transformer shapes, and another process may choose
+    /// another algorithm where two time alike, changing results in their
+    /// last bits. [`crate::Stats::gemm_shapes_timed`] counts what it timed.
+    ///
+    /// ```no_run
+    /// # fn main() -> kiln::Result<()> {
+    /// let ctx = kiln::Context::cuda(0)?.with_gemm_tuning(true);
+    /// let (a, b) = (ctx.rand([4096, 768]), ctx.rand([768, 3072]));
+    /// a.matmul(&b).realize()?; // times the candidates for this shape
+    /// println!("{} shape(s) timed", ctx.stats().gemm_shapes_timed);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_gemm_tuning(self, on: bool) -> Context {
+        self.state().compile.gemm_tuning = on;
+        self
+    }
+
     /// Whether plans on CUDA are captured into CUDA graphs and replayed
     /// (the default, unless `KILN_CUDA_GRAPHS=0`), or launched kernel by
     /// kernel every run. Results are the same either way.

@@ -67,6 +67,7 @@ fn options_of(key: &PlanKey) -> Vec<(&'static str, String)> {
         ("streams", key.options.streams.to_string()),
         ("tf32", key.compile.tf32.to_string()),
         ("cuda_graphs", key.compile.cuda_graphs.to_string()),
+        ("gemm_tuning", key.compile.gemm_tuning.to_string()),
         ("profiling", key.compile.profile.to_string()),
     ]
 }

@@ -66,6 +66,15 @@ pub struct Stats {
     /// merged projections' weight copy, autocast's weight casts) out of
     /// the plan. An inference loop runs it once.
     pub prologue_runs: u64,
+    /// GEMM shapes whose cuBLASLt algorithm this device chose by timing
+    /// the candidates cuBLASLt's heuristic offered, when a plan was
+    /// compiled (CUDA; once per shape in a process, `KILN_GEMM_TUNE=0`
+    /// turns it off). A second plan with the same shapes adds nothing.
+    pub gemm_shapes_timed: u64,
+    /// Of [`Stats::gemm_shapes_timed`], the shapes where another candidate
+    /// beat the heuristic's first choice by more than the noise margin
+    /// (3%) and replaced it.
+    pub gemm_guesses_replaced: u64,
     /// Per region of the recording graph (scopes, their `grad/` regions):
     /// nodes recorded there now, and the variables the region's workspace
     /// holds. Sorted by path; the root region's path is empty.
@@ -104,6 +113,8 @@ impl Context {
             launches: device.launches.load(Relaxed),
             grouped_nodes: device.grouped_nodes.load(Relaxed),
             prologue_runs: device.prologue_runs.load(Relaxed),
+            gemm_shapes_timed: device.gemm_shapes_timed.load(Relaxed),
+            gemm_guesses_replaced: device.gemm_guesses_replaced.load(Relaxed),
             regions: state.region_stats(),
             recompiles: state.observe.recompiles.clone(),
         }

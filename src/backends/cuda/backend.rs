@@ -223,7 +223,7 @@ impl Backend for CudaBackend {
         // A profiled plan is never captured: a CUDA graph has no events
         // around its launches (see `profile.rs`).
         let graphs = options.cuda_graphs && !options.profile;
-        let mut exe = CudaExecutable::new(self.dev.clone(), &plan, program, graphs)?;
+        let mut exe = CudaExecutable::new(self.dev.clone(), &plan, program, graphs, options.gemm_tuning)?;
         if plan.order.iter().any(|&id| plan.graph.node(id).op.is_collective()) {
             exe.comm = self.group.get().map(|(_, comm)| comm.clone());
         }

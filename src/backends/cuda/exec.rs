@@ -24,6 +24,7 @@
 use super::codegen::Kernel;
 use super::device::{raw, Device, Event, LaunchState, BLAS_WORKSPACE};
 use super::dnn::{self, ConvPlan, PoolPlan};
+use super::gemm_tune;
 use super::graph::Graphs;
 use super::lt::LtPlan;
 use super::memory::DeviceAlloc;
@@ -140,9 +141,11 @@ impl LibraryPlans {
             .any(|l| matches!(l, Launch::Conv(_) | Launch::Pool(_) | Launch::Gemm(_)))
     }
 
-    /// Chooses every library call's algorithm, under the launch lock.
-    fn new(dev: &Device, program: &Program) -> Result<LibraryPlans> {
+    /// Chooses every library call's algorithm, under the launch lock
+    /// (cuBLASLt's by timing where `gemm_tuning`, see `gemm_tune.rs`).
+    fn new(dev: &Device, program: &Program, gemm_tuning: bool) -> Result<LibraryPlans> {
         let mut plans = LibraryPlans::default();
+        let device = format!("{} {}", dev.ordinal_name(), dev.name);
         let mut ls = dev.launch()?;
         let launches = program.prelude.iter().enumerate().map(|(j, l)| (PRELUDE, j, 0usize, l)).chain(
             program.steps.iter().enumerate().flat_map(|(i, s)| {
@@ -161,7 +164,16 @@ impl LibraryPlans {
                     plans.pools.insert((i, j), PoolPlan::new(p)?);
                 }
                 Launch::Gemm(g) => {
-                    let lt = LtPlan::new(ls.blas[stream].lt, g)?;
+                    let mut lt = LtPlan::new(ls.blas[stream].lt, g, gemm_tune::wanted(gemm_tuning))?;
+                    if let Some(plan) = lt.as_mut() {
+                        let tuner = gemm_tune::Tuner {
+                            handle: ls.blas[stream].lt,
+                            ctx: &ls.ctx,
+                            device: &device,
+                            stats: &dev.stats,
+                        };
+                        gemm_tune::choose(plan, g, gemm_tuning, &tuner)?;
+                    }
                     // A GEMM cuBLASLt cannot take runs on classic cuBLAS.
                     ls.grow_blas_workspace(stream, lt.as_ref().map_or(BLAS_WORKSPACE, LtPlan::workspace))?;
                     if let Some(plan) = lt {
@@ -176,7 +188,15 @@ impl LibraryPlans {
 }
 
 impl CudaExecutable {
-    pub fn new(dev: Arc<Device>, plan: &Plan, program: Program, graphs: bool) -> Result<CudaExecutable> {
+    /// The executable of `program`: captured into CUDA graphs where
+    /// `graphs`, its cuBLASLt algorithms timed where `gemm_tuning`.
+    pub fn new(
+        dev: Arc<Device>,
+        plan: &Plan,
+        program: Program,
+        graphs: bool,
+        gemm_tuning: bool,
+    ) -> Result<CudaExecutable> {
         let _span = tracing::debug_span!("compile", backend = "cuda", steps = program.steps.len()).entered();
         dev.bind()?;
         let alloc = |bytes: u64| -> Result<Option<DeviceAlloc>> {
@@ -215,7 +235,7 @@ impl CudaExecutable {
             std::thread::scope(|s| {
                 let compiling =
                     std::thread::Builder::new().name("kiln-kernels".into()).spawn_scoped(s, compile);
-                let libraries = LibraryPlans::new(&dev, &program);
+                let libraries = LibraryPlans::new(&dev, &program, gemm_tuning);
                 let functions = match compiling {
                     Ok(h) => h.join().unwrap_or_else(|_| Err(bad("the kernel compile thread panicked"))),
                     // A thread that cannot start compiles on this one.

@@ -18,6 +18,10 @@
 //! form of `gelu`, which stays in the generated kernel. A residual
 //! `r + (product [+ bias])` is cuBLASLt's C matrix, read with `beta = 1`
 //! (`Gemm::residual`).
+//!
+//! The heuristic's first algorithm is its guess. Where a plan is compiled
+//! on a GPU, `gemm_tune.rs` times the candidates it offers and keeps the
+//! fastest (as XLA's GEMM autotuner does).
 
 use super::program::{Epilogue, Gemm};
 use crate::ir::DType;
@@ -42,6 +46,9 @@ pub(crate) struct LtPlan {
     c: lt::cublasLtMatrixLayout_t,
     algo: lt::cublasLtMatmulAlgo_t,
     workspace: usize,
+    /// Every algorithm the heuristic offered (best guess first), with the
+    /// workspace bytes each takes: what tuning chooses among.
+    candidates: Vec<(lt::cublasLtMatmulAlgo_t, usize)>,
     bias: bool,
     /// Whether C is a residual read with `beta = 1` ([`Gemm::residual`]).
     residual: bool,
@@ -55,9 +62,10 @@ unsafe impl Send for LtPlan {}
 unsafe impl Sync for LtPlan {}
 
 impl LtPlan {
-    /// The plan for `g`, or `None` when cuBLASLt offers no algorithm (the
-    /// plain GEMM and the generated epilogue run instead).
-    pub fn new(handle: lt::cublasLtHandle_t, g: &Gemm) -> Result<Option<LtPlan>> {
+    /// The plan for `g` with the heuristic's first algorithm, keeping up
+    /// to `wanted` candidates; `None` when cuBLASLt offers no algorithm
+    /// (the plain GEMM and the generated epilogue run instead).
+    pub fn new(handle: lt::cublasLtHandle_t, g: &Gemm, wanted: usize) -> Result<Option<LtPlan>> {
         let (data, compute) = match g.dtype {
             DType::F32 if g.tf32 => {
                 (lt::cudaDataType::CUDA_R_32F, lt::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32)
@@ -99,6 +107,7 @@ impl LtPlan {
                 c: std::ptr::null_mut(),
                 algo: std::mem::zeroed(),
                 workspace: 0,
+                candidates: Vec::new(),
                 bias,
                 residual: g.residual.is_some(),
                 fused: g.epilogue != Epilogue::None || g.residual.is_some(),
@@ -160,7 +169,8 @@ impl LtPlan {
                     st = lt::cublasLtMatmulPreferenceSetAttribute(pref, attr, &align as *const u32 as _, 4);
                 }
             }
-            let mut result: lt::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
+            let wanted = wanted.max(1);
+            let mut results: Vec<lt::cublasLtMatmulHeuristicResult_t> = vec![std::mem::zeroed(); wanted];
             let mut found = 0;
             let heuristic = lt::cublasLtMatmulAlgoGetHeuristic(
                 handle,
@@ -170,19 +180,42 @@ impl LtPlan {
                 plan.c,
                 plan.c,
                 pref,
-                1,
-                &mut result,
+                wanted as i32,
+                results.as_mut_ptr(),
                 &mut found,
             );
             lt::cublasLtMatmulPreferenceDestroy(pref);
             check(st, "preference attribute")?;
-            if heuristic != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS || found < 1 {
+            if heuristic != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
                 return Ok(None);
             }
-            plan.algo = result.algo;
-            plan.workspace = result.workspaceSize;
+            plan.candidates = results
+                .iter()
+                .take(found.max(0) as usize)
+                .filter(|r| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+                .map(|r| (r.algo, r.workspaceSize))
+                .collect();
+            if plan.candidates.is_empty() {
+                return Ok(None);
+            }
+            plan.choose(0);
             Ok(Some(plan))
         }
+    }
+
+    /// How many algorithms the heuristic offered.
+    pub fn candidates(&self) -> usize {
+        self.candidates.len()
+    }
+
+    /// Runs candidate `i` from now on (`i < candidates()`).
+    pub fn choose(&mut self, i: usize) {
+        (self.algo, self.workspace) = self.candidates[i];
+    }
+
+    /// The most workspace bytes any candidate takes.
+    pub fn max_workspace(&self) -> u64 {
+        self.candidates.iter().map(|c| c.1 as u64).max().unwrap_or(0)
     }
 
     /// Whether it applies the epilogue of the kernel lowered after it.

@@ -37,6 +37,8 @@ mod dnn;
 #[cfg(feature = "cuda-backend")]
 mod exec;
 #[cfg(feature = "cuda-backend")]
+mod gemm_tune;
+#[cfg(feature = "cuda-backend")]
 mod graph;
 #[cfg(feature = "cuda-backend")]
 mod group;
