@@ -2,6 +2,7 @@
 # One call on the GPU machine (see README, "On a GPU"): run the bundled CUDA
 # binaries (built here with ../shared/tools/gpu-bundle into .gpu/) in stages.
 #   bash benches/gpu_session.sh tests        # ops, cuda, plan_props on CUDA
+#   bash benches/gpu_session.sh other-gemms  # the op suite with cuBLASLt's last-ranked algorithms (KILN_GEMM_TUNE=last)
 #   bash benches/gpu_session.sh quickstart   # the README's example via Context::best
 #   bash benches/gpu_session.sh digits       # examples/digits.rs, MLP and --conv
 #   bash benches/gpu_session.sh memcheck     # the CUDA tests under compute-sanitizer
@@ -52,6 +53,9 @@ for stage in "$@"; do
         timeout 400 $bin/tests-$t "${args[@]}" > "$OUT/$t.log" 2>&1 || status=1
         echo "-- $t"; summary "$OUT/$t.log"
       done ;;
+    other-gemms)
+      KILN_GEMM_TUNE=last timeout 400 $bin/tests-ops > "$OUT/ops-other-gemms.log" 2>&1 || status=1
+      echo "-- ops, KILN_GEMM_TUNE=last"; summary "$OUT/ops-other-gemms.log" ;;
     quickstart)
       timeout 120 $bin/examples-quickstart > "$OUT/quickstart.log" 2>&1 || status=1
       head -3 "$OUT/quickstart.log"; tail -4 "$OUT/quickstart.log" ;;

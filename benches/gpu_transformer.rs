@@ -15,7 +15,9 @@
 //! Each: the first call's wall time (a cold kernel cache when
 //! `KILN_CACHE_DIR` is fresh), 5 warm-up calls, then the median of 50 calls
 //! timed with CUDA events around the whole call (record, run, wait). TF32
-//! is off. `KILN_BENCH_OUT=file.jsonl` also writes JSON lines.
+//! is off unless `--tf32` (`Context::with_tf32`: f32 products on tf32
+//! tensor cores, the bound a tensor-core f32 GEMM works under).
+//! `KILN_BENCH_OUT=file.jsonl` also writes JSON lines.
 //!
 //!     cargo bench --features cuda --bench gpu_transformer [name filter]
 //!
@@ -193,6 +195,7 @@ fn main() -> Result<()> {
     let only = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let profile = std::env::args().any(|a| a == "--profile");
     let host = std::env::args().any(|a| a == "--host");
+    let tf32 = std::env::args().any(|a| a == "--tf32");
     println!(
         "{:<48} {:>10} {:>10} {:>9} {:>8}",
         "workload (kiln)", "first ms", "median ms", "peak MiB", "TFLOP/s"
@@ -201,7 +204,7 @@ fn main() -> Result<()> {
         if only.as_deref().is_some_and(|o| !w.name.contains(o)) {
             continue;
         }
-        let ctx = Context::cuda(0)?.with_seed(1);
+        let ctx = Context::cuda(0)?.with_seed(1).with_tf32(tf32);
         let mut call = (w.make)(&ctx)?;
         ctx.sync()?;
         let mut timer = ctx.device_timer()?.ok_or_else(|| Error::Backend("no device timer".into()))?;
@@ -252,15 +255,15 @@ fn main() -> Result<()> {
             );
         }
         if profile {
-            print_profile(&w)?;
+            print_profile(&w, tf32)?;
         }
     }
     Ok(())
 }
 
 /// Where one call's device time goes, by op, over 5 profiled calls.
-fn print_profile(w: &Workload) -> Result<()> {
-    let ctx = Context::cuda(0)?.with_seed(1).with_profiling(true);
+fn print_profile(w: &Workload, tf32: bool) -> Result<()> {
+    let ctx = Context::cuda(0)?.with_seed(1).with_profiling(true).with_tf32(tf32);
     let mut call = (w.make)(&ctx)?;
     call()?.realize()?;
     ctx.reset_profile();
