@@ -123,10 +123,26 @@ impl Executable for WithPrologue {
         self.plan.launch_owned(all, rng)
     }
 
+    /// The plan's times, after the prologue's on a call that ran it
+    /// (marked `prologue`, numbered in the prologue's graph). Where each
+    /// executable times from its own start (CUDA's events), the plan's
+    /// times are moved to after the prologue's, which the plan waited for.
     fn take_profile(&self, run_start: std::time::Instant) -> Option<crate::profile::RunTimes> {
-        // The prologue's times are dropped (it runs when weights change,
-        // and the profile is of the plan a read ran).
-        let _ = self.prologue.take_profile(run_start);
-        self.plan.take_profile(run_start)
+        let prologue = self.prologue.take_profile(run_start);
+        let mut times = self.plan.take_profile(run_start)?;
+        let Some(prologue) = prologue.filter(|p| !p.nodes.is_empty()) else {
+            return Some(times);
+        };
+        let end = prologue.nodes.iter().map(|n| n.start_us + n.dur_us).fold(0.0, f64::max);
+        if times.nodes.iter().any(|n| n.start_us < end) {
+            for n in &mut times.nodes {
+                n.start_us += end;
+            }
+        }
+        let mut nodes: Vec<_> =
+            prologue.nodes.into_iter().map(|n| crate::profile::NodeTime { prologue: true, ..n }).collect();
+        nodes.append(&mut times.nodes);
+        times.nodes = nodes;
+        Some(times)
     }
 }

@@ -48,6 +48,11 @@ pub struct NodeTime {
     pub start_us: f64,
     /// How long it took, in microseconds.
     pub dur_us: f64,
+    /// Whether the node is in the plan's weight prologue (the
+    /// `weight-prologue` pass): its number is the prologue's (`ctx.explain`
+    /// prints that IR after its `;; prologue` line), and it runs only on
+    /// calls where a variable it reads changed, before the plan.
+    pub prologue: bool,
 }
 
 /// One profiled run of a plan.
@@ -138,13 +143,16 @@ impl Profile {
         self.rows(|r, n| {
             let plan = if plans.len() > 1 { format!("plan {} ", plans[&r.plan]) } else { String::new() };
             let region = if n.region.is_empty() { String::new() } else { format!(" @{}", n.region) };
-            format!("{plan}%{} {}{region}", n.node, n.op)
+            let prologue = if n.prologue { "prologue " } else { "" };
+            format!("{plan}{prologue}%{} {}{region}", n.node, n.op)
         })
     }
 
-    /// Time by op kind, slowest first.
+    /// Time by op kind, slowest first; a weight prologue's ops are rows of
+    /// their own (`fused elementwise (prologue)`), since they run on the
+    /// calls where weights changed, not on every call.
     pub fn by_op(&self) -> Vec<Row> {
-        self.rows(|_, n| n.op.clone())
+        self.rows(|_, n| if n.prologue { format!("{} (prologue)", n.op) } else { n.op.clone() })
     }
 
     /// Time by region (scope), slowest first; a node counts in its own

@@ -76,6 +76,7 @@ impl Recorder {
             stream: l.stream,
             start_us,
             dur_us,
+            prologue: false,
         })
     }
 

@@ -52,7 +52,7 @@ pub(super) fn chrome_trace(p: &Profile) -> String {
             }
             events.push(format!(
                 "{{\"ph\":\"X\",\"name\":{},\"cat\":\"node\",\"pid\":{pid},\"tid\":{},\"ts\":{:.3},\"dur\":{:.3},\"args\":{{\"node\":\"%{}\",\"region\":{}}}}}",
-                json_str(&format!("%{} {}", n.node, n.op)),
+                json_str(&format!("{}%{} {}", if n.prologue { "prologue " } else { "" }, n.node, n.op)),
                 n.stream,
                 t0 + n.start_us,
                 n.dur_us,

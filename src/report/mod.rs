@@ -200,7 +200,9 @@ impl Report {
         let wall_ms = mine.wall_ms();
         let mut times = svg::NodeTimes::new();
         for run in &mine.runs {
-            for n in &run.nodes {
+            // A weight prologue's nodes are numbered in its own graph,
+            // which this report does not draw: they stay in the table.
+            for n in run.nodes.iter().filter(|n| !n.prologue) {
                 times.entry(n.node).or_insert((0.0, 0.0)).0 += n.dur_us / 1000.0;
             }
         }

@@ -272,3 +272,51 @@ fn a_failed_prologue_reaches_every_read_until_its_inputs_change() {
         );
     });
 }
+
+/// The profiler shows a prologue on the calls that ran it: its nodes come
+/// first, marked `prologue` (numbered in the prologue's graph), and end
+/// before the plan's start; a call that kept its values has the plan's
+/// nodes alone; after a variable changes, the prologue's nodes are back.
+/// `by_op` keeps them in rows of their own.
+#[test]
+fn profiles_show_the_prologue_on_the_calls_that_ran_it() {
+    each_backend(|| {
+        let ctx = dev().with_profiling(true);
+        if ctx.device() == "cuda-emulated" {
+            return; // the emulator has no profiler: its runs carry no times
+        }
+        let mut rng = Rng::new(5131);
+        let (rows, k, n) = (4, 16, 8);
+        let a = ctx.variable("a", tensor_f(&ctx, F32, &rand_f(&mut rng, F32, &[k, n], 0.5))).expect("a");
+        let b = ctx.variable("b", tensor_f(&ctx, F32, &rand_f(&mut rng, F32, &[k, n], 0.5))).expect("b");
+        ctx.sync().expect("initial values");
+        let mut call = |what: &str| -> kiln::profile::RunProfile {
+            let x = tensor_f(&ctx, F32, &rand_f(&mut rng, F32, &[rows, k], 1.0));
+            let before = ctx.profile().runs.len();
+            x.matmul(&(&*a * 0.5 + &*b)).to_vec::<f32>().expect(what);
+            let runs = ctx.profile().runs;
+            assert_eq!(runs.len(), before + 1, "{what}: one profiled run on {}", ctx.device());
+            runs.last().cloned().expect("a run")
+        };
+        let device = ctx.device();
+        for (what, with_prologue) in [("first call", true), ("second call", false), ("third call", false)] {
+            let run = call(what);
+            let (kept, plan): (Vec<_>, Vec<_>) = run.nodes.iter().partition(|t| t.prologue);
+            assert_eq!(!kept.is_empty(), with_prologue, "{what} on {device}: prologue nodes {kept:?}");
+            assert!(!plan.is_empty(), "{what} on {device}: no node of the plan");
+            let end = kept.iter().map(|t| t.start_us + t.dur_us).fold(0.0, f64::max);
+            let start = plan.iter().map(|t| t.start_us).fold(f64::INFINITY, f64::min);
+            assert!(
+                end <= start,
+                "{what} on {device}: the prologue ends at {end} us, the plan starts at {start}"
+            );
+        }
+        a.assign(&*a * 0.5).expect("assign");
+        ctx.sync().expect("the change");
+        let run = call("after the change");
+        assert!(run.nodes.iter().any(|t| t.prologue), "after a change on {device}: no prologue node");
+        let ops = ctx.profile().by_op();
+        assert!(ops.iter().any(|r| r.key.ends_with(" (prologue)")), "{device}: by_op rows {ops:?}");
+        assert!(ops.iter().any(|r| !r.key.ends_with(" (prologue)")), "{device}: by_op rows {ops:?}");
+    });
+}
