@@ -68,8 +68,9 @@ pub struct Stats {
     pub prologue_runs: u64,
     /// GEMM shapes whose cuBLASLt algorithm this device chose by timing
     /// the candidates cuBLASLt's heuristic offered, when a plan was
-    /// compiled (CUDA; once per shape in a process, `KILN_GEMM_TUNE=0`
-    /// turns it off). A second plan with the same shapes adds nothing.
+    /// compiled with [`crate::Context::with_gemm_tuning`] on (CUDA; once
+    /// per shape in a process). A second plan with the same shapes adds
+    /// nothing.
     pub gemm_shapes_timed: u64,
     /// Of [`Stats::gemm_shapes_timed`], the shapes where another candidate
     /// beat the heuristic's first choice by more than the noise margin
