@@ -124,9 +124,11 @@ impl Executable for WithPrologue {
     }
 
     /// The plan's times, after the prologue's on a call that ran it
-    /// (marked `prologue`, numbered in the prologue's graph). Where each
-    /// executable times from its own start (CUDA's events), the plan's
-    /// times are moved to after the prologue's, which the plan waited for.
+    /// (marked `prologue`, numbered in the prologue's graph). Where the
+    /// plan's times overlap the prologue's, the two were timed from their
+    /// own starts (CUDA's start events; the CPU times both from the run's
+    /// start, and its plan runs after the prologue): the plan's times
+    /// then move to after the prologue's end, which the plan waited for.
     fn take_profile(&self, run_start: std::time::Instant) -> Option<crate::profile::RunTimes> {
         let prologue = self.prologue.take_profile(run_start);
         let mut times = self.plan.take_profile(run_start)?;

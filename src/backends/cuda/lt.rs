@@ -19,9 +19,10 @@
 //! `r + (product [+ bias])` is cuBLASLt's C matrix, read with `beta = 1`
 //! (`Gemm::residual`).
 //!
-//! The heuristic's first algorithm is its guess. Where a plan is compiled
-//! on a GPU, `gemm_tune.rs` times the candidates it offers and keeps the
-//! fastest (as XLA's GEMM autotuner does).
+//! The heuristic's first algorithm is its guess, and plans run it. With
+//! GEMM tuning on (`Context::with_gemm_tuning`), `gemm_tune.rs` times the
+//! candidates it offers and keeps the fastest (as XLA's GEMM autotuner
+//! does).
 
 use super::program::{Epilogue, Gemm};
 use crate::ir::DType;
