@@ -34,12 +34,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/kiln-gpu-out}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-for d in $(python3 -c 'import nvidia,os;print(" ".join(os.path.join(p,"lib") for p in [os.path.join(nvidia.__path__[0],x) for x in os.listdir(nvidia.__path__[0])]))' 2>/dev/null); do
-  LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d
-done
-export KILN_CACHE_DIR=${KILN_CACHE_DIR:-$PWD/.kcache}
-export INSTA_WORKSPACE_ROOT=$PWD INSTA_UPDATE=no KILN_REQUIRE_CUDA=1
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 bin=.gpu/bin
 status=0
 summary() { grep -E "test result|FAILED|panicked|failure is on|ERROR SUMMARY|error:" "$1" | head -40; }
