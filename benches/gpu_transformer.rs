@@ -10,7 +10,9 @@
 //! - the MiniLM encoder (6 layers, 384 wide, 12 heads) at batch 64 × 128
 //!   tokens, f32 and bf16, random weights of the real shapes;
 //! - a BERT-base-sized encoder (12 layers, 768, 12 heads) at 32 × 128, bf16,
-//!   and with f32 weights under `with_autocast(bf16)`.
+//!   and with f32 weights under `with_autocast(bf16)`;
+//! - BERT-base's FFN up projection alone (`linear ...`): the product, with
+//!   a bias, with a bias and the erf GELU, 8 layers a captured call.
 //!
 //! Each: the first call's wall time (a cold kernel cache when
 //! `KILN_CACHE_DIR` is fresh), 5 warm-up calls, then the median of 50 calls
@@ -159,6 +161,47 @@ fn encoder(
     }
 }
 
+/// BERT-base's FFN up projection on its own, `[4096, 768] x [3072, 768]ᵀ`
+/// in bf16 (32 x 128 tokens), 8 independent layers a call (so that the
+/// call's host work hides behind the products), captured: the product
+/// alone, with cuBLASLt's bias epilogue, scaled (an epilogue of one
+/// multiply: what the Hopper GEMM's products cost), and with the bias and the erf
+/// GELU (the Hopper GEMM's epilogue on sm_90, `KILN_CUDA_WGMMA_GEMM=0`
+/// for cuBLAS and a separate kernel). Issue 36's target: the last at
+/// least 90% of the first's speed.
+fn linear(epilogue: &'static str) -> Workload {
+    const LAYERS: usize = 8;
+    let (m, k, n) = (4096, 768, 3072);
+    Workload {
+        name: format!("linear {epilogue} [4096,768]x[3072,768]^T x{LAYERS} bf16"),
+        flops: (LAYERS * 2 * m * k * n) as f64,
+        make: Box::new(move |ctx| {
+            let dt = DType::BF16;
+            let x = ctx.randn_dtype([m, k], dt);
+            let ws: Vec<Tensor> = (0..LAYERS).map(|_| ctx.randn_dtype([n, k], dt) * 0.03).collect();
+            let bs: Vec<Tensor> = (0..LAYERS).map(|_| ctx.randn_dtype([n], dt)).collect();
+            let mut all: Vec<&Tensor> = vec![&x];
+            all.extend(ws.iter().chain(&bs));
+            ctx.realize(&all)?;
+            let mut step = ctx.capture(move |args: &[Tensor]| {
+                let x = &args[0];
+                Ok((0..LAYERS)
+                    .map(|l| {
+                        let p = x.matmul(&ws[l].t());
+                        match epilogue {
+                            "alone" => p,
+                            "bias" => p + &bs[l],
+                            "scale" => p * 2.0,
+                            _ => (p + &bs[l]).gelu(),
+                        }
+                    })
+                    .collect())
+            });
+            Ok(Box::new(move || Ok(step.call(&[&x])?.remove(0))))
+        }),
+    }
+}
+
 fn workloads() -> Vec<Workload> {
     let mut out = Vec::new();
     for shape in SHAPES {
@@ -172,6 +215,9 @@ fn workloads() -> Vec<Workload> {
                 out.push(attention_train(shape, dtype, causal));
             }
         }
+    }
+    for epilogue in ["alone", "bias", "scale", "bias gelu"] {
+        out.push(linear(epilogue));
     }
     out.push(encoder("MiniLM-L6", BertConfig::minilm_l6(), 64, 128, DType::F32, None));
     out.push(encoder("MiniLM-L6", BertConfig::minilm_l6(), 64, 128, DType::BF16, None));

@@ -88,7 +88,26 @@ fn fused_op_cases_lower_to_cuda() {
 fn hopper_cases_lower_to_cuda() {
     settings().bind(|| {
         insta::glob!("cuda/hopper", "*.kir", |path| {
-            insta::assert_snapshot!(program_text_for(path, false, Target { tf32: false, hopper: true }));
+            insta::assert_snapshot!(program_text_for(
+                path,
+                false,
+                Target { tf32: false, hopper: true, wgmma_gemm: false }
+            ));
+        });
+    });
+}
+
+/// Fused cases lowered for an sm_90 device: matmul bodies whose epilogue
+/// cuBLASLt takes none of run on the Hopper GEMM (`codegen/gemm_wgmma.rs`).
+#[test]
+fn hopper_fused_cases_lower_to_cuda() {
+    settings().bind(|| {
+        insta::glob!("cuda/hopper/fused", "*.kir", |path| {
+            insta::assert_snapshot!(program_text_for(
+                path,
+                true,
+                Target { tf32: false, hopper: true, wgmma_gemm: true }
+            ));
         });
     });
 }

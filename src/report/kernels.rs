@@ -56,8 +56,11 @@ pub fn kernels(plan: &Plan, target: KernelTarget) -> Result<Vec<KernelSource>> {
             })
             .collect()),
         KernelTarget::Cuda { tf32, hopper } => {
-            let program =
-                crate::backends::cuda::lower_for(plan, crate::backends::cuda::Target { tf32, hopper })?;
+            let program = {
+                use crate::backends::cuda::Target;
+                let wgmma_gemm = hopper && Target::wgmma_gemm_opted_in();
+                crate::backends::cuda::lower_for(plan, Target { tf32, hopper, wgmma_gemm })?
+            };
             let mut out: Vec<KernelSource> = program
                 .kernels
                 .iter()

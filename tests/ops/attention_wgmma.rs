@@ -31,7 +31,7 @@ const TEST: &str = "attention_wgmma::hopper_attention_matches_f64";
 const CHILD: &str = "KILN_TEST_WGMMA_CHILD";
 
 /// Whether `ctx` is an sm_90 GPU, whose plans may take the `wgmma` kernel.
-fn hopper(ctx: &Context) -> bool {
+pub fn hopper(ctx: &Context) -> bool {
     let device = ctx.device_description();
     device.starts_with("cuda:") && device.ends_with("(sm_90)")
 }

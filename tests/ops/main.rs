@@ -17,6 +17,7 @@ mod decode;
 mod elementwise;
 mod errors;
 mod every_half;
+mod gemm_wgmma;
 mod in_place;
 mod index;
 mod linalg;

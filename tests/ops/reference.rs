@@ -65,6 +65,11 @@ pub fn dev() -> Context {
     }
 }
 
+/// Whether the current [`each_backend`] pass is the CUDA emulator's.
+pub fn emulated() -> bool {
+    CURRENT.with(Cell::get) == Which::Emulated
+}
+
 /// Says which backend a failing pass ran on.
 struct Announce(Which);
 

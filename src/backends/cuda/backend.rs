@@ -218,7 +218,9 @@ impl Backend for CudaBackend {
     }
 
     fn compile_with(&self, plan: Arc<Plan>, options: &CompileOptions) -> Result<Arc<dyn Executable>> {
-        let target = super::Target { tf32: options.tf32, hopper: self.dev.hopper() };
+        let hopper = self.dev.hopper();
+        let wgmma_gemm = hopper && super::Target::wgmma_gemm_opted_in();
+        let target = super::Target { tf32: options.tf32, hopper, wgmma_gemm };
         let program = super::lower_for(&plan, target)?;
         // A profiled plan is never captured: a CUDA graph has no events
         // around its launches (see `profile.rs`).

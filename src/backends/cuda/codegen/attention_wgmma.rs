@@ -390,7 +390,7 @@ fn helpers(s: &mut String, name: &str, ab: &str, dv: usize) {
 /// 16-byte `cp.async` to a shared address, named after the kernel.
 pub(super) fn addressing(s: &mut String, name: &str) {
     s.push_str("#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)\n");
-    s.push_str("#error \"the wgmma attention kernel is compiled for sm_90a only\"\n#endif\n");
+    s.push_str("#error \"wgmma kernels are compiled for sm_90a only\"\n#endif\n");
     let _ = writeln!(
         s,
         "__device__ __forceinline__ unsigned long long {name}_desc(unsigned at, unsigned lead, unsigned stride) {{"

@@ -30,10 +30,10 @@
 //! of the load's elements (buffers are 256-byte aligned); otherwise element
 //! loads.
 
-use super::body::{Body, Operand, Source};
+use super::epilogue::{self, Epilogue};
 use super::types;
 use super::{Kernel, BLOCK};
-use crate::ir::{DType, Graph, NodeId, Op};
+use crate::ir::DType;
 use std::fmt::Write;
 
 /// Rows of the product at most for which these kernels are used.
@@ -64,15 +64,6 @@ pub(crate) struct Spec {
     pub a: (usize, usize, usize),
     /// `b[k, n]` at `offset + k * sk + n * sn` (elements): (offset, sk, sn).
     pub b: (usize, usize, usize),
-}
-
-/// The epilogue of a matmul body: `g` computes the output from its
-/// `input`s, `operands[product]` being the product (computed in registers,
-/// never read from memory).
-pub(crate) struct Epilogue<'a> {
-    pub g: &'a Graph,
-    pub operands: &'a [Operand],
-    pub product: usize,
 }
 
 impl Spec {
@@ -160,68 +151,6 @@ pub(crate) fn applies(spec: &Spec) -> bool {
         && (spec.b.1 == 1 || spec.b.2 == 1)
 }
 
-/// Whether `epi` can run in registers: the product is read only as itself
-/// (no view of it) and the output has the product's elements in order.
-pub(crate) fn fusable(g: &Graph, product: usize, m: usize, n: usize) -> bool {
-    let out = match g.outputs().first() {
-        Some(&o) => o,
-        None => return false,
-    };
-    let order = g.topo_order();
-    let input = order.iter().find(|&&id| g.node(id).op == Op::Input(product as u32));
-    let Some(&input) = input else { return false };
-    g.node(out).shape.numel() == m * n
-        && g.node(out).shape.0.last() == Some(&n)
-        && g.node(out).shape == g.node(input).shape
-        && order.iter().all(|&id| !(g.node(id).op.is_view() && g.operands(id).contains(&input)))
-        && order.iter().all(|&id| {
-            let node = g.node(id);
-            matches!(node.op, Op::Input(_) | Op::Full(_))
-                || node.op.is_view()
-                || node.shape == g.node(out).shape
-        })
-}
-
-/// The kernel's parameters: `first` (`out`, with a split `k` the workspace
-/// and the arrival counters, then `a`, `b`), then the epilogue's buffers.
-fn params(first: &[String], epi: Option<&Epilogue<'_>>) -> String {
-    let mut p: Vec<String> = first.to_vec();
-    if let Some(e) = epi {
-        for (k, o) in e.operands.iter().enumerate() {
-            if k != e.product && o.source == Source::Buffer {
-                p.push(format!("const {}* in{k}", types::storage(o.dtype)));
-            }
-        }
-    }
-    p.join(", ")
-}
-
-/// Statements storing output element `i` from the product's sum `sum`
-/// (f32), through the epilogue when there is one.
-fn store(spec: &Spec, out: DType, epi: Option<&Epilogue<'_>>, sum: &str, i: &str) -> Result<String, String> {
-    let pv = types::settle(spec.dtype, sum);
-    let Some(e) = epi else {
-        return Ok(format!("out[{i}] = {};", types::store(spec.dtype, &pv)));
-    };
-    let body = Body::new(e.g, e.operands)?;
-    let mut s = format!("const float pv = {pv};");
-    let product_leaf = |o: NodeId| body.g.node(o).op == Op::Input(e.product as u32);
-    let operand = |o: NodeId| -> String {
-        if product_leaf(o) {
-            return "pv".into();
-        }
-        match body.leaves.get(&o) {
-            Some(leaf) => leaf.read_at(&leaf.access.offset_of(i)),
-            None => format!("v{}", o.index()),
-        }
-    };
-    for id in body.cone(body.output, &|_| false) {
-        let _ = write!(s, " {}", body.statement(id, &format!("v{}", id.index()), &operand)?);
-    }
-    let _ = write!(s, " out[{i}] = {};", types::store(out, &operand(body.output)));
-    Ok(s)
-}
-
 /// The product kernel, its epilogue applied before the one store; with
 /// [`Spec::splits`] > 1 it also takes the f32 workspace of the partial
 /// sums and the column tiles' arrival counters (see `finish_split`).
@@ -240,7 +169,7 @@ pub(crate) fn gemv(
     }
     first.push(format!("const {st}* __restrict__ a"));
     first.push(format!("const {st}* __restrict__ b"));
-    let mut s = format!("extern \"C\" __global__ void {name}({}) {{\n", params(&first, epi));
+    let mut s = format!("extern \"C\" __global__ void {name}({}) {{\n", epilogue::params(&first, epi));
     s.push_str("  typedef long long I;\n  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;\n");
     let Spec { m, n, k, .. } = *spec;
     let (boff, bsk, bsn) = spec.b;
@@ -310,7 +239,8 @@ pub(crate) fn gemv(
         s.push_str("  if (lane == 0) {\n");
         let _ = writeln!(s, "    #pragma unroll\n    for (int r = 0; r < {m}; ++r) {{");
         let _ = writeln!(s, "      const I i = (I)r * {n} + col;");
-        let _ = writeln!(s, "      {}\n    }}\n  }}\n}}", store(spec, out, epi, "acc[r]", "i")?);
+        let _ =
+            writeln!(s, "      {}\n    }}\n  }}\n}}", epilogue::store(spec.dtype, out, epi, "acc[r]", "i")?);
         n.div_ceil(WARPS)
     } else {
         let (cols, per, splits) = spec.row_split();
@@ -374,12 +304,12 @@ pub(crate) fn gemv(
             s.push_str("    }\n  }\n");
             finish_split(&mut s, spec, out, epi)?;
         } else {
-            let _ = writeln!(s, "      {}", store(spec, out, epi, "sum", "i")?);
+            let _ = writeln!(s, "      {}", epilogue::store(spec.dtype, out, epi, "sum", "i")?);
             s.push_str("    }\n  }\n}\n");
         }
         cols * splits
     };
-    let params_idx = epi_params(epi, if split { 4 } else { 2 });
+    let params_idx = epilogue::param_indices(epi, if split { 4 } else { 2 });
     Ok(Kernel::new(name, s, grid.max(1) as u32, BLOCK, params_idx))
 }
 
@@ -407,23 +337,7 @@ fn finish_split(s: &mut String, spec: &Spec, out: DType, epi: Option<&Epilogue<'
         "    #pragma unroll 16\n    for (int x = 0; x < {splits}; ++x) sum += __ldcg(ws + (I)x * {} + i);",
         m * n
     );
-    let _ = writeln!(s, "    {}\n  }}", store(spec, out, epi, "sum", "i")?);
+    let _ = writeln!(s, "    {}\n  }}", epilogue::store(spec.dtype, out, epi, "sum", "i")?);
     s.push_str("  if (threadIdx.x == 0) counts[cb] = 0u;\n}\n");
     Ok(())
-}
-
-/// Operand indices of the pointer parameters after `out`: `first` fixed
-/// ones, then the epilogue's buffers.
-fn epi_params(epi: Option<&Epilogue<'_>>, first: usize) -> Vec<usize> {
-    let mut v: Vec<usize> = (0..first).collect();
-    if let Some(e) = epi {
-        v.extend(
-            e.operands
-                .iter()
-                .enumerate()
-                .filter(|(k, o)| *k != e.product && o.source == Source::Buffer)
-                .map(|(k, _)| first + k),
-        );
-    }
-    v
 }

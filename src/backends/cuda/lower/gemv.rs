@@ -15,6 +15,7 @@
 use super::ops::{buffer_locs, operand};
 use super::{Lowering, Storage, Value};
 use crate::backends::cuda::codegen::body::{Operand, Source};
+use crate::backends::cuda::codegen::epilogue;
 use crate::backends::cuda::codegen::gemv::{self, Spec};
 use crate::backends::cuda::codegen::index::Access;
 use crate::backends::cuda::program::{Launch, Loc};
@@ -77,7 +78,7 @@ impl Lowering<'_> {
         let mut epi_locs: Vec<Loc> = Vec::new();
         let out_dtype = match &epi {
             Some(e) => {
-                if !gemv::fusable(e.g, e.product, m, n) {
+                if !epilogue::fusable(e.g, e.product, m, n) {
                     return Ok(false);
                 }
                 operands = e.ops.iter().map(operand).collect();
@@ -91,7 +92,7 @@ impl Lowering<'_> {
             }
             None => dtype,
         };
-        let cg = epi.as_ref().map(|e| gemv::Epilogue { g: e.g, operands: &operands, product: e.product });
+        let cg = epi.as_ref().map(|e| epilogue::Epilogue { g: e.g, operands: &operands, product: e.product });
         let mut args = vec![dst];
         let name = if spec.splits() > 1 {
             args.push(self.transient(spec.workspace_bytes()));

@@ -113,7 +113,7 @@ impl Lowering<'_> {
 
 /// A GEMM operand `[.., r, c]`: (read column-major, leading dimension,
 /// batch stride), or `None` when its strides need a copy first.
-fn gemm_operand(v: &Value) -> Option<(bool, usize, usize)> {
+pub(super) fn gemm_operand(v: &Value) -> Option<(bool, usize, usize)> {
     let l = &v.layout;
     let rank = l.shape.rank();
     let (r, c) = (l.shape.0[rank - 2], l.shape.0[rank - 1]);

@@ -24,6 +24,7 @@
 
 mod attention;
 mod collective;
+mod gemm_wgmma;
 mod gemv;
 mod group;
 mod matmul;
@@ -92,6 +93,7 @@ pub(crate) struct Lowering<'p> {
     slot_of: HashMap<NodeId, u32>,
     tf32: bool,
     hopper: bool,
+    wgmma_gemm: bool,
 }
 
 /// What a lowering may assume of the device it lowers for.
@@ -104,6 +106,19 @@ pub struct Target {
     /// (`codegen/attention_wgmma.rs`, `codegen/attention_grad_wgmma.rs`).
     /// Never in the emulator.
     pub hopper: bool,
+    /// On a `hopper` target, matmul bodies whose epilogue cuBLASLt takes
+    /// none of run on the Hopper GEMM with the epilogue inside it
+    /// (`codegen/gemm_wgmma.rs`) instead of cuBLAS and an epilogue kernel.
+    /// Off unless `KILN_CUDA_WGMMA_GEMM=1` ([`Target::wgmma_gemm_opted_in`]):
+    /// it measured slower (the module docs say by how much and why).
+    pub wgmma_gemm: bool,
+}
+
+impl Target {
+    /// Whether `KILN_CUDA_WGMMA_GEMM=1` asks for the Hopper GEMM.
+    pub fn wgmma_gemm_opted_in() -> bool {
+        std::env::var("KILN_CUDA_WGMMA_GEMM").is_ok_and(|v| v == "1")
+    }
 }
 
 /// Lowers `plan`; `tf32` lets float32 GEMMs and convolutions use TF32.
@@ -114,7 +129,7 @@ pub struct Target {
 /// make a kernel write outside its memory is an error here, never a
 /// launch.
 pub fn lower(plan: &Plan, tf32: bool) -> Result<Program> {
-    lower_for(plan, Target { tf32, hopper: false })
+    lower_for(plan, Target { tf32, ..Target::default() })
 }
 
 /// [`lower`] for a device described by `target`.
@@ -125,7 +140,7 @@ pub fn lower_for(plan: &Plan, target: Target) -> Result<Program> {
     Ok(program)
 }
 
-fn lower_checked(plan: &Plan, Target { tf32, hopper }: Target) -> Result<Program> {
+fn lower_checked(plan: &Plan, Target { tf32, hopper, wgmma_gemm }: Target) -> Result<Program> {
     let mut l = Lowering {
         plan,
         values: HashMap::new(),
@@ -142,6 +157,7 @@ fn lower_checked(plan: &Plan, Target { tf32, hopper }: Target) -> Result<Program
         slot_of: HashMap::new(),
         tf32,
         hopper,
+        wgmma_gemm,
     };
     let graph = &plan.graph;
     let tables = graph.tables();

@@ -8,7 +8,7 @@ use super::{bytes, Lowering, Storage, Value};
 use crate::backends::cuda::codegen::body::{Operand, Source};
 use crate::backends::cuda::codegen::index::Access;
 use crate::backends::cuda::codegen::{argmax, columns, elementwise, ops, pool_grad, reduction, Kernel};
-use crate::backends::cuda::program::{Conv, IndexCheck, Launch, Loc, Pool, Region, Tensor4};
+use crate::backends::cuda::program::{Conv, Epilogue, IndexCheck, Launch, Loc, Pool, Region, Tensor4};
 use crate::backends::Layout;
 use crate::ir::{DType, FusedBody, FusedKind, Graph, Node, NodeId, Op, Placement, ReduceOp, RegionId, Shape};
 use std::borrow::Cow;
@@ -318,6 +318,14 @@ impl Lowering<'_> {
                     // `cast<f32>(a @ b)` of halves: the GEMM stores its f32
                     // accumulator in `dst` (no scratch, no epilogue kernel).
                     return self.matmul(&a, &b, &node.shape, node.dtype, out.dtype, dst, LtEpilogue::NONE);
+                }
+                // An epilogue cuBLASLt takes none of (the erf GELU, a cast):
+                // on Hopper, in the GEMM's own registers.
+                if epilogue.epilogue == Epilogue::None && epilogue.residual.is_none() {
+                    let fused = Epi { g: &epi, ops, product: extra, out: out.dtype };
+                    if self.gemm_wgmma(&a, &b, &node.shape, node.dtype, dst, fused)? {
+                        return Ok(());
+                    }
                 }
                 // The epilogue reads the product where the GEMM left it. In
                 // `dst` itself, overwriting it element for element, when
