@@ -230,7 +230,7 @@ impl Backend for CudaBackend {
             exe.comm = self.group.get().map(|(_, comm)| comm.clone());
         }
         if options.profile {
-            exe.profile = Some(super::profile::StepTimes::new(&plan, &exe.program)?);
+            exe.profile = Some(super::profile::StepTimes::new(&self.dev.ctx, &plan, &exe.program)?);
         }
         Ok(Arc::new(exe))
     }

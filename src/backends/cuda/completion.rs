@@ -46,7 +46,7 @@ pub(crate) fn record(
     check: Option<Check>,
     read: impl IntoIterator<Item = Completion>,
 ) -> Result<Completion> {
-    let event = Arc::new(Event::new()?);
+    let event = Arc::new(Event::new(&dev.ctx)?);
     event.record(raw(stream))?;
     // Blocks freed from now on were last used before this event.
     dev.pool.note_stream0(event.clone());
@@ -144,7 +144,7 @@ pub(crate) fn record_watched(
     comm: &Arc<super::nccl::Comm>,
     label: String,
 ) -> Result<Completion> {
-    let event = Arc::new(Event::new()?);
+    let event = Arc::new(Event::new(&dev.ctx)?);
     event.record(raw(stream))?;
     dev.pool.note_stream0(event.clone());
     let signal = EventSignal { event, ctx: dev.ctx.clone() };

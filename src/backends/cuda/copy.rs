@@ -91,6 +91,9 @@ impl CopyFence {
 struct PinnedBytes {
     ptr: *mut u8,
     len: usize,
+    /// The context the block was allocated in, alive until it is freed
+    /// (see [`Event`]: a reset context frees its pinned memory itself).
+    ctx: Arc<CudaContext>,
 }
 
 // SAFETY: plain host memory owned by this value; the device reads or
@@ -99,11 +102,12 @@ struct PinnedBytes {
 unsafe impl Send for PinnedBytes {}
 
 impl PinnedBytes {
-    fn new(len: usize) -> Result<PinnedBytes> {
+    fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<PinnedBytes> {
+        ctx.bind_to_thread().map_err(|e| err("binding the context", e))?;
         // SAFETY: a fresh page-locked allocation of `len` bytes; flags 0.
         let ptr =
             unsafe { result::malloc_host(len, 0) }.map_err(|e| err("allocating pinned host memory", e))?;
-        Ok(PinnedBytes { ptr: ptr as *mut u8, len })
+        Ok(PinnedBytes { ptr: ptr as *mut u8, len, ctx: ctx.clone() })
     }
 
     fn bytes(&mut self) -> &mut [u8] {
@@ -117,6 +121,7 @@ impl Drop for PinnedBytes {
     fn drop(&mut self) {
         // SAFETY: allocated by `malloc_host`; the copier synchronizes its
         // stream before its chunks are dropped, so no copy is pending.
+        let _ = self.ctx.bind_to_thread();
         let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
     }
 }
@@ -146,14 +151,15 @@ impl Staging {
     /// The oldest chunk not lent out, once its last copy has finished
     /// (copy-stream work only, never a running plan). `None` when every
     /// chunk is lent out (the caller drains its own copies first).
-    fn take(&mut self) -> Result<Option<Chunk>> {
+    fn take(&mut self, ctx: &Arc<CudaContext>) -> Result<Option<Chunk>> {
         if self.made == 0 {
             // All chunks at once, on first need: the driver may allocate
             // pinned memory synchronously with the device, and the first
             // copy usually comes before any plan runs (weights, the first
             // batch), so no later upload waits for a running plan.
             for _ in 0..MAX_CHUNKS {
-                let chunk = Chunk { pinned: PinnedBytes::new(CHUNK)?, last: Event::new()?, used: false };
+                let chunk =
+                    Chunk { pinned: PinnedBytes::new(ctx, CHUNK)?, last: Event::new(ctx)?, used: false };
                 self.idle.push_back(chunk);
                 self.made += 1;
             }
@@ -192,7 +198,7 @@ impl Copier {
         let alloc = pool.alloc_for_copy(bytes.len() as u64)?;
         let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
         for (k, piece) in bytes.chunks(CHUNK).enumerate() {
-            let Some(mut chunk) = staging.take()? else {
+            let Some(mut chunk) = staging.take(&self.ctx)? else {
                 return Err(err("uploading", "no staging chunk is free"));
             };
             let staged = &mut chunk.pinned.bytes()[..piece.len()];
@@ -209,7 +215,7 @@ impl Copier {
             copied?;
         }
         drop(staging);
-        let event = Arc::new(Event::new()?);
+        let event = Arc::new(Event::new(&self.ctx)?);
         event.record(raw(&self.stream))?;
         Ok((alloc, Arc::new(CopyFence { event, finished: AtomicBool::new(bytes.is_empty()) })))
     }
@@ -225,7 +231,7 @@ impl Copier {
         let mut lent: VecDeque<(Chunk, usize)> = VecDeque::new();
         let mut outcome = Ok(());
         for k in 0..out.len().div_ceil(CHUNK) {
-            let mut chunk = match staging.take() {
+            let mut chunk = match staging.take(&self.ctx) {
                 Ok(Some(c)) => c,
                 Ok(None) => match lent.pop_front() {
                     // Every chunk is ours: the oldest is copied out first.

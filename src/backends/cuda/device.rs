@@ -330,7 +330,17 @@ pub(crate) fn raw(s: &CudaStream) -> sys::CUstream {
 /// is only synchronized on (by whoever waits for the run, without the
 /// lock) and destroyed. So no event is ever recorded by two threads at
 /// once, and no wait races a record of the same event.
-pub(crate) struct Event(sys::CUevent);
+///
+/// An event holds its context: cudarc releases the device's primary
+/// context when a `CudaContext` is dropped, and the driver resets it when
+/// no retain is left, destroying its events and pinned memory. Structs
+/// drop their fields in order, and events sat in fields after the last
+/// context handle (a staging chunk's, a free block's stream-0 event), so
+/// only the CUDA runtime's own retain (cuBLAS's handles initialize it, and
+/// it keeps the primary context for the life of the process) kept them
+/// from being destroyed after their context. Holding the context makes
+/// that an invariant of the type rather than of who else retains it.
+pub(crate) struct Event(sys::CUevent, Arc<CudaContext>);
 
 // SAFETY: a CUevent is a driver handle, not memory: the driver API is
 // thread-safe, so record, wait, synchronize and destroy may be called
@@ -344,9 +354,11 @@ unsafe impl Send for Event {}
 unsafe impl Sync for Event {}
 
 impl Event {
-    pub fn new() -> Result<Event> {
+    /// An event of `ctx` (bound here).
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Event> {
+        ctx.bind_to_thread().map_err(|e| driver_err("binding the context", e))?;
         result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-            .map(Event)
+            .map(|e| Event(e, ctx.clone()))
             .map_err(|e| driver_err("creating an event", e))
     }
 
@@ -383,7 +395,8 @@ impl Drop for Event {
         // SAFETY: the event is ours and nobody else holds it (drop has
         // `&mut self`); the driver defers the destruction until pending
         // work that records it completes, so a graph or stream still using
-        // it is unaffected.
+        // it is unaffected. Its context is alive: the event holds it.
+        let _ = self.1.bind_to_thread();
         let _ = unsafe { result::event::destroy(self.0) };
     }
 }

@@ -247,8 +247,8 @@ impl CudaExecutable {
             (compile(), Ok(LibraryPlans::default()))
         };
         let (functions, LibraryPlans { convs, pools, lts }) = (functions?, libraries?);
-        let events = (0..program.events).map(|_| Event::new()).collect::<Result<Vec<_>>>()?;
-        let joins = (1..program.streams).map(|_| Event::new()).collect::<Result<Vec<_>>>()?;
+        let events = (0..program.events).map(|_| Event::new(&dev.ctx)).collect::<Result<Vec<_>>>()?;
+        let joins = (1..program.streams).map(|_| Event::new(&dev.ctx)).collect::<Result<Vec<_>>>()?;
         let _ = plan;
         Ok(CudaExecutable {
             functions,
@@ -262,7 +262,7 @@ impl CudaExecutable {
             counters,
             params,
             events,
-            fork: Event::new()?,
+            fork: Event::new(&dev.ctx)?,
             joins,
             state: Mutex::new(Graphs::new(program.inputs.len(), graphs)),
             status: Default::default(),

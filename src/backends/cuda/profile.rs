@@ -19,10 +19,12 @@ use super::device::raw;
 use crate::ir::Plan;
 use crate::profile::{Recorder, RunTimes};
 use crate::{Error, Result};
-use cudarc::driver::{result, sys, CudaStream};
+use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use std::sync::Arc;
 
 /// A CUDA event that records time (the backend's ordering events do not).
-struct TimingEvent(sys::CUevent);
+/// A timing event, holding its context (see `device::Event` for why).
+struct TimingEvent(sys::CUevent, Arc<CudaContext>);
 
 // SAFETY: a CUevent is a driver handle and the driver API is thread-safe;
 // records and reads are ordered by the run lock (see the module docs).
@@ -35,9 +37,10 @@ fn err(what: &str, e: impl std::fmt::Debug) -> Error {
 }
 
 impl TimingEvent {
-    fn new() -> Result<TimingEvent> {
+    fn new(ctx: &Arc<CudaContext>) -> Result<TimingEvent> {
+        ctx.bind_to_thread().map_err(|e| err("binding the context", e))?;
         result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
-            .map(TimingEvent)
+            .map(|e| TimingEvent(e, ctx.clone()))
             .map_err(|e| err("creating an event", e))
     }
 
@@ -61,6 +64,7 @@ impl Drop for TimingEvent {
     fn drop(&mut self) {
         // SAFETY: the event is ours; the driver defers destruction until
         // pending records complete.
+        let _ = self.1.bind_to_thread();
         let _ = unsafe { result::event::destroy(self.0) };
     }
 }
@@ -78,15 +82,15 @@ pub(crate) struct StepTimes {
 }
 
 impl StepTimes {
-    pub fn new(plan: &Plan, program: &super::program::Program) -> Result<StepTimes> {
+    pub fn new(ctx: &Arc<CudaContext>, plan: &Plan, program: &super::program::Program) -> Result<StepTimes> {
         let steps = program
             .steps
             .iter()
-            .map(|_| Ok((TimingEvent::new()?, TimingEvent::new()?)))
+            .map(|_| Ok((TimingEvent::new(ctx)?, TimingEvent::new(ctx)?)))
             .collect::<Result<_>>()?;
         Ok(StepTimes {
             recorder: Recorder::new(plan),
-            start: TimingEvent::new()?,
+            start: TimingEvent::new(ctx)?,
             steps,
             nodes: program.steps.iter().map(|s| s.node).collect(),
             recorded: std::sync::atomic::AtomicBool::new(false),
