@@ -19,7 +19,7 @@ use crate::{Error, Result};
 use cudarc::cublas::sys as blas_sys;
 use cudarc::cudnn::sys as dnn_sys;
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Bytes of workspace a classic cuBLAS GEMM gets (NVIDIA's
 /// recommendation for Hopper), and the most a cuBLASLt algorithm may ask
@@ -47,6 +47,53 @@ pub(crate) struct Device {
     pub runtime: Arc<crate::runtime::waiter::Runtime>,
     /// Uploads and downloads: the copy stream and its pinned chunks.
     pub copier: super::copy::Copier,
+}
+
+/// Stream captures in progress (shared) against the calls that
+/// synchronize the whole primary context (exclusive): the pool's
+/// `cuCtxSynchronize` before it frees cached blocks, and the library
+/// handles' destruction (`cublasLtDestroy` synchronizes the context).
+/// Every kiln context of a device shares its primary context, and
+/// captures are thread-local, so the driver lets one thread synchronize
+/// the context while another's stream is capturing. The op suite, whose
+/// test threads capture plans and drop contexts side by side, died in 3
+/// of 14 runs on an H200 (2026-12-01) inside `cuCtxSynchronize` under
+/// `cublasLtDestroy` (`segfault at 298`, core dumps; benches/RESULTS.md,
+/// the thirty-first measurement). Whether captures are what that
+/// synchronize met is not proven; this keeps the two apart. Taken after
+/// the launch lock, never before it.
+static CAPTURES: RwLock<()> = RwLock::new(());
+
+thread_local! {
+    /// Whether this thread holds a capture (its own synchronizes skip the
+    /// exclusive side, which would wait for itself).
+    static CAPTURING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A capture in progress on this thread (see [`CAPTURES`]).
+pub(crate) struct CaptureInProgress(#[allow(dead_code)] RwLockReadGuard<'static, ()>);
+
+impl CaptureInProgress {
+    pub fn begin() -> CaptureInProgress {
+        let guard = CAPTURES.read().unwrap_or_else(|e| e.into_inner());
+        CAPTURING.with(|c| c.set(true));
+        CaptureInProgress(guard)
+    }
+}
+
+impl Drop for CaptureInProgress {
+    fn drop(&mut self) {
+        CAPTURING.with(|c| c.set(false));
+    }
+}
+
+/// Waits until no other thread is capturing, and keeps captures from
+/// starting, while the whole context is synchronized (see [`CAPTURES`]).
+pub(crate) fn no_capture_in_progress() -> Option<RwLockWriteGuard<'static, ()>> {
+    if CAPTURING.with(|c| c.get()) {
+        return None;
+    }
+    Some(CAPTURES.write().unwrap_or_else(|e| e.into_inner()))
 }
 
 /// What the launch lock guards: streams and library handles.
@@ -298,6 +345,7 @@ impl LaunchState {
 
 impl Drop for LaunchState {
     fn drop(&mut self) {
+        let _no_capture = no_capture_in_progress();
         let _ = self.ctx.bind_to_thread();
         for s in &self.streams {
             let _ = s.synchronize();

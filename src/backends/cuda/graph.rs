@@ -323,6 +323,7 @@ impl Graphs {
         let n = exe.program.streams as usize;
         let streams = &ls.capture[..n];
         let _span = tracing::debug_span!("capture", steps = exe.program.steps.len(), streams = n).entered();
+        let _in_progress = super::device::CaptureInProgress::begin();
         streams[0]
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| Error::Backend(format!("cuda: beginning capture: {e:?}")))?;

@@ -360,6 +360,7 @@ impl Pool {
         if blocks.iter().all(|(_, b)| b.is_empty()) && segments.is_empty() {
             return;
         }
+        let _no_capture = super::device::no_capture_in_progress();
         let _ = self.ctx.bind_to_thread();
         if let Err(e) = self.ctx.synchronize() {
             // The context is unusable (a kernel faulted): freeing is still
