@@ -217,42 +217,36 @@ pub(crate) fn gemm_wgmma(
     s.push_str("  const unsigned at0 = rr * 128 + ((cc ^ rr) & 7) * 16;\n");
     let _ = writeln!(s, "  const {st}* const ag = a + (m0 + rr) * {lda}LL + cc * 8;");
     let _ = writeln!(s, "  const {st}* const bg = b + (n0 + rr) * {ldb}LL + cc * 8;");
+    // The two operands' tiles: (name, first row, tile rows, rows in all,
+    // leading dimension, shared address of the thread's first chunk).
+    let operands = [("a", "m0", rows, m, lda, "sa"), ("b", "n0", cols, n, ldb, "sb")];
     // Which of the thread's rows lie inside the product: a bit each.
     s.push_str("  unsigned a_rows = 0u, b_rows = 0u;\n");
-    let _ = writeln!(
-        s,
-        "  #pragma unroll\n  for (int i = 0; i < {}; ++i) a_rows |= (unsigned)(m0 + rr + {pass} * i < {m}) << i;",
-        rows / pass
-    );
-    let _ = writeln!(
-        s,
-        "  #pragma unroll\n  for (int i = 0; i < {}; ++i) b_rows |= (unsigned)(n0 + rr + {pass} * i < {n}) << i;",
-        cols / pass
-    );
+    for (x, first, tile_rows, all, _, _) in operands {
+        let _ = writeln!(
+            s,
+            "  #pragma unroll\n  for (int i = 0; i < {}; ++i) {x}_rows |= (unsigned)({first} + rr + {pass} * i < {all}) << i;",
+            tile_rows / pass
+        );
+    }
     // One step's copies into a buffer of the ring.
     let _ = writeln!(s, "  auto load = [&](int buf, int step) {{");
     let _ = writeln!(s, "    const unsigned sa = tiles + (unsigned)buf * {stage}u + at0;");
     let _ = writeln!(s, "    const unsigned sb = sa + {}u;", rows * 128);
     let _ = writeln!(s, "    const bool k_in = step * {DEPTH} + cc * 8 < {k};");
     s.push_str("    const I k0 = (I)step * 64;\n");
-    let _ = writeln!(s, "    #pragma unroll\n    for (int i = 0; i < {}; ++i) {{", rows / pass);
-    s.push_str("      const bool in = k_in && ((a_rows >> i) & 1u);\n");
-    let _ = writeln!(
-        s,
-        "      {name}_copy16(sa + i * {}u, in ? ag + i * {}LL + k0 : a, in ? 16 : 0);",
-        pass * 128,
-        pass * lda
-    );
-    s.push_str("    }\n");
-    let _ = writeln!(s, "    #pragma unroll\n    for (int i = 0; i < {}; ++i) {{", cols / pass);
-    s.push_str("      const bool in = k_in && ((b_rows >> i) & 1u);\n");
-    let _ = writeln!(
-        s,
-        "      {name}_copy16(sb + i * {}u, in ? bg + i * {}LL + k0 : b, in ? 16 : 0);",
-        pass * 128,
-        pass * ldb
-    );
-    s.push_str("    }\n  };\n");
+    for (x, _, tile_rows, _, ld, at) in operands {
+        let _ = writeln!(s, "    #pragma unroll\n    for (int i = 0; i < {}; ++i) {{", tile_rows / pass);
+        let _ = writeln!(s, "      const bool in = k_in && (({x}_rows >> i) & 1u);");
+        let _ = writeln!(
+            s,
+            "      {name}_copy16({at} + i * {}u, in ? {x}g + i * {}LL + k0 : {x}, in ? 16 : 0);",
+            pass * 128,
+            pass * ld
+        );
+        s.push_str("    }\n");
+    }
+    s.push_str("  };\n");
     // Descriptors: the start address (16-byte units) is the low field; a
     // buffer's or a k-step's offset is added to the whole word.
     let _ = writeln!(s, "  const D a_desc = {name}_desc(tiles + wg * 8192u, 16, 1024);");
