@@ -388,7 +388,7 @@ pub(crate) fn raw(s: &CudaStream) -> sys::CUstream {
 /// it keeps the primary context for the life of the process) kept them
 /// from being destroyed after their context. Holding the context makes
 /// that an invariant of the type rather than of who else retains it.
-pub(crate) struct Event(sys::CUevent, Arc<CudaContext>);
+pub(crate) struct Event(sys::CUevent, #[allow(dead_code)] Arc<CudaContext>);
 
 // SAFETY: a CUevent is a driver handle, not memory: the driver API is
 // thread-safe, so record, wait, synchronize and destroy may be called
@@ -402,9 +402,10 @@ unsafe impl Send for Event {}
 unsafe impl Sync for Event {}
 
 impl Event {
-    /// An event of `ctx` (bound here).
+    /// An event of `ctx`, which the calling thread has bound (every
+    /// caller runs under the launch lock or in a plan's compile, both
+    /// bound; an event is made per run, so no driver call is added here).
     pub fn new(ctx: &Arc<CudaContext>) -> Result<Event> {
-        ctx.bind_to_thread().map_err(|e| driver_err("binding the context", e))?;
         result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
             .map(|e| Event(e, ctx.clone()))
             .map_err(|e| driver_err("creating an event", e))
@@ -444,7 +445,6 @@ impl Drop for Event {
         // `&mut self`); the driver defers the destruction until pending
         // work that records it completes, so a graph or stream still using
         // it is unaffected. Its context is alive: the event holds it.
-        let _ = self.1.bind_to_thread();
         let _ = unsafe { result::event::destroy(self.0) };
     }
 }
