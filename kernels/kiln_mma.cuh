@@ -30,12 +30,33 @@ __device__ __forceinline__ float half_at(u32 pair, int hi, bf16) {
   h.bits = (unsigned short)(hi ? pair >> 16 : pair & 0xffffu);
   return to_float(h);
 }
-// Two floats rounded to the narrow type T, packed as one fragment register.
+// Two floats rounded to the narrow type T, packed as one fragment register:
+// on the GPU one paired conversion (the bits of two), as rnd2_bf16.
+#ifdef KILN_EMULATE
 __device__ __forceinline__ u32 pack2(float lo, float hi, f16) {
   return (u32)f16_from(lo).bits | ((u32)f16_from(hi).bits << 16);
 }
 __device__ __forceinline__ u32 pack2(float lo, float hi, bf16) {
   return (u32)bf16_from(lo).bits | ((u32)bf16_from(hi).bits << 16);
+}
+#else
+__device__ __forceinline__ u32 pack2(float lo, float hi, f16) {
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ u32 pack2(float lo, float hi, bf16) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+#endif
+// Two floats T holds exactly (values already rounded to it), packed: for
+// bf16 their high halves, with no conversion (bf16_exact's rule); f16 has
+// no such shortcut.
+__device__ __forceinline__ u32 pack2_exact(float lo, float hi, f16) { return pack2(lo, hi, f16()); }
+__device__ __forceinline__ u32 pack2_exact(float lo, float hi, bf16) {
+  return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
 }
 
 template <class T>

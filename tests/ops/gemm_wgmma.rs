@@ -16,8 +16,8 @@
 //!   rows (one product of 2 x 700), with a last tile of rows (256) and of
 //!   columns (128) short and `k` = 200 (a last step of 8);
 //! - an f16 product scaled and cast to f32 over an odd number of columns
-//!   (element stores, not pairs), `k` = 72, with an inf and a NaN in `x`
-//!   (their rows are ±inf and NaN);
+//!   (element stores) and over a multiple of 4 (vector stores), `k` = 72,
+//!   with an inf and a NaN in `x` (their rows are ±inf and NaN);
 //! - `gelu(x wᵀ + b) + r` in bf16 with a NaN in `x` (its row) and in the
 //!   weight (its column), and `r` read at each output's own index;
 //! - two bodies that stay on cuBLAS: `relu(x wᵀ + b)` (cuBLASLt's own
@@ -116,26 +116,29 @@ fn ffn_up(rng: &mut Rng) {
     check_f(&y, dt, &Nd::new(want, &[bt, s, n]), 1.0, what);
 }
 
-/// `cast<f32>((x wᵀ) * 0.5)` in f16 over `[1030, 72] x [1701, 72]ᵀ`, an
-/// inf in row 5 of `x` and a NaN in row 7.
+/// `cast<f32>((x wᵀ) * 0.5)` in f16 over `[1030, 72] x [n, 72]ᵀ`, an inf
+/// in row 5 of `x` and a NaN in row 7: `n` = 1701 (odd: element stores,
+/// and a row's last columns one at a time) and 1704 (stores of four).
 fn scaled_cast(rng: &mut Rng) {
-    let (dt, m, k, n) = (DType::F16, 1030, 72, 1701);
-    let ctx = dev();
-    let mut xv = rand_f(rng, dt, &[m, k], 1.0).to_vec();
-    xv[5 * k + 3] = f64::INFINITY;
-    xv[7 * k + 10] = f64::NAN;
-    let x = Nd::new(xv, &[m, k]);
-    let w = rand_f(rng, dt, &[n, k], 1.0);
-    let y = ((tensor_f(&ctx, dt, &x).matmul(&tensor_f(&ctx, dt, &w).t())) * 0.5).cast(DType::F32);
-    let what = "cast<f32>((x wᵀ) * 0.5), f16 [1030,72] x [1701,72]ᵀ";
-    check_choice(&ctx, &y, true, what);
-    let p = product(&x.to_vec(), &w.to_vec(), m, n, k);
-    let want: Vec<f64> = p.iter().map(|&v| round(dt, round(dt, v) * 0.5)).collect();
-    assert!(want[5 * n..6 * n].iter().all(|v| v.is_infinite()) && want[7 * n].is_nan());
-    // f32 elements holding f16 values: one f16 ulp where the f32 sum and
-    // the f64 one round the product apart.
-    assert_eq!(y.dtype(), DType::F32, "{what}");
-    assert_close(&read_f(&y).to_vec(), &want, dt, 1.0, what);
+    for n in [1701, 1704] {
+        let (dt, m, k) = (DType::F16, 1030, 72);
+        let ctx = dev();
+        let mut xv = rand_f(rng, dt, &[m, k], 1.0).to_vec();
+        xv[5 * k + 3] = f64::INFINITY;
+        xv[7 * k + 10] = f64::NAN;
+        let x = Nd::new(xv, &[m, k]);
+        let w = rand_f(rng, dt, &[n, k], 1.0);
+        let y = ((tensor_f(&ctx, dt, &x).matmul(&tensor_f(&ctx, dt, &w).t())) * 0.5).cast(DType::F32);
+        let what = format!("cast<f32>((x wᵀ) * 0.5), f16 [1030,72] x [{n},72]ᵀ");
+        check_choice(&ctx, &y, true, &what);
+        let p = product(&x.to_vec(), &w.to_vec(), m, n, k);
+        let want: Vec<f64> = p.iter().map(|&v| round(dt, round(dt, v) * 0.5)).collect();
+        assert!(want[5 * n..6 * n].iter().all(|v| v.is_infinite()) && want[7 * n].is_nan());
+        // f32 elements holding f16 values: one f16 ulp where the f32 sum and
+        // the f64 one round the product apart.
+        assert_eq!(y.dtype(), DType::F32, "{what}");
+        assert_close(&read_f(&y).to_vec(), &want, dt, 1.0, &what);
+    }
 }
 
 /// `gelu(x wᵀ + b) + r` in bf16 over `[2, 600, 136] x [1800, 136]ᵀ`, a NaN

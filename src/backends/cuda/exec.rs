@@ -29,7 +29,7 @@ use super::graph::Graphs;
 use super::lt::LtPlan;
 use super::memory::DeviceAlloc;
 use super::program::{Launch, Loc, Program, Region};
-use super::{blas, CudaBuffer};
+use super::{blas, tensor_map, CudaBuffer};
 use crate::backends::{Buffer, Executable, Launched, RngArgs};
 use crate::ir::Plan;
 use crate::{Error, Result};
@@ -376,18 +376,30 @@ impl CudaExecutable {
             Launch::Kernel { kernel, args } => {
                 let k = &self.program.kernels[*kernel];
                 let ptrs: Vec<u64> = args.iter().map(|&a| b.ptr(a)).collect();
+                let maps = k
+                    .maps
+                    .iter()
+                    .map(|m| {
+                        let at =
+                            ptrs.get(m.arg).ok_or_else(|| format!("{}: {m} names no argument", k.name))?;
+                        tensor_map::encode(m, *at)
+                    })
+                    .collect::<std::result::Result<Vec<_>, String>>()?;
                 let mut builder = stream.launch_builder(&self.functions[*kernel]);
                 for p in &ptrs {
                     builder.arg(p);
+                }
+                for m in &maps {
+                    builder.arg(m);
                 }
                 let cfg = LaunchConfig {
                     grid_dim: (k.grid, 1, 1),
                     block_dim: (k.block, 1, 1),
                     shared_mem_bytes: k.shared,
                 };
-                // SAFETY: the kernel's parameters are pointers in this order
-                // (lowering wrote both), each into a region sized for what the
-                // kernel indexes.
+                // SAFETY: the kernel's parameters are pointers in this order,
+                // then its tensor maps (lowering wrote both), each into a
+                // region sized for what the kernel indexes.
                 unsafe { builder.launch(cfg) }.map_err(|e| format!("launching {}: {e:?}", k.name))?;
             }
             Launch::Gemm(g) if self.lts.contains_key(&key) => {

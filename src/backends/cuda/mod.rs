@@ -56,6 +56,8 @@ mod outputs;
 mod profile;
 #[cfg(feature = "cuda-backend")]
 mod slots;
+#[cfg(feature = "cuda-backend")]
+mod tensor_map;
 
 #[cfg(feature = "cuda-backend")]
 mod backend;

@@ -378,10 +378,14 @@ impl Launch {
             Launch::Kernel { kernel, args } => {
                 let k = &kernels[*kernel];
                 if k.shared > 0 {
-                    write!(f, "{}<<<{}, {}, {}>>>({})", k.name, k.grid, k.block, k.shared, locs(args))
+                    write!(f, "{}<<<{}, {}, {}>>>({})", k.name, k.grid, k.block, k.shared, locs(args))?;
                 } else {
-                    write!(f, "{}<<<{}, {}>>>({})", k.name, k.grid, k.block, locs(args))
+                    write!(f, "{}<<<{}, {}>>>({})", k.name, k.grid, k.block, locs(args))?;
                 }
+                for m in &k.maps {
+                    write!(f, " {m}")?;
+                }
+                Ok(())
             }
             Launch::Gemm(g) => {
                 let t = |b: bool| if b { "T" } else { "N" };

@@ -8,6 +8,7 @@
 //! fused kernel gives the unfused plan's bits.
 
 use super::body::{Body, Operand, Source};
+use super::paired;
 use super::types;
 use crate::ir::{DType, Graph, NodeId, Op};
 use std::fmt::Write;
@@ -101,6 +102,51 @@ pub(crate) fn value(
         let _ = write!(s, " {}", body.statement(id, &format!("v{}", id.index()), &operand)?);
     }
     Ok((s, operand(body.output)))
+}
+
+/// [`value`] for two elements at once, `is[0]` and `is[1]`, from sums
+/// `sums`, with each rounding of both one paired conversion
+/// (`paired.rs`); `settled`: the sums are already the product's dtype
+/// (read back from a narrow copy), so they are not rounded again. The
+/// statements declare `pv0`, `pv1` and `v{node}_0`, `v{node}_1`.
+pub(crate) fn values2(
+    product: DType,
+    e: &Epilogue<'_>,
+    sums: [&str; 2],
+    is: [&str; 2],
+    settled: bool,
+) -> Result<(String, [String; 2]), String> {
+    let body = Body::new(e.g, e.operands)?;
+    let [s0, s1] = sums;
+    let mut s = match product {
+        _ if settled => format!("const float pv0 = {s0}, pv1 = {s1};"),
+        DType::BF16 => format!("float pv0, pv1; kiln::rnd2_bf16({s0}, {s1}, pv0, pv1);"),
+        DType::F16 => format!("float pv0, pv1; kiln::rnd2_f16({s0}, {s1}, pv0, pv1);"),
+        _ => {
+            format!("const float pv0 = {}, pv1 = {};", types::settle(product, s0), types::settle(product, s1))
+        }
+    };
+    let product_leaf = |o: NodeId| body.g.node(o).op == Op::Input(e.product as u32);
+    let operand = |k: usize| {
+        let body = &body;
+        move |o: NodeId| -> String {
+            if product_leaf(o) {
+                return format!("pv{k}");
+            }
+            match body.leaves.get(&o) {
+                Some(leaf) => leaf.read_at(&leaf.access.offset_of(is[k])),
+                None => format!("v{}_{k}", o.index()),
+            }
+        }
+    };
+    let (first, second) = (operand(0), operand(1));
+    for id in body.cone(body.output, &|_| false) {
+        let vars = [format!("v{}_0", id.index()), format!("v{}_1", id.index())];
+        for line in paired::statements(&body, id, [&vars[0], &vars[1]], [&first, &second])? {
+            let _ = write!(s, " {line}");
+        }
+    }
+    Ok((s, [first(body.output), second(body.output)]))
 }
 
 /// Statements storing output element `i` (of dtype `out`) from the

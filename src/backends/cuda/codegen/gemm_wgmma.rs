@@ -6,57 +6,71 @@
 //! cuBLAS runs such a product at its full rate and then a second kernel
 //! reads the product back from memory, applies the epilogue and writes it
 //! again: BERT-base's `gelu(x W₁ᵀ + b₁)` over `[4096, 3072]` bf16 is a
-//! ~32 µs GEMM and a ~19 µs epilogue kernel (benches/RESULTS.md). Here the
-//! epilogue runs on the accumulators before the one store.
+//! ~33 µs GEMM and a ~20 µs epilogue kernel (benches/RESULTS.md). Here the
+//! epilogue runs on the product before its one store.
 //!
 //! The schedule (the operands as a linear layer gives them: `a` row-major
 //! `[m, k]`, the weight `b` `[n, k]`, both contiguous along `k`, which is
-//! what `wgmma` reads from shared memory without a transpose):
+//! what `wgmma` reads from shared memory without a transpose), warp
+//! specialized as Hopper GEMMs are:
 //!
-//! - A block owns a `128 x cols` tile of the output (`cols` 128 or 256,
-//!   [`Tile`]) and is two warpgroups, each accumulating 64 of its rows
-//!   with `m64n{cols}k16` products whose A and B operands the tensor cores
-//!   read from shared memory (the descriptors and the `cp.async` helper are
-//!   `attention_wgmma.rs`'s, [`addressing`]).
+//! - A block is three warpgroups. Two *consumers* accumulate output tiles
+//!   with one or two stacked `m64n{cols}k16` products a 16-deep slice,
+//!   both operands read by the tensor cores from shared memory (the
+//!   descriptors are `attention_wgmma.rs`'s, [`addressing`]). The third,
+//!   the *producer*, gives up its registers to them (`setmaxnreg`) and one
+//!   of its threads issues the loads.
+//! - Who owns what ([`Tile`]): with `pingpong` (the default) each consumer
+//!   takes every other tile of its block whole, and they take the ring's
+//!   steps in turns, so that one's epilogue runs while the other's
+//!   products do; otherwise both take half the rows of every tile and
+//!   share its weight's loads. With `blocks` the grid is that many blocks,
+//!   each walking the tiles `blocks` apart (persistent); by default one
+//!   block takes one tile (two with `pingpong`).
 //! - `k` goes in steps of 64 (one 128-byte row of halves: `wgmma`'s
-//!   128-byte swizzle, chunk `c` of row `r` at chunk `(c ^ r) % 8`, as the
-//!   attention's tiles), through a ring of `stages` buffers filled by
-//!   `cp.async` `ahead` steps before they are read. One barrier a step
-//!   makes a step's copies the block's; with `in_flight` 1 each warpgroup
-//!   leaves its last step's products running while it issues the next
-//!   ones, and the copies then target the buffer two steps back (every
-//!   warpgroup has waited for those products before the barrier).
-//! - Rows past `m`, columns past `n` and a last step past `k` are filled
-//!   with zeros by `cp.async`'s source size, so every product is whole.
-//! - The epilogue (`epilogue.rs`) runs on each accumulator in registers:
-//!   the product rounded to its dtype, then the body, then one store of
-//!   two neighbouring columns at once where the output's rows allow it.
-//! - Blocks walk the output in groups of [`GROUP`] tile rows, so that
-//!   blocks running together share their `b` tiles in L2.
+//!   128-byte swizzle, chunk `c` of row `r` at chunk `c ^ r % 8`), through
+//!   a ring of `stages` buffers. Each step's two tiles are TMA box loads
+//!   (`cp.async.bulk.tensor`, through the tensor maps the launch encodes,
+//!   `tensor_map.rs`) that swizzle as they write and fill rows past `m`,
+//!   columns past `n` and a last step past `k` with zeros, so every
+//!   product is whole.
+//! - No block-wide barrier after the start: a buffer's *full* mbarrier
+//!   completes when its bytes land (the loads count them), and its
+//!   *empty* one when the consumer threads that read it have seen their
+//!   products finish; the producer waits for *empty* before it refills a
+//!   buffer, the consumers for *full* before they multiply. A wait names
+//!   a phase by its parity only, so no thread may wait two phases ahead
+//!   of a barrier: that is why pingpong's consumers take turns. With
+//!   `in_flight` 1 a consumer leaves a step's products running while it
+//!   issues the next step's, and frees a buffer one step late.
+//! - The epilogue (`epilogue.rs`): the consumer rounds its accumulators
+//!   to the product's dtype into its own staging rows in shared memory,
+//!   then each thread takes eight neighbouring columns of a row at a
+//!   time, two elements at once (their roundings paired, `paired.rs`),
+//!   and stores the eight with one vector store where the output's rows
+//!   allow it. The epilogue is a short loop, not every accumulator's code
+//!   unrolled, and the output is written in whole rows.
+//! - Tiles are walked in groups of [`GROUP`] tile rows, so that blocks
+//!   running together share their `b` tiles in L2.
 //!
 //! NaN and inf in the operands propagate through the products as in any
 //! GEMM; the epilogue's own NaN rules are the body's.
 //!
 //! **Off by default** (`Target::wgmma_gemm`, `KILN_CUDA_WGMMA_GEMM=1`):
-//! it loses to cuBLAS and a separate epilogue kernel. On an H200, 8 of
-//! BERT-base's FFN up projections `[4096, 768] x [3072, 768]ᵀ` in bf16 a
-//! captured call (benches/gpu_transformer.rs `linear`, benches/RESULTS.md,
-//! the thirty-first measurement): cuBLAS alone 0.262-0.270 ms (about 580
-//! TFLOP/s), cuBLAS and the bias + erf GELU kernel 0.422-0.427, this
-//! kernel with that epilogue 0.526-0.539 (its best tile, 256 x 128, 4
-//! buffers, one group of products in flight), and with a one-multiply
-//! epilogue 0.461-0.467. Its products alone run at about 60% of
-//! cuBLAS's. ncu (one launch, clocks locked) puts the difference in the
-//! schedule, not in L2: cuBLAS runs `nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA`,
-//! a persistent kernel (132 blocks) of 256 x 128 tiles, 4 buffers and
-//! clusters of 2 whose TMA multicast shares the weight's tiles, in 39.2 us
-//! with the SMs 70% busy, L2 29% busy and 163 MB read from L2; this kernel
-//! with the same tile takes 66.2 us, the SMs 40% and L2 43% busy, 266 MB
-//! read. What it lacks is what that kernel has: TMA loads issued by a
-//! producer warp and waited for on mbarriers (here every thread issues
-//! `cp.async` and one barrier a step holds all warpgroups together), a
-//! persistent schedule that overlaps one tile's epilogue with the next
-//! tile's products, and multicast.
+//! with the erf GELU it still loses to cuBLAS and a separate epilogue
+//! kernel. On an H200, 8 of BERT-base's FFN up projections
+//! `[4096, 768] x [3072, 768]ᵀ` in bf16 a captured call
+//! (benches/gpu_transformer.rs `linear`, benches/RESULTS.md, the
+//! thirty-second measurement): cuBLAS alone 0.264-0.273 ms; with a
+//! one-multiply epilogue this kernel 0.266-0.280 (the product at cuBLAS's
+//! speed; cuBLAS and an epilogue kernel 0.346-0.354); with the bias and
+//! the erf GELU 0.446-0.466 against cuBLAS's 0.418-0.429. The GELU's ~45
+//! instructions an element run on one consumer's four warps while the
+//! other's products run, too few warps to hide them (ncu: 0.48 issued
+//! per scheduler a cycle, 0.7 of 2.1 warps eligible); more warps for the
+//! epilogue would have to fit their registers under the block's launch
+//! bound (ptxas does not give `setmaxnreg`'s registers to the code after
+//! it: at 640 threads it refused the products at 96 registers).
 //!
 //! The emulator has no `wgmma`: the lowering picks this kernel only on an
 //! sm_90 device (`Target::hopper`). `tests/ops/gemm_wgmma.rs` checks it
@@ -64,7 +78,7 @@
 
 use super::attention_wgmma::{addressing, fence_operands, product, wait, Operands};
 use super::epilogue::{self, Epilogue};
-use super::{types, Kernel};
+use super::{types, Kernel, TensorMap};
 use crate::ir::DType;
 use std::fmt::Write;
 
@@ -72,6 +86,8 @@ use std::fmt::Write;
 const DEPTH: usize = 64;
 /// Tile rows a group of blocks walks before the next columns (L2 reuse).
 const GROUP: usize = 8;
+/// Warpgroups that multiply (a third loads).
+const CONSUMERS: usize = 2;
 
 /// A product this kernel computes: `a[m, k]` at `m * lda + k`, the weight
 /// `b[n, k]` at `n * ldb + k` (elements, from the pointers passed).
@@ -85,43 +101,85 @@ pub(crate) struct Spec {
     pub ldb: usize,
 }
 
-/// The tile and pipeline of a kernel: output rows (64 a warpgroup) and
-/// columns a block, buffers in the ring, and the products left running
-/// across a step (0 or 1).
+/// The tile and pipeline of a kernel: a tile's output rows and columns,
+/// buffers in the ring, the products left running across a step (0 or
+/// 1), the blocks, and how the two consumer warpgroups share the work.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Tile {
     pub rows: usize,
     pub cols: usize,
     pub stages: usize,
     pub in_flight: usize,
+    /// Blocks at most, each walking the tiles `blocks` apart (persistent:
+    /// a block's next tile's loads overlap its epilogue); 0: one block a
+    /// tile (`pingpong`: one a pair of tiles).
+    pub blocks: usize,
+    /// Each consumer takes every other tile of its block whole, so one's
+    /// epilogue runs while the other's products do; else both take half
+    /// the rows of every tile (and share its weight's loads).
+    pub pingpong: bool,
+    /// Chunks of eight columns of the epilogue's loop unrolled, so that a
+    /// thread's loads of the epilogue's operands (a bias: global memory)
+    /// for several are in flight at once.
+    pub unroll: usize,
 }
 
 impl Tile {
     /// The tile used unless `KILN_GEMM_WGMMA_TILE` says otherwise.
-    pub(crate) const DEFAULT: Tile = Tile { rows: 256, cols: 128, stages: 4, in_flight: 1 };
+    pub(crate) const DEFAULT: Tile =
+        Tile { rows: 128, cols: 128, stages: 4, in_flight: 1, blocks: 0, pingpong: true, unroll: 1 };
 
-    /// `KILN_GEMM_WGMMA_TILE=rows,cols,stages,in_flight` (for measuring
-    /// tiles against each other), else [`Tile::DEFAULT`]; a value that
-    /// does not make a valid tile is ignored.
+    /// `KILN_GEMM_WGMMA_TILE=rows,cols,stages,in_flight[,blocks[,pingpong[,unroll]]]`
+    /// (for measuring tiles against each other; `pingpong` 0 or 1), else
+    /// [`Tile::DEFAULT`]; a value that does not make a valid tile is
+    /// ignored.
     pub(crate) fn from_env() -> Tile {
         let parsed = std::env::var("KILN_GEMM_WGMMA_TILE").ok().and_then(|v| {
             let x: Vec<usize> = v.split(',').filter_map(|p| p.trim().parse().ok()).collect();
+            let tile = |rows, cols, stages, in_flight, blocks, pingpong, unroll| Tile {
+                rows,
+                cols,
+                stages,
+                in_flight,
+                blocks,
+                pingpong: pingpong == 1,
+                unroll,
+            };
+            let u = Tile::DEFAULT.unroll;
             match x[..] {
-                [rows, cols, stages, in_flight] => Some(Tile { rows, cols, stages, in_flight }),
+                [r, c, s, f] => Some(tile(r, c, s, f, 0, 0, u)),
+                [r, c, s, f, b] => Some(tile(r, c, s, f, b, 0, u)),
+                [r, c, s, f, b, p] => Some(tile(r, c, s, f, b, p, u)),
+                [r, c, s, f, b, p, u] => Some(tile(r, c, s, f, b, p, u)),
                 _ => None,
             }
         });
         parsed.filter(Tile::valid).unwrap_or(Tile::DEFAULT)
     }
 
-    /// Whether the kernel can be built: 2 or 4 warpgroups of `m64n{cols}`
-    /// products (128 or 256), at least one step loaded ahead, and a ring
-    /// that fits an H100's 227 KiB of shared memory.
+    /// Rows of a tile one consumer warpgroup accumulates: 64 a stacked
+    /// `m64n{cols}` product.
+    fn consumer_rows(&self) -> usize {
+        if self.pingpong {
+            self.rows
+        } else {
+            self.rows / CONSUMERS
+        }
+    }
+
+    /// Whether the kernel can be built: one or two stacked `m64n{cols}`
+    /// products a consumer (128 accumulators a thread at most), two
+    /// buffers at least, and what it needs of shared memory within an
+    /// H100's 227 KiB.
     fn valid(&self) -> bool {
-        matches!(self.rows, 128 | 256)
+        let rows = self.consumer_rows();
+        matches!(rows, 64 | 128)
+            && self.rows == rows * if self.pingpong { 1 } else { CONSUMERS }
             && matches!(self.cols, 128 | 256)
+            && rows * self.cols <= 128 * 128
             && self.in_flight <= 1
-            && self.stages >= 2 + self.in_flight
+            && self.stages >= 2
+            && (1..=8).contains(&self.unroll)
             && self.shared_bytes() <= 227 * 1024
     }
 
@@ -130,19 +188,26 @@ impl Tile {
         (self.rows + self.cols) * DEPTH * 2
     }
 
-    /// Threads a block: a warpgroup per 64 rows.
+    /// Bytes from one row of a consumer's staged product to the next: its
+    /// halves and 16 bytes, so that the eight rows a warp's accumulators
+    /// write at once fall in different banks.
+    fn staged_pitch(&self) -> usize {
+        self.cols * 2 + 16
+    }
+
+    /// Threads a block: the consumers' warpgroups and the producer's.
     pub(crate) fn threads(&self) -> usize {
-        self.rows * 2
+        (CONSUMERS + 1) * 128
     }
 
-    /// Dynamic shared memory: the ring and 1 KiB to align it.
+    /// Dynamic shared memory: the ring, each consumer's staged product, two
+    /// barriers a buffer and the consumers' two turns, and 1 KiB to align
+    /// the ring.
     fn shared_bytes(&self) -> usize {
-        self.stages * self.stage_bytes() + 1024
-    }
-
-    /// Steps whose copies are issued before they are read.
-    fn ahead(&self) -> usize {
-        self.stages - 1 - self.in_flight
+        self.stages * (self.stage_bytes() + 16)
+            + CONSUMERS * self.consumer_rows() * self.staged_pitch()
+            + 16
+            + 1024
     }
 }
 
@@ -163,7 +228,8 @@ pub(crate) fn applies(spec: &Spec) -> bool {
 }
 
 /// The kernel: `out` (of dtype `out`), `a`, `b`, then the epilogue's
-/// buffers (`epilogue::params`).
+/// buffers (`epilogue::params`), then the tensor maps of `a` and `b`
+/// (the launch encodes them from the pointers, `tensor_map.rs`).
 pub(crate) fn gemm_wgmma(
     name: &str,
     spec: &Spec,
@@ -172,19 +238,22 @@ pub(crate) fn gemm_wgmma(
     epi: Option<&Epilogue<'_>>,
 ) -> Result<Kernel, String> {
     let Spec { dtype, m, n, k, lda, ldb } = *spec;
-    let Tile { rows, cols, stages, in_flight } = tile;
+    let Tile { rows, cols, stages, in_flight, pingpong, .. } = tile;
     let threads = tile.threads();
-    // Rows one pass of copies covers: 8 threads a row.
-    let pass = threads / 8;
+    let own = tile.consumer_rows();
+    // m64 products a consumer stacks.
+    let stacked = own / 64;
     let st = types::storage(dtype);
     let ab = if dtype == DType::BF16 { "bf16" } else { "f16" };
     let (tiles_m, tiles_n) = (m.div_ceil(rows), n.div_ceil(cols));
     let steps = k.div_ceil(DEPTH);
+    let tiles = (tiles_m * tiles_n).max(1);
     let stage = tile.stage_bytes();
-    let ahead = tile.ahead();
+    let pitch = tile.staged_pitch();
     let mut s = String::new();
     addressing(&mut s, name);
     product(&mut s, &format!("{name}_mma"), ab, cols, Operands::Shared);
+    barriers(&mut s, name);
     let first = [
         format!("{}* out", types::storage(out)),
         format!("const {st}* __restrict__ a"),
@@ -192,157 +261,315 @@ pub(crate) fn gemm_wgmma(
     ];
     let _ = writeln!(
         s,
-        "extern \"C\" __global__ void __launch_bounds__({threads}, 1) {name}({}) {{",
+        "extern \"C\" __global__ void __launch_bounds__({threads}, 1) {name}({}, const __grid_constant__ {name}_map a_map, const __grid_constant__ {name}_map b_map) {{",
         epilogue::params(&first, epi)
     );
     s.push_str("  typedef long long I;\n  typedef kiln::u32 U;\n  typedef unsigned long long D;\n");
     let _ = writeln!(s, "  KILN_DYNAMIC_SHARED(unsigned char, smem_raw, {});", tile.shared_bytes());
     s.push_str("  const unsigned raw_at = (unsigned)__cvta_generic_to_shared(smem_raw);\n");
     s.push_str("  const unsigned tiles = raw_at + ((1024u - (raw_at & 1023u)) & 1023u);\n");
+    let _ = writeln!(
+        s,
+        "  // The ring, then each consumer's staged product, then the barriers:\n  // buffer s is full when full + 8 s completes (its loads landed), empty\n  // when empty + 8 s does (the products that read it are done); with\n  // pingpong, consumer w may start its products when turn + 8 w completes.\n  const unsigned staged = tiles + {}u, full = staged + {}u, empty = full + {}u, turn = empty + {}u;",
+        stages * stage,
+        CONSUMERS * own * pitch,
+        stages * 8,
+        stages * 8
+    );
     s.push_str(
         "  const int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, c = lane % 4, wg = t / 128;\n",
     );
-    // Groups of GROUP tile rows, walked column by column.
-    let _ = writeln!(s, "  const int per_group = {GROUP} * {tiles_n}, group = blockIdx.x / per_group;");
-    let _ = writeln!(s, "  const int first_m = group * {GROUP};");
+    // Tile `tile`'s first row and column: groups of GROUP tile rows, each
+    // walked column by column.
+    s.push_str("  auto origin = [&](int tile, int& m0, int& n0) {\n");
     let _ =
-        writeln!(s, "  const int rows_here = {tiles_m} - first_m < {GROUP} ? {tiles_m} - first_m : {GROUP};");
-    s.push_str("  const int in_group = blockIdx.x % per_group;\n");
-    let _ = writeln!(s, "  const I m0 = (I)(first_m + in_group % rows_here) * {rows};");
-    let _ = writeln!(s, "  const I n0 = (I)(in_group / rows_here) * {cols};");
-    // Each thread copies chunk cc (16 bytes) of rows rr, rr + pass, ...: the
-    // rows it copies differ by multiples of 8, so its swizzled place in a
-    // row is the same for each.
-    s.push_str("  const int cc = t % 8, rr = t / 8;\n");
-    s.push_str("  const unsigned at0 = rr * 128 + ((cc ^ rr) & 7) * 16;\n");
-    let _ = writeln!(s, "  const {st}* const ag = a + (m0 + rr) * {lda}LL + cc * 8;");
-    let _ = writeln!(s, "  const {st}* const bg = b + (n0 + rr) * {ldb}LL + cc * 8;");
-    // The two operands' tiles: (name, first row, tile rows, rows in all,
-    // leading dimension, shared address of the thread's first chunk).
-    let operands = [("a", "m0", rows, m, lda, "sa"), ("b", "n0", cols, n, ldb, "sb")];
-    // Which of the thread's rows lie inside the product: a bit each.
-    s.push_str("  unsigned a_rows = 0u, b_rows = 0u;\n");
-    for (x, first, tile_rows, all, _, _) in operands {
-        let _ = writeln!(
-            s,
-            "  #pragma unroll\n  for (int i = 0; i < {}; ++i) {x}_rows |= (unsigned)({first} + rr + {pass} * i < {all}) << i;",
-            tile_rows / pass
-        );
-    }
-    // One step's copies into a buffer of the ring.
-    let _ = writeln!(s, "  auto load = [&](int buf, int step) {{");
-    let _ = writeln!(s, "    const unsigned sa = tiles + (unsigned)buf * {stage}u + at0;");
-    let _ = writeln!(s, "    const unsigned sb = sa + {}u;", rows * 128);
-    let _ = writeln!(s, "    const bool k_in = step * {DEPTH} + cc * 8 < {k};");
-    s.push_str("    const I k0 = (I)step * 64;\n");
-    for (x, _, tile_rows, _, ld, at) in operands {
-        let _ = writeln!(s, "    #pragma unroll\n    for (int i = 0; i < {}; ++i) {{", tile_rows / pass);
-        let _ = writeln!(s, "      const bool in = k_in && (({x}_rows >> i) & 1u);");
-        let _ = writeln!(
-            s,
-            "      {name}_copy16({at} + i * {}u, in ? {x}g + i * {}LL + k0 : {x}, in ? 16 : 0);",
-            pass * 128,
-            pass * ld
-        );
-        s.push_str("    }\n");
-    }
-    s.push_str("  };\n");
+        writeln!(s, "    const int per_group = {GROUP} * {tiles_n}, first_m = tile / per_group * {GROUP};");
+    let _ = writeln!(
+        s,
+        "    const int rows_here = {tiles_m} - first_m < {GROUP} ? {tiles_m} - first_m : {GROUP}, in_group = tile % per_group;"
+    );
+    let _ = writeln!(s, "    m0 = (first_m + in_group % rows_here) * {rows};");
+    let _ = writeln!(s, "    n0 = (in_group / rows_here) * {cols};\n  }};");
+    let release = if pingpong { 128 } else { CONSUMERS * 128 };
+    let _ = writeln!(
+        s,
+        "  if (t == 0) {{\n    #pragma unroll\n    for (int i = 0; i < {stages}; ++i) {{\n      {name}_init(full + 8 * i, 1);\n      {name}_init(empty + 8 * i, {release});\n    }}\n    {name}_init(turn, 128);\n    {name}_init(turn + 8, 128);\n    asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");\n  }}\n  __syncthreads();"
+    );
+    // The producer: one thread of the last warpgroup issues each step's two
+    // tile loads once the consumers are done with the buffer's last step.
+    // `it` counts the block's steps over all its tiles: buffer `it % stages`,
+    // in the ring's round `it / stages`.
+    let _ = writeln!(s, "  if (wg == {CONSUMERS}) {{");
+    s.push_str("    asm volatile(\"setmaxnreg.dec.sync.aligned.u32 40;\");\n");
+    let _ = writeln!(s, "    if (t == {}) {{", CONSUMERS * 128);
+    let _ = writeln!(
+        s,
+        "      int it = 0;\n      #pragma unroll 1\n      for (int tile = blockIdx.x; tile < {tiles}; tile += gridDim.x) {{"
+    );
+    s.push_str("        int m0, n0;\n        origin(tile, m0, n0);\n");
+    let _ =
+        writeln!(s, "        #pragma unroll 1\n        for (int step = 0; step < {steps}; ++step, ++it) {{");
+    let _ = writeln!(s, "          const int i = it % {stages};");
+    let _ = writeln!(s, "          if (it >= {stages}) {name}_wait(empty + 8 * i, (it / {stages} + 1) & 1);");
+    let _ = writeln!(s, "          const unsigned at = tiles + (unsigned)i * {stage}u;");
+    let _ = writeln!(s, "          {name}_expect(full + 8 * i, {stage}u);");
+    let _ = writeln!(s, "          {name}_load(at, &a_map, step * {DEPTH}, m0, full + 8 * i);");
+    let _ =
+        writeln!(s, "          {name}_load(at + {}u, &b_map, step * {DEPTH}, n0, full + 8 * i);", rows * 128);
+    s.push_str("        }\n      }\n    }\n    return;\n  }\n");
+    s.push_str("  asm volatile(\"setmaxnreg.inc.sync.aligned.u32 232;\");\n");
+    // The consumer's rows of a tile, and its tiles: the `q`th tile of the
+    // block is its `blockIdx.x + q gridDim.x`th, and its steps are the
+    // ring's `q steps` on.
+    let (row_in_tile, first_q, q_step) = if pingpong { ("0", "wg", 2) } else { ("wg * ", "0", 1) };
+    let row_in_tile = if pingpong { row_in_tile.to_string() } else { format!("{row_in_tile}{own}") };
+    let _ = writeln!(s, "  const int own0 = {row_in_tile};");
     // Descriptors: the start address (16-byte units) is the low field; a
     // buffer's or a k-step's offset is added to the whole word.
-    let _ = writeln!(s, "  const D a_desc = {name}_desc(tiles + wg * 8192u, 16, 1024);");
+    let _ = writeln!(s, "  const D a_desc = {name}_desc(tiles + own0 * 128u, 16, 1024);");
     let _ = writeln!(s, "  const D b_desc = {name}_desc(tiles + {}u, 16, 1024);", rows * 128);
+    let _ =
+        writeln!(s, "  unsigned char* const mine = smem_raw + (staged - raw_at) + wg * {}u;", own * pitch);
+    let _ = writeln!(s, "  float acc[{stacked}][{}][4];", cols / 8);
+    if pingpong {
+        s.push_str("  int turns = 0;\n");
+    }
     let _ = writeln!(
         s,
-        "  float acc[{}][4];\n  #pragma unroll\n  for (int j = 0; j < {}; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;",
-        cols / 8,
+        "  #pragma unroll 1\n  for (int q = {first_q}; blockIdx.x + q * gridDim.x < {tiles}; q += {q_step}) {{"
+    );
+    // The tile's body, written one level out and indented below.
+    let outer = std::mem::take(&mut s);
+    let _ = writeln!(s, "  int m0, n0, it = q * {steps};\n  origin(blockIdx.x + q * gridDim.x, m0, n0);");
+    let _ = writeln!(
+        s,
+        "  #pragma unroll\n  for (int r = 0; r < {stacked}; ++r)\n    #pragma unroll\n    for (int j = 0; j < {}; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.f;",
         cols / 8
     );
-    let _ = writeln!(
-        s,
-        "  #pragma unroll\n  for (int p = 0; p < {ahead}; ++p) {{\n    if (p < {steps}) load(p, p);\n    kiln::cp_async_commit();\n  }}"
-    );
-    let _ = writeln!(s, "  #pragma unroll 1\n  for (int step = 0; step < {steps}; ++step) {{");
-    let _ = writeln!(s, "    kiln::cp_async_wait<{}>();  // this step's copies", ahead - 1);
-    s.push_str("    asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");\n");
-    s.push_str("    // The step's tile is the block's, and the buffer the next copies fill is\n");
-    s.push_str("    // no product's: every warpgroup has waited for the products that read it.\n");
-    s.push_str("    __syncthreads();\n");
-    let _ = writeln!(
-        s,
-        "    {{\n      const int next = step + {ahead};\n      if (next < {steps}) load(next % {stages}, next);\n      kiln::cp_async_commit();\n    }}"
-    );
-    let _ = writeln!(s, "    const D off = (D)(((unsigned)(step % {stages}) * {stage}u) >> 4);");
-    fence_operands(&mut s, "acc", cols / 8, "f", "    ");
+    if pingpong {
+        // A consumer's waits must each be for a buffer's next phase (a wait
+        // for parity cannot tell a phase from the one two rounds later), so
+        // the consumers take the ring's steps in turns: one starts its
+        // tile's products when the other has waited for all of its own.
+        s.push_str("  if (wg == 1 || q > 0) {\n");
+        let _ = writeln!(s, "    {name}_wait(turn + 8 * wg, turns & 1);\n    ++turns;\n  }}");
+    }
+    let _ = writeln!(s, "  #pragma unroll 1\n  for (int step = 0; step < {steps}; ++step, ++it) {{");
+    let _ = writeln!(s, "    const int i = it % {stages};");
+    let _ = writeln!(s, "    {name}_wait(full + 8 * i, (it / {stages}) & 1);");
+    let _ = writeln!(s, "    const D off = (D)(((unsigned)i * {stage}u) >> 4);");
+    for r in 0..stacked {
+        fence_operands(&mut s, &format!("acc[{r}]"), cols / 8, "f", "    ");
+    }
     s.push_str("    asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n");
-    let _ = writeln!(s, "    #pragma unroll\n    for (int kk = 0; kk < {}; ++kk)", DEPTH / 16);
-    let _ = writeln!(s, "      {name}_mma(acc, a_desc + off + (D)(kk * 2), b_desc + off + (D)(kk * 2), 1);");
-    s.push_str("    asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n");
+    let _ = writeln!(s, "    #pragma unroll\n    for (int kk = 0; kk < {}; ++kk) {{", DEPTH / 16);
+    for r in 0..stacked {
+        let _ = writeln!(
+            s,
+            "      {name}_mma(acc[{r}], a_desc + off + (D)({} + kk * 2), b_desc + off + (D)(kk * 2), 1);",
+            r * 512
+        );
+    }
+    s.push_str("    }\n    asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n");
     wait(&mut s, in_flight, "    ");
-    fence_operands(&mut s, "acc", cols / 8, "f", "    ");
+    for r in 0..stacked {
+        fence_operands(&mut s, &format!("acc[{r}]"), cols / 8, "f", "    ");
+    }
+    if in_flight == 0 {
+        s.push_str("    // This step's products are done: its buffer may be refilled.\n");
+        let _ = writeln!(s, "    {name}_arrive(empty + 8 * i);");
+    } else {
+        s.push_str("    // The step before's products are done: its buffer may be refilled.\n");
+        let _ = writeln!(s, "    if (step > 0) {name}_arrive(empty + 8 * ((it - 1) % {stages}));");
+    }
     s.push_str("  }\n");
+    if pingpong {
+        s.push_str("  // The other consumer's turn: its products run while this one's epilogue does.\n");
+        let _ = writeln!(s, "  {name}_arrive(turn + 8 * (1 - wg));");
+    }
     wait(&mut s, 0, "  ");
-    fence_operands(&mut s, "acc", cols / 8, "f", "  ");
-    s.push_str("  kiln::cp_async_wait<0>();\n");
-    store(&mut s, spec, cols, out, epi)?;
-    s.push_str("}\n");
-    let grid = (tiles_m * tiles_n).max(1);
+    for r in 0..stacked {
+        fence_operands(&mut s, &format!("acc[{r}]"), cols / 8, "f", "  ");
+    }
+    if in_flight > 0 {
+        s.push_str("  // And the tile's last step's.\n");
+        let _ = writeln!(s, "  {name}_arrive(empty + 8 * ((it - 1) % {stages}));");
+    }
+    store(&mut s, spec, tile, out, epi)?;
+    let body = std::mem::replace(&mut s, outer);
+    for line in body.lines() {
+        let _ = writeln!(s, "  {line}");
+    }
+    s.push_str("  }\n}\n");
+    let pairs = if pingpong { tiles.div_ceil(2) } else { tiles };
+    let grid = if tile.blocks > 0 { pairs.min(tile.blocks) } else { pairs };
     let params = epilogue::param_indices(epi, 2);
-    Ok(Kernel::new(name, s, grid as u32, threads as u32, params).with_shared(tile.shared_bytes()))
+    let map = |arg: usize, rows_all: usize, ld: usize, box_rows: usize| TensorMap {
+        arg,
+        dtype,
+        cols: k as u64,
+        rows: rows_all as u64,
+        stride: ld as u64,
+        box_cols: DEPTH as u32,
+        box_rows: box_rows as u32,
+    };
+    Ok(Kernel::new(name, s, grid as u32, threads as u32, params)
+        .with_shared(tile.shared_bytes())
+        .with_maps(vec![map(1, m, lda, rows), map(2, n, ldb, cols)]))
 }
 
-/// The stores: each accumulator through the epilogue, two neighbouring
-/// columns in one store where the output's element is 2 or 4 bytes and
-/// its rows are even (so the pair is aligned).
+/// The kernel's barrier and TMA helpers, named after it: the tensor map's
+/// parameter type (`tensor_map.rs` fills it), an mbarrier's
+/// initialization, arrival, arrival expecting a load's bytes and wait for
+/// a phase, and one box's load into shared memory, counted on a barrier.
+fn barriers(s: &mut String, name: &str) {
+    let _ = writeln!(s, "struct __align__(64) {name}_map {{ unsigned long long opaque[16]; }};");
+    let _ = writeln!(s, "__device__ __forceinline__ void {name}_init(unsigned bar, unsigned count) {{");
+    s.push_str("  asm volatile(\"mbarrier.init.shared::cta.b64 [%0], %1;\" :: \"r\"(bar), \"r\"(count) : \"memory\");\n}\n");
+    let _ = writeln!(s, "__device__ __forceinline__ void {name}_arrive(unsigned bar) {{");
+    s.push_str(
+        "  asm volatile(\"mbarrier.arrive.shared::cta.b64 _, [%0];\" :: \"r\"(bar) : \"memory\");\n}\n",
+    );
+    let _ = writeln!(s, "__device__ __forceinline__ void {name}_expect(unsigned bar, unsigned bytes) {{");
+    s.push_str("  asm volatile(\"mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\" :: \"r\"(bar), \"r\"(bytes) : \"memory\");\n}\n");
+    let _ = writeln!(s, "__device__ __forceinline__ void {name}_wait(unsigned bar, unsigned parity) {{");
+    s.push_str("  unsigned done = 0;\n  while (!done)\n");
+    s.push_str("    asm volatile(\"{\\n.reg .pred p;\\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\\nselp.u32 %0, 1, 0, p;\\n}\\n\"\n");
+    s.push_str("                 : \"=r\"(done) : \"r\"(bar), \"r\"(parity) : \"memory\");\n}\n");
+    let _ = writeln!(
+        s,
+        "__device__ __forceinline__ void {name}_load(unsigned at, const {name}_map* map, int x, int y, unsigned bar) {{"
+    );
+    s.push_str("  asm volatile(\"cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\"\n");
+    s.push_str("               :: \"r\"(at), \"l\"(map), \"r\"(x), \"r\"(y), \"r\"(bar) : \"memory\");\n}\n");
+}
+
+/// The stores, through shared memory so that the epilogue is a short loop
+/// and the output's writes are whole rows: the consumer's accumulators
+/// are rounded to the product's dtype (what the epilogue's first step
+/// does) into its staging rows ([`stage`]), then read back eight
+/// neighbouring columns at a time ([`drain`]). A barrier of the
+/// consumer's own threads (named `1 + wg`) on each side of the staging
+/// keeps the rows from being written before the last tile's epilogue has
+/// read them, and read before they are whole.
 fn store(
     s: &mut String,
     spec: &Spec,
-    cols: usize,
+    tile: Tile,
+    out: DType,
+    epi: Option<&Epilogue<'_>>,
+) -> Result<(), String> {
+    s.push_str("  asm volatile(\"bar.sync %0, 128;\" :: \"r\"(1 + wg) : \"memory\");\n");
+    stage(s, spec, tile);
+    s.push_str("  asm volatile(\"bar.sync %0, 128;\" :: \"r\"(1 + wg) : \"memory\");\n");
+    drain(s, spec, tile, out, epi)
+}
+
+/// The consumer's accumulators, rounded to the product's dtype, into its
+/// staging rows (`mine`).
+fn stage(s: &mut String, spec: &Spec, tile: Tile) {
+    let stacked = tile.consumer_rows() / 64;
+    let pitch = tile.staged_pitch();
+    let st = types::storage(spec.dtype);
+    let _ = writeln!(s, "  #pragma unroll\n  for (int r = 0; r < {stacked}; ++r)");
+    let _ = writeln!(s, "    #pragma unroll\n    for (int j = 0; j < {}; ++j)", tile.cols / 8);
+    s.push_str("      #pragma unroll\n      for (int h = 0; h < 2; ++h)\n");
+    let _ = writeln!(
+        s,
+        "        *(U*)(mine + (r * 64 + (w % 4) * 16 + g + 8 * h) * {pitch} + (j * 8 + 2 * c) * 2) = kiln::pack2(acc[r][j][2 * h], acc[r][j][2 * h + 1], {st}());"
+    );
+}
+
+/// The staged rows (`mine`, the tile at `m0`, `n0`, the consumer's rows
+/// from `own0`) through the epilogue into `out`: each of a warpgroup's
+/// threads takes eight neighbouring columns of a row at a time, stored
+/// with one vector store where the output's rows allow it.
+fn drain(
+    s: &mut String,
+    spec: &Spec,
+    tile: Tile,
     out: DType,
     epi: Option<&Epilogue<'_>>,
 ) -> Result<(), String> {
     let Spec { dtype, m, n, .. } = *spec;
-    let one = |sum: &str, i: &str| -> Result<(String, String), String> {
-        match epi {
-            Some(e) => epilogue::value(dtype, e, sum, i),
-            None => Ok((String::new(), types::settle(dtype, sum))),
-        }
-    };
+    let own = tile.consumer_rows();
+    let pitch = tile.staged_pitch();
+    let st = types::storage(dtype);
+    let per_row = tile.cols / 8;
+    let _ = writeln!(
+        s,
+        "  #pragma unroll {}\n  for (int x = t % 128; x < {}; x += 128) {{",
+        tile.unroll,
+        own * per_row
+    );
+    let _ = writeln!(s, "    const int rr = x / {per_row}, cc = x % {per_row} * 8;");
+    let _ = writeln!(s, "    const I row = (I)m0 + own0 + rr, col = (I)n0 + cc;");
+    let _ = writeln!(s, "    if (row >= {m} || col >= {n}) continue;");
+    let _ = writeln!(s, "    const uint4 raw = *(const uint4*)(mine + rr * {pitch} + cc * 2);");
+    let _ = writeln!(s, "    const {st}* const p = (const {st}*)&raw;");
+    let _ = writeln!(s, "    const I i0 = row * {n}LL + col;");
     // The epilogue's index in 32 bits where the output allows: its
     // operands' offsets are divisions by the shape's dims.
     let ix = if m * n < i32::MAX as usize { "int" } else { "I" };
-    s.push_str("  const I row0 = m0 + wg * 64 + (w % 4) * 16 + g;\n");
-    let _ = writeln!(s, "  #pragma unroll\n  for (int j = 0; j < {}; ++j) {{", cols / 8);
-    s.push_str("    const I col = n0 + j * 8 + 2 * c;\n");
-    s.push_str("    #pragma unroll\n    for (int h = 0; h < 2; ++h) {\n");
-    s.push_str("      const I row = row0 + 8 * h;\n");
-    let _ = writeln!(s, "      if (row >= {m}) continue;");
-    let pair = match out {
-        DType::F16 | DType::BF16 => {
-            Some(format!("*(U*)(out + i0) = kiln::pack2(r0, r1, {}());", types::storage(out)))
-        }
-        DType::F32 => Some("*(float2*)(out + i0) = make_float2(r0, r1);".to_string()),
+    let to = types::storage(out);
+    // Eight columns inside the output: two at a time, their roundings
+    // paired; one vector store where the output's rows keep it aligned.
+    let (pair, [v0, v1]) = match epi {
+        Some(e) => epilogue::values2(
+            dtype,
+            e,
+            ["kiln::to_float(p[e])", "kiln::to_float(p[e + 1])"],
+            ["i", "(i + 1)"],
+            true,
+        )?,
+        None => (String::new(), ["kiln::to_float(p[e])".to_string(), "kiln::to_float(p[e + 1])".to_string()]),
+    };
+    let _ = writeln!(s, "    if (col + 8 <= {n}) {{");
+    let vector = match out {
+        DType::F16 | DType::BF16 if n % 8 == 0 => Some((
+            "U r[4];",
+            format!("r[e / 2] = kiln::pack2_exact({v0}, {v1}, {to}());"),
+            "*(uint4*)(out + i0) = make_uint4(r[0], r[1], r[2], r[3]);",
+        )),
+        DType::F32 if n % 4 == 0 => Some((
+            "float r[8];",
+            format!("r[e] = {v0}; r[e + 1] = {v1};"),
+            "*(float4*)(out + i0) = make_float4(r[0], r[1], r[2], r[3]);\n      *(float4*)(out + i0 + 4) = make_float4(r[4], r[5], r[6], r[7]);",
+        )),
         _ => None,
     };
-    let (s0, v0) = one("acc[j][2 * h]", "i")?;
-    let (s1, v1) = one("acc[j][2 * h + 1]", "i")?;
-    let _ = writeln!(s, "      const I i0 = row * {n}LL + col;");
-    if let (Some(pair), true) = (&pair, n % 2 == 0) {
-        let _ = writeln!(s, "      if (col + 1 < {n}) {{\n        float r0, r1;");
-        let _ = writeln!(s, "        {{ const {ix} i = ({ix})i0; {s0} r0 = {v0}; }}");
-        let _ = writeln!(s, "        {{ const {ix} i = ({ix})i0 + 1; {s1} r1 = {v1}; }}");
-        let _ = writeln!(s, "        {pair}\n        continue;\n      }}");
+    match &vector {
+        Some((decl, keep, _)) => {
+            let _ = writeln!(s, "      {decl}");
+            let _ = writeln!(
+                s,
+                "      #pragma unroll\n      for (int e = 0; e < 8; e += 2) {{\n        const {ix} i = ({ix})i0 + e; {pair}\n        {keep}\n      }}"
+            );
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "      #pragma unroll\n      for (int e = 0; e < 8; e += 2) {{\n        const {ix} i = ({ix})i0 + e; {pair}\n        out[i] = {};\n        out[i + 1] = {};\n      }}",
+                types::store_exact(out, &v0),
+                types::store_exact(out, &v1)
+            );
+        }
     }
+    if let Some((_, _, write)) = &vector {
+        let _ = writeln!(s, "      {write}");
+    }
+    s.push_str("      continue;\n    }\n");
+    // The row's last columns, one at a time.
+    let (one, v) = match epi {
+        Some(e) => epilogue::value(dtype, e, "kiln::to_float(p[e])", "i")?,
+        None => (String::new(), "kiln::to_float(p[e])".to_string()),
+    };
     let _ = writeln!(
         s,
-        "      if (col < {n}) {{ const {ix} i = ({ix})i0; {s0} out[i] = {}; }}",
-        types::store(out, &v0)
+        "    #pragma unroll\n    for (int e = 0; e < 8; ++e) {{\n      if (col + e >= {n}) break;\n      const {ix} i = ({ix})i0 + e; {one} out[i] = {};\n    }}",
+        types::store_exact(out, &v)
     );
-    let _ = writeln!(
-        s,
-        "      if (col + 1 < {n}) {{ const {ix} i = ({ix})i0 + 1; {s1} out[i] = {}; }}",
-        types::store(out, &v1)
-    );
-    s.push_str("    }\n  }\n");
+    s.push_str("  }\n");
     Ok(())
 }
 
@@ -353,14 +580,28 @@ mod tests {
     #[test]
     fn tiles_that_do_not_fit_or_do_not_exist_are_refused() {
         assert!(Tile::DEFAULT.valid());
-        let tile = |rows, cols, stages, in_flight| Tile { rows, cols, stages, in_flight };
-        assert!(tile(128, 256, 4, 1).valid());
-        assert!(tile(256, 128, 4, 1).valid());
-        assert!(!tile(128, 256, 5, 1).valid(), "240 KiB");
-        assert!(!tile(128, 192, 3, 0).valid());
-        assert!(!tile(192, 128, 3, 0).valid());
-        assert!(!tile(128, 128, 2, 1).valid(), "nothing loaded ahead");
-        assert_eq!(tile(128, 128, 3, 0).ahead(), 2);
-        assert_eq!(tile(256, 128, 3, 0).threads(), 512);
+        let tile = |rows, cols, stages, pingpong| Tile {
+            rows,
+            cols,
+            stages,
+            in_flight: 1,
+            blocks: 0,
+            pingpong,
+            unroll: 1,
+        };
+        assert!(tile(128, 256, 3, false).valid());
+        assert!(tile(256, 128, 3, false).valid());
+        assert!(tile(128, 128, 5, false).valid());
+        assert!(tile(128, 128, 4, true).valid());
+        assert!(tile(64, 256, 3, true).valid());
+        assert!(!tile(256, 128, 4, false).valid(), "266 KiB with the staged product");
+        assert!(!tile(128, 128, 6, false).valid(), "just past 227 KiB");
+        assert!(!tile(256, 256, 2, false).valid(), "256 accumulators a thread");
+        assert!(!tile(256, 128, 2, true).valid(), "256 accumulators a thread");
+        assert!(!tile(128, 192, 3, false).valid());
+        assert!(!tile(192, 128, 3, false).valid());
+        assert!(!tile(258, 128, 3, false).valid());
+        assert!(!tile(128, 128, 1, false).valid(), "one buffer");
+        assert_eq!(tile(256, 128, 3, false).threads(), 384);
     }
 }

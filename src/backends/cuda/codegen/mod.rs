@@ -25,6 +25,9 @@
 //! with one pointer per buffer operand; its source starts with
 //! `#include "kiln.cuh"` (`kernels/kiln.cuh`, inlined when compiled).
 
+use crate::ir::DType;
+use std::fmt;
+
 pub(crate) mod argmax;
 pub(crate) mod attention;
 pub(crate) mod attention_decode;
@@ -146,6 +149,41 @@ pub struct Kernel {
     /// Past 48 KiB the function must be allowed it first
     /// ([`Kernel::OPT_IN_SHARED`]).
     pub shared: u32,
+    /// TMA tensor maps passed by value after the pointer parameters, in
+    /// order: each describes the tile loads of one pointer argument, whose
+    /// address is known only at launch (`tensor_map.rs` encodes them).
+    pub maps: Vec<TensorMap>,
+}
+
+/// A two-dimensional TMA tensor map over one of a launch's pointer
+/// arguments: `rows` rows of `cols` elements, `stride` elements apart,
+/// loaded in boxes of `box_rows` rows of `box_cols` elements into shared
+/// memory with the 128-byte swizzle (chunk `c` of row `r` at `c ^ r % 8`,
+/// what `wgmma` descriptors read). Elements outside the tensor load as zeros.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorMap {
+    /// The launch argument (an index into its pointer arguments) the map's
+    /// address comes from.
+    pub arg: usize,
+    /// The elements' type (f16 or bf16).
+    pub dtype: DType,
+    /// Elements of a row the map covers.
+    pub cols: u64,
+    /// Rows the map covers.
+    pub rows: u64,
+    /// Elements from one row to the next (a multiple of 8: 16 bytes).
+    pub stride: u64,
+    /// Elements of a box's row (`box_cols * 2` bytes at most 128).
+    pub box_cols: u32,
+    /// Rows of a box (at most 256).
+    pub box_rows: u32,
+}
+
+impl fmt::Display for TensorMap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let TensorMap { arg, dtype, cols, rows, stride, box_cols, box_rows } = self;
+        write!(f, "map(arg {arg} {dtype}[{rows}, {cols}] stride {stride} box {box_rows}x{box_cols})")
+    }
 }
 
 impl Kernel {
@@ -159,7 +197,21 @@ impl Kernel {
     pub const OPT_IN_SHARED: u32 = 96 * 1024;
 
     pub(crate) fn new(name: &str, body: String, grid: u32, block: u32, params: Vec<usize>) -> Kernel {
-        Kernel { name: name.to_string(), source: format!("{INCLUDE}{body}"), grid, block, params, shared: 0 }
+        Kernel {
+            name: name.to_string(),
+            source: format!("{INCLUDE}{body}"),
+            grid,
+            block,
+            params,
+            shared: 0,
+            maps: Vec::new(),
+        }
+    }
+
+    /// The kernel, launched with these tensor maps after its pointers.
+    pub(crate) fn with_maps(mut self, maps: Vec<TensorMap>) -> Kernel {
+        self.maps = maps;
+        self
     }
 
     /// The kernel, launched with `bytes` of dynamic shared memory.

@@ -317,6 +317,12 @@ impl Emulated {
                     .as_ref()
                     .ok_or_else(|| Error::Backend("emulator: no kernels built".into()))?;
                 let k = &self.program.kernels[*kernel];
+                if !k.maps.is_empty() {
+                    return Err(Error::Backend(format!(
+                        "emulator: {} loads through TMA tensor maps, which only an sm_90 GPU has",
+                        k.name
+                    )));
+                }
                 let mut ptrs: Vec<*mut std::ffi::c_void> =
                     args.iter().map(|&a| resolve(a) as *mut _).collect();
                 let _one = LAUNCH.lock().unwrap_or_else(|e| e.into_inner());

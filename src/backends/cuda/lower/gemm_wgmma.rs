@@ -53,7 +53,12 @@ impl Lowering<'_> {
         let (Some((false, lda, sa)), Some((true, ldb, sb))) = (gemm_operand(a), gemm_operand(b)) else {
             return Ok(false);
         };
-        if (batch > 1 && (sa != m * lda || sb != 0)) || a.layout.offset % 8 != 0 || b.layout.offset % 8 != 0 {
+        // TMA reads 16-byte aligned rows; the epilogue stores 16 bytes at once.
+        if (batch > 1 && (sa != m * lda || sb != 0))
+            || a.layout.offset % 8 != 0
+            || b.layout.offset % 8 != 0
+            || dst.offset % 16 != 0
+        {
             return Ok(false);
         }
         let spec = Spec { dtype, m: batch * m, n, k, lda, ldb };
