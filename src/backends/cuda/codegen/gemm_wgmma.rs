@@ -61,16 +61,19 @@
 //! kernel. On an H200, 8 of BERT-base's FFN up projections
 //! `[4096, 768] x [3072, 768]ᵀ` in bf16 a captured call
 //! (benches/gpu_transformer.rs `linear`, benches/RESULTS.md, the
-//! thirty-second measurement): cuBLAS alone 0.264-0.273 ms; with a
-//! one-multiply epilogue this kernel 0.266-0.280 (the product at cuBLAS's
-//! speed; cuBLAS and an epilogue kernel 0.346-0.354); with the bias and
-//! the erf GELU 0.446-0.466 against cuBLAS's 0.418-0.429. The GELU's ~45
-//! instructions an element run on one consumer's four warps while the
-//! other's products run, too few warps to hide them (ncu: 0.48 issued
-//! per scheduler a cycle, 0.7 of 2.1 warps eligible); more warps for the
-//! epilogue would have to fit their registers under the block's launch
-//! bound (ptxas does not give `setmaxnreg`'s registers to the code after
-//! it: at 640 threads it refused the products at 96 registers).
+//! thirty-second measurement): cuBLAS alone 0.263-0.267 ms; with a
+//! one-multiply epilogue this kernel 0.305-0.317 with the default tile and
+//! 0.264-0.269 with a persistent grid of 132 blocks (the product at
+//! cuBLAS's speed), where cuBLAS and an epilogue kernel take 0.343-0.348;
+//! with the bias and the erf GELU 0.488-0.492 and 0.463-0.471, against
+//! cuBLAS's 0.425-0.428. The GELU's ~45 instructions an element run on
+//! one consumer's four warps while the other's products run, too few
+//! warps to hide them (ncu: 0.48 issued per scheduler a cycle, 0.7 of
+//! 2.1 warps eligible); more warps for the epilogue would have to fit
+//! their registers under the block's launch bound (ptxas does not give
+//! `setmaxnreg`'s registers to the code after it: at 640 threads it
+//! refused the products at 96 registers). The persistent grid is not the
+//! default because the lowering does not know the device's SM count.
 //!
 //! The emulator has no `wgmma`: the lowering picks this kernel only on an
 //! sm_90 device (`Target::hopper`). `tests/ops/gemm_wgmma.rs` checks it
