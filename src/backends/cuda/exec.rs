@@ -376,15 +376,7 @@ impl CudaExecutable {
             Launch::Kernel { kernel, args } => {
                 let k = &self.program.kernels[*kernel];
                 let ptrs: Vec<u64> = args.iter().map(|&a| b.ptr(a)).collect();
-                let maps = k
-                    .maps
-                    .iter()
-                    .map(|m| {
-                        let at =
-                            ptrs.get(m.arg).ok_or_else(|| format!("{}: {m} names no argument", k.name))?;
-                        tensor_map::encode(m, *at)
-                    })
-                    .collect::<std::result::Result<Vec<_>, String>>()?;
+                let maps = tensor_map::encode_all(k, &ptrs)?;
                 let mut builder = stream.launch_builder(&self.functions[*kernel]);
                 for p in &ptrs {
                     builder.arg(p);

@@ -10,7 +10,7 @@
 //! microsecond, made once per launch, and baked into a captured graph like
 //! every other parameter.
 
-use crate::backends::cuda::codegen::TensorMap;
+use crate::backends::cuda::codegen::{Kernel, TensorMap};
 use crate::ir::DType;
 use cudarc::driver::sys;
 use cudarc::driver::DeviceRepr;
@@ -65,4 +65,15 @@ pub(crate) fn encode(map: &TensorMap, at: u64) -> Result<Encoded, String> {
     }
     // SAFETY: the driver wrote the whole map.
     Ok(Encoded(unsafe { out.assume_init() }))
+}
+
+/// Every map of kernel `k`, from its launch's pointer arguments `ptrs`.
+pub(crate) fn encode_all(k: &Kernel, ptrs: &[u64]) -> Result<Vec<Encoded>, String> {
+    k.maps
+        .iter()
+        .map(|m| {
+            let at = ptrs.get(m.arg).ok_or_else(|| format!("{}: {m} names no argument", k.name))?;
+            encode(m, *at)
+        })
+        .collect()
 }

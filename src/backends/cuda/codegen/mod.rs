@@ -46,6 +46,7 @@ pub(crate) mod elementwise;
 pub(crate) mod epilogue;
 mod expr;
 pub(crate) mod gemm_wgmma;
+mod gemm_wgmma_store;
 pub(crate) mod gemv;
 pub(crate) mod index;
 pub(crate) mod index_add;
