@@ -256,40 +256,71 @@ template <typename T> __device__ __forceinline__ T gelu_tanh_grad(T x, T g, T k,
   return g * (left_derivative + left * tanh_derivative * inner_derivative);
 }
 
+// The approximate reciprocal and base-2 exponential, flushing subnormal
+// results to zero: on the GPU one MUFU instruction each. `__fdividef` and
+// `exp2f` add a range check and a scaling each (five instructions and
+// three in SASS) for arguments and results `gelu_erf_half` never needs.
+#ifdef KILN_EMULATE
+__device__ __forceinline__ float rcp_ftz(float y) { return 1.0f / y; }
+__device__ __forceinline__ float ex2_ftz(float a) {
+  const float e = exp2f(a);
+  return e < 1.17549435e-38f ? 0.0f : e;
+}
+#else
+__device__ __forceinline__ float rcp_ftz(float y) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y));
+  return r;
+}
+__device__ __forceinline__ float ex2_ftz(float a) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a));
+  return r;
+}
+#endif
+
 // The exact (erf) GELU of a value that is rounded to f16 or bf16 next:
 // x * Phi(x), with Phi's tail Phi(-|x|) = erfc(|x| / sqrt 2) / 2 from
 // Numerical Recipes' Chebyshev fit of erfc (`erfcc`: fractional error
 // under 1.2e-7 for every z >= 0), t = 1 / (1 + z / 2):
 //   erfc(z) = t * exp(-z^2 + P(t)).
-// One reciprocal, one exp2 and ten FMAs, without a branch. Why: the erf
-// form `0.5 x (1 + erf(x / sqrt 2))` (PyTorch's, and kiln's f32 one)
-// cancels in the negative tail: for x < -4 its result is off by more
-// than one bf16 ulp (182 bf16 inputs, up to 255 ulps; 0 for x < -5.5,
-// where the exact GELU is a normal number), even with a correctly
-// rounded erff. This form keeps Phi within 1e-5 relatively everywhere
-// (the approximate reciprocal and exp2 are 2 ulp; z^2 rounds by 6e-8
-// relatively, times z^2 <= 88 in the exp): every f16 and bf16 input
-// gives a result within one ulp of the correctly rounded exact value
-// (tests/ops/every_half.rs, on an H200 and the emulator). Speed: the
-// same as `erff` (BERT-base's bias + GELU epilogue over [4096, 3072]
-// bf16, 19.45 -> 19.24 us under ncu on an H200: the kernel is not bound
-// by its erf, whatever the nineteenth measurement's probe suggested).
-// NaN gives NaN, +inf gives +inf and -inf NaN (-inf * 0), as the erf
-// form does.
+// Why this form: the erf form `0.5 x (1 + erf(x / sqrt 2))` (PyTorch's,
+// and kiln's f32 one) cancels in the negative tail: for x < -4 its result
+// is off by more than one bf16 ulp (182 bf16 inputs, up to 255 ulps; 0
+// for x < -5.5, where the exact GELU is a normal number), even with a
+// correctly rounded erff.
+//
+// Written for the fewest instructions (19 an element in SASS, without a
+// branch), since it is the heaviest part of a GEMM's GELU epilogue
+// (codegen/gemm_wgmma_store.rs):
+// - t from |x| directly, `1 + |x| / (2 sqrt 2)`, one FMA;
+// - P's coefficients are scaled by log2(e), so the exponent is base 2,
+//   and the tail's 1/2 and a factor 2^64 are in its constant: the
+//   exponential of the tail's whole range [2^-127, 1] is then a normal
+//   number, computed without a range check (`ex2_ftz`), and the 2^-64
+//   goes back on t, exactly. The tail product is rounded once, so a
+//   subnormal GELU (bf16 inputs near -13.5) is still right;
+// - -z^2 log2(e) = x^2 * (-log2(e) / 2), one FMA onto P.
+// Phi stays within 1e-5 relatively everywhere (the MUFU reciprocal and
+// exponential are 2 ulp; the exponent's absolute error is about 2^-19
+// near 64): every f16 and bf16 input gives a result within one ulp of the
+// correctly rounded exact value (tests/ops/every_half.rs, on an H200 and
+// the emulator). NaN gives NaN, +inf gives +inf and -inf NaN (-inf * 0),
+// as the erf form does.
 __device__ __forceinline__ float gelu_erf_half(float x) {
-  const float z = fabsf(x) * 0.70710677f;
-  const float t = __fdividef(1.0f, fmaf(0.5f, z, 1.0f));
-  float p = 0.17087277f;
-  p = fmaf(p, t, -0.82215223f);
-  p = fmaf(p, t, 1.48851587f);
-  p = fmaf(p, t, -1.13520398f);
-  p = fmaf(p, t, 0.27886807f);
-  p = fmaf(p, t, -0.18628806f);
-  p = fmaf(p, t, 0.09678418f);
-  p = fmaf(p, t, 0.37409196f);
-  p = fmaf(p, t, 1.00002368f);
-  p = fmaf(p, t, -1.26551223f);
-  const float tail = 0.5f * t * exp2f((p - z * z) * 1.44269504f);
+  const float t = rcp_ftz(fmaf(fabsf(x), 0.35355338f, 1.0f));
+  float p = 0.2465173f;
+  p = fmaf(p, t, -1.1861149f);
+  p = fmaf(p, t, 2.1474745f);
+  p = fmaf(p, t, -1.6377531f);
+  p = fmaf(p, t, 0.40232158f);
+  p = fmaf(p, t, -0.26875687f);
+  p = fmaf(p, t, 0.13963005f);
+  p = fmaf(p, t, 0.5397006f);
+  p = fmaf(p, t, 1.4427292f);
+  // log2(e) P(t) - 1 + 64.
+  p = fmaf(p, t, 61.17425f);
+  const float tail = (t * 5.421011e-20f) * ex2_ftz(fmaf(x * x, -0.7213475f, p));
   return x * (x >= 0.0f ? 1.0f - tail : tail);
 }
 

@@ -20,6 +20,9 @@
 //!   with an inf and a NaN in `x` (their rows are ±inf and NaN);
 //! - `gelu(x wᵀ + b) + r` in bf16 with a NaN in `x` (its row) and in the
 //!   weight (its column), and `r` read at each output's own index;
+//! - `cast<f32>(x wᵀ + b) + r + sᵀ` with an f32 `r` (the epilogue loads
+//!   its eight columns as two runs of four) and an f32 `s` read transposed
+//!   (no runs: one load an element), over 1416 columns (a last tile of 8);
 //! - two bodies that stay on cuBLAS: `relu(x wᵀ + b)` (cuBLASLt's own
 //!   epilogue) and a product too small to fill the card.
 
@@ -95,6 +98,7 @@ fn run_cases() {
         ffn_up(&mut rng);
         scaled_cast(&mut rng);
         residual_with_nans(&mut rng);
+        mixed_operands(&mut rng);
         kept_on_cublas(&mut rng);
     });
 }
@@ -166,6 +170,35 @@ fn residual_with_nans(rng: &mut Rng) {
         .collect();
     assert!(want[617 * n].is_nan() && want[33].is_nan() && !want[34].is_nan());
     check_f(&y, dt, &Nd::new(want, &[bt, s, n]), 1.0, what);
+}
+
+/// `cast<f32>(x wᵀ + b) + r + sᵀ`, bf16 products over `[1030, 96] x [1416,
+/// 96]ᵀ`: the bias (bf16) and `r` (f32) are read as runs of the eight
+/// columns a thread takes, `s` (f32 `[1416, 1030]`, transposed) one
+/// element at a time.
+fn mixed_operands(rng: &mut Rng) {
+    let (dt, m, k, n) = (DType::BF16, 1030, 96, 1416);
+    let ctx = dev();
+    let x = rand_f(rng, dt, &[m, k], 1.0);
+    let w = rand_f(rng, dt, &[n, k], 0.1);
+    let b = rand_f(rng, dt, &[n], 1.0);
+    let r = rand_f(rng, DType::F32, &[m, n], 1.0);
+    let st = rand_f(rng, DType::F32, &[n, m], 1.0);
+    let up = tensor_f(&ctx, dt, &x).matmul(&tensor_f(&ctx, dt, &w).t()) + tensor_f(&ctx, dt, &b);
+    let y = up.cast(DType::F32) + tensor_f(&ctx, DType::F32, &r) + tensor_f(&ctx, DType::F32, &st).t();
+    let what = "cast<f32>(x wᵀ + b) + r + sᵀ, bf16 [1030,96] x [1416,96]ᵀ, r and s f32";
+    check_choice(&ctx, &y, true, what);
+    let p = product(&x.to_vec(), &w.to_vec(), m, n, k);
+    let (bv, rv, sv) = (b.to_vec(), r.to_vec(), st.to_vec());
+    let want: Vec<f64> = p
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| round(dt, round(dt, v) + bv[i % n]) + rv[i] + sv[(i % n) * m + i / n])
+        .collect();
+    assert_eq!(y.dtype(), DType::F32, "{what}");
+    // The bf16 sum's rounding (one bf16 ulp where the f32 and the f64
+    // products round apart) bounds the error; the f32 adds are far finer.
+    assert_close(&read_f(&y).to_vec(), &want, dt, 1.0, what);
 }
 
 /// `relu(x wᵀ + b)` (cuBLASLt's epilogue) and a GELU over 4 output tiles

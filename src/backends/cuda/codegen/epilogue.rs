@@ -7,7 +7,7 @@
 //! when a GEMM stores it and a separate epilogue kernel loads it: the
 //! fused kernel gives the unfused plan's bits.
 
-use super::body::{Body, Operand, Source};
+use super::body::{Body, Leaf, Operand, Source};
 use super::paired;
 use super::types;
 use crate::ir::{DType, Graph, NodeId, Op};
@@ -104,17 +104,24 @@ pub(crate) fn value(
     Ok((s, operand(body.output)))
 }
 
+/// How the caller reads a leaf for element `k` (0 or 1) of a pair, where
+/// it has loaded it already (a bias's run of columns in registers); `None`:
+/// read at the element's index.
+pub(crate) type LeafRead<'r> = &'r dyn Fn(NodeId, usize) -> Option<String>;
+
 /// [`value`] for two elements at once, `is[0]` and `is[1]`, from sums
 /// `sums`, with each rounding of both one paired conversion
 /// (`paired.rs`); `settled`: the sums are already the product's dtype
-/// (read back from a narrow copy), so they are not rounded again. The
-/// statements declare `pv0`, `pv1` and `v{node}_0`, `v{node}_1`.
+/// (read back from a narrow copy), so they are not rounded again; `read`
+/// gives the leaves the caller loaded itself. The statements declare
+/// `pv0`, `pv1` and `v{node}_0`, `v{node}_1`.
 pub(crate) fn values2(
     product: DType,
     e: &Epilogue<'_>,
     sums: [&str; 2],
     is: [&str; 2],
     settled: bool,
+    read: LeafRead<'_>,
 ) -> Result<(String, [String; 2]), String> {
     let body = Body::new(e.g, e.operands)?;
     let [s0, s1] = sums;
@@ -133,6 +140,9 @@ pub(crate) fn values2(
             if product_leaf(o) {
                 return format!("pv{k}");
             }
+            if let Some(v) = read(o, k) {
+                return v;
+            }
             match body.leaves.get(&o) {
                 Some(leaf) => leaf.read_at(&leaf.access.offset_of(is[k])),
                 None => format!("v{}_{k}", o.index()),
@@ -147,6 +157,28 @@ pub(crate) fn values2(
         }
     }
     Ok((s, [first(body.output), second(body.output)]))
+}
+
+/// The leaves the epilogue reads from its buffers (not the product), each
+/// once, as the nodes that read them name them: what a kernel may load
+/// ahead of the epilogue's statements (and give them through a
+/// [`LeafRead`]).
+pub(crate) fn buffer_leaves(e: &Epilogue<'_>) -> Result<Vec<(NodeId, Leaf)>, String> {
+    let body = Body::new(e.g, e.operands)?;
+    let mut found: Vec<(NodeId, Leaf)> = Vec::new();
+    for id in body.cone(body.output, &|_| false) {
+        for o in e.g.operands(id) {
+            let Some(leaf) = body.leaves.get(&o) else { continue };
+            let is_buffer = leaf.constant.is_none() && leaf.arange.is_none();
+            if is_buffer
+                && leaf.operand.is_some_and(|k| k != e.product)
+                && !found.iter().any(|(f, _)| *f == o)
+            {
+                found.push((o, leaf.clone()));
+            }
+        }
+    }
+    Ok(found)
 }
 
 /// Statements storing output element `i` (of dtype `out`) from the

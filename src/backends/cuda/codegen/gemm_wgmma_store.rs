@@ -14,7 +14,7 @@
 use super::epilogue::{self, Epilogue};
 use super::gemm_wgmma::{Spec, Tile};
 use super::types;
-use crate::ir::DType;
+use crate::ir::{DType, NodeId};
 use std::fmt::Write;
 
 /// The stores, through shared memory so that the epilogue is a short loop
@@ -87,6 +87,17 @@ fn drain(
     let to = types::storage(out);
     // Eight columns inside the output: two at a time, their roundings
     // paired; one vector store where the output's rows keep it aligned.
+    let _ = writeln!(s, "    if (col + 8 <= {n}) {{");
+    // The eight columns' runs of the epilogue's operands, loaded ahead.
+    let runs = match epi {
+        Some(e) => run_loads(s, e, n, ix)?,
+        None => Vec::new(),
+    };
+    let read = |o: NodeId, k: usize| {
+        let &(_, width, dtype) = runs.iter().find(|(r, _, _)| *r == o)?;
+        let at = format!("d{}[(e + {k}) / {width}].v[(e + {k}) % {width}]", o.index());
+        Some(types::load(dtype, &at))
+    };
     let (pair, [v0, v1]) = match epi {
         Some(e) => epilogue::values2(
             dtype,
@@ -94,10 +105,10 @@ fn drain(
             ["kiln::to_float(p[e])", "kiln::to_float(p[e + 1])"],
             ["i", "(i + 1)"],
             true,
+            &read,
         )?,
         None => (String::new(), ["kiln::to_float(p[e])".to_string(), "kiln::to_float(p[e + 1])".to_string()]),
     };
-    let _ = writeln!(s, "    if (col + 8 <= {n}) {{");
     let vector = match out {
         DType::F16 | DType::BF16 if n % 8 == 0 => Some((
             "U r[4];",
@@ -144,4 +155,40 @@ fn drain(
     );
     s.push_str("  }\n");
     Ok(())
+}
+
+/// Loads, into registers ahead of the epilogue's statements, each operand
+/// of it that reads the chunk's eight columns as runs of consecutive,
+/// aligned elements (`Access::runs_of`): a bias broadcast over rows, a
+/// residual. One 16-byte load per run (two for f32) instead of eight loads
+/// whose offsets each divide the element's index by the output's shape.
+/// On BERT's FFN (bias and erf GELU over `[4096, 3072]` bf16) those were
+/// 64 of the epilogue's 364 instructions per eight elements (ncu's source
+/// view, H200, benches/RESULTS.md). Returns each loaded leaf with its run
+/// width and dtype; the chunk starts at `i0` of an output with rows of
+/// `n`.
+fn run_loads(
+    s: &mut String,
+    e: &Epilogue<'_>,
+    n: usize,
+    ix: &str,
+) -> Result<Vec<(NodeId, usize, DType)>, String> {
+    let mut runs = Vec::new();
+    for (id, leaf) in epilogue::buffer_leaves(e)? {
+        let width = (16 / leaf.dtype.size().max(1)).min(8);
+        // The chunk's first element must start a run: `i0` is a multiple of
+        // the width when the rows are.
+        if leaf.is_uniform() || n % width != 0 || !leaf.access.runs_of(width) {
+            continue;
+        }
+        let var = format!("d{}", id.index());
+        let st = types::storage(leaf.dtype);
+        let _ = writeln!(s, "      kiln::vec{width}<{st}> {var}[{}];", 8 / width);
+        for j in 0..8 / width {
+            let at = leaf.access.offset_of(&format!("(({ix})i0 + {})", j * width));
+            let _ = writeln!(s, "      {var}[{j}] = kiln::load{width}({} + {at});", leaf.param());
+        }
+        runs.push((id, width, leaf.dtype));
+    }
+    Ok(runs)
 }
