@@ -166,8 +166,8 @@ fn encoder(
 /// call's host work hides behind the products), captured: the product
 /// alone, with cuBLASLt's bias epilogue, scaled (an epilogue of one
 /// multiply: what the Hopper GEMM's products cost), and with the bias and the erf
-/// GELU (the Hopper GEMM's epilogue on sm_90, `KILN_CUDA_WGMMA_GEMM=0`
-/// for cuBLAS and a separate kernel). Issue 36's target: the last at
+/// GELU (the scaled and GELU rows run on the Hopper GEMM on sm_90;
+/// `KILN_CUDA_WGMMA_GEMM=0` for cuBLAS and a separate kernel). Issue 36's target: the last at
 /// least 90% of the first's speed.
 fn linear(epilogue: &'static str) -> Workload {
     const LAYERS: usize = 8;

@@ -91,7 +91,7 @@ fn hopper_cases_lower_to_cuda() {
             insta::assert_snapshot!(program_text_for(
                 path,
                 false,
-                Target { tf32: false, hopper: true, wgmma_gemm: false }
+                Target { tf32: false, hopper: true, wgmma_gemm: false, sms: 132 }
             ));
         });
     });
@@ -106,7 +106,7 @@ fn hopper_fused_cases_lower_to_cuda() {
             insta::assert_snapshot!(program_text_for(
                 path,
                 true,
-                Target { tf32: false, hopper: true, wgmma_gemm: true }
+                Target { tf32: false, hopper: true, wgmma_gemm: true, sms: 132 }
             ));
         });
     });

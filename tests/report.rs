@@ -115,7 +115,7 @@ fn cuda_kernels_are_the_generated_source() {
     let y = mlp(&ctx);
     let graph = ctx.optimized_graph(&[&y]).unwrap();
     let plan = kiln::ir::Plan::new(graph);
-    let ks = kiln::report::kernels(&plan, KernelTarget::Cuda { tf32: false, hopper: false }).unwrap();
+    let ks = kiln::report::kernels(&plan, KernelTarget::Cuda { tf32: false, hopper: false, sms: 0 }).unwrap();
     assert!(ks.iter().any(|k| k.language == "cuda" && k.source.contains("__global__")), "{ks:#?}");
 }
 

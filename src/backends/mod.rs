@@ -205,6 +205,11 @@ pub trait Backend: Send + Sync {
     fn hopper(&self) -> bool {
         false
     }
+    /// The device's multiprocessors, 0 where that means nothing (the
+    /// CPU): a report lowers persistent kernels for this many.
+    fn multiprocessors(&self) -> usize {
+        0
+    }
     /// Whether plans for this backend should move a matmul product's
     /// reshape below its bias so the bias joins the GEMM
     /// (`PassOptions::reshape_epilogues`, the default for a new context).

@@ -33,7 +33,7 @@ fn run() -> kiln::Result<()> {
     while let Some(a) = args.next() {
         match a.as_str() {
             "-o" | "--out" => out = args.next().map(PathBuf::from),
-            "--cuda" => target = KernelTarget::Cuda { tf32: false, hopper: false },
+            "--cuda" => target = KernelTarget::Cuda { tf32: false, hopper: false, sms: 0 },
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());

@@ -264,7 +264,11 @@ impl Context {
     fn describe_report(&self, state: &State, report: Report, plan: &Plan) -> Result<Report> {
         let backend = self.inner.backend.name();
         let target = if backend.starts_with("cuda") {
-            KernelTarget::Cuda { tf32: state.compile.tf32, hopper: self.inner.backend.hopper() }
+            KernelTarget::Cuda {
+                tf32: state.compile.tf32,
+                hopper: self.inner.backend.hopper(),
+                sms: self.inner.backend.multiprocessors(),
+            }
         } else {
             KernelTarget::Cpu
         };

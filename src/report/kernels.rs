@@ -20,6 +20,9 @@ pub enum KernelTarget {
         /// Whether the device is an sm_90 part, whose plans take the
         /// `wgmma` kernels (see `backends::cuda::Target`).
         hopper: bool,
+        /// The device's multiprocessors (0: unknown), which size the
+        /// persistent kernels' grids.
+        sms: usize,
     },
 }
 
@@ -55,11 +58,11 @@ pub fn kernels(plan: &Plan, target: KernelTarget) -> Result<Vec<KernelSource>> {
                 _ => None,
             })
             .collect()),
-        KernelTarget::Cuda { tf32, hopper } => {
+        KernelTarget::Cuda { tf32, hopper, sms } => {
             let program = {
                 use crate::backends::cuda::Target;
-                let wgmma_gemm = hopper && Target::wgmma_gemm_opted_in();
-                crate::backends::cuda::lower_for(plan, Target { tf32, hopper, wgmma_gemm })?
+                let wgmma_gemm = hopper && Target::wgmma_gemm_wanted();
+                crate::backends::cuda::lower_for(plan, Target { tf32, hopper, wgmma_gemm, sms })?
             };
             let mut out: Vec<KernelSource> = program
                 .kernels

@@ -1,12 +1,13 @@
 //! The Hopper GEMM with the epilogue in its registers
 //! (`codegen/gemm_wgmma.rs`): f16 and bf16 matmul bodies whose epilogue
-//! cuBLASLt takes none of. It is off unless `KILN_CUDA_WGMMA_GEMM=1`, so
-//! the cases run on every backend under the default (no plan may hold the
-//! kernel), then, where CUDA device 0 is an sm_90 part, again in a child
-//! process of this test binary with `KILN_CUDA_WGMMA_GEMM=1` (read when a
-//! plan is lowered; setting it here would race with the other tests'
-//! threads), where each plan must hold it exactly where the lowering's
-//! rule says (an epilogue cuBLASLt cannot take, enough output tiles). The
+//! cuBLASLt takes none of. It is on by default on sm_90 parts, so the
+//! cases run on every backend under the default (on an sm_90 device each
+//! plan must hold it exactly where the lowering's rule says: an epilogue
+//! cuBLASLt cannot take, enough output tiles; elsewhere no plan may), then,
+//! where CUDA device 0 is an sm_90 part, again in a child process of this
+//! test binary with `KILN_CUDA_WGMMA_GEMM=0` (read when a plan is lowered;
+//! setting it here would race with the other tests' threads), where no
+//! plan may hold it and cuBLAS's path must give the same values. The
 //! emulator (no `wgmma`) skips them.
 //!
 //! Each is checked against f64 with the unfused plan's roundings (the
@@ -59,12 +60,12 @@ fn holds_gemm_wgmma(ctx: &Context, t: &Tensor, what: &str) -> bool {
 /// `expected`; elsewhere it never does.
 fn check_choice(ctx: &Context, t: &Tensor, expected: bool, what: &str) {
     let held = holds_gemm_wgmma(ctx, t, what);
-    let opted_in = std::env::var("KILN_CUDA_WGMMA_GEMM").as_deref() == Ok("1");
+    let opted_in = std::env::var("KILN_CUDA_WGMMA_GEMM").as_deref() != Ok("0");
     assert_eq!(held, hopper(ctx) && opted_in && expected, "{what}: does the plan hold the Hopper GEMM?");
 }
 
 const TEST: &str = "gemm_wgmma::hopper_gemm_epilogues_match_f64";
-/// Set in the child (run with `KILN_CUDA_WGMMA_GEMM=1`).
+/// Set in the child (run with `KILN_CUDA_WGMMA_GEMM=0`).
 const CHILD: &str = "KILN_TEST_WGMMA_GEMM_CHILD";
 
 #[test]
@@ -76,14 +77,14 @@ fn hopper_gemm_epilogues_match_f64() {
     let exe = std::env::current_exe().expect("the test binary's path");
     let out = std::process::Command::new(exe)
         .args(["--exact", TEST, "--nocapture"])
-        .env("KILN_CUDA_WGMMA_GEMM", "1")
+        .env("KILN_CUDA_WGMMA_GEMM", "0")
         .env(CHILD, "1")
         .output()
         .expect("the test binary runs");
     let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(
         out.status.success() && log.contains("1 passed"),
-        "the child with KILN_CUDA_WGMMA_GEMM=1 failed:\n{log}"
+        "the child with KILN_CUDA_WGMMA_GEMM=0 failed:\n{log}"
     );
 }
 

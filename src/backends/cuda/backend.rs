@@ -181,6 +181,10 @@ impl Backend for CudaBackend {
         self.dev.hopper()
     }
 
+    fn multiprocessors(&self) -> usize {
+        self.dev.sms
+    }
+
     fn upload(&self, data: HostData, shape: &Shape) -> Result<Buffer> {
         if data.len() != shape.numel() {
             return Err(Error::Backend(format!(
@@ -219,8 +223,8 @@ impl Backend for CudaBackend {
 
     fn compile_with(&self, plan: Arc<Plan>, options: &CompileOptions) -> Result<Arc<dyn Executable>> {
         let hopper = self.dev.hopper();
-        let wgmma_gemm = hopper && super::Target::wgmma_gemm_opted_in();
-        let target = super::Target { tf32: options.tf32, hopper, wgmma_gemm };
+        let wgmma_gemm = hopper && super::Target::wgmma_gemm_wanted();
+        let target = super::Target { tf32: options.tf32, hopper, wgmma_gemm, sms: self.dev.sms };
         let program = super::lower_for(&plan, target)?;
         // A profiled plan is never captured: a CUDA graph has no events
         // around its launches (see `profile.rs`).

@@ -35,6 +35,9 @@ pub(crate) struct Device {
     pub arch: String,
     /// The device's name (`NVIDIA H100 80GB HBM3`).
     pub name: String,
+    /// Its multiprocessors (132 on an H100 SXM or H200, 114 on an H100
+    /// PCIe): a persistent kernel's grid.
+    pub sms: usize,
     pub pool: Arc<Pool>,
     pub kernels: KernelCache,
     pub stats: Arc<DeviceStats>,
@@ -216,6 +219,9 @@ impl Device {
         unsafe { ctx.disable_event_tracking() };
         let (major, minor) = ctx.compute_capability().map_err(|e| format!("{e:?}"))?;
         let name = ctx.name().unwrap_or_else(|_| format!("CUDA device {ordinal}"));
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| format!("cannot read device {ordinal}'s multiprocessor count: {e:?}"))?;
         let pool = Pool::new(ctx.clone(), stats.clone());
         // sm_90 parts compile for sm_90a, whose `wgmma` the Hopper kernels
         // use (`codegen/attention_wgmma.rs`); such a CUBIN loads on
@@ -237,6 +243,7 @@ impl Device {
             ctx,
             arch: format!("sm_{major}{minor}"),
             name,
+            sms: sms.max(0) as usize,
             pool,
             kernels,
             stats,

@@ -25,8 +25,9 @@
 //!   steps in turns, so that one's epilogue runs while the other's
 //!   products do; otherwise both take half the rows of every tile and
 //!   share its weight's loads. With `blocks` the grid is that many blocks,
-//!   each walking the tiles `blocks` apart (persistent); by default one
-//!   block takes one tile (two with `pingpong`).
+//!   each walking the tiles `blocks` apart (persistent: by default one a
+//!   multiprocessor, `Tile::for_device`); with none given, one block
+//!   takes one tile (two with `pingpong`).
 //! - `k` goes in steps of 64 (one 128-byte row of halves: `wgmma`'s
 //!   128-byte swizzle, chunk `c` of row `r` at chunk `c ^ r % 8`), through
 //!   a ring of `stages` buffers. Each step's two tiles are TMA box loads
@@ -56,24 +57,21 @@
 //! NaN and inf in the operands propagate through the products as in any
 //! GEMM; the epilogue's own NaN rules are the body's.
 //!
-//! **Off by default** (`Target::wgmma_gemm`, `KILN_CUDA_WGMMA_GEMM=1`):
-//! with the erf GELU it still loses to cuBLAS and a separate epilogue
-//! kernel. On an H200, 8 of BERT-base's FFN up projections
-//! `[4096, 768] x [3072, 768]ᵀ` in bf16 a captured call
-//! (benches/gpu_transformer.rs `linear`, benches/RESULTS.md, the
-//! thirty-second measurement): cuBLAS alone 0.263-0.267 ms; with a
-//! one-multiply epilogue this kernel 0.305-0.317 with the default tile and
-//! 0.264-0.269 with a persistent grid of 132 blocks (the product at
-//! cuBLAS's speed), where cuBLAS and an epilogue kernel take 0.343-0.348;
-//! with the bias and the erf GELU 0.488-0.492 and 0.463-0.471, against
-//! cuBLAS's 0.425-0.428. The GELU's ~45 instructions an element run on
-//! one consumer's four warps while the other's products run, too few
-//! warps to hide them (ncu: 0.48 issued per scheduler a cycle, 0.7 of
-//! 2.1 warps eligible); more warps for the epilogue would have to fit
-//! their registers under the block's launch bound (ptxas does not give
-//! `setmaxnreg`'s registers to the code after it: at 640 threads it
-//! refused the products at 96 registers). The persistent grid is not the
-//! default because the lowering does not know the device's SM count.
+//! **On by default on sm_90** (`Target::wgmma_gemm`;
+//! `KILN_CUDA_WGMMA_GEMM=0` keeps cuBLAS and an epilogue kernel). On an
+//! H200, 8 of BERT-base's FFN up projections `[4096, 768] x [3072, 768]ᵀ`
+//! in bf16 a captured call (benches/gpu_transformer.rs `linear`,
+//! benches/RESULTS.md, the thirty-third measurement): cuBLAS alone
+//! 0.263-0.268 ms; with a one-multiply epilogue this kernel 0.259-0.265
+//! (the product at cuBLAS's speed) where cuBLAS and an epilogue kernel take
+//! 0.345-0.349; with the bias and the erf GELU 0.359-0.364 against
+//! 0.392-0.397. BERT-base and MiniLM bf16 encoders ran 3-5% faster with it
+//! and GPT-2 small's bf16 training step the same. The erf GELU still
+//! costs the product a quarter of its speed (issue 36 asks for a tenth):
+//! the GELU's 31 instructions an element on the consumers' warps do not
+//! hide behind the other consumer's products, and three more warps (the
+//! producer warpgroup's idle ones) draining with them did not help
+//! either.
 //!
 //! The emulator has no `wgmma`: the lowering picks this kernel only on an
 //! sm_90 device (`Target::hopper`). `tests/ops/gemm_wgmma.rs` checks it
@@ -129,15 +127,28 @@ pub(crate) struct Tile {
 }
 
 impl Tile {
-    /// The tile used unless `KILN_GEMM_WGMMA_TILE` says otherwise.
+    /// The tile used unless `KILN_GEMM_WGMMA_TILE` says otherwise (its grid
+    /// set by [`Tile::for_device`]).
     pub(crate) const DEFAULT: Tile =
         Tile { rows: 128, cols: 128, stages: 4, in_flight: 1, blocks: 0, pingpong: true, unroll: 1 };
 
+    /// The tile for a device of `sms` multiprocessors (0: unknown):
+    /// `KILN_GEMM_WGMMA_TILE` if it is set to a valid tile, else
+    /// [`Tile::DEFAULT`] on a persistent grid of one block a
+    /// multiprocessor (the ring and the staging take 197 KiB: one block
+    /// fits one). Persistent, a block's next tile's loads overlap its
+    /// epilogue and no block waits for a second wave: on an H200, 8 of
+    /// BERT-base's FFN up projections took 0.373-0.378 ms with bias and erf
+    /// GELU against 0.409-0.415 with one block a pair of tiles
+    /// (benches/RESULTS.md, the thirty-third measurement).
+    pub(crate) fn for_device(sms: usize) -> Tile {
+        Tile::from_env().unwrap_or(Tile { blocks: sms, ..Tile::DEFAULT })
+    }
+
     /// `KILN_GEMM_WGMMA_TILE=rows,cols,stages,in_flight[,blocks[,pingpong[,unroll]]]`
-    /// (for measuring tiles against each other; `pingpong` 0 or 1), else
-    /// [`Tile::DEFAULT`]; a value that does not make a valid tile is
-    /// ignored.
-    pub(crate) fn from_env() -> Tile {
+    /// (for measuring tiles against each other; `pingpong` 0 or 1; blocks
+    /// 0: one a tile, or a pair of tiles), if it is set to a valid tile.
+    fn from_env() -> Option<Tile> {
         let parsed = std::env::var("KILN_GEMM_WGMMA_TILE").ok().and_then(|v| {
             let x: Vec<usize> = v.split(',').filter_map(|p| p.trim().parse().ok()).collect();
             let tile = |rows, cols, stages, in_flight, blocks, pingpong, unroll| Tile {
@@ -158,7 +169,7 @@ impl Tile {
                 _ => None,
             }
         });
-        parsed.filter(Tile::valid).unwrap_or(Tile::DEFAULT)
+        parsed.filter(Tile::valid)
     }
 
     /// Rows of a tile one consumer warpgroup accumulates: 64 a stacked
@@ -280,8 +291,17 @@ pub(crate) fn gemm_wgmma(
         stages * 8,
         stages * 8
     );
+    s.push_str("  const int t = threadIdx.x, lane = t % 32, g = lane / 4, c = lane % 4;\n");
+    // The warp and warpgroup read from lane 0: the same values, but the
+    // compiler then knows they are the same across the warp, so what
+    // derives from them (a consumer's tiles, steps and buffers, the
+    // `wgmma` descriptors) is computed in uniform registers, once a warp,
+    // instead of in each thread's and moved over for every product (the
+    // products' SASS had 16 `R2UR` moves a step; on an H200 the scaled
+    // product's issue slots went from 34.6% to 27.5% busy, the thirty-third
+    // measurement).
     s.push_str(
-        "  const int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, c = lane % 4, wg = t / 128;\n",
+        "  const int w = __shfl_sync(0xffffffffu, t / 32, 0), wg = __shfl_sync(0xffffffffu, t / 128, 0);\n",
     );
     // Tile `tile`'s first row and column: groups of GROUP tile rows, each
     // walked column by column.

@@ -3,9 +3,8 @@
 //! and an epilogue kernel, on sm_90 devices, for bodies whose epilogue
 //! cuBLASLt takes none of (the erf GELU, a cast, a scale: bias, relu, the
 //! tanh GELU and a residual stay on cuBLASLt), where the target asks for
-//! it (`Target::wgmma_gemm`: `KILN_CUDA_WGMMA_GEMM=1`; off by default, as
-//! it measured slower than cuBLAS and an epilogue kernel). Falls back
-//! (returns `false`) for anything else.
+//! it (`Target::wgmma_gemm`: on unless `KILN_CUDA_WGMMA_GEMM=0`). Falls
+//! back (returns `false`) for anything else.
 
 use super::gemv::Epi;
 use super::matmul::gemm_operand;
@@ -62,7 +61,7 @@ impl Lowering<'_> {
             return Ok(false);
         }
         let spec = Spec { dtype, m: batch * m, n, k, lda, ldb };
-        let tile = Tile::from_env();
+        let tile = Tile::for_device(self.sms);
         if !gemm_wgmma::applies(&spec)
             || spec.m.div_ceil(tile.rows) * n.div_ceil(tile.cols) < MIN_TILES
             || !epilogue::fusable(e.g, e.product, spec.m, n)

@@ -94,6 +94,7 @@ pub(crate) struct Lowering<'p> {
     tf32: bool,
     hopper: bool,
     wgmma_gemm: bool,
+    sms: usize,
 }
 
 /// What a lowering may assume of the device it lowers for.
@@ -109,15 +110,19 @@ pub struct Target {
     /// On a `hopper` target, matmul bodies whose epilogue cuBLASLt takes
     /// none of run on the Hopper GEMM with the epilogue inside it
     /// (`codegen/gemm_wgmma.rs`) instead of cuBLAS and an epilogue kernel.
-    /// Off unless `KILN_CUDA_WGMMA_GEMM=1` ([`Target::wgmma_gemm_opted_in`]):
-    /// it measured slower (the module docs say by how much and why).
+    /// On unless `KILN_CUDA_WGMMA_GEMM=0` ([`Target::wgmma_gemm_wanted`]).
     pub wgmma_gemm: bool,
+    /// The device's multiprocessors, 0 when unknown: the Hopper GEMM runs
+    /// a persistent grid of this many blocks where it is known.
+    pub sms: usize,
 }
 
 impl Target {
-    /// Whether `KILN_CUDA_WGMMA_GEMM=1` asks for the Hopper GEMM.
-    pub fn wgmma_gemm_opted_in() -> bool {
-        std::env::var("KILN_CUDA_WGMMA_GEMM").is_ok_and(|v| v == "1")
+    /// Whether the Hopper GEMM may be chosen: unless
+    /// `KILN_CUDA_WGMMA_GEMM=0` (cuBLAS and an epilogue kernel, for
+    /// measuring one against the other).
+    pub fn wgmma_gemm_wanted() -> bool {
+        std::env::var("KILN_CUDA_WGMMA_GEMM").map_or(true, |v| v != "0")
     }
 }
 
@@ -140,7 +145,7 @@ pub fn lower_for(plan: &Plan, target: Target) -> Result<Program> {
     Ok(program)
 }
 
-fn lower_checked(plan: &Plan, Target { tf32, hopper, wgmma_gemm }: Target) -> Result<Program> {
+fn lower_checked(plan: &Plan, Target { tf32, hopper, wgmma_gemm, sms }: Target) -> Result<Program> {
     let mut l = Lowering {
         plan,
         values: HashMap::new(),
@@ -158,6 +163,7 @@ fn lower_checked(plan: &Plan, Target { tf32, hopper, wgmma_gemm }: Target) -> Re
         tf32,
         hopper,
         wgmma_gemm,
+        sms,
     };
     let graph = &plan.graph;
     let tables = graph.tables();
